@@ -1,0 +1,5 @@
+import sys
+
+from dcpsim.cli import main
+
+sys.exit(main())

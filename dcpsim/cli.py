@@ -1,0 +1,42 @@
+"""Command line: ``python -m dcpsim <command>``. Flags follow vLLM's names."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dcpsim.errors import EXIT_USAGE, DcpsimError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits with our usage code (2) and one clear line."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.print_usage(sys.stderr)
+        print(f"dcpsim: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dcpsim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    from dcpsim import layout_view
+
+    p = sub.add_parser("layout", help="show which rank stores each position, and its slots")
+    layout_view.add_arguments(p)
+    p.set_defaults(handler=layout_view.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except DcpsimError as exc:
+        print(f"dcpsim: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dcpsim: interrupted", file=sys.stderr)
+        return 130
