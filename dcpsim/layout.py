@@ -245,7 +245,9 @@ def local_seq_lens(
     Returns a vector for one rank, or a matrix ``[num_reqs, dcp_size]`` when
     ``dcp_rank`` is None.
     """
-    validate_layout(block_size=interleave_size, dcp_size=dcp_size, interleave_size=interleave_size)
+    # Only W and I matter here; block_size=1 with replicated=True skips the I <= B checks
+    # (a block_size equal to I would report an invalid I as an invalid block_size).
+    validate_layout(block_size=1, dcp_size=dcp_size, interleave_size=interleave_size, replicated=True)
     lens = np.asarray(seq_lens, dtype=np.int64)
     if np.any(lens < 0):
         raise ValueError("seq_lens must be >= 0")
