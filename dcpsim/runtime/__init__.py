@@ -1,0 +1,1 @@
+"""What one rank owns: block tables, KV stores, the write path, the process group."""

@@ -1,0 +1,241 @@
+"""Read scenarios from TOML files (standard library ``tomllib``).
+
+A scenario file has top-level ``name``, ``description``, ``seed``,
+``verify_every``, ``num_gpu_blocks``; a ``[config]`` table (vLLM field names);
+``[[layers]]`` entries (``kind`` from ``dcpsim.registry.SPEC_KINDS`` plus the
+spec's fields; ``name`` may contain ``{i}`` with ``layers = [..]`` or
+``"0-39"`` to stamp out many layers); and ``[[requests]]`` entries (``id`` may
+contain ``{i}`` with ``count``). Every problem is reported at once as
+``file.toml: path.to.field: what is wrong``, with a suggestion for a
+misspelled key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from fractions import Fraction
+from pathlib import Path
+
+from dcpsim.config import SimConfig
+from dcpsim.errors import ConfigError, ScenarioError
+from dcpsim.registry import SPEC_KINDS, builtin_scenario_path
+from dcpsim.scenario import RequestSpec, Scenario
+
+TOP_KEYS = {"name", "description", "seed", "verify_every", "num_gpu_blocks", "kv_cache_tokens", "max_steps",
+            "config", "layers", "requests"}
+CONFIG_KEYS = {f.name for f in dataclasses.fields(SimConfig)}
+REQUEST_KEYS = {"id", "count", "prompt_len", "output_len", "arrival_step", "prefix",
+                "shared_prefix_len", "acceptance", "preempt_at_steps"}
+
+
+class _Problems:
+    def __init__(self, source: str):
+        self.source = source
+        self.items: list[str] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(f"{self.source}: {path}: {message}")
+
+    def unknown_keys(self, path: str, table: dict, allowed: set[str]) -> None:
+        for key in table:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                self.add(f"{path}.{key}" if path else key, f"unknown field{hint}")
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise ScenarioError("\n".join(self.items))
+
+
+def resolve(name_or_path: str) -> Path:
+    """A scenario file path, or the path of a built-in scenario by name."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ScenarioError(f"{name_or_path}: no such scenario file")
+        return path
+    builtin = builtin_scenario_path(name_or_path)
+    if builtin is None:
+        from dcpsim.registry import builtin_scenario_names
+
+        names = builtin_scenario_names()
+        close = difflib.get_close_matches(name_or_path, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ScenarioError(
+            f"{name_or_path}: not a scenario file nor a built-in scenario{hint}; "
+            f"built-ins: {', '.join(names)}"
+        )
+    return builtin
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    path = resolve(name_or_path)
+    source = str(path) if path.parent != builtin_scenario_path("").parent else path.name
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{source}: cannot read: {exc}") from None
+    return scenario_from_dict(data, source=source, default_name=path.stem)
+
+
+def _layer_indices(value, problems: _Problems, path: str) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return value
+    if isinstance(value, str) and "-" in value:
+        lo, _, hi = value.partition("-")
+        if lo.strip().isdigit() and hi.strip().isdigit() and int(lo) <= int(hi):
+            return list(range(int(lo), int(hi) + 1))
+    problems.add(path, f"expected a list of layer numbers or a range like \"0-39\", got {value!r}")
+    return None
+
+
+def _spec_fields(kind_cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(kind_cls)}
+
+
+def _parse_layers(entries, problems: _Problems) -> dict:
+    layers: dict = {}
+    if not isinstance(entries, list) or not entries:
+        problems.add("layers", "needs at least one [[layers]] entry")
+        return layers
+    for n, entry in enumerate(entries):
+        path = f"layers[{n}]"
+        if not isinstance(entry, dict):
+            problems.add(path, "must be a table")
+            continue
+        kind = entry.get("kind")
+        if kind not in SPEC_KINDS:
+            close = difflib.get_close_matches(str(kind), sorted(SPEC_KINDS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.add(f"{path}.kind", f"unknown kind {kind!r}{hint}; one of {sorted(SPEC_KINDS)}")
+            continue
+        cls = SPEC_KINDS[kind]
+        allowed = _spec_fields(cls) | {"kind", "name", "layers"}
+        problems.unknown_keys(path, entry, allowed)
+        fields = {k: v for k, v in entry.items() if k in _spec_fields(cls)}
+        tps = fields.get("tokens_per_state")
+        if isinstance(tps, str):
+            try:
+                fields["tokens_per_state"] = Fraction(tps)
+            except (ValueError, ZeroDivisionError):
+                problems.add(f"{path}.tokens_per_state", f"expected an int or a fraction like \"1/4\", got {tps!r}")
+                continue
+        try:
+            spec = cls(**fields)
+        except ConfigError as exc:
+            problems.add(path, str(exc))
+            continue
+        except TypeError as exc:
+            problems.add(path, str(exc).replace("__init__() ", ""))
+            continue
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            problems.add(f"{path}.name", "needs a layer name")
+            continue
+        if "layers" in entry:
+            idx = _layer_indices(entry["layers"], problems, f"{path}.layers")
+            if idx is None:
+                continue
+            if "{i}" not in name:
+                problems.add(f"{path}.name", "must contain {i} when layers is given")
+                continue
+            names = [name.replace("{i}", str(i)) for i in idx]
+        else:
+            names = [name]
+        for nm in names:
+            if nm in layers:
+                problems.add(f"{path}.name", f"layer {nm!r} is defined twice")
+            layers[nm] = spec
+    return layers
+
+
+def _parse_requests(entries, problems: _Problems) -> list[RequestSpec]:
+    out: list[RequestSpec] = []
+    if not isinstance(entries, list) or not entries:
+        problems.add("requests", "needs at least one [[requests]] entry")
+        return out
+    for n, entry in enumerate(entries):
+        path = f"requests[{n}]"
+        if not isinstance(entry, dict):
+            problems.add(path, "must be a table")
+            continue
+        before = len(problems.items)
+        problems.unknown_keys(path, entry, REQUEST_KEYS)
+        count = entry.get("count", 1)
+        rid = entry.get("id", f"req{n}" + ("-{i}" if count != 1 else ""))
+        if not isinstance(count, int) or count < 1:
+            problems.add(f"{path}.count", f"must be an integer >= 1, got {count!r}")
+            continue
+        if count > 1 and "{i}" not in str(rid):
+            problems.add(f"{path}.id", "must contain {i} when count > 1")
+            continue
+        kwargs = {}
+        for key in ("prompt_len", "output_len", "arrival_step", "shared_prefix_len"):
+            if key in entry:
+                if isinstance(entry[key], bool) or not isinstance(entry[key], int):
+                    problems.add(f"{path}.{key}", f"must be an integer, got {entry[key]!r}")
+                kwargs[key] = entry[key]
+        for key in ("acceptance", "preempt_at_steps"):
+            if key in entry:
+                v = entry[key]
+                if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                    problems.add(f"{path}.{key}", f"must be a list of integers, got {v!r}")
+                    continue
+                kwargs[key] = tuple(v)
+        if "prefix" in entry:
+            kwargs["prefix"] = str(entry["prefix"])
+        for key in ("prompt_len", "output_len"):
+            if key not in entry:
+                problems.add(f"{path}.{key}", "is required")
+        if len(problems.items) > before:
+            continue
+        for i in range(count):
+            try:
+                out.append(RequestSpec(request_id=str(rid).replace("{i}", str(i)), **kwargs))
+            except ConfigError as exc:
+                problems.add(path, str(exc))
+                break
+    return out
+
+
+def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario") -> Scenario:
+    problems = _Problems(source)
+    problems.unknown_keys("", data, TOP_KEYS)
+    cfg = data.get("config", {})
+    config = None
+    if not isinstance(cfg, dict):
+        problems.add("config", "must be a table")
+    else:
+        problems.unknown_keys("config", cfg, CONFIG_KEYS)
+        try:
+            config = SimConfig(**{k: v for k, v in cfg.items() if k in CONFIG_KEYS})
+        except ConfigError as exc:
+            field = str(exc).split(" ", 1)[0]
+            problems.add(f"config.{field}" if field in CONFIG_KEYS else "config", str(exc))
+    layers = _parse_layers(data.get("layers"), problems)
+    requests = _parse_requests(data.get("requests"), problems)
+    top = {}
+    for key in ("seed", "verify_every", "num_gpu_blocks", "kv_cache_tokens", "max_steps"):
+        if key in data:
+            if isinstance(data[key], bool) or not isinstance(data[key], int):
+                problems.add(key, f"must be an integer, got {data[key]!r}")
+            else:
+                top[key] = data[key]
+    problems.raise_if_any()
+    try:
+        return Scenario(
+            name=str(data.get("name", default_name)),
+            description=str(data.get("description", "")),
+            source=source,
+            layers=layers,
+            config=config,
+            requests=tuple(requests),
+            **top,
+        )
+    except ConfigError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None

@@ -1,0 +1,1 @@
+"""The rank-independent side: one scheduler decides blocks, positions and content."""

@@ -1,0 +1,73 @@
+"""A pool of KV-cache block ids for one group, with ref counts and a cache index.
+
+Block 0 is the reserved null block: never handed out, never written. Freed
+blocks go to the tail of an LRU free queue; a cached (prefix) block stays
+findable until it is handed out again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from dcpsim.errors import ConfigError
+
+NULL_BLOCK = 0
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int):
+        if num_blocks < 1:
+            raise ConfigError(f"a block pool needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self._ref = [0] * (num_blocks + 1)
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks + 1))
+        self._by_key: dict[object, int] = {}
+        self._key_of: dict[int, object] = {}
+        self._ever_used = [False] * (num_blocks + 1)
+        self.num_reused = 0
+        """Allocations of a block that an earlier request had held and freed."""
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(f"allocate({n}) with only {len(self._free)} free blocks")
+        out = []
+        for _ in range(n):
+            block, _ = self._free.popitem(last=False)
+            key = self._key_of.pop(block, None)
+            if key is not None:
+                del self._by_key[key]
+            self._ref[block] = 1
+            self.num_reused += self._ever_used[block]
+            self._ever_used[block] = True
+            out.append(block)
+        return out
+
+    def touch(self, blocks: list[int]) -> None:
+        """Take another reference (a prefix-cache hit)."""
+        for b in blocks:
+            if self._ref[b] == 0:
+                del self._free[b]
+            self._ref[b] += 1
+
+    def free(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if b == NULL_BLOCK:
+                continue
+            if self._ref[b] <= 0:
+                raise RuntimeError(f"block {b} freed more often than allocated")
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                self._free[b] = None
+
+    def cache(self, key: object, block: int) -> None:
+        if key in self._by_key or block in self._key_of:
+            return
+        self._by_key[key] = block
+        self._key_of[block] = key
+
+    def lookup(self, key: object) -> int | None:
+        return self._by_key.get(key)

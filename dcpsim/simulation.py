@@ -1,0 +1,136 @@
+"""One simulated run on one rank: schedule, write, verify, report.
+
+``prepare`` validates a scenario completely in the parent (layouts, pools and
+a dry run of the scheduler) so that every user error ends before any process
+starts. ``run_rank`` is what each rank executes, over any ``Collectives``.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+from dcpsim.group_layout import GroupLayout, build_group_layouts
+from dcpsim.grouping import group_layer_specs
+from dcpsim.runtime.block_table import BlockTableOverflow
+from dcpsim.runtime.collectives import Collectives, GlooCollectives
+from dcpsim.runtime.model_runner import ModelRunner
+from dcpsim.scenario import Scenario
+from dcpsim.scheduler.scheduler import Scheduler, pool_sizes
+from dcpsim.verify.check import Checker
+from dcpsim.verify.report import Failure, RunReport
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a rank needs (picklable): the resolved scenario and run options."""
+
+    scenario: Scenario
+    paranoid: bool = False
+
+
+def build_layouts(scenario: Scenario) -> list[GroupLayout]:
+    return build_group_layouts(group_layer_specs(scenario.layers), scenario.config)
+
+
+def prepare(scenario: Scenario) -> dict:
+    """Validate everything and dry-run the schedule; returns its summary."""
+    layouts = build_layouts(scenario)
+    scheduler = Scheduler(scenario, layouts)
+    for _ in scheduler.plans():
+        pass
+    return scheduler.summary
+
+
+def _group_info(layouts: list[GroupLayout]) -> list[dict]:
+    return [
+        dict(
+            name=lay.name,
+            layers=len(lay.layer_names),
+            storage=lay.storage,
+            retention=lay.retention,
+            block_size=lay.block_size,
+            states_per_page=lay.states_per_page,
+            sharded=lay.sharded,
+            manager_block_size=lay.manager_block_size,
+        )
+        for lay in layouts
+    ]
+
+
+def run_rank(job: Job, coll: Collectives) -> RunReport:
+    scenario = job.scenario
+    config = scenario.config
+    # Imported here: set_progress lives with the launcher; in-process runs use a no-op.
+    from dcpsim.launch import set_progress
+
+    layouts = build_layouts(scenario)
+    scheduler = Scheduler(scenario, layouts)
+    request_ids = {r.index: r.request_id for r in scheduler.requests}
+    runner = ModelRunner(
+        layouts,
+        pool_sizes(scenario, layouts),
+        config,
+        coll.rank,
+        max_num_reqs=len(scheduler.requests),
+    )
+    checker = Checker(layouts, coll, request_ids, paranoid=job.paranoid)
+    report = RunReport(
+        scenario=scenario.name,
+        source=scenario.source,
+        dcp_size=config.decode_context_parallel_size,
+        interleave_size=config.cp_kv_cache_interleave_size,
+        kernel_block_size=config.kernel_block_size,
+        groups=_group_info(layouts),
+    )
+    failure: Failure | None = None
+    for plan in scheduler.plans():
+        set_progress(plan.step, "write")
+        try:
+            runner.apply(plan, request_ids)
+        except BlockTableOverflow as exc:
+            failure = Failure(kind="block-table-overflow", step=plan.step, message=str(exc),
+                              group=exc.group, request_id=exc.request_id)
+            break
+        if plan.step % scenario.verify_every == 0 or plan.last:
+            set_progress(plan.step, "verify")
+            failure = checker.verify(plan, runner)
+            if failure:
+                break
+    report.steps = scheduler.step_index
+    report.schedule = scheduler.summary
+    report.verifications = checker.verifications
+    report.verified_indices = checker.verified_indices
+    report.bytes_gathered = coll.bytes_sent
+    report.failure = failure
+    report.passed = failure is None
+    report.ranks = [
+        dict(
+            rank=coll.rank,
+            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            kv_store_mb=sum(s.nbytes for s in runner.stores) / 2**20,
+            bytes_sent=coll.bytes_sent,
+        )
+    ]
+    return report
+
+
+def rank_entry(job: Job, rank: int, world_size: int) -> RunReport:
+    """The function each gloo rank runs (``launch.run_world`` target)."""
+    return run_rank(job, GlooCollectives(rank, world_size))
+
+
+def merge_rank_reports(reports: list[RunReport]) -> RunReport:
+    """Rank 0's verdict (all ranks judged the same gathered data) with every rank's figures."""
+    merged = reports[0]
+    merged.ranks = [r.ranks[0] for r in reports]
+    verdicts = {(r.passed, r.failure.kind if r.failure else None, r.steps) for r in reports}
+    if len(verdicts) != 1:
+        merged.passed = False
+        merged.failure = Failure(
+            kind="ranks-disagree",
+            step=min(r.steps for r in reports),
+            message="ranks reached different verdicts: "
+            + "; ".join(f"rank {i}: {'pass' if r.passed else r.failure.kind} after {r.steps} steps" for i, r in enumerate(reports)),
+        )
+    return merged

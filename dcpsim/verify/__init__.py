@@ -1,0 +1,1 @@
+"""The checker: reads KV stores the way attention does and judges them independently."""

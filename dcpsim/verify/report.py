@@ -1,0 +1,134 @@
+"""What a run found, for people (text) and machines (JSON)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Holding:
+    """What one rank holds at the slot where the expected owner must hold the index."""
+
+    rank: int
+    slot: int
+    group: int
+    index: int
+    content: int
+    writer: str | None
+    step: int
+    found_at: list[int] = field(default_factory=list)
+    """Slots of this rank whose entry claims the index for the request."""
+
+    def describe(self) -> str:
+        if self.index == -1:
+            what = "nothing (never written)"
+        else:
+            what = f"index {self.index} of {self.writer} (content {self.content & 0xFFFFFFFF:08x}, written at step {self.step})"
+        found = f"; entries for it at slots {self.found_at}" if self.found_at else ""
+        return f"rank {self.rank} slot {self.slot}: {what}{found}"
+
+
+@dataclass
+class Failure:
+    kind: str
+    """wrong-content, missing, replicas-differ, reassembly, write-violation,
+    block-table-mismatch or block-table-overflow"""
+    step: int
+    message: str
+    group: str | None = None
+    request_id: str | None = None
+    index_kind: str = "position"
+    index: int | None = None
+    expected_owner: int | str | None = None
+    expected_slot: int | None = None
+    expected_content: int | None = None
+    holdings: list[Holding] = field(default_factory=list)
+    last_write_step: int | None = None
+    further_bad: int = 0
+    details: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"FAIL at step {self.step}: {self.message}"]
+        if self.group is not None:
+            out.append(f"  group: {self.group}")
+        if self.request_id is not None:
+            out.append(f"  request: {self.request_id}")
+        if self.index is not None:
+            out.append(f"  first bad {self.index_kind}: {self.index}")
+            owner = "every rank (replicated)" if self.expected_owner == "all" else f"rank {self.expected_owner}"
+            out.append(f"  expected on: {owner}, slot {self.expected_slot}, content {(self.expected_content or 0) & 0xFFFFFFFF:08x}")
+            for h in self.holdings:
+                out.append(f"    {h.describe()}")
+            if self.last_write_step is not None:
+                out.append(f"  last written at step {self.last_write_step}")
+            out.append(f"  further bad {self.index_kind}s: {self.further_bad}")
+        out.extend(f"  {d}" for d in self.details)
+        return out
+
+
+@dataclass
+class RunReport:
+    scenario: str
+    source: str
+    dcp_size: int
+    interleave_size: int
+    kernel_block_size: int | None
+    groups: list[dict]
+    passed: bool = True
+    steps: int = 0
+    verifications: int = 0
+    verified_indices: int = 0
+    bytes_gathered: int = 0
+    """Bytes this rank contributed to verification all-gathers."""
+    schedule: dict = field(default_factory=dict)
+    failure: Failure | None = None
+    ranks: list[dict] = field(default_factory=list)
+    """Per-rank figures filled in by the launcher (peak memory, bytes sent)."""
+    wall_time_s: float | None = None
+
+    @property
+    def bytes_per_verified_index(self) -> float:
+        return self.bytes_gathered / self.verified_indices if self.verified_indices else 0.0
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["bytes_per_verified_index"] = round(self.bytes_per_verified_index, 4)
+        return json.dumps(data, indent=2)
+
+    def text(self) -> str:
+        head = (
+            f"scenario {self.scenario} ({self.source}): decode_context_parallel_size={self.dcp_size} "
+            f"cp_kv_cache_interleave_size={self.interleave_size}"
+            + (f" kernel_block_size={self.kernel_block_size}" if self.kernel_block_size else "")
+        )
+        out = [head]
+        for g in self.groups:
+            out.append(
+                f"  group {g['name']}: {g['layers']} layers, {g['storage']}, "
+                f"block_size={g['block_size']} ({g['states_per_page']} states/page), "
+                f"{'sharded' if g['sharded'] else 'replicated'}, manager block {g['manager_block_size']} tokens"
+            )
+        s = self.schedule
+        if s:
+            out.append(
+                f"  schedule: {s.get('steps', 0)} steps, {s.get('requests', 0)} requests, "
+                f"{s.get('finished', 0)} finished, {s.get('preemptions', 0)} preemptions, "
+                f"{s.get('prefix_hit_tokens', 0)} prefix-hit tokens, {s.get('reused_blocks', 0)} reused blocks"
+            )
+        out.append(
+            f"  verified: {self.verifications} checks, {self.verified_indices} indices, "
+            f"{self.bytes_gathered} bytes gathered per rank ({self.bytes_per_verified_index:.3f} B/index)"
+        )
+        for r in self.ranks:
+            out.append(
+                f"  rank {r['rank']}: peak RSS {r['peak_rss_mb']:.0f} MiB, KV stores {r['kv_store_mb']:.2f} MiB"
+            )
+        if self.wall_time_s is not None:
+            out.append(f"  wall time: {self.wall_time_s:.2f} s")
+        if self.failure:
+            out.extend(self.failure.lines())
+        else:
+            out.append("PASS: every rank wrote exactly the right positions into the right slots")
+        return "\n".join(out)
