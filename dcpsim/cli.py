@@ -26,6 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("layout", help="show which rank stores each position, and its slots")
     layout_view.add_arguments(p)
     p.set_defaults(handler=layout_view.run)
+
+    from dcpsim import run_command
+
+    p = sub.add_parser("run", help="simulate a scenario on W gloo ranks and verify every write")
+    run_command.add_run_arguments(p)
+    p.set_defaults(handler=run_command.run)
+
+    p = sub.add_parser("worker", help="one rank of a world started by torchrun (env://)")
+    run_command.add_scenario_arguments(p)
+    p.set_defaults(handler=run_command.worker)
     return parser
 
 
@@ -37,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     except DcpsimError as exc:
         print(f"dcpsim: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        return 0
     except KeyboardInterrupt:
         print("dcpsim: interrupted", file=sys.stderr)
         return 130

@@ -114,7 +114,11 @@ def build_group_layouts(groups: list[KVCacheGroupSpec], config: SimConfig) -> li
         storage, retention = _storage_and_retention(spec)
         sharded = group.sharded and config.decode_context_parallel_size > 1
         tps = spec.tokens_per_state if storage == RECORDS else 1
-        what = f"group {group.name}"
+        what = f"group {group.name}" + (
+            f" ({spec.block_size}-token pages of {spec.block_size // tps} records; "
+            "block_size below counts records)"
+            if tps > 1 else ""
+        )
         kbs = config.kernel_block_size
         if storage == RING:
             kbs = None

@@ -1,0 +1,140 @@
+"""``dcpsim run`` (a world of gloo ranks started here) and ``dcpsim worker`` (one rank under torchrun).
+
+Both resolve the scenario the same way, validate it completely before any
+rank starts, and end with the same verdict and exit code:
+0 every check passed, 1 a check failed, 2 usage or scenario error,
+3 harness failure (rank crash, timeout, rendezvous).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError, DcpsimError
+from dcpsim.scenario import Scenario
+
+
+def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="a scenario .toml file or the name of a built-in scenario")
+    p.add_argument("--decode-context-parallel-size", "--dcp", dest="dcp", type=int, metavar="W",
+                   help="DCP world size (default: the scenario's; for worker: the torchrun world size)")
+    p.add_argument("--cp-kv-cache-interleave-size", "--interleave", dest="interleave", type=int,
+                   metavar="I", help="positions per rank before moving to the next one")
+    p.add_argument("--block-size", type=int, metavar="B",
+                   help="states per page of every paged layer (B tokens, B*R for compressed layers)")
+    p.add_argument("--kernel-block-size", type=int, metavar="Bk",
+                   help="attention-kernel block size in states (must divide B)")
+    p.add_argument("--seed", type=int, help="changes token contents and acceptance patterns")
+    p.add_argument("--verify-every", type=int, metavar="N", help="verify every N steps (and at the end)")
+    p.add_argument("--paranoid", action="store_true",
+                   help="also gather raw read views and reassemble them explicitly")
+    p.add_argument("--json", action="store_true", help="print one JSON report on stdout")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="process-group timeout in seconds (default 30)")
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    add_scenario_arguments(p)
+    p.add_argument("--deadline", type=float, metavar="S",
+                   help="kill the world after S seconds (default: 2 * timeout + 30)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the ranks as threads of this process (no gloo; for quick debugging)")
+
+
+def resolve_scenario(args, world_size: int | None = None) -> Scenario:
+    from dcpsim.scenario_file import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    dcp = args.dcp
+    if world_size is not None:
+        if dcp is not None and dcp != world_size:
+            raise ConfigError(
+                f"--decode-context-parallel-size {dcp} does not match the torchrun world size {world_size}"
+            )
+        dcp = world_size
+    try:
+        return scenario.with_overrides(
+            decode_context_parallel_size=dcp,
+            cp_kv_cache_interleave_size=args.interleave,
+            block_size=args.block_size,
+            kernel_block_size=args.kernel_block_size,
+            seed=args.seed,
+            verify_every=args.verify_every,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{scenario.source}: {exc}") from None
+
+
+def _finish(report, as_json: bool) -> int:
+    print(report.to_json() if as_json else report.text())
+    return EXIT_OK if report.passed else EXIT_CHECK_FAILED
+
+
+def error_json(exc: DcpsimError) -> str:
+    return json.dumps({"error": {"kind": type(exc).__name__, "message": str(exc)}, "exit_code": exc.exit_code})
+
+
+def run(args) -> int:
+    from dcpsim.simulation import Job, merge_rank_reports, prepare, rank_entry, run_rank
+
+    try:
+        scenario = resolve_scenario(args)
+        try:
+            prepare(scenario)
+        except ConfigError as exc:
+            raise ConfigError(f"{scenario.source}: {exc}") from None
+        job = Job(scenario, paranoid=args.paranoid)
+        world = scenario.config.decode_context_parallel_size
+        start = time.perf_counter()
+        if args.in_process:
+            from dcpsim.runtime.collectives import run_in_threads
+
+            reports = run_in_threads(run_rank, job, world)
+        else:
+            from dcpsim.launch import run_world
+
+            reports = run_world(
+                rank_entry, job, world_size=world, pg_timeout_s=args.timeout,
+                deadline_s=args.deadline, preload=("dcpsim.simulation",),
+            )
+        report = merge_rank_reports(reports)
+        report.wall_time_s = time.perf_counter() - start
+    except DcpsimError as exc:
+        if args.json:
+            print(error_json(exc))
+        raise
+    return _finish(report, args.json)
+
+
+def worker(args) -> int:
+    """One rank of a world started by torchrun (env://); rank 0 prints the report."""
+    import torch.distributed as dist
+
+    from dcpsim.launch import init_env_process_group
+    from dcpsim.simulation import Job, prepare, run_rank
+    from dcpsim.runtime.collectives import GlooCollectives
+
+    rank, world = init_env_process_group(args.timeout)
+    try:
+        scenario = resolve_scenario(args, world_size=world)
+        prepare(scenario)
+        start = time.perf_counter()
+        report = run_rank(Job(scenario, paranoid=args.paranoid), GlooCollectives(rank, world))
+        ranks = [None] * world
+        dist.all_gather_object(ranks, report.ranks[0])
+        report.ranks = ranks
+        report.wall_time_s = time.perf_counter() - start
+    except DcpsimError as exc:
+        if args.json and rank == 0:
+            print(error_json(exc))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank != 0:
+        return EXIT_OK if report.passed else EXIT_CHECK_FAILED
+    sys.stdout.flush()
+    return _finish(report, args.json)
