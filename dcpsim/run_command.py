@@ -13,6 +13,7 @@ import json
 import sys
 import time
 
+from dcpsim.faults import get_fault
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError, DcpsimError
 from dcpsim.scenario import Scenario
 
@@ -32,6 +33,9 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--paranoid", action="store_true",
                    help="also gather raw read views and reassemble them explicitly")
     p.add_argument("--json", action="store_true", help="print one JSON report on stdout")
+    p.add_argument("--inject", metavar="FAULT",
+                   help="switch on a known DCP bug in the simulated engine (see dcpsim.faults); "
+                        "the run must then fail")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="process-group timeout in seconds (default 30)")
 
@@ -86,7 +90,8 @@ def run(args) -> int:
             prepare(scenario)
         except ConfigError as exc:
             raise ConfigError(f"{scenario.source}: {exc}") from None
-        job = Job(scenario, paranoid=args.paranoid)
+        get_fault(args.inject)
+        job = Job(scenario, paranoid=args.paranoid, inject=args.inject)
         world = scenario.config.decode_context_parallel_size
         start = time.perf_counter()
         if args.in_process:
@@ -122,7 +127,8 @@ def worker(args) -> int:
         scenario = resolve_scenario(args, world_size=world)
         prepare(scenario)
         start = time.perf_counter()
-        report = run_rank(Job(scenario, paranoid=args.paranoid), GlooCollectives(rank, world))
+        get_fault(args.inject)
+        report = run_rank(Job(scenario, paranoid=args.paranoid, inject=args.inject), GlooCollectives(rank, world))
         ranks = [None] * world
         dist.all_gather_object(ranks, report.ranks[0])
         report.ranks = ranks

@@ -10,6 +10,7 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 
+from dcpsim.faults import get_fault
 from dcpsim.group_layout import GroupLayout, build_group_layouts
 from dcpsim.grouping import group_layer_specs
 from dcpsim.runtime.block_table import BlockTableOverflow
@@ -27,6 +28,8 @@ class Job:
 
     scenario: Scenario
     paranoid: bool = False
+    inject: str | None = None
+    """Name of a known DCP bug to switch on in the write path (``dcpsim.faults``)."""
 
 
 def build_layouts(scenario: Scenario) -> list[GroupLayout]:
@@ -73,6 +76,7 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
         config,
         coll.rank,
         max_num_reqs=len(scheduler.requests),
+        fault=get_fault(job.inject),
     )
     checker = Checker(layouts, coll, request_ids, paranoid=job.paranoid)
     report = RunReport(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from dcpsim.config import SimConfig
+from dcpsim.faults import Fault
 from dcpsim.group_layout import RECORDS, RING, GroupLayout
 from dcpsim.layout import (
     PAD,
@@ -34,7 +35,9 @@ class ModelRunner:
         config: SimConfig,
         rank: int,
         max_num_reqs: int,
+        fault: Fault | None = None,
     ):
+        self.fault = fault or Fault()
         self.layouts = layouts
         self.config = config
         self.rank = rank
@@ -56,8 +59,9 @@ class ModelRunner:
             [s.num_slots for s in self.stores],
         )
 
-    def slots_for(self, layout: GroupLayout, write: ReqWrite, row: np.ndarray):
-        """(slots on this rank, stored index, content) of one request's write."""
+    def slots_for(self, layout: GroupLayout, write: ReqWrite, row: np.ndarray, rank: int | None = None):
+        """(slots on ``rank`` (default: this rank), stored index, content) of one request's write."""
+        rank = self.rank if rank is None else rank
         start, stop = write.start, write.stop
         if layout.storage == RING:
             states = ring_states_to_write(start, stop, layout.block_size)
@@ -73,7 +77,7 @@ class ModelRunner:
                 block_size=layout.block_size,
                 tokens_per_state=R,
                 dcp_size=layout.dcp_size,
-                dcp_rank=self.rank,
+                dcp_rank=rank,
                 interleave_size=layout.interleave_size,
                 kernel_block_size=kbs * R if kbs else None,
                 replicated=layout.replicated,
@@ -85,7 +89,7 @@ class ModelRunner:
             row,
             block_size=layout.block_size,
             dcp_size=layout.dcp_size,
-            dcp_rank=self.rank,
+            dcp_rank=rank,
             interleave_size=layout.interleave_size,
             kernel_block_size=kbs,
             replicated=layout.replicated,
@@ -99,7 +103,7 @@ class ModelRunner:
         for layout, table, store in zip(self.layouts, self.block_tables, self.stores):
             for write in plan.writes:
                 row = table.row(write.req_index)
-                slots, index, content = self.slots_for(layout, write, row)
+                slots, index, content = self.fault.slots_for(self, layout, write, row)
                 mine = slots != PAD
                 slots, index, content = slots[mine], index[mine], content[mine]
                 inside = self.guard.check(layout.group_id, write.request_id, row, slots, index)

@@ -201,7 +201,7 @@ class Checker:
             kind="write-violation",
             step=plan.step,
             message=f"{total} write violation(s) in the write path",
-            details=lines[:10] + ([f"... and {total - 10} more"] if total > 10 else []),
+            details=lines[:10] + ([f"... and {len(lines) - 10} more runs of violations"] if len(lines) > 10 else []),
         )
 
     def _table_failure(self, plan, runner) -> Failure:

@@ -17,6 +17,8 @@ MAX_KEPT = 20
 
 @dataclass(frozen=True)
 class Violation:
+    """A run of ``count`` consecutive indices (and slots) with one reason."""
+
     rank: int
     step: int
     group: str
@@ -24,12 +26,18 @@ class Violation:
     index: int
     slot: int
     reason: str
+    count: int = 1
+    last_index: int = -1
 
     def __str__(self) -> str:
-        return (
-            f"rank {self.rank} step {self.step} group {self.group} request {self.request_id} "
-            f"index {self.index} slot {self.slot}: {self.reason}"
-        )
+        if self.count == 1:
+            where = f"index {self.index} slot {self.slot}"
+        else:
+            where = (
+                f"slots {self.slot}..{self.slot + self.count - 1} "
+                f"({self.count} writes, indices {self.index}..{self.last_index})"
+            )
+        return f"rank {self.rank} step {self.step} group {self.group} request {self.request_id} {where}: {self.reason}"
 
 
 class WriteGuard:
@@ -45,10 +53,16 @@ class WriteGuard:
 
     def _add(self, group: int, request_id: str, index: int, slot: int, reason: str) -> None:
         self.count += 1
+        name = self.group_names[group]
+        if self.kept:
+            last = self.kept[-1]
+            if (last.step, last.group, last.request_id, last.reason) == (self._step, name, request_id, reason) and (
+                slot == last.slot + last.count
+            ):
+                self.kept[-1] = Violation(**{**last.__dict__, "count": last.count + 1, "last_index": int(index)})
+                return
         if len(self.kept) < MAX_KEPT:
-            self.kept.append(
-                Violation(self.rank, self._step, self.group_names[group], request_id, int(index), int(slot), reason)
-            )
+            self.kept.append(Violation(self.rank, self._step, name, request_id, int(index), int(slot), reason, 1, int(index)))
 
     def begin_step(self, step: int) -> None:
         self._step = step
