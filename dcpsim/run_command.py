@@ -36,6 +36,9 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inject", metavar="FAULT",
                    help="switch on a known DCP bug in the simulated engine (see dcpsim.faults); "
                         "the run must then fail")
+    p.add_argument("--simulate-rank-failure", metavar="KIND:RANK:STEP",
+                   help="make one rank raise, hang or exit (os._exit(17)) at a step, to check how "
+                        "the harness reports a broken world (exit 3)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="process-group timeout in seconds (default 30)")
 
@@ -72,6 +75,16 @@ def resolve_scenario(args, world_size: int | None = None) -> Scenario:
         raise ConfigError(f"{scenario.source}: {exc}") from None
 
 
+def make_job(args, scenario: Scenario):
+    from dcpsim.simulation import Job, parse_rank_failure
+
+    get_fault(args.inject)
+    failure = None
+    if args.simulate_rank_failure:
+        failure = parse_rank_failure(args.simulate_rank_failure, scenario.config.decode_context_parallel_size)
+    return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure)
+
+
 def _finish(report, as_json: bool) -> int:
     print(report.to_json() if as_json else report.text())
     return EXIT_OK if report.passed else EXIT_CHECK_FAILED
@@ -82,7 +95,7 @@ def error_json(exc: DcpsimError) -> str:
 
 
 def run(args) -> int:
-    from dcpsim.simulation import Job, merge_rank_reports, prepare, rank_entry, run_rank
+    from dcpsim.simulation import merge_rank_reports, prepare, rank_entry, run_rank
 
     try:
         scenario = resolve_scenario(args)
@@ -90,8 +103,7 @@ def run(args) -> int:
             prepare(scenario)
         except ConfigError as exc:
             raise ConfigError(f"{scenario.source}: {exc}") from None
-        get_fault(args.inject)
-        job = Job(scenario, paranoid=args.paranoid, inject=args.inject)
+        job = make_job(args, scenario)
         world = scenario.config.decode_context_parallel_size
         start = time.perf_counter()
         if args.in_process:
@@ -119,7 +131,7 @@ def worker(args) -> int:
     import torch.distributed as dist
 
     from dcpsim.launch import init_env_process_group
-    from dcpsim.simulation import Job, prepare, run_rank
+    from dcpsim.simulation import prepare, run_rank
     from dcpsim.runtime.collectives import GlooCollectives
 
     rank, world = init_env_process_group(args.timeout)
@@ -127,8 +139,7 @@ def worker(args) -> int:
         scenario = resolve_scenario(args, world_size=world)
         prepare(scenario)
         start = time.perf_counter()
-        get_fault(args.inject)
-        report = run_rank(Job(scenario, paranoid=args.paranoid, inject=args.inject), GlooCollectives(rank, world))
+        report = run_rank(make_job(args, scenario), GlooCollectives(rank, world))
         ranks = [None] * world
         dist.all_gather_object(ranks, report.ranks[0])
         report.ranks = ranks

@@ -7,9 +7,11 @@ starts. ``run_rank`` is what each rank executes, over any ``Collectives``.
 
 from __future__ import annotations
 
+import os
 import resource
 from dataclasses import dataclass
 
+from dcpsim.errors import ConfigError
 from dcpsim.faults import get_fault
 from dcpsim.group_layout import GroupLayout, build_group_layouts
 from dcpsim.grouping import group_layer_specs
@@ -30,6 +32,41 @@ class Job:
     paranoid: bool = False
     inject: str | None = None
     """Name of a known DCP bug to switch on in the write path (``dcpsim.faults``)."""
+    rank_failure: tuple[str, int, int] | None = None
+    """(kind, rank, step): make one rank raise, hang or exit at a step, to
+    exercise the harness's failure handling (``--simulate-rank-failure``)."""
+
+
+RANK_FAILURE_KINDS = ("raise", "hang", "exit")
+
+
+def parse_rank_failure(text: str, world_size: int) -> tuple[str, int, int]:
+    """``KIND:RANK:STEP`` with KIND one of raise, hang, exit."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in RANK_FAILURE_KINDS or not all(p.isdigit() for p in parts[1:]):
+        raise ConfigError(
+            f"--simulate-rank-failure expects KIND:RANK:STEP with KIND in {'/'.join(RANK_FAILURE_KINDS)}, got {text!r}"
+        )
+    kind, rank, step = parts[0], int(parts[1]), int(parts[2])
+    if rank >= world_size:
+        raise ConfigError(f"--simulate-rank-failure: rank {rank} is not in a world of {world_size}")
+    return kind, rank, step
+
+
+def _simulate_rank_failure(job: Job, rank: int, step: int) -> None:
+    if job.rank_failure is None:
+        return
+    kind, which, at = job.rank_failure
+    if (which, at) != (rank, step):
+        return
+    if kind == "raise":
+        raise RuntimeError(f"simulated failure of rank {rank} at step {step}")
+    if kind == "hang":
+        import time
+
+        while True:
+            time.sleep(3600)
+    os._exit(17)
 
 
 def build_layouts(scenario: Scenario) -> list[GroupLayout]:
@@ -90,6 +127,7 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
     failure: Failure | None = None
     for plan in scheduler.plans():
         set_progress(plan.step, "write")
+        _simulate_rank_failure(job, coll.rank, plan.step)
         try:
             runner.apply(plan, request_ids)
         except BlockTableOverflow as exc:
