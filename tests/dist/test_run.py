@@ -1,0 +1,206 @@
+"""``dcpsim run`` end to end on real gloo worlds: verdicts, exit codes, reports.
+
+These start real rank processes (forkserver, FileStore rendezvous), so they
+run in parallel under pytest-xdist without port collisions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dcpsim.cli import main
+
+pytestmark = pytest.mark.dist
+
+SCENARIOS = ["dsv3", "dsv41-hybrid"]
+
+
+def run_json(capsys, *argv) -> tuple[int, dict]:
+    code = main(["run", *argv, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("interleave", [1, 16, 64])  # 64 = B of every paged group
+@pytest.mark.parametrize("dcp", [1, 2, 3, 4, 8])
+def test_builtin_scenario_passes(capsys, scenario, dcp, interleave):
+    code, report = run_json(capsys, scenario, "--dcp", str(dcp), "--interleave", str(interleave))
+    assert code == 0, report["failure"]
+    assert report["passed"] and report["failure"] is None
+    assert report["dcp_size"] == dcp and report["interleave_size"] == interleave
+    assert len(report["ranks"]) == dcp
+    assert report["verifications"] == report["steps"]  # verify_every = 1
+    assert report["verified_indices"] > 10_000
+    sched = report["schedule"]
+    assert sched["finished"] == sched["requests"]
+    assert sched["reused_blocks"] > 0, "finished requests' blocks must be reused"
+    assert sched["preemptions"] >= 1
+
+
+def test_human_report_and_exit_code_in_a_subprocess():
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcpsim", "run", "dsv41-hybrid", "--dcp", "2"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "PASS" in proc.stdout
+    assert "SlidingWindowMLA" in proc.stdout and "replicated" in proc.stdout
+    assert "sharded" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "scenario,fault,kind",
+    [
+        ("dsv3", "interleave-off-by-one", "wrong-content"),
+        ("dsv41-hybrid", "interleave-off-by-one", "wrong-content"),
+        ("dsv41-hybrid", "replicated-owner-only", "wrong-content"),
+        ("dsv3", "foreign-block", "write-violation"),
+        ("dsv41-hybrid", "foreign-block", "write-violation"),
+    ],
+)
+def test_broken_write_path_fails_with_a_report(capsys, scenario, fault, kind):
+    code, report = run_json(capsys, scenario, "--dcp", "2", "--interleave", "16", "--inject", fault)
+    assert code == 1
+    assert not report["passed"]
+    failure = report["failure"]
+    assert failure["kind"] == kind
+    assert failure["step"] == 0  # caught at the first verification
+    if kind == "wrong-content":
+        assert failure["group"] and failure["request_id"] == "chat-0"
+        assert failure["index"] is not None and failure["expected_slot"] is not None
+        assert len(failure["holdings"]) == 2  # what every rank holds there
+        assert failure["further_bad"] > 0
+    else:
+        assert any("does not hold" in line for line in failure["details"])
+
+
+def test_wrong_owner_report_names_owner_and_where_the_entry_went(capsys):
+    code, report = run_json(capsys, "dsv3", "--dcp", "2", "--interleave", "4", "--inject", "interleave-off-by-one")
+    assert code == 1
+    f = report["failure"]
+    assert f["index"] == 0 and f["expected_owner"] == 0
+    rank1 = f["holdings"][1]
+    assert rank1["index"] == 0 and rank1["found_at"] == [f["expected_slot"]]
+
+
+def test_text_failure_report(capsys):
+    code = main(["run", "dsv41-hybrid", "--dcp", "4", "--inject", "replicated-owner-only"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FAIL at step 0" in out
+    assert "expected on: every rank (replicated)" in out
+    assert "rank 3 slot" in out and "further bad positions" in out
+
+
+def test_paranoid_mode_passes_and_counts_more_traffic(capsys):
+    _, compact = run_json(capsys, "dsv3", "--dcp", "2")
+    code, paranoid = run_json(capsys, "dsv3", "--dcp", "2", "--paranoid")
+    assert code == 0
+    assert paranoid["bytes_gathered"] > 10 * compact["bytes_gathered"]
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def test_rank_that_raises_ends_in_exit_3_with_its_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--simulate-rank-failure", "raise:1:4"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 3
+    err = proc.stderr
+    assert "primary: rank 1 at step 4" in err
+    assert "Traceback" in err and "simulated failure of rank 1 at step 4" in err
+    assert "secondary: rank 0" in err and "secondary: rank 2" in err
+
+
+def test_rank_that_exits_is_reported():
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "2", "--simulate-rank-failure", "exit:0:2", "--timeout", "5"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 3
+    assert "rank 0" in proc.stderr and "exited with code 17" in proc.stderr
+
+
+def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process():
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--timeout", "3",
+         "--simulate-rank-failure", "hang:2:3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    time.sleep(1.0)
+    helpers = _children_of(proc.pid)
+    ranks = [c for h in helpers for c in _children_of(h)]
+    _, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 3, err
+    assert elapsed < 20
+    assert "rank 2 at step 3" in err
+    time.sleep(0.5)
+    alive = [p for p in helpers + ranks if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+    assert not alive, f"left-over processes {alive}"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_bad_scenario_and_config_exit_2_before_any_rank(capsys, tmp_path):
+    assert main(["run", "no-such-scenario"]) == 2
+    assert "built-ins: dsv3, dsv41-hybrid" in capsys.readouterr().err
+    assert main(["run", "dsv3", "--interleave", "3"]) == 2
+    assert "cp_kv_cache_interleave_size (3)" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[config]\nmax_num_batchd_tokens = 4\n[[layers]]\nname = "a"\nkind = "mla"\nblock_size = 16\nhead_size = 8\n[[requests]]\nprompt_len = 3\noutput_len = 2\n')
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: config.max_num_batchd_tokens: unknown field (did you mean 'max_num_batched_tokens'?)" in err
+
+
+def test_torchrun_worker_gives_the_same_verdict_as_run(capsys):
+    code, direct = run_json(capsys, "dsv41-hybrid", "--dcp", "4", "--interleave", "16")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+         "-m", "dcpsim", "worker", "dsv41-hybrid", "--interleave", "16", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    via_torchrun = json.loads(proc.stdout)
+    for key in ("passed", "steps", "verifications", "verified_indices", "schedule", "groups", "dcp_size"):
+        assert via_torchrun[key] == direct[key], key
+    assert code == 0
+
+
+def test_torchrun_worker_catches_a_fault_too():
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "dcpsim", "worker", "dsv3", "--inject", "interleave-off-by-one", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode != 0
+    report = json.loads(proc.stdout)
+    assert report["failure"]["kind"] == "wrong-content"
