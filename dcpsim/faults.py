@@ -14,14 +14,26 @@ from dcpsim.layout import PAD, owner_rank
 
 
 class Fault:
+    """The correct engine. A fault subclass overrides one hook to reproduce one bug.
+
+    Hooks are called by the simulated engine only (scheduler, write path);
+    the checker always works from the true, unfaulted layouts.
+    """
+
     name = "none"
     bug_class = ""
     description = "no fault: the correct write path"
 
     def applies_to(self, layouts) -> bool:
+        """Whether the bug can show on a scenario with these (true) group layouts."""
         return True
 
+    def engine_layouts(self, scenario, layouts):
+        """The group layouts the engine works with (a fault may derive wrong ones)."""
+        return layouts
+
     def slots_for(self, runner, layout, write, row):
+        """The write path's (slots, stored index, content) for one request and group."""
         return runner.slots_for(layout, write, row)
 
 

@@ -104,16 +104,18 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
     # Imported here: set_progress lives with the launcher; in-process runs use a no-op.
     from dcpsim.launch import set_progress
 
-    layouts = build_layouts(scenario)
-    scheduler = Scheduler(scenario, layouts)
+    fault = get_fault(job.inject)
+    layouts = build_layouts(scenario)  # the truth: what the checker judges against
+    engine_layouts = fault.engine_layouts(scenario, layouts)  # what the simulated engine uses
+    scheduler = Scheduler(scenario, engine_layouts)
     request_ids = {r.index: r.request_id for r in scheduler.requests}
     runner = ModelRunner(
-        layouts,
-        pool_sizes(scenario, layouts),
+        engine_layouts,
+        pool_sizes(scenario, engine_layouts),
         config,
         coll.rank,
         max_num_reqs=len(scheduler.requests),
-        fault=get_fault(job.inject),
+        fault=fault,
     )
     checker = Checker(layouts, coll, request_ids, paranoid=job.paranoid)
     report = RunReport(
