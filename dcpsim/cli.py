@@ -33,6 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     run_command.add_run_arguments(p)
     p.set_defaults(handler=run_command.run)
 
+    p = sub.add_parser("replay", help="rerun exactly the configuration and schedule of a JSON report")
+    p.add_argument("report", help="a report written by run/worker --json (or by matrix/fuzz)")
+    p.add_argument("--json", action="store_true", help="print one JSON report on stdout")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="process-group timeout in seconds")
+    p.add_argument("--deadline", type=float, metavar="S", help="kill the world after S seconds")
+    p.add_argument("--in-process", action="store_true", help="run the ranks as threads of this process")
+    p.set_defaults(handler=run_command.replay)
+
     p = sub.add_parser("worker", help="one rank of a world started by torchrun (env://)")
     run_command.add_scenario_arguments(p)
     p.set_defaults(handler=run_command.worker)

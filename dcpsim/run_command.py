@@ -95,15 +95,40 @@ def error_json(exc: DcpsimError) -> str:
 
 
 def run(args) -> int:
-    from dcpsim.simulation import merge_rank_reports, prepare, rank_entry, run_rank
-
     try:
         scenario = resolve_scenario(args)
+        job = make_job(args, scenario)
+    except DcpsimError as exc:
+        if args.json:
+            print(error_json(exc))
+        raise
+    return run_job(job, args)
+
+
+def replay(args) -> int:
+    """Rerun exactly the configuration and schedule recorded in a JSON report."""
+    from dcpsim.replay import load_replay
+
+    try:
+        job = load_replay(args.report)
+    except DcpsimError as exc:
+        if args.json:
+            print(error_json(exc))
+        raise
+    return run_job(job, args)
+
+
+def run_job(job, args) -> int:
+    """Validate, start a world (or threads), verify, print; the exit code of the verdict."""
+    from dcpsim.replay import replay_record
+    from dcpsim.simulation import merge_rank_reports, prepare, rank_entry, run_rank
+
+    scenario = job.scenario
+    try:
         try:
             prepare(scenario)
         except ConfigError as exc:
             raise ConfigError(f"{scenario.source}: {exc}") from None
-        job = make_job(args, scenario)
         world = scenario.config.decode_context_parallel_size
         start = time.perf_counter()
         if args.in_process:
@@ -119,6 +144,7 @@ def run(args) -> int:
             )
         report = merge_rank_reports(reports)
         report.wall_time_s = time.perf_counter() - start
+        report.replay = replay_record(job)
     except DcpsimError as exc:
         if args.json:
             print(error_json(exc))
@@ -144,6 +170,9 @@ def worker(args) -> int:
         dist.all_gather_object(ranks, report.ranks[0])
         report.ranks = ranks
         report.wall_time_s = time.perf_counter() - start
+        from dcpsim.replay import replay_record
+
+        report.replay = replay_record(make_job(args, scenario))
     except DcpsimError as exc:
         if args.json and rank == 0:
             print(error_json(exc))

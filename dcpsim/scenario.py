@@ -71,7 +71,8 @@ class Scenario:
     ``cdiv(kv_cache_tokens, B)`` for a replicated one), at least the largest
     request's need; rings get one block per request."""
     max_steps: int = 100_000
-    extra: dict = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Reader layers that use another layer's cache (no cache of their own)."""
 
     def __post_init__(self) -> None:
         if not self.requests:

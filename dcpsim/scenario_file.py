@@ -24,7 +24,7 @@ from dcpsim.registry import SPEC_KINDS, builtin_scenario_path
 from dcpsim.scenario import RequestSpec, Scenario
 
 TOP_KEYS = {"name", "description", "seed", "verify_every", "num_gpu_blocks", "kv_cache_tokens", "max_steps",
-            "config", "layers", "requests"}
+            "config", "layers", "aliases", "requests"}
 CONFIG_KEYS = {f.name for f in dataclasses.fields(SimConfig)}
 REQUEST_KEYS = {"id", "count", "prompt_len", "output_len", "arrival_step", "prefix",
                 "shared_prefix_len", "acceptance", "preempt_at_steps"}
@@ -115,43 +115,91 @@ def _parse_layers(entries, problems: _Problems) -> dict:
             problems.add(f"{path}.kind", f"unknown kind {kind!r}{hint}; one of {sorted(SPEC_KINDS)}")
             continue
         cls = SPEC_KINDS[kind]
-        allowed = _spec_fields(cls) | {"kind", "name", "layers"}
+        allowed = _spec_fields(cls) | {"kind", "name", "names", "layers"}
+        before = len(problems.items)
         problems.unknown_keys(path, entry, allowed)
         fields = {k: v for k, v in entry.items() if k in _spec_fields(cls)}
+        for f in dataclasses.fields(cls):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in fields:
+                problems.add(f"{path}.{f.name}", f"is required for kind {kind!r}")
         tps = fields.get("tokens_per_state")
         if isinstance(tps, str):
             try:
                 fields["tokens_per_state"] = Fraction(tps)
             except (ValueError, ZeroDivisionError):
                 problems.add(f"{path}.tokens_per_state", f"expected an int or a fraction like \"1/4\", got {tps!r}")
-                continue
+        names = _layer_names(entry, problems, path)
+        if len(problems.items) > before:
+            continue
         try:
             spec = cls(**fields)
         except ConfigError as exc:
-            problems.add(path, str(exc))
+            message = str(exc)
+            field = message.split(" ", 1)[0].removeprefix(cls.__name__ + ".")
+            problems.add(f"{path}.{field}" if field in fields else path, message)
             continue
-        except TypeError as exc:
-            problems.add(path, str(exc).replace("__init__() ", ""))
-            continue
-        name = entry.get("name")
-        if not isinstance(name, str) or not name:
-            problems.add(f"{path}.name", "needs a layer name")
-            continue
-        if "layers" in entry:
-            idx = _layer_indices(entry["layers"], problems, f"{path}.layers")
-            if idx is None:
-                continue
-            if "{i}" not in name:
-                problems.add(f"{path}.name", "must contain {i} when layers is given")
-                continue
-            names = [name.replace("{i}", str(i)) for i in idx]
-        else:
-            names = [name]
         for nm in names:
             if nm in layers:
                 problems.add(f"{path}.name", f"layer {nm!r} is defined twice")
             layers[nm] = spec
     return layers
+
+
+def _layer_names(entry: dict, problems: _Problems, path: str) -> list[str]:
+    """``name`` (with ``{i}`` and ``layers``) or an explicit ``names`` list."""
+    if "names" in entry:
+        names = entry["names"]
+        if "name" in entry or "layers" in entry:
+            problems.add(f"{path}.names", "give either names or name (+ layers), not both")
+            return []
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            problems.add(f"{path}.names", f"must be a non-empty list of layer names, got {names!r}")
+            return []
+        return names
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        problems.add(f"{path}.name", "needs a layer name")
+        return []
+    if "layers" not in entry:
+        return [name]
+    idx = _layer_indices(entry["layers"], problems, f"{path}.layers")
+    if idx is None:
+        return []
+    if "{i}" not in name:
+        problems.add(f"{path}.name", "must contain {i} when layers is given")
+        return []
+    return [name.replace("{i}", str(i)) for i in idx]
+
+
+def _parse_aliases(entries, layers: dict, problems: _Problems) -> dict[str, str]:
+    """Reader layers that use another layer's cache (vLLM's kv_sharing_target_layer_name)."""
+    aliases: dict[str, str] = {}
+    if entries is None:
+        return aliases
+    if not isinstance(entries, list):
+        problems.add("aliases", "must be a list of [[aliases]] tables")
+        return aliases
+    for n, entry in enumerate(entries):
+        path = f"aliases[{n}]"
+        if not isinstance(entry, dict):
+            problems.add(path, "must be a table")
+            continue
+        problems.unknown_keys(path, entry, {"name", "names", "layers", "target"})
+        target = entry.get("target")
+        if not isinstance(target, str) or not target:
+            problems.add(f"{path}.target", "needs the name of the layer whose cache is read")
+            continue
+        names = _layer_names(entry, problems, path)
+        indices = _layer_indices(entry["layers"], _Problems(""), "") if "layers" in entry else None
+        for i, nm in enumerate(names):
+            tgt = target.replace("{i}", str(indices[i])) if indices else target
+            if nm in layers or nm in aliases:
+                problems.add(f"{path}.name", f"layer {nm!r} is defined twice")
+            elif tgt not in layers:
+                problems.add(f"{path}.target", f"layer {nm!r} aliases {tgt!r}, which is not a layer with a cache")
+            else:
+                aliases[nm] = tgt
+    return aliases
 
 
 def _parse_requests(entries, problems: _Problems) -> list[RequestSpec]:
@@ -218,6 +266,7 @@ def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario
             field = str(exc).split(" ", 1)[0]
             problems.add(f"config.{field}" if field in CONFIG_KEYS else "config", str(exc))
     layers = _parse_layers(data.get("layers"), problems)
+    aliases = _parse_aliases(data.get("aliases"), layers, problems)
     requests = _parse_requests(data.get("requests"), problems)
     top = {}
     for key in ("seed", "verify_every", "num_gpu_blocks", "kv_cache_tokens", "max_steps"):
@@ -233,6 +282,7 @@ def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario
             description=str(data.get("description", "")),
             source=source,
             layers=layers,
+            aliases=aliases,
             config=config,
             requests=tuple(requests),
             **top,

@@ -87,6 +87,8 @@ class RunReport:
     ranks: list[dict] = field(default_factory=list)
     """Per-rank figures filled in by the launcher (peak memory, bytes sent)."""
     wall_time_s: float | None = None
+    replay: dict | None = None
+    """The resolved scenario and run options: ``dcpsim replay`` reruns them exactly."""
 
     @property
     def bytes_per_verified_index(self) -> float:
