@@ -33,6 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
     run_command.add_run_arguments(p)
     p.set_defaults(handler=run_command.run)
 
+    from dcpsim import catalogue_command
+
+    p = sub.add_parser("list", help="the built-in scenarios, one line each")
+    catalogue_command.add_list_arguments(p)
+    p.set_defaults(handler=catalogue_command.list_scenarios)
+
+    p = sub.add_parser("matrix", help="run every valid scenario x W x I x B cell and print a table")
+    catalogue_command.add_matrix_arguments(p)
+    p.set_defaults(handler=catalogue_command.matrix)
+
     p = sub.add_parser("replay", help="rerun exactly the configuration and schedule of a JSON report")
     p.add_argument("report", help="a report written by run/worker --json (or by matrix/fuzz)")
     p.add_argument("--json", action="store_true", help="print one JSON report on stdout")

@@ -25,6 +25,7 @@ import numpy as np
 
 from dcpsim.content import random_tokens, stable_seed
 from dcpsim.errors import ConfigError
+from dcpsim.faults import Fault
 from dcpsim.group_layout import GroupLayout
 from dcpsim.scenario import Scenario
 from dcpsim.scheduler.block_pool import BlockPool
@@ -52,12 +53,13 @@ def pool_sizes(scenario: Scenario, layouts: list[GroupLayout]) -> list[int]:
 
 
 class Scheduler:
-    def __init__(self, scenario: Scenario, layouts: list[GroupLayout]):
+    def __init__(self, scenario: Scenario, layouts: list[GroupLayout], fault: Fault | None = None):
+        """``fault``: a known DCP bug switched on in the managers and prefix cache (``dcpsim.faults``)."""
         self.scenario = scenario
         self.config = scenario.config
         self.layouts = layouts
         sizes = pool_sizes(scenario, layouts)
-        self.managers = [GroupManager(lay, BlockPool(n)) for lay, n in zip(layouts, sizes)]
+        self.managers = [GroupManager(lay, BlockPool(n), fault) for lay, n in zip(layouts, sizes)]
         prefixes: dict[str, np.ndarray] = {}
         for r in scenario.requests:
             if r.prefix:
@@ -71,7 +73,7 @@ class Scheduler:
         use_prefix = self.config.enable_prefix_caching and all(
             lay.prefix_cacheable for lay in layouts
         )
-        self.prefix_cache = PrefixCache(self.managers) if use_prefix else None
+        self.prefix_cache = PrefixCache(self.managers, fault) if use_prefix else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.step_index = 0
@@ -137,13 +139,14 @@ class Scheduler:
             if req.status is Status.PENDING and req.spec.arrival_step <= s:
                 req.status = Status.WAITING
                 self.waiting.append(req)
+        preempted_now = False
         for req in list(self.running):
             if s in req.spec.preempt_at_steps:
                 self._preempt(req, events, "scenario")
+                preempted_now = True
 
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int, int]] = []
-        preempted_now = False
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -252,7 +255,7 @@ class Scheduler:
         req.num_output += accepted + 1
         if d:
             events.append(f"{req.request_id}: {accepted}/{d} drafts accepted")
-        return ReqWrite(req.index, req.request_id, start, contents)
+        return ReqWrite(req.index, req.request_id, start, contents, num_drafts=d)
 
     @property
     def summary(self) -> dict:
