@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     catalogue_command.add_matrix_arguments(p)
     p.set_defaults(handler=catalogue_command.matrix)
 
+    from dcpsim import fuzz_command
+
+    p = sub.add_parser("fuzz", help="search random schedules for a failure, shrink it and save it")
+    fuzz_command.add_arguments(p)
+    p.set_defaults(handler=fuzz_command.fuzz)
+
     p = sub.add_parser("replay", help="rerun exactly the configuration and schedule of a JSON report")
     p.add_argument("report", help="a report written by run/worker --json (or by matrix/fuzz)")
     p.add_argument("--json", action="store_true", help="print one JSON report on stdout")

@@ -29,6 +29,8 @@ def _non_default(obj) -> dict:
 
 def _spec_dict(spec: KVCacheSpec) -> dict:
     fields = _non_default(spec)
+    if fields.get("head_size_v") == getattr(spec, "head_size", None):
+        fields.pop("head_size_v")  # the default: V as wide as K
     if isinstance(fields.get("tokens_per_state"), Fraction):
         fields["tokens_per_state"] = str(fields["tokens_per_state"])
     return {"kind": _KIND_OF[type(spec)], **fields}
