@@ -42,6 +42,8 @@ class SimConfig:
         _require_int("max_num_seqs", self.max_num_seqs, 1)
         if self.kernel_block_size is not None:
             _require_int("kernel_block_size", self.kernel_block_size, 1)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         if self.num_speculative_tokens + 1 > self.max_num_batched_tokens:
             raise ConfigError(
                 "max_num_batched_tokens must hold one speculative step "

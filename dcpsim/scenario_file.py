@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import tomllib
 from fractions import Fraction
 from pathlib import Path
@@ -83,14 +84,21 @@ def load_scenario(name_or_path: str) -> Scenario:
     return scenario_from_dict(data, source=source, default_name=path.stem)
 
 
+MAX_STAMPED = 100_000  # layers from one entry, or requests from one count
+
+
 def _layer_indices(value, problems: _Problems, path: str) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        if len(value) > MAX_STAMPED:
+            problems.add(path, f"at most {MAX_STAMPED} layers per entry, got {len(value)}")
+            return None
         return value
-    if isinstance(value, str) and "-" in value:
-        lo, _, hi = value.partition("-")
-        if lo.strip().isdigit() and hi.strip().isdigit() and int(lo) <= int(hi):
-            return list(range(int(lo), int(hi) + 1))
-    problems.add(path, f"expected a list of layer numbers or a range like \"0-39\", got {value!r}")
+    match = re.fullmatch(r"\s*([0-9]{1,7})\s*-\s*([0-9]{1,7})\s*", value) if isinstance(value, str) else None
+    if match:
+        lo, hi = int(match.group(1)), int(match.group(2))
+        if lo <= hi and hi - lo < MAX_STAMPED:
+            return list(range(lo, hi + 1))
+    problems.add(path, f"expected a list of layer numbers >= 0 or a range like \"0-39\", got {value!r}")
     return None
 
 
@@ -109,7 +117,7 @@ def _parse_layers(entries, problems: _Problems) -> dict:
             problems.add(path, "must be a table")
             continue
         kind = entry.get("kind")
-        if kind not in SPEC_KINDS:
+        if not isinstance(kind, str) or kind not in SPEC_KINDS:
             close = difflib.get_close_matches(str(kind), sorted(SPEC_KINDS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             problems.add(f"{path}.kind", f"unknown kind {kind!r}{hint}; one of {sorted(SPEC_KINDS)}")
@@ -137,6 +145,9 @@ def _parse_layers(entries, problems: _Problems) -> dict:
             message = str(exc)
             field = message.split(" ", 1)[0].removeprefix(cls.__name__ + ".")
             problems.add(f"{path}.{field}" if field in fields else path, message)
+            continue
+        except (TypeError, ValueError) as exc:  # a value of the wrong type deep inside a check
+            problems.add(path, f"invalid field value: {exc}")
             continue
         for nm in names:
             if nm in layers:
@@ -202,8 +213,9 @@ def _parse_aliases(entries, layers: dict, problems: _Problems) -> dict[str, str]
     return aliases
 
 
-def _parse_requests(entries, problems: _Problems) -> list[RequestSpec]:
-    out: list[RequestSpec] = []
+def _parse_requests(entries, problems: _Problems) -> list[tuple[str, RequestSpec]]:
+    """(path of the entry, request) for every request, ``count`` stamped out."""
+    out: list[tuple[str, RequestSpec]] = []
     if not isinstance(entries, list) or not entries:
         problems.add("requests", "needs at least one [[requests]] entry")
         return out
@@ -215,9 +227,12 @@ def _parse_requests(entries, problems: _Problems) -> list[RequestSpec]:
         before = len(problems.items)
         problems.unknown_keys(path, entry, REQUEST_KEYS)
         count = entry.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_STAMPED:
+            problems.add(f"{path}.count", f"must be an integer from 1 to {MAX_STAMPED}, got {count!r}")
+            continue
         rid = entry.get("id", f"req{n}" + ("-{i}" if count != 1 else ""))
-        if not isinstance(count, int) or count < 1:
-            problems.add(f"{path}.count", f"must be an integer >= 1, got {count!r}")
+        if not isinstance(rid, str) or not rid:
+            problems.add(f"{path}.id", f"must be a non-empty string, got {rid!r}")
             continue
         if count > 1 and "{i}" not in str(rid):
             problems.add(f"{path}.id", "must contain {i} when count > 1")
@@ -244,37 +259,78 @@ def _parse_requests(entries, problems: _Problems) -> list[RequestSpec]:
             continue
         for i in range(count):
             try:
-                out.append(RequestSpec(request_id=str(rid).replace("{i}", str(i)), **kwargs))
+                out.append((path, RequestSpec(request_id=str(rid).replace("{i}", str(i)), **kwargs)))
             except ConfigError as exc:
                 problems.add(path, str(exc))
                 break
     return out
 
 
+CONFIG_TYPES = {f.name: f.type for f in dataclasses.fields(SimConfig)}
+
+
+def _parse_config(cfg, problems: _Problems) -> SimConfig | None:
+    """Each field checked on its own (all problems at once), then the cross-field rules."""
+    if not isinstance(cfg, dict):
+        problems.add("config", "must be a table")
+        return None
+    problems.unknown_keys("config", cfg, CONFIG_KEYS)
+    before = len(problems.items)
+    values = {k: v for k, v in cfg.items() if k in CONFIG_KEYS}
+    for key, value in values.items():
+        if CONFIG_TYPES[key] in (bool, "bool"):
+            if not isinstance(value, bool):
+                problems.add(f"config.{key}", f"must be true or false, got {value!r}")
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            problems.add(f"config.{key}", f"must be an integer, got {value!r}")
+    if len(problems.items) > before:
+        return None
+    try:
+        return SimConfig(**values)
+    except ConfigError as exc:
+        field = str(exc).split(" ", 1)[0]
+        problems.add(f"config.{field}" if field in CONFIG_KEYS else "config", str(exc))
+        return None
+
+
+def _check_requests(stamped: list[tuple[str, RequestSpec]], config: SimConfig | None, problems: _Problems) -> None:
+    """The workload rules that need the whole scenario, reported by request path."""
+    seen: dict[str, str] = {}
+    for path, r in stamped:
+        if r.request_id in seen:
+            problems.add(f"{path}.id", f"request id {r.request_id!r} is used twice (also by {seen[r.request_id]})")
+        seen.setdefault(r.request_id, path)
+        if config is None:
+            continue
+        total = r.prompt_len + r.output_len
+        if total > config.max_model_len:
+            problems.add(path, f"request {r.request_id!r}: prompt_len + output_len = {total} exceeds "
+                               f"max_model_len {config.max_model_len}")
+        if any(a > config.num_speculative_tokens for a in r.acceptance):
+            problems.add(f"{path}.acceptance", f"an acceptance count exceeds num_speculative_tokens "
+                                               f"{config.num_speculative_tokens}")
+
+
 def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario") -> Scenario:
     problems = _Problems(source)
     problems.unknown_keys("", data, TOP_KEYS)
-    cfg = data.get("config", {})
-    config = None
-    if not isinstance(cfg, dict):
-        problems.add("config", "must be a table")
-    else:
-        problems.unknown_keys("config", cfg, CONFIG_KEYS)
-        try:
-            config = SimConfig(**{k: v for k, v in cfg.items() if k in CONFIG_KEYS})
-        except ConfigError as exc:
-            field = str(exc).split(" ", 1)[0]
-            problems.add(f"config.{field}" if field in CONFIG_KEYS else "config", str(exc))
+    config = _parse_config(data.get("config", {}), problems)
     layers = _parse_layers(data.get("layers"), problems)
     aliases = _parse_aliases(data.get("aliases"), layers, problems)
-    requests = _parse_requests(data.get("requests"), problems)
+    stamped = _parse_requests(data.get("requests"), problems)
+    requests = [r for _, r in stamped]
     top = {}
-    for key in ("seed", "verify_every", "num_gpu_blocks", "kv_cache_tokens", "max_steps"):
+    for key, minimum in (("seed", 0), ("verify_every", 1), ("num_gpu_blocks", 1), ("kv_cache_tokens", 1), ("max_steps", 1)):
         if key in data:
             if isinstance(data[key], bool) or not isinstance(data[key], int):
                 problems.add(key, f"must be an integer, got {data[key]!r}")
+            elif data[key] < minimum:
+                problems.add(key, f"must be >= {minimum}, got {data[key]}")
             else:
                 top[key] = data[key]
+    if "num_gpu_blocks" in top and "kv_cache_tokens" in top:
+        problems.add("kv_cache_tokens", "set num_gpu_blocks or kv_cache_tokens, not both")
+    _check_requests(stamped, config, problems)
     problems.raise_if_any()
     try:
         return Scenario(

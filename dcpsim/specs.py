@@ -128,7 +128,7 @@ class AttentionSpec(KVCacheSpec):
         _positive_int(name, "head_size", self.head_size)
         if isinstance(self.head_size_v, bool) or not isinstance(self.head_size_v, int) or self.head_size_v < 0:
             raise ConfigError(f"{name}.head_size_v must be an integer >= 0, got {self.head_size_v!r}")
-        if self.dtype not in DTYPE_BYTES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
             raise ConfigError(
                 f"{name}.dtype {self.dtype!r} is not known; use one of {sorted(DTYPE_BYTES)}"
             )
