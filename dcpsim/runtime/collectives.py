@@ -25,6 +25,16 @@ class Collectives:
     def all_gather_object(self, obj) -> list:
         raise NotImplementedError
 
+    def all_to_all_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` is ``[world_size, ...]``: ``tensor[i]`` goes to rank ``i``; returns
+        ``out`` of the same shape with ``out[i]`` the chunk rank ``i`` sent here."""
+        raise NotImplementedError
+
+    def reduce_scatter_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` is ``[world_size, ...]``: returns the sum over ranks of their
+        ``tensor[self.rank]`` (shape ``tensor.shape[1:]``)."""
+        raise NotImplementedError
+
 
 class GlooCollectives(Collectives):
     def __init__(self, rank: int, world_size: int):
@@ -47,6 +57,33 @@ class GlooCollectives(Collectives):
         self.bytes_sent += len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         out = [None] * self.world_size
         dist.all_gather_object(out, obj)
+        return out
+
+    def all_to_all_tensor(self, tensor):
+        import torch.distributed as dist
+
+        tensor = tensor.contiguous()
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+        out = torch.empty_like(tensor)
+        # gloo implements all_to_all_single (equal splits along dim 0) natively
+        dist.all_to_all_single(out, tensor)
+        return out
+
+    def reduce_scatter_tensor(self, tensor):
+        import torch.distributed as dist
+
+        tensor = tensor.contiguous()
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+        # torch 2.13's gloo reduce-scatters natively (reduce_scatter_single, which replaces the
+        # deprecated reduce_scatter_tensor). Older torch without it: emulate with an
+        # all-to-all of the chunks and a local sum (same result, same bytes per rank).
+        native = getattr(dist, "reduce_scatter_single", None)
+        if native is None:
+            chunks = torch.empty_like(tensor)
+            dist.all_to_all_single(chunks, tensor)
+            return chunks.sum(dim=0)
+        out = torch.empty_like(tensor[0])
+        native(out.view(-1), tensor.view(-1))  # gloo wants input length == W * output length
         return out
 
 
@@ -82,6 +119,14 @@ class ThreadCollectives(Collectives):
         self.bytes_sent += len(data)
         return [pickle.loads(d) for d in self._gather(data)]
 
+    def all_to_all_tensor(self, tensor):
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+        return torch.stack([t[self.rank] for t in self._gather(tensor.contiguous())])
+
+    def reduce_scatter_tensor(self, tensor):
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+        return torch.stack([t[self.rank] for t in self._gather(tensor.contiguous())]).sum(dim=0)
+
 
 def run_in_threads(rank_fn, payload, world_size: int) -> list:
     """Run ``rank_fn(payload, collectives)`` for every rank as threads; results by rank.
@@ -103,10 +148,18 @@ def run_in_threads(rank_fn, payload, world_size: int) -> list:
             ex.barrier.abort()
 
     threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # One intra-op thread, as every gloo rank has (launch._rank_main): the ranks are the
+    # parallelism, and torch's own threads spin on small tensors (the --attention math got
+    # 30x slower with 2 of them on a busy 2-core machine).
+    intra_op = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        torch.set_num_threads(intra_op)
     if errors:
         rank, exc = errors[0]
         raise RuntimeError(f"rank {rank} failed: {exc!r}") from exc

@@ -36,8 +36,12 @@ class ModelRunner:
         rank: int,
         max_num_reqs: int,
         fault: Fault | None = None,
+        kv_vectors=None,
     ):
         self.fault = fault or Fault()
+        self.kv_vectors = kv_vectors
+        """Attention check: ``kv_vectors(group_id, contents) -> [n, width]`` float32 K/V
+        written next to the fingerprints (``dcpsim.attention.vectors.KVVectors``), or None."""
         self.layouts = layouts
         self.config = config
         self.rank = rank
@@ -45,12 +49,14 @@ class ModelRunner:
             BlockTable(
                 lay.name,
                 max_num_reqs,
-                lay.group_spec.max_num_blocks_per_req(config, config.max_model_len),
+                self.fault.block_table_width(lay, config),  # the spec's max_num_blocks_per_req
             )
             for lay in layouts
         ]
         self.stores = [
-            KVStore(lay.group_id, n + 1, lay.states_per_page) for lay, n in zip(layouts, pool_sizes)
+            KVStore(lay.group_id, n + 1, lay.states_per_page,
+                    vector_dim=kv_vectors.width if kv_vectors is not None and lay.storage != RING else 0)
+            for lay, n in zip(layouts, pool_sizes)
         ]
         self.guard = WriteGuard(
             rank,
@@ -96,7 +102,9 @@ class ModelRunner:
         )
         return slots, np.arange(start, stop, dtype=np.int64), write.contents
 
-    def apply(self, plan: StepPlan, request_ids: dict[int, str]) -> None:
+    def apply(self, plan: StepPlan, request_ids: dict[int, str], during_step=None) -> None:
+        """Write the step. ``during_step(plan, runner)``, if given, runs after the writes with
+        the block tables the step ran with (before releases): the step's attention."""
         for table, rows in zip(self.block_tables, plan.rows_before):
             table.sync(rows, request_ids)
         self.guard.begin_step(plan.step)
@@ -114,6 +122,10 @@ class ModelRunner:
                 rows[:, 3] = write.req_index
                 rows[:, 4] = plan.step
                 store.write(slots[inside], rows)
+                if store.vectors is not None:
+                    store.write_vectors(slots[inside], self.kv_vectors(layout.group_id, content[inside]))
         self.guard.end_step()
+        if during_step is not None:
+            during_step(plan, self)
         for table, rows in zip(self.block_tables, plan.rows_after):
             table.sync(rows, request_ids)

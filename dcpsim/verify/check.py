@@ -20,6 +20,8 @@ reassembles them explicitly.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -195,12 +197,17 @@ class Checker:
         )
 
     def _violation_failure(self, plan, runner, total: int) -> Failure:
-        kept = self.coll.all_gather_object([str(v) for v in runner.guard.kept])
-        lines = [line for per_rank in kept for line in per_rank]
+        kept = [v for per_rank in self.coll.all_gather_object(runner.guard.kept) for v in per_rank]
+        lines = [str(v) for v in kept]
+        first = kept[0] if kept else None
         return Failure(
             kind="write-violation",
             step=plan.step,
             message=f"{total} write violation(s) in the write path",
+            group=first.group if first else None,
+            request_id=first.request_id if first else None,
+            index=first.index if first else None,
+            violations=[dataclasses.asdict(v) for v in kept],
             details=lines[:10] + ([f"... and {len(lines) - 10} more runs of violations"] if len(lines) > 10 else []),
         )
 

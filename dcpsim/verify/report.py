@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
+
+
+def _json_safe(value):
+    """Non-finite floats (an empty shard's lse = -inf) as the strings "-inf", "inf", "nan"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 @dataclass
@@ -48,6 +60,14 @@ class Failure:
     last_write_step: int | None = None
     further_bad: int = 0
     details: list[str] = field(default_factory=list)
+    violations: list[dict] = field(default_factory=list)
+    """Write violations, as runs of consecutive slots (rank, step, group, request, index, slot, reason, count)."""
+    query_position: int | None = None
+    """attention-mismatch: the query token's position, the head, the error, and each rank's
+    contribution to the merge (keys it saw for the token, the lse it reported)."""
+    head: int | None = None
+    error: float | None = None
+    contributions: list[dict] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"FAIL at step {self.step}: {self.message}"]
@@ -64,6 +84,8 @@ class Failure:
             if self.last_write_step is not None:
                 out.append(f"  last written at step {self.last_write_step}")
             out.append(f"  further bad {self.index_kind}s: {self.further_bad}")
+        if self.query_position is not None:
+            out.append(f"  query position: {self.query_position}, head {self.head}, error {self.error:.3g}")
         out.extend(f"  {d}" for d in self.details)
         return out
 
@@ -89,6 +111,20 @@ class RunReport:
     wall_time_s: float | None = None
     replay: dict | None = None
     """The resolved scenario and run options: ``dcpsim replay`` reruns them exactly."""
+    attention: dict | None = None
+    """The attention check's options (None: ``--attention`` off)."""
+    attention_checks: int = 0
+    """(group, request, step) attention results compared with the full-context reference."""
+    attention_query_tokens: int = 0
+    attention_sampled_checks: int = 0
+    """Checks of a huge prefill chunk done on a sample of its query tokens (``max_query_keys``)."""
+    attention_max_error: float | None = None
+    """Largest error (max abs over output and lse) seen over the run; inf if a check saw a
+    NaN or an lse of -inf against a finite one."""
+    attention_bytes: int = 0
+    """Bytes this rank contributed to the attention merge and verdict (not in bytes_gathered)."""
+    attention_merges: dict = field(default_factory=dict)
+    """Steps merged with each variant (allgather, alltoall)."""
 
     @property
     def bytes_per_verified_index(self) -> float:
@@ -97,7 +133,7 @@ class RunReport:
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["bytes_per_verified_index"] = round(self.bytes_per_verified_index, 4)
-        return json.dumps(data, indent=2)
+        return json.dumps(_json_safe(data), indent=2)
 
     def text(self) -> str:
         head = (
@@ -126,6 +162,18 @@ class RunReport:
         for r in self.ranks:
             out.append(
                 f"  rank {r['rank']}: peak RSS {r['peak_rss_mb']:.0f} MiB, KV stores {r['kv_store_mb']:.2f} MiB"
+            )
+        if self.attention is not None:
+            a = self.attention
+            merges = ", ".join(f"{n} {v}" for v, n in self.attention_merges.items() if n) or "none (no sharded group)"
+            err = "n/a" if self.attention_max_error is None else f"{self.attention_max_error:.2e}"
+            out.append(
+                f"  attention: {self.attention_checks} checks ({self.attention_query_tokens} query tokens"
+                + (f", {self.attention_sampled_checks} checks sampled" if self.attention_sampled_checks else "")
+                + ", "
+                f"{a['heads']} heads, K/V dims {a['head_dim']}/{a['value_dim']}), max error {err} "
+                f"(tolerance {a['tolerance']:g}), lse base {a['lse_base']}, merges: {merges}, "
+                f"{self.attention_bytes} bytes per rank"
             )
         if self.wall_time_s is not None:
             out.append(f"  wall time: {self.wall_time_s:.2f} s")
