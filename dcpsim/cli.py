@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--in-process", action="store_true", help="run the ranks as threads of this process")
     p.set_defaults(handler=run_command.replay)
 
+    from dcpsim import selftest
+
+    p = sub.add_parser("selftest", help="inject every known DCP bug where it applies; each must be caught, baselines must pass")
+    selftest.add_arguments(p)
+    p.set_defaults(handler=selftest.run)
+
     p = sub.add_parser("worker", help="one rank of a world started by torchrun (env://)")
     run_command.add_scenario_arguments(p)
     p.set_defaults(handler=run_command.worker)

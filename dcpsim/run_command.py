@@ -41,6 +41,20 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                         "the harness reports a broken world (exit 3)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="process-group timeout in seconds (default 30)")
+    a = p.add_argument_group("attention check")
+    a.add_argument("--attention", action="store_true",
+                   help="also store K/V vectors and check every step's decode attention: per-rank "
+                        "attention over the local shard, LSE merge across ranks, full-context reference")
+    a.add_argument("--lse-base", choices=("e", "2"), default="e",
+                   help="base of the log-sum-exp the ranks compute and merge (default e)")
+    a.add_argument("--attention-merge", choices=("allgather", "alltoall", "alternate"), default="alternate",
+                   help="allgather: all-gather LSEs, reduce-scatter outputs over heads, gather the slices; "
+                        "alltoall: all-to-all over heads; alternate (default): allgather on even steps, "
+                        "alltoall on odd ones")
+    a.add_argument("--attention-heads", type=int, default=8, metavar="H",
+                   help="query heads (one shared latent KV head per group; default 8)")
+    a.add_argument("--attention-head-dim", type=int, default=16, metavar="D",
+                   help="width of K and of V vectors (default 16)")
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -82,7 +96,19 @@ def make_job(args, scenario: Scenario):
     failure = None
     if args.simulate_rank_failure:
         failure = parse_rank_failure(args.simulate_rank_failure, scenario.config.decode_context_parallel_size)
-    return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure)
+    from dcpsim.attention.config import AttentionConfig
+
+    attention = dict(
+        attention=getattr(args, "attention", False),
+        lse_base=getattr(args, "lse_base", "e"),
+        attention_merge=getattr(args, "attention_merge", "alternate"),
+        attention_heads=getattr(args, "attention_heads", 8),
+        attention_head_dim=getattr(args, "attention_head_dim", 16),
+    )
+    AttentionConfig(heads=attention["attention_heads"], head_dim=attention["attention_head_dim"],
+                    value_dim=attention["attention_head_dim"], lse_base=attention["lse_base"],
+                    merge=attention["attention_merge"])  # validates before any rank starts
+    return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure, **attention)
 
 
 def _finish(report, as_json: bool) -> int:

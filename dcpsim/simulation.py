@@ -35,6 +35,15 @@ class Job:
     rank_failure: tuple[str, int, int] | None = None
     """(kind, rank, step): make one rank raise, hang or exit at a step, to
     exercise the harness's failure handling (``--simulate-rank-failure``)."""
+    attention: bool = False
+    """Check the decode math every step (``--attention``, ``dcpsim.attention``); also on
+    when the injected fault needs it."""
+    lse_base: str = "e"
+    attention_merge: str = "alternate"
+    """allgather, alltoall, or alternate (allgather on even steps, alltoall on odd ones)."""
+    attention_heads: int = 8
+    attention_head_dim: int = 16
+    """Width of K and of V (each)."""
 
 
 RANK_FAILURE_KINDS = ("raise", "hang", "exit")
@@ -74,7 +83,12 @@ def build_layouts(scenario: Scenario) -> list[GroupLayout]:
 
 
 def prepare(scenario: Scenario) -> dict:
-    """Validate everything and dry-run the schedule; returns its summary."""
+    """Validate everything and dry-run the schedule; returns its summary.
+
+    Always unfaulted: it judges the user's scenario. An injected fault acts in
+    the ranks only, where every rank runs the same faulted (deterministic)
+    scheduler, so the ranks stay in lockstep.
+    """
     layouts = build_layouts(scenario)
     scheduler = Scheduler(scenario, layouts)
     for _ in scheduler.plans():
@@ -107,8 +121,11 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
     fault = get_fault(job.inject)
     layouts = build_layouts(scenario)  # the truth: what the checker judges against
     engine_layouts = fault.engine_layouts(scenario, layouts)  # what the simulated engine uses
-    scheduler = Scheduler(scenario, engine_layouts)
+    scheduler = Scheduler(scenario, engine_layouts, fault)
     request_ids = {r.index: r.request_id for r in scheduler.requests}
+    from dcpsim.attention.check import fill_report, make_attention_checker
+
+    attention = make_attention_checker(job, fault, layouts, coll)
     runner = ModelRunner(
         engine_layouts,
         pool_sizes(scenario, engine_layouts),
@@ -116,6 +133,7 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
         coll.rank,
         max_num_reqs=len(scheduler.requests),
         fault=fault,
+        kv_vectors=attention.kv_vectors if attention else None,
     )
     checker = Checker(layouts, coll, request_ids, paranoid=job.paranoid)
     report = RunReport(
@@ -131,7 +149,7 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
         set_progress(plan.step, "write")
         _simulate_rank_failure(job, coll.rank, plan.step)
         try:
-            runner.apply(plan, request_ids)
+            runner.apply(plan, request_ids, during_step=attention.compute_local if attention else None)
         except BlockTableOverflow as exc:
             failure = Failure(kind="block-table-overflow", step=plan.step, message=str(exc),
                               group=exc.group, request_id=exc.request_id)
@@ -141,11 +159,18 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
             failure = checker.verify(plan, runner)
             if failure:
                 break
+        if attention:
+            set_progress(plan.step, "attention")
+            failure = attention.finish(plan)
+            if failure:
+                break
+            attention.forget_finished(plan)
     report.steps = scheduler.step_index
     report.schedule = scheduler.summary
     report.verifications = checker.verifications
     report.verified_indices = checker.verified_indices
-    report.bytes_gathered = coll.bytes_sent
+    report.bytes_gathered = coll.bytes_sent - (attention.bytes if attention else 0)
+    fill_report(report, attention)
     report.failure = failure
     report.passed = failure is None
     report.ranks = [

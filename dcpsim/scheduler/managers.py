@@ -9,14 +9,16 @@ below that point go back to the pool and their entries become the null block.
 
 from __future__ import annotations
 
+from dcpsim.faults import Fault
 from dcpsim.group_layout import GroupLayout
 from dcpsim.scheduler.block_pool import NULL_BLOCK, BlockPool
 
 
 class GroupManager:
-    def __init__(self, layout: GroupLayout, pool: BlockPool):
+    def __init__(self, layout: GroupLayout, pool: BlockPool, fault: Fault | None = None):
         self.layout = layout
         self.pool = pool
+        self.fault = fault or Fault()
         self.blocks: dict[int, list[int]] = {}
 
     def held(self, req: int) -> list[int]:
@@ -40,9 +42,9 @@ class GroupManager:
         if self.layout.storage == "ring" or first == 0:
             return 0
         table = self.blocks.get(req, [])
-        span = self.layout.manager_block_size
         released = 0
-        for j in range(min(first // span, len(table))):
+        # whole blocks below ``first``: first // manager_block_size (a fault may differ)
+        for j in range(min(self.fault.num_released_blocks(self.layout, first), len(table))):
             if table[j] != NULL_BLOCK:
                 self.pool.free([table[j]])
                 table[j] = NULL_BLOCK

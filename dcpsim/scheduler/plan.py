@@ -15,6 +15,8 @@ class ReqWrite:
     request_id: str
     start: int
     contents: np.ndarray  # int64 fingerprint per written position (drafts included)
+    num_drafts: int = 0
+    """The last ``num_drafts`` written positions are speculative drafts."""
 
     @property
     def stop(self) -> int:

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import math
 
+from dcpsim.faults import Fault
 from dcpsim.scheduler.managers import GroupManager
 from dcpsim.scheduler.request import Request
 
 
 class PrefixCache:
-    def __init__(self, managers: list[GroupManager]):
+    def __init__(self, managers: list[GroupManager], fault: Fault | None = None):
         self.managers = managers
         self.unit = math.lcm(*(m.layout.manager_block_size for m in managers))
+        self.fault = fault or Fault()
         self._registered: dict[int, int] = {}
 
     def _key(self, req: Request, unit: int) -> tuple:
-        end = (unit + 1) * self.unit - 1
+        end = self.fault.prefix_key_position(self, unit)  # (unit + 1) * self.unit - 1
         return (unit, int(req.fingerprints[end]))
 
     def lookup(self, req: Request) -> tuple[int, list[list[int]]]:
