@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from dcpsim.errors import EXIT_USAGE, DcpsimError
@@ -17,55 +18,35 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
+# name, help, module, function adding the arguments, handler: one entry a command.
+COMMANDS = (
+    ("run", "simulate a scenario on W gloo ranks and verify every write",
+     "dcpsim.run_command", "add_run_arguments", "run"),
+    ("worker", "one rank of a world started by torchrun (env://)",
+     "dcpsim.run_command", "add_scenario_arguments", "worker"),
+    ("replay", "rerun exactly the configuration and schedule of a JSON report",
+     "dcpsim.run_command", "add_replay_arguments", "replay"),
+    ("layout", "show which rank stores each position, and its slots",
+     "dcpsim.layout_view", "add_arguments", "run"),
+    ("list", "the built-in scenarios, one line each",
+     "dcpsim.catalogue_command", "add_list_arguments", "list_scenarios"),
+    ("matrix", "run every valid scenario x W x I x B cell and print a table",
+     "dcpsim.catalogue_command", "add_matrix_arguments", "matrix"),
+    ("fuzz", "search random schedules for a failure, shrink it and save it",
+     "dcpsim.fuzz_command", "add_arguments", "fuzz"),
+    ("selftest", "inject every known DCP bug where it applies; each must be caught, baselines must pass",
+     "dcpsim.selftest", "add_arguments", "run"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dcpsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    from dcpsim import layout_view
-
-    p = sub.add_parser("layout", help="show which rank stores each position, and its slots")
-    layout_view.add_arguments(p)
-    p.set_defaults(handler=layout_view.run)
-
-    from dcpsim import run_command
-
-    p = sub.add_parser("run", help="simulate a scenario on W gloo ranks and verify every write")
-    run_command.add_run_arguments(p)
-    p.set_defaults(handler=run_command.run)
-
-    from dcpsim import catalogue_command
-
-    p = sub.add_parser("list", help="the built-in scenarios, one line each")
-    catalogue_command.add_list_arguments(p)
-    p.set_defaults(handler=catalogue_command.list_scenarios)
-
-    p = sub.add_parser("matrix", help="run every valid scenario x W x I x B cell and print a table")
-    catalogue_command.add_matrix_arguments(p)
-    p.set_defaults(handler=catalogue_command.matrix)
-
-    from dcpsim import fuzz_command
-
-    p = sub.add_parser("fuzz", help="search random schedules for a failure, shrink it and save it")
-    fuzz_command.add_arguments(p)
-    p.set_defaults(handler=fuzz_command.fuzz)
-
-    p = sub.add_parser("replay", help="rerun exactly the configuration and schedule of a JSON report")
-    p.add_argument("report", help="a report written by run/worker --json (or by matrix/fuzz)")
-    p.add_argument("--json", action="store_true", help="print one JSON report on stdout")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="process-group timeout in seconds")
-    p.add_argument("--deadline", type=float, metavar="S", help="kill the world after S seconds")
-    p.add_argument("--in-process", action="store_true", help="run the ranks as threads of this process")
-    p.set_defaults(handler=run_command.replay)
-
-    from dcpsim import selftest
-
-    p = sub.add_parser("selftest", help="inject every known DCP bug where it applies; each must be caught, baselines must pass")
-    selftest.add_arguments(p)
-    p.set_defaults(handler=selftest.run)
-
-    p = sub.add_parser("worker", help="one rank of a world started by torchrun (env://)")
-    run_command.add_scenario_arguments(p)
-    p.set_defaults(handler=run_command.worker)
+    for name, help_text, module_name, add_arguments, handler in COMMANDS:
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text)
+        getattr(module, add_arguments)(p)
+        p.set_defaults(handler=getattr(module, handler))
     return parser
 
 

@@ -65,6 +65,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the ranks as threads of this process (no gloo; for quick debugging)")
 
 
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("report", help="a report written by run/worker --json (or by matrix/fuzz)")
+    p.add_argument("--json", action="store_true", help="print one JSON report on stdout")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="process-group timeout in seconds")
+    p.add_argument("--deadline", type=float, metavar="S", help="kill the world after S seconds")
+    p.add_argument("--in-process", action="store_true", help="run the ranks as threads of this process")
+
+
 def resolve_scenario(args, world_size: int | None = None) -> Scenario:
     from dcpsim.scenario_file import load_scenario
 

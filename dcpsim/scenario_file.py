@@ -106,16 +106,23 @@ def _spec_fields(kind_cls) -> set[str]:
     return {f.name for f in dataclasses.fields(kind_cls)}
 
 
+def _tables(entries, table: str, problems: _Problems, required: bool = True):
+    """(index, path, entry) of each ``[[table]]`` entry; reports a missing list or a non-table entry."""
+    if entries is None and not required:
+        return
+    if not isinstance(entries, list) or (required and not entries):
+        problems.add(table, f"needs at least one [[{table}]] entry" if required else f"must be a list of [[{table}]] tables")
+        return
+    for n, entry in enumerate(entries):
+        if isinstance(entry, dict):
+            yield n, f"{table}[{n}]", entry
+        else:
+            problems.add(f"{table}[{n}]", "must be a table")
+
+
 def _parse_layers(entries, problems: _Problems) -> dict:
     layers: dict = {}
-    if not isinstance(entries, list) or not entries:
-        problems.add("layers", "needs at least one [[layers]] entry")
-        return layers
-    for n, entry in enumerate(entries):
-        path = f"layers[{n}]"
-        if not isinstance(entry, dict):
-            problems.add(path, "must be a table")
-            continue
+    for _, path, entry in _tables(entries, "layers", problems):
         kind = entry.get("kind")
         if not isinstance(kind, str) or kind not in SPEC_KINDS:
             close = difflib.get_close_matches(str(kind), sorted(SPEC_KINDS), n=1)
@@ -185,16 +192,7 @@ def _layer_names(entry: dict, problems: _Problems, path: str) -> list[str]:
 def _parse_aliases(entries, layers: dict, problems: _Problems) -> dict[str, str]:
     """Reader layers that use another layer's cache (vLLM's kv_sharing_target_layer_name)."""
     aliases: dict[str, str] = {}
-    if entries is None:
-        return aliases
-    if not isinstance(entries, list):
-        problems.add("aliases", "must be a list of [[aliases]] tables")
-        return aliases
-    for n, entry in enumerate(entries):
-        path = f"aliases[{n}]"
-        if not isinstance(entry, dict):
-            problems.add(path, "must be a table")
-            continue
+    for _, path, entry in _tables(entries, "aliases", problems, required=False):
         problems.unknown_keys(path, entry, {"name", "names", "layers", "target"})
         target = entry.get("target")
         if not isinstance(target, str) or not target:
@@ -216,14 +214,7 @@ def _parse_aliases(entries, layers: dict, problems: _Problems) -> dict[str, str]
 def _parse_requests(entries, problems: _Problems) -> list[tuple[str, RequestSpec]]:
     """(path of the entry, request) for every request, ``count`` stamped out."""
     out: list[tuple[str, RequestSpec]] = []
-    if not isinstance(entries, list) or not entries:
-        problems.add("requests", "needs at least one [[requests]] entry")
-        return out
-    for n, entry in enumerate(entries):
-        path = f"requests[{n}]"
-        if not isinstance(entry, dict):
-            problems.add(path, "must be a table")
-            continue
+    for n, path, entry in _tables(entries, "requests", problems):
         before = len(problems.items)
         problems.unknown_keys(path, entry, REQUEST_KEYS)
         count = entry.get("count", 1)
