@@ -322,12 +322,6 @@ class RingRejectedOverwrite(Fault):
         return slots, index, content
 
 
-FAULTS: dict[str, Fault] = {f.name: f for f in (Fault(), InterleaveOffByOne(), ReplicatedOwnerOnly(), ForeignBlock())}
-for _fault in (PrefixHashUnitB(), KernelVirtualBlock(), ReplicatedScaledByW(), MergeDropsDcpReplicated(),
-               SlidingWindowEarlyRelease(), RingRejectedOverwrite()):
-    FAULTS[_fault.name] = _fault
-
-
 def _has_sharded_attention(layouts) -> bool:
     return any(lay.sharded and lay.storage != RING for lay in layouts)
 
@@ -374,8 +368,24 @@ class EmptyShardLseZero(Fault):
         return lse.masked_fill(empty[:, None], 0.0)
 
 
-for _fault in (MultiTokenLocalLens(), EmptyShardLseZero()):
-    FAULTS[_fault.name] = _fault
+# The registry, in the order of the bug classes (semantics section 8, then the write guard).
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(),
+        PrefixHashUnitB(),
+        KernelVirtualBlock(),
+        MultiTokenLocalLens(),
+        EmptyShardLseZero(),
+        ReplicatedScaledByW(),
+        MergeDropsDcpReplicated(),
+        ReplicatedOwnerOnly(),
+        SlidingWindowEarlyRelease(),
+        RingRejectedOverwrite(),
+        InterleaveOffByOne(),
+        ForeignBlock(),
+    )
+}
 
 
 def get_fault(name: str | None) -> Fault:
