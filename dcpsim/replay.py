@@ -12,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from dcpsim.errors import ScenarioError
+from dcpsim.errors import ConfigError, ScenarioError
 from dcpsim.scenario_dump import scenario_to_dict
 from dcpsim.scenario_file import scenario_from_dict
 from dcpsim.simulation import Job
@@ -37,7 +37,10 @@ def job_from_record(record: dict, source: str) -> Job:
     if unknown:
         raise ScenarioError(f"{source}: replay.options has unknown field(s) {unknown}")
     fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-    return Job(scenario, **fixed)
+    try:
+        return Job(scenario, **fixed)
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise ScenarioError(f"{source}: replay.options: {exc}") from None
 
 
 def load_replay(path: str) -> Job:

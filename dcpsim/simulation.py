@@ -45,6 +45,22 @@ class Job:
     attention_head_dim: int = 16
     """Width of K and of V (each)."""
 
+    def __post_init__(self) -> None:
+        # A Job can come from a hand-edited replay file: refuse bad options before any rank starts.
+        get_fault(self.inject)
+        if self.lse_base not in ("e", "2"):
+            raise ConfigError(f"lse_base must be 'e' or '2', got {self.lse_base!r}")
+        if self.attention_merge not in ("allgather", "alltoall", "alternate"):
+            raise ConfigError(f"attention_merge must be allgather, alltoall or alternate, got {self.attention_merge!r}")
+        for name in ("attention_heads", "attention_head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.rank_failure is not None:
+            kind, rank, step = self.rank_failure
+            if kind not in RANK_FAILURE_KINDS or not isinstance(rank, int) or not isinstance(step, int):
+                raise ConfigError(f"rank_failure must be (raise|hang|exit, rank, step), got {self.rank_failure!r}")
+
 
 RANK_FAILURE_KINDS = ("raise", "hang", "exit")
 

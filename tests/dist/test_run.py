@@ -204,3 +204,13 @@ def test_torchrun_worker_catches_a_fault_too():
     assert proc.returncode != 0
     report = json.loads(proc.stdout)
     assert report["failure"]["kind"] == "wrong-content"
+
+
+def test_replay_of_a_gloo_report_reproduces_the_failure(capsys, tmp_path):
+    code, first = run_json(capsys, "dsv41-hybrid", "--dcp", "4", "--interleave", "16", "--inject", "replicated-owner-only")
+    assert code == 1
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(first))
+    code = main(["replay", str(path), "--json"])
+    again = json.loads(capsys.readouterr().out)
+    assert code == 1 and again["failure"] == first["failure"] and len(again["ranks"]) == 4
