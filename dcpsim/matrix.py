@@ -146,10 +146,12 @@ def _run_group(results: list[CellResult], *, in_process: bool, timeout: float) -
 
 
 def _record(results: list[CellResult], per_rank: list, seconds: float) -> None:
-    from dcpsim.simulation import merge_rank_reports
+    from dcpsim.replay import replay_record
+    from dcpsim.simulation import Job, merge_rank_reports
 
     for k, res in enumerate(results):
         report = merge_rank_reports([reports[k] for reports in per_rank])
+        report.replay = replay_record(Job(res.scenario))
         res.report = report
         res.seconds = seconds / len(results)
         res.status = "pass" if report.passed else "fail"

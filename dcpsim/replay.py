@@ -43,13 +43,33 @@ def job_from_record(record: dict, source: str) -> Job:
         raise ScenarioError(f"{source}: replay.options: {exc}") from None
 
 
-def load_replay(path: str) -> Job:
+def _pick_cell(cells: list, cell: str | None, path: str) -> dict:
+    """From ``matrix --json`` output: the named cell, or the first that failed."""
+    reports = {c.get("cell"): c for c in cells if isinstance(c, dict)}
+    if cell is not None:
+        if cell not in reports:
+            raise ScenarioError(f"{path}: no cell {cell!r} in this matrix report")
+        chosen = reports[cell]
+    else:
+        failed = [c for c in reports.values() if c.get("status") in ("fail", "error")]
+        if not failed:
+            raise ScenarioError(f"{path}: no failing cell in this matrix report; name one with --cell")
+        chosen = failed[0]
+    if not isinstance(chosen.get("report"), dict):
+        raise ScenarioError(f"{path}: cell {chosen.get('cell')!r} has no report to replay ({chosen.get('status')})")
+    return chosen["report"]
+
+
+def load_replay(path: str, cell: str | None = None) -> Job:
+    """The job of a ``run``/``worker --json`` report, or of one cell of a ``matrix --json`` report."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ScenarioError(f"{path}: no such report file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"{path}: not a JSON report: {exc}") from None
+    if isinstance(data, list):
+        data = _pick_cell(data, cell, path)
     record = data.get("replay", data) if isinstance(data, dict) else None
     if record is None:
         raise ScenarioError(f"{path}: the report has no replay record (it ended before the run started)")

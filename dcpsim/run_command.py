@@ -66,7 +66,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_replay_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("report", help="a report written by run/worker --json (or by matrix/fuzz)")
+    p.add_argument("report", help="a report written by run, worker or matrix with --json")
+    p.add_argument("--cell", metavar="ID", help="with a matrix report: the cell to rerun (default: the first that failed)")
     p.add_argument("--json", action="store_true", help="print one JSON report on stdout")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="process-group timeout in seconds")
     p.add_argument("--deadline", type=float, metavar="S", help="kill the world after S seconds")
@@ -144,7 +145,7 @@ def replay(args) -> int:
     from dcpsim.replay import load_replay
 
     try:
-        job = load_replay(args.report)
+        job = load_replay(args.report, args.cell)
     except DcpsimError as exc:
         if args.json:
             print(error_json(exc))

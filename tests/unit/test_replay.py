@@ -51,3 +51,14 @@ def test_bad_replay_files_exit_2_naming_the_file(capsys, tmp_path):
     edited.write_text(json.dumps(report))
     assert main(["replay", str(edited)]) == 2
     assert "replay.options: lse_base must be 'e' or '2'" in capsys.readouterr().err
+
+
+def test_replay_a_matrix_cell(capsys, tmp_path):
+    assert main(["matrix", "dsv3", "--dcp", "2", "--interleave", "1,4", "--in-process", "--json"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    path = tmp_path / "matrix.json"
+    path.write_text(json.dumps(cells))
+    assert main(["replay", str(path)]) == 2
+    assert "no failing cell in this matrix report" in capsys.readouterr().err
+    code, again = run_json(capsys, "replay", str(path), "--cell", "dsv3-dcp2-il4-bs64", "--in-process")
+    assert code == 0 and (again["dcp_size"], again["interleave_size"]) == (2, 4)
