@@ -146,7 +146,8 @@ class RunReport:
             out.append(
                 f"  group {g['name']}: {g['layers']} layers, {g['storage']}, "
                 f"block_size={g['block_size']} ({g['states_per_page']} states/page), "
-                f"{'sharded' if g['sharded'] else 'replicated'}, manager block {g['manager_block_size']} tokens"
+                f"{'sharded' if g['sharded'] else 'replicated'}, "
+                + ("one ring block per request" if g["storage"] == "ring" else f"manager block {g['manager_block_size']} tokens")
             )
         s = self.schedule
         if s:
