@@ -1,12 +1,17 @@
 """The correctness matrix under pytest: every valid built-in cell on real gloo worlds.
 
 Cell ids read like ``dsv41-hybrid-dcp4-il16-bs64``. All cells of one scenario
-and one W run in one world (started by the first of them to be collected on a
-worker) and carry the same ``xdist_group``, so ``--dist loadgroup`` keeps a
-group on one worker and no world is started twice.
+and one W run in one world, started by whichever cell of the group comes
+first. The results go to a folder that every pytest-xdist worker of the
+session shares, under a per-group file lock, so a group's world runs once
+however xdist spreads its cells. (``--dist loadgroup`` would keep a group on
+one worker, but with pytest 9 and xdist 3.8 it silently stops grouping.)
 """
 
 from __future__ import annotations
+
+import fcntl
+import pickle
 
 import pytest
 
@@ -17,28 +22,35 @@ CELLS = mx.expand(builtin_scenario_names(), dry_run=False)
 VALID = [c for c in CELLS if c.status == "pending"]
 SKIPPED = [c for c in CELLS if c.status == "skipped"]
 
-_done: dict[str, mx.CellResult] = {}
+
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory, worker_id):
+    """A folder all xdist workers of this session see (the base temp's parent under xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent
+    path = root / "dcpsim-matrix"
+    path.mkdir(exist_ok=True)
+    return path
 
 
-def _result(cell: mx.CellResult) -> mx.CellResult:
-    if cell.cell.id not in _done:
-        members = [c for c in VALID if c.cell.group == cell.cell.group and c.cell.id not in _done]
-        fresh = [mx.CellResult(c.cell, "pending", scenario=c.scenario) for c in members]
-        mx.run_cells(fresh)
-        _done.update((r.cell.id, r) for r in fresh)
-    return _done[cell.cell.id]
+def group_results(group: str, shared_dir) -> dict[str, tuple[str, str, object]]:
+    """Run the group's world once per session (whichever worker asks first); (status, reason, report) by cell id."""
+    done = shared_dir / f"{group}.pickle"
+    with open(shared_dir / f"{group}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            fresh = [mx.CellResult(c.cell, "pending", scenario=c.scenario) for c in VALID if c.cell.group == group]
+            mx.run_cells(fresh)
+            tmp = done.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps({r.cell.id: (r.status, r.reason, r.report) for r in fresh}))
+            tmp.rename(done)
+    return pickle.loads(done.read_bytes())
 
 
-@pytest.mark.parametrize(
-    "cell",
-    [pytest.param(c, id=c.cell.id, marks=pytest.mark.xdist_group(c.cell.group)) for c in VALID],
-)
-def test_cell(cell):
-    result = _result(cell)
-    assert result.status == "pass", f"{cell.cell.id}: {result.status}: {result.reason}\n" + (
-        result.report.text() if result.report else ""
-    )
-    report = result.report
+@pytest.mark.parametrize("cell", VALID, ids=[c.cell.id for c in VALID])
+def test_cell(cell, shared_dir):
+    status, reason, report = group_results(cell.cell.group, shared_dir)[cell.cell.id]
+    assert status == "pass", f"{cell.cell.id}: {status}: {reason}\n" + (report.text() if report else "")
     assert report.verifications >= 1 and report.verified_indices > 0
     assert report.dcp_size == cell.cell.dcp and report.interleave_size == cell.cell.interleave
     assert report.schedule["finished"] == report.schedule["requests"]
