@@ -130,11 +130,10 @@ def is_valid(scenario: Scenario) -> bool:
 
 def check(scenario: Scenario, inject: str | None = None):
     """Run the scenario in-process (ranks as threads); returns the merged report."""
-    from dcpsim.runtime.collectives import run_in_threads
-    from dcpsim.simulation import Job, merge_rank_reports, run_rank
+    from dcpsim.simulation import Job, run_jobs
 
-    job = Job(scenario, inject=inject)
-    return merge_rank_reports(run_in_threads(run_rank, job, scenario.config.decode_context_parallel_size))
+    (report,) = run_jobs([Job(scenario, inject=inject)], in_process=True)
+    return report
 
 
 def find_failure(inject: str | None = None, *, max_examples: int = 200, seed: int = 0) -> Scenario | None:

@@ -21,10 +21,8 @@ def add_arguments(p) -> None:
 def fuzz(args) -> int:
     from dcpsim.faults import get_fault
     from dcpsim.fuzz import find_failure
-    from dcpsim.launch import run_world
-    from dcpsim.runtime.collectives import run_in_threads
     from dcpsim.scenario_dump import scenario_to_toml
-    from dcpsim.simulation import Job, merge_rank_reports, rank_entry, run_rank
+    from dcpsim.simulation import Job, run_jobs
 
     get_fault(args.inject)
     start = time.perf_counter()
@@ -43,14 +41,7 @@ def fuzz(args) -> int:
     )
     path.write_text(scenario_to_toml(found, header=header), encoding="utf-8")
     print(f"fuzz: shrunk failing schedule written to {path}", file=sys.stderr)
-    job = Job(found, inject=args.inject)
-    world = found.config.decode_context_parallel_size
-    if args.in_process:
-        reports = run_in_threads(run_rank, job, world)
-    else:
-        reports = run_world(rank_entry, job, world_size=world, pg_timeout_s=args.timeout,
-                            preload=("dcpsim.simulation",))
-    report = merge_rank_reports(reports)
+    (report,) = run_jobs([Job(found, inject=args.inject)], in_process=args.in_process, timeout=args.timeout)
     print(report.text())
     print(f"rerun with: {rerun}")
     return EXIT_CHECK_FAILED

@@ -122,38 +122,18 @@ def expand(
     return out
 
 
-def rank_entry_many(jobs, rank: int, world_size: int) -> list:
-    """One world runs several cells in turn (launch.run_world target)."""
-    from dcpsim.runtime.collectives import GlooCollectives
-    from dcpsim.simulation import run_rank
-
-    return [run_rank(job, GlooCollectives(rank, world_size)) for job in jobs]
-
-
-def _run_group(results: list[CellResult], *, in_process: bool, timeout: float) -> list:
-    from dcpsim.simulation import Job, run_rank
-
-    jobs = [Job(r.scenario) for r in results]
-    world = results[0].cell.dcp
-    if in_process:
-        from dcpsim.runtime.collectives import run_in_threads
-
-        return run_in_threads(lambda js, coll: [run_rank(j, coll) for j in js], jobs, world)
-    from dcpsim.launch import run_world
-
-    return run_world(rank_entry_many, jobs, world_size=world, pg_timeout_s=timeout,
-                     preload=("dcpsim.simulation", "dcpsim.matrix"))
-
-
-def _record(results: list[CellResult], per_rank: list, seconds: float) -> None:
+def _run_group(results: list[CellResult], *, in_process: bool, timeout: float) -> None:
+    """Run the cells of one world and record their verdicts (in place)."""
     from dcpsim.replay import replay_record
-    from dcpsim.simulation import Job, merge_rank_reports
+    from dcpsim.simulation import Job, run_jobs
 
-    for k, res in enumerate(results):
-        report = merge_rank_reports([reports[k] for reports in per_rank])
-        report.replay = replay_record(Job(res.scenario))
-        res.report = report
-        res.seconds = seconds / len(results)
+    start = time.perf_counter()
+    jobs = [Job(r.scenario) for r in results]
+    reports = run_jobs(jobs, in_process=in_process, timeout=timeout)
+    each = (time.perf_counter() - start) / len(results)
+    for res, job, report in zip(results, jobs, reports):
+        report.replay = replay_record(job)
+        res.report, res.seconds = report, each
         res.status = "pass" if report.passed else "fail"
         res.reason = "" if report.passed else report.failure.lines()[0]
 
@@ -165,14 +145,13 @@ def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: f
         if res.status == "pending":
             groups.setdefault(res.cell.group, []).append(res)
     for members in groups.values():
-        start = time.perf_counter()
         try:
-            _record(members, _run_group(members, in_process=in_process, timeout=timeout), time.perf_counter() - start)
+            _run_group(members, in_process=in_process, timeout=timeout)
         except (DcpsimError, RuntimeError):
             for res in members:  # attribute the failure to the cell(s) that cause it
                 one = time.perf_counter()
                 try:
-                    _record([res], _run_group([res], in_process=in_process, timeout=timeout), time.perf_counter() - one)
+                    _run_group([res], in_process=in_process, timeout=timeout)
                 except (DcpsimError, RuntimeError) as exc:
                     res.status, res.reason, res.seconds = "error", str(exc).splitlines()[0], time.perf_counter() - one
         if progress:

@@ -156,7 +156,7 @@ def replay(args) -> int:
 def run_job(job, args) -> int:
     """Validate, start a world (or threads), verify, print; the exit code of the verdict."""
     from dcpsim.replay import replay_record
-    from dcpsim.simulation import merge_rank_reports, prepare, rank_entry, run_rank
+    from dcpsim.simulation import prepare, run_jobs
 
     scenario = job.scenario
     try:
@@ -164,20 +164,8 @@ def run_job(job, args) -> int:
             prepare(scenario)
         except ConfigError as exc:
             raise ConfigError(f"{scenario.source}: {exc}") from None
-        world = scenario.config.decode_context_parallel_size
         start = time.perf_counter()
-        if args.in_process:
-            from dcpsim.runtime.collectives import run_in_threads
-
-            reports = run_in_threads(run_rank, job, world)
-        else:
-            from dcpsim.launch import run_world
-
-            reports = run_world(
-                rank_entry, job, world_size=world, pg_timeout_s=args.timeout,
-                deadline_s=args.deadline, preload=("dcpsim.simulation",),
-            )
-        report = merge_rank_reports(reports)
+        (report,) = run_jobs([job], in_process=args.in_process, timeout=args.timeout, deadline=args.deadline)
         report.wall_time_s = time.perf_counter() - start
         report.replay = replay_record(job)
     except DcpsimError as exc:

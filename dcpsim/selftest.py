@@ -271,37 +271,6 @@ def _jobs(plan: Plan, cases: list[Case]) -> list:
     return jobs
 
 
-def rank_batch(jobs, rank: int, world_size: int) -> list:
-    """One gloo rank runs several jobs in turn (``launch.run_world`` target)."""
-    from dcpsim.runtime.collectives import GlooCollectives
-    from dcpsim.simulation import run_rank
-
-    return [run_rank(job, GlooCollectives(rank, world_size)) for job in jobs]
-
-
-def _thread_batch(jobs, coll) -> list:
-    from dcpsim.simulation import run_rank
-
-    return [run_rank(job, coll) for job in jobs]
-
-
-def _run_world(jobs, world: int, *, in_process: bool, timeout: float) -> list:
-    """Per job, the per-rank reports."""
-    if in_process:
-        from dcpsim.runtime.collectives import run_in_threads
-
-        per_rank = run_in_threads(_thread_batch, jobs, world)
-    else:
-        from dcpsim.launch import run_world
-
-        # The deadline is a backstop (a hang ends at the process-group timeout); it grows
-        # with the batch so that a long batch of healthy runs is never cut short.
-        per_rank = run_world(rank_batch, jobs, world_size=world, pg_timeout_s=timeout,
-                             deadline_s=2 * timeout + 30 + 10 * len(jobs),
-                             preload=("dcpsim.simulation", __name__))
-    return [[reports[k] for reports in per_rank] for k in range(len(jobs))]
-
-
 def _row(plan: Plan, case: Case, *, report=None, error: str | None = None, seconds: float = 0.0) -> Row:
     scenario, _, text = plan.resolved[(case.scenario, case.options)]
     row = Row(case.fault, case.scenario, text, ERROR, seconds=seconds,
@@ -324,30 +293,30 @@ def _first_line(exc: BaseException) -> str:
 
 def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0) -> list[Row]:
     """Run every case; rows in plan order (planning rows of a fault after its cases)."""
-    from dcpsim.simulation import merge_rank_reports
+    from dcpsim.simulation import run_jobs
 
     by_world: dict[int, list[int]] = {}
     for k, case in enumerate(plan.cases):
         scenario = plan.resolved[(case.scenario, case.options)][0]
         by_world.setdefault(scenario.config.decode_context_parallel_size, []).append(k)
     rows: list[Row | None] = [None] * len(plan.cases)
-    for world, ks in by_world.items():
+    for ks in by_world.values():
         cases = [plan.cases[k] for k in ks]
         start = time.perf_counter()
         try:
-            results = _run_world(_jobs(plan, cases), world, in_process=in_process, timeout=timeout)
+            results = run_jobs(_jobs(plan, cases), in_process=in_process, timeout=timeout)
         except Exception:  # noqa: BLE001 - rerun one by one to attribute the breakage
             results = None
         if results is not None:
             each = (time.perf_counter() - start) / len(cases)
-            for k, case, reports in zip(ks, cases, results):
-                rows[k] = _row(plan, case, report=merge_rank_reports(reports), seconds=each)
+            for k, case, report in zip(ks, cases, results):
+                rows[k] = _row(plan, case, report=report, seconds=each)
             continue
         for k, case in zip(ks, cases):
             one = time.perf_counter()
             try:
-                (reports,) = _run_world(_jobs(plan, [case]), world, in_process=in_process, timeout=timeout)
-                rows[k] = _row(plan, case, report=merge_rank_reports(reports), seconds=time.perf_counter() - one)
+                (report,) = run_jobs(_jobs(plan, [case]), in_process=in_process, timeout=timeout)
+                rows[k] = _row(plan, case, report=report, seconds=time.perf_counter() - one)
             except Exception as exc:  # noqa: BLE001 - reported in the row
                 rows[k] = _row(plan, case, error=_first_line(exc), seconds=time.perf_counter() - one)
     out: list[Row] = []

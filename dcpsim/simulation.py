@@ -134,6 +134,7 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
     # Imported here: set_progress lives with the launcher; in-process runs use a no-op.
     from dcpsim.launch import set_progress
 
+    bytes_before = coll.bytes_sent  # a Collectives may serve several jobs in turn
     fault = get_fault(job.inject)
     layouts = build_layouts(scenario)  # the truth: what the checker judges against
     engine_layouts = fault.engine_layouts(scenario, layouts)  # what the simulated engine uses
@@ -185,7 +186,8 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
     report.schedule = scheduler.summary
     report.verifications = checker.verifications
     report.verified_indices = checker.verified_indices
-    report.bytes_gathered = coll.bytes_sent - (attention.bytes if attention else 0)
+    bytes_sent = coll.bytes_sent - bytes_before
+    report.bytes_gathered = bytes_sent - (attention.bytes if attention else 0)
     fill_report(report, attention)
     report.failure = failure
     report.passed = failure is None
@@ -194,15 +196,45 @@ def run_rank(job: Job, coll: Collectives) -> RunReport:
             rank=coll.rank,
             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             kv_store_mb=sum(s.nbytes for s in runner.stores) / 2**20,
-            bytes_sent=coll.bytes_sent,
+            bytes_sent=bytes_sent,
         )
     ]
     return report
 
 
-def rank_entry(job: Job, rank: int, world_size: int) -> RunReport:
-    """The function each gloo rank runs (``launch.run_world`` target)."""
-    return run_rank(job, GlooCollectives(rank, world_size))
+def rank_batch(jobs: list[Job], rank: int, world_size: int) -> list[RunReport]:
+    """What each gloo rank runs (``launch.run_world`` target): the jobs in turn."""
+    coll = GlooCollectives(rank, world_size)
+    return [run_rank(job, coll) for job in jobs]
+
+
+def _thread_batch(jobs: list[Job], coll: Collectives) -> list[RunReport]:
+    return [run_rank(job, coll) for job in jobs]
+
+
+def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0,
+             deadline: float | None = None) -> list[RunReport]:
+    """Run jobs of one W in turn in one world (gloo processes, or threads); one merged report per job.
+
+    The default deadline is a backstop (a hang ends at the process-group
+    timeout): ``2 * timeout + 30`` s for one job, 10 s more per further job,
+    so a long batch of healthy runs is never cut short.
+    """
+    world = jobs[0].scenario.config.decode_context_parallel_size
+    if any(j.scenario.config.decode_context_parallel_size != world for j in jobs):
+        raise ValueError("run_jobs: every job of one world must have the same decode_context_parallel_size")
+    if in_process:
+        from dcpsim.runtime.collectives import run_in_threads
+
+        per_rank = run_in_threads(_thread_batch, jobs, world)
+    else:
+        from dcpsim.launch import run_world
+
+        if deadline is None:
+            deadline = 2 * timeout + 30 + 10 * (len(jobs) - 1)
+        per_rank = run_world(rank_batch, jobs, world_size=world, pg_timeout_s=timeout,
+                             deadline_s=deadline, preload=("dcpsim.simulation",))
+    return [merge_rank_reports([reports[k] for reports in per_rank]) for k in range(len(jobs))]
 
 
 def merge_rank_reports(reports: list[RunReport]) -> RunReport:

@@ -79,7 +79,7 @@ class Checker:
         local = index if not layout.sharded else np.arange(len(index), dtype=np.int64)
         got = read_view(layout, runner.stores[layout.group_id], row, local)
         bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != layout.group_id)
-        return index, content, local, row, got, bad
+        return index, got, bad
 
     def verify(self, plan: StepPlan, runner: ModelRunner) -> Failure | None:
         self.verifications += 1
@@ -87,7 +87,7 @@ class Checker:
         rows = np.zeros((len(items), 4), dtype=np.int64)
         reads = []
         for k, (lay, view) in enumerate(items):
-            index, content, local, row, got, bad = self._local_read(runner, lay, view)
+            index, got, bad = self._local_read(runner, lay, view)
             reads.append((index, got, bad))
             rows[k] = (
                 int(bad.sum()),

@@ -662,3 +662,14 @@ def test_verify_every_checks_fewer_steps_and_the_last():
     assert rep.passed
     expected = len({s for s in range(rep.steps) if s % 7 == 0} | {rep.steps - 1})
     assert rep.verifications == expected
+
+
+def test_traffic_is_counted_per_job_when_one_world_runs_several():
+    # One Collectives serves every job of a batch; each report must count only its own bytes.
+    from dcpsim.simulation import Job, run_jobs
+
+    job = Job(builtin("dsv3", 2, 1))
+    reports = run_jobs([job, job, job], in_process=True)
+    gathered = [r.bytes_gathered for r in reports]
+    assert gathered[0] > 0 and gathered == [gathered[0]] * 3
+    assert [r.ranks[0]["bytes_sent"] for r in reports] == [reports[0].ranks[0]["bytes_sent"]] * 3
