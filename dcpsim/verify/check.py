@@ -1,21 +1,19 @@
 """The all-gather step: prove the shards reassemble and the replicas agree.
 
-Phase 1 (every verification, small): each rank reads every live request
-through its block tables (``verify.read``), compares with the oracle, and
-all-gathers one compact row per (group, request): bad count, entries read,
-an ordered digest and a multiset digest, plus its write-violation count and
-block-table digests. Every rank then judges the same gathered data:
+Phase 1 (every verification, small): each rank reads every live request through its
+block tables (``verify.read``, over the rank's ``RankView``), compares with the oracle,
+and all-gathers one compact row per (group, request): bad count, entries read, an ordered
+digest and a multiset digest, plus its write-violation count and block-table digests.
+Every rank then judges the same gathered data:
 
-* sharded groups: no rank has a bad entry, and the multiset digests of all
-  ranks add up to the digest of the full context (every index exactly once);
-* replicated groups: no rank has a bad entry and every rank's ordered digest
-  is the same;
+* sharded groups: no rank has a bad entry, and the multiset digests of all ranks add up
+  to the digest of the full context (every index exactly once);
+* replicated groups: no rank has a bad entry and every rank's ordered digest is the same;
 * no write violations; identical block tables on every rank.
 
-Phase 2 runs only on a failure: the ranks gather details of the first problem
-(what each rank holds at the expected slot, where the entry went) to build
-one report. ``paranoid`` additionally gathers the raw read views and
-reassembles them explicitly.
+Phase 2 runs only on a failure: the ranks gather details of the first problem (what each
+rank holds at the expected slot, where the entry went) to build one report. ``paranoid``
+additionally gathers the raw read views and reassembles them explicitly.
 """
 
 from __future__ import annotations
@@ -25,78 +23,79 @@ import dataclasses
 import numpy as np
 import torch
 
-from dcpsim.content import mix64
-from dcpsim.group_layout import RECORDS, RING, GroupLayout
-from dcpsim.runtime.collectives import Collectives
-from dcpsim.runtime.kv_store import CONTENT, GROUP, INDEX, STEP, WRITER
-from dcpsim.runtime.model_runner import ModelRunner
-from dcpsim.scheduler.plan import RequestView, StepPlan
-from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner
-from dcpsim.verify.read import read_slots, read_view
-from dcpsim.verify.report import Failure, Holding
+from dcpsim.harness.collectives import Collectives
+from dcpsim.model.kv_entry import CONTENT, GROUP, INDEX, STEP, WRITER
+from dcpsim.model.plan import RequestView, StepPlan
+from dcpsim.model.rank_view import RankView
+from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
+from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask
+from dcpsim.verify.read import read_slots
+from dcpsim.verify.report import Failure, FailureKind, Holding
+from dcpsim.verify.write_guard import WriteGuard
 
-_K1 = np.uint64(0xD6E8FEB86659FD93)
-_K2 = np.uint64(0xA0761D6478BD642F)
 BAD, COUNT, ORDERED, MULTISET = range(4)
 
-
-def _pair_hash(index: np.ndarray, content: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return mix64(index.astype(np.uint64) * _K1 ^ content.view(np.uint64))
-
-
-def multiset_digest(index: np.ndarray, content: np.ndarray) -> int:
-    with np.errstate(over="ignore"):
-        return int(_pair_hash(index, content).sum(dtype=np.uint64))
-
-
-def ordered_digest(index: np.ndarray, content: np.ndarray) -> int:
-    with np.errstate(over="ignore"):
-        order = (np.arange(1, len(index) + 1, dtype=np.uint64)) * _K2
-        return int(mix64(_pair_hash(index, content) ^ order).sum(dtype=np.uint64))
-
-
-def _i64(u: int) -> int:
-    return int(np.array([u], dtype=np.uint64).view(np.int64)[0])
+_WHAT = {
+    FailureKind.WRONG_CONTENT: "a rank does not hold the right entry where attention reads it",
+    FailureKind.REASSEMBLY: "the shards do not reassemble the full context exactly once",
+    FailureKind.REPLICAS_DIFFER: "the replicas of a replicated group differ across ranks",
+}
 
 
 class Checker:
-    def __init__(self, layouts: list[GroupLayout], collectives: Collectives, request_ids: dict[int, str], paranoid: bool = False):
-        self.layouts = layouts
+    def __init__(self, groups: list[ExpectedGroup], collectives: Collectives, view: RankView,
+                 request_ids: dict[int, str], paranoid: bool = False):
+        self.groups = groups
         self.coll = collectives
+        self.view = view
         self.rank = collectives.rank
         self.world = collectives.world_size
         self.request_ids = request_ids
         self.paranoid = paranoid
         self.verified_indices = 0
         self.verifications = 0
+        self.store_of = [view.group_of_layer(g.layer_names[0]) for g in groups]
+        """The engine's store holding each expected group (found by its first layer)."""
+        self.guard = WriteGuard(self.rank, {s: g.name for s, g in zip(self.store_of, groups)})
+
+    # --- every step: the write log ----------------------------------------------------
+
+    def record_writes(self, plan: StepPlan) -> None:
+        """Judge what the rank wrote in this step (before the next step's writes)."""
+        writes = self.view.step_writes()
+        shapes = {w.group: self.view.store_shape(w.group) for w in writes}
+        self.guard.judge(plan, writes, shapes)
 
     # --- phase 1 ------------------------------------------------------------------
 
-    def _local_read(self, runner: ModelRunner, layout: GroupLayout, view: RequestView):
-        index, content = expected_on_rank(layout, view, self.rank)
-        row = runner.block_tables[layout.group_id].row(view.req_index)
-        local = index if not layout.sharded else np.arange(len(index), dtype=np.int64)
-        got = read_view(layout, runner.stores[layout.group_id], row, local)
-        bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != layout.group_id)
+    def _row(self, g: int, view: RequestView) -> np.ndarray:
+        return self.view.block_table_row(self.store_of[g], view.req_index)
+
+    def _local_read(self, g: int, view: RequestView):
+        group = self.groups[g]
+        index, content = expected_on_rank(group, view, self.rank)
+        local = np.arange(len(index), dtype=np.int64) if group.sharded else index
+        got = self.view.read_entries(self.store_of[g], read_slots(group, self._row(g, view), local))
+        bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != self.store_of[g])
         return index, got, bad
 
-    def verify(self, plan: StepPlan, runner: ModelRunner) -> Failure | None:
+    def verify(self, plan: StepPlan) -> Failure | None:
         self.verifications += 1
-        items = [(lay, v) for lay in self.layouts for v in plan.views]
+        items = [(g, v) for g in range(len(self.groups)) for v in plan.views]
         rows = np.zeros((len(items), 4), dtype=np.int64)
         reads = []
-        for k, (lay, view) in enumerate(items):
-            index, got, bad = self._local_read(runner, lay, view)
+        for k, (g, view) in enumerate(items):
+            index, got, bad = self._local_read(g, view)
             reads.append((index, got, bad))
             rows[k] = (
                 int(bad.sum()),
                 len(got),
-                _i64(ordered_digest(got[:, INDEX], got[:, CONTENT])),
-                _i64(multiset_digest(got[:, INDEX], got[:, CONTENT])),
+                as_int64(ordered_digest(got[:, INDEX], got[:, CONTENT])),
+                as_int64(multiset_digest(got[:, INDEX], got[:, CONTENT])),
             )
-        tables = [_i64(self._table_digest(runner, lay, plan.views)) for lay in self.layouts]
-        header = np.array([runner.guard.count, len(tables)] + tables, dtype=np.int64)
+        tables = [as_int64(self._table_digest(g, plan.views)) for g in range(len(self.groups))]
+        header = np.array([self.guard.count, len(tables)] + tables, dtype=np.int64)
         mine = torch.from_numpy(np.concatenate([header, rows.reshape(-1)]))
         gathered = np.stack([t.numpy() for t in self.coll.all_gather_tensor(mine)])
         h = len(header)
@@ -110,41 +109,42 @@ class Checker:
             if failure:
                 return failure
         if violations.any():
-            return self._violation_failure(plan, runner, int(violations.sum()))
+            return self._violation_failure(plan, int(violations.sum()))
         if (table_digests != table_digests[0]).any():
-            return self._table_failure(plan, runner)
-        for k, (lay, view) in enumerate(items):
+            return self._table_failure(plan)
+        for k, (g, view) in enumerate(items):
             bad_total = int(per_item[:, k, BAD].sum())
-            if lay.sharded:
-                full_index, full_content = expected_full(lay, view)
+            if self.groups[g].sharded:
+                full_index, full_content = expected_full(self.groups[g], view)
                 want = multiset_digest(full_index, full_content)
                 have = int(per_item[:, k, MULTISET].astype(np.uint64).sum(dtype=np.uint64))
                 if bad_total or want != have:
-                    return self._item_failure(plan, runner, lay, view, reads[k], bad_total, "wrong-content" if bad_total else "reassembly")
+                    kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REASSEMBLY
+                    return self._item_failure(plan, g, view, reads[k], bad_total, kind)
             else:
                 differ = (per_item[:, k, ORDERED] != per_item[0, k, ORDERED]).any()
                 if bad_total or differ:
-                    return self._item_failure(plan, runner, lay, view, reads[k], bad_total, "wrong-content" if bad_total else "replicas-differ")
+                    kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REPLICAS_DIFFER
+                    return self._item_failure(plan, g, view, reads[k], bad_total, kind)
         return None
 
-    @staticmethod
-    def _table_digest(runner: ModelRunner, lay: GroupLayout, views) -> int:
-        table = runner.block_tables[lay.group_id]
+    def _table_digest(self, g: int, views) -> int:
         parts = []
         for v in views:
-            row = table.row(v.req_index)
+            row = self._row(g, v)
             parts.append(np.concatenate([[v.req_index, len(row)], row]).astype(np.int64))
         flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return ordered_digest(flat, np.zeros(len(flat), np.int64))
 
     # --- phase 2: details of the first problem --------------------------------------
 
-    def _item_failure(self, plan, runner, lay: GroupLayout, view: RequestView, read, bad_total: int, kind: str) -> Failure:
+    def _item_failure(self, plan, g: int, view: RequestView, read, bad_total: int, kind: FailureKind) -> Failure:
+        group, store = self.groups[g], self.store_of[g]
         index, got, bad = read
         first_local = int(index[bad][0]) if bad.any() else None
         gathered = self.coll.all_gather_object((first_local, got[:, INDEX].tolist()))
         firsts = [f for f, _ in gathered if f is not None]
-        full_index, full_content = expected_full(lay, view)
+        full_index, full_content = expected_full(group, view)
         if firsts:
             target = min(firsts)
         else:  # nothing bad per rank, yet the pieces do not add up: find the odd one out
@@ -152,19 +152,17 @@ class Checker:
             counts = {int(i): 0 for i in full_index}
             for i in seen:
                 counts[int(i)] = counts.get(int(i), 0) + 1
-            odd = [i for i, c in sorted(counts.items()) if c != (1 if lay.sharded else self.world)]
+            odd = [i for i, c in sorted(counts.items()) if c != (1 if group.sharded else self.world)]
             target = odd[0] if odd else int(full_index[0])
-        owner = expected_owner(lay, target)
-        if lay.sharded:
-            owned = full_index[(full_index // lay.interleave_size) % lay.dcp_size == owner]
+        owner = expected_owner(group, target)
+        if group.sharded:
+            owned = full_index[owned_mask(group, full_index, owner)]
             local = int(np.searchsorted(owned, target))
         else:
             local = target
-        row = runner.block_tables[lay.group_id].row(view.req_index)
-        slot = int(read_slots(lay, row, np.array([local]))[0])
-        store = runner.stores[lay.group_id]
-        entry = store.read(np.array([slot]))[0]
-        found = store.find(target, writer=view.req_index).tolist()
+        slot = int(read_slots(group, self._row(g, view), np.array([local]))[0])
+        entry = self.view.read_entries(store, np.array([slot]))[0]
+        found = self.view.find_entries(store, target, writer=view.req_index).tolist()
         holdings = [Holding(**h) for h in self.coll.all_gather_object(dict(
             rank=self.rank, slot=slot, group=int(entry[GROUP]), index=int(entry[INDEX]),
             content=int(entry[CONTENT]),
@@ -174,19 +172,13 @@ class Checker:
         pos = np.searchsorted(full_index, target)
         expected_content = int(full_content[pos]) if pos < len(full_index) and full_index[pos] == target else None
         owner_holding = holdings[owner if owner is not None else 0]
-        index_kind = {RECORDS: "record", RING: "ring row"}.get(lay.storage, "position")
-        what = {
-            "wrong-content": "a rank does not hold the right entry where attention reads it",
-            "reassembly": "the shards do not reassemble the full context exactly once",
-            "replicas-differ": "the replicas of a replicated group differ across ranks",
-        }[kind]
         return Failure(
             kind=kind,
             step=plan.step,
-            message=what,
-            group=lay.name,
+            message=_WHAT[kind],
+            group=group.name,
             request_id=view.request_id,
-            index_kind=index_kind,
+            index_kind=group.index_kind,
             index=target,
             expected_owner="all" if owner is None else owner,
             expected_slot=slot,
@@ -196,12 +188,12 @@ class Checker:
             further_bad=max(0, bad_total - 1),
         )
 
-    def _violation_failure(self, plan, runner, total: int) -> Failure:
-        kept = [v for per_rank in self.coll.all_gather_object(runner.guard.kept) for v in per_rank]
+    def _violation_failure(self, plan, total: int) -> Failure:
+        kept = [v for per_rank in self.coll.all_gather_object(self.guard.kept) for v in per_rank]
         lines = [str(v) for v in kept]
         first = kept[0] if kept else None
         return Failure(
-            kind="write-violation",
+            kind=FailureKind.WRITE_VIOLATION,
             step=plan.step,
             message=f"{total} write violation(s) in the write path",
             group=first.group if first else None,
@@ -211,8 +203,9 @@ class Checker:
             details=lines[:10] + ([f"... and {len(lines) - 10} more runs of violations"] if len(lines) > 10 else []),
         )
 
-    def _table_failure(self, plan, runner) -> Failure:
-        mine = {lay.name: {v.request_id: runner.block_tables[lay.group_id].row(v.req_index).tolist() for v in plan.views} for lay in self.layouts}
+    def _table_failure(self, plan) -> Failure:
+        mine = {group.name: {v.request_id: self._row(g, v).tolist() for v in plan.views}
+                for g, group in enumerate(self.groups)}
         tables = self.coll.all_gather_object(mine)
         details = []
         for name in mine:
@@ -220,20 +213,25 @@ class Checker:
                 rows = [t[name].get(rid) for t in tables]
                 if any(r != rows[0] for r in rows):
                     details.append(f"group {name} request {rid}: " + "; ".join(f"rank {i}: {r}" for i, r in enumerate(rows)))
-        return Failure(kind="block-table-mismatch", step=plan.step, message="ranks hold different block tables", details=details[:10])
+        return Failure(kind=FailureKind.BLOCK_TABLE_MISMATCH, step=plan.step,
+                       message="ranks hold different block tables", details=details[:10])
 
     def _paranoid(self, plan, items, reads) -> Failure | None:
         """Gather raw read views and reassemble them explicitly."""
         raw = self.coll.all_gather_object([got for _, got, _ in reads])
-        for k, (lay, view) in enumerate(items):
-            full_index, full_content = expected_full(lay, view)
+        for k, (g, view) in enumerate(items):
+            full_index, full_content = expected_full(self.groups[g], view)
             parts = [r[k] for r in raw]
-            if lay.sharded:
+            if self.groups[g].sharded:
                 allrows = np.concatenate(parts)
                 order = np.argsort(allrows[:, INDEX], kind="stable")
-                ok = len(allrows) == len(full_index) and np.array_equal(allrows[order, INDEX], full_index) and np.array_equal(allrows[order, CONTENT], full_content)
+                ok = (len(allrows) == len(full_index) and np.array_equal(allrows[order, INDEX], full_index)
+                      and np.array_equal(allrows[order, CONTENT], full_content))
             else:
-                ok = all(np.array_equal(p, parts[0]) for p in parts) and np.array_equal(parts[0][:, INDEX], full_index) and np.array_equal(parts[0][:, CONTENT], full_content)
+                ok = (all(np.array_equal(p, parts[0]) for p in parts) and np.array_equal(parts[0][:, INDEX], full_index)
+                      and np.array_equal(parts[0][:, CONTENT], full_content))
             if not ok:
-                return Failure(kind="reassembly", step=plan.step, message="paranoid reassembly of raw read views failed", group=lay.name, request_id=view.request_id)
+                return Failure(kind=FailureKind.REASSEMBLY, step=plan.step,
+                               message="paranoid reassembly of raw read views failed",
+                               group=self.groups[g].name, request_id=view.request_id)
         return None

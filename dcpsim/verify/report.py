@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 from dataclasses import dataclass, field
+
+from dcpsim.model.kinds import Storage
+
+
+class FailureKind(enum.StrEnum):
+    """What a failure report is about (``Failure.kind``; a string in JSON)."""
+
+    WRONG_CONTENT = "wrong-content"
+    """A rank does not hold the right entry where attention reads it."""
+    REASSEMBLY = "reassembly"
+    """The shards of a sharded group do not reassemble the full context exactly once."""
+    REPLICAS_DIFFER = "replicas-differ"
+    WRITE_VIOLATION = "write-violation"
+    BLOCK_TABLE_MISMATCH = "block-table-mismatch"
+    BLOCK_TABLE_OVERFLOW = "block-table-overflow"
+    ATTENTION_MISMATCH = "attention-mismatch"
+    RANKS_DISAGREE = "ranks-disagree"
 
 
 def _json_safe(value):
@@ -44,9 +62,7 @@ class Holding:
 
 @dataclass
 class Failure:
-    kind: str
-    """wrong-content, missing, replicas-differ, reassembly, write-violation,
-    block-table-mismatch or block-table-overflow"""
+    kind: FailureKind
     step: int
     message: str
     group: str | None = None
@@ -147,7 +163,7 @@ class RunReport:
                 f"  group {g['name']}: {g['layers']} layers, {g['storage']}, "
                 f"block_size={g['block_size']} ({g['states_per_page']} states/page), "
                 f"{'sharded' if g['sharded'] else 'replicated'}, "
-                + ("one ring block per request" if g["storage"] == "ring" else f"manager block {g['manager_block_size']} tokens")
+                + ("one ring block per request" if g["storage"] == Storage.RING else f"manager block {g['manager_block_size']} tokens")
             )
         s = self.schedule
         if s:

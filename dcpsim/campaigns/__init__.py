@@ -1,0 +1,1 @@
+"""Campaigns over many runs: the fault catalogue, selftest, the correctness matrix, fuzz."""

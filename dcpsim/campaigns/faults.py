@@ -1,0 +1,353 @@
+"""Known DCP bugs, each a small variant of the reference engine that changes one decision.
+
+A fault subclasses ``Fault`` (itself the reference engine plus catalogue metadata) and
+overrides one ``Engine`` method: grouping (``kv_cache_groups``), geometry
+(``group_geometry``), a prefix key, a release, the slots of a write, a query bound or a
+shard's LSE. It never touches the checker, which derives its expectation from the
+scenario alone. ``--inject NAME`` runs one; the registry maps names to faults so a new
+bug class is one new entry, and ``python -m dcpsim selftest`` runs every registered fault
+where it applies (see ``needs``, ``configs`` and ``scenarios``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from dcpsim.engine.geometry import GroupGeometry
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.errors import ConfigError
+from dcpsim.model.grouping import KVCacheGroupSpec
+from dcpsim.model.kinds import Retention, Storage
+from dcpsim.model.layout import PAD, local_seq_lens, owner_rank, ring_slot_mapping
+from dcpsim.model.specs import FullAttentionSpec, cdiv
+
+
+class Fault(ReferenceEngine):
+    """The correct engine with catalogue metadata. A fault subclass overrides one
+    ``Engine`` decision to reproduce one bug.
+
+    Where ``selftest`` runs a fault (declarative): on every built-in scenario in
+    ``scenarios`` (None: all of them), once per run config in ``configs`` with ``needs``
+    merged in, wherever ``applies_to_scenario`` holds for the scenario so configured.
+    Run options are ``Scenario.with_overrides`` arguments
+    (``decode_context_parallel_size``, ``cp_kv_cache_interleave_size``, ``block_size``,
+    ``kernel_block_size``, ...), ``SimConfig`` fields, or ``Job`` fields (e.g. ``attention``).
+    """
+
+    name = "none"
+    bug_class = ""
+    """The bug class of docs/dcp-semantics.md section 8 that the fault stands for."""
+    description = "no fault: the correct engine"
+    needs: dict = {}
+    """Run options without which the bug cannot show at all, e.g.
+    ``{"kernel_block_size": 16}`` or ``{"attention": True}``."""
+    configs: tuple[dict, ...] = ({},)
+    """Run configs (overrides of a scenario's own config) selftest runs the fault in."""
+    scenarios: tuple[str, ...] | None = None
+    """Built-in scenarios selftest runs the fault on; None: every one where it applies."""
+
+    def applies_to(self, geometries: list[GroupGeometry]) -> bool:
+        """Whether the bug can show on a scenario with these (reference) group geometries."""
+        return True
+
+    def applies_to_scenario(self, scenario, geometries: list[GroupGeometry]) -> bool:
+        """Whether the bug can show on this scenario (its config and workload too)."""
+        return self.applies_to(geometries)
+
+
+def _is_replicated_paged(g: GroupGeometry) -> bool:
+    """A replicated group with more than one rank that is not a ring (width 1 anyway)."""
+    return g.replicated and g.dcp_size > 1 and g.storage is not Storage.RING
+
+
+def _has_sharded_attention(geometries) -> bool:
+    return any(g.sharded and g.storage is not Storage.RING for g in geometries)
+
+
+class PrefixHashUnitB(Fault):
+    name = "prefix-hash-unit-B"
+    bug_class = "1. prefix-cache hashes computed per B tokens while the manager looks them up per B*W"
+    description = (
+        "prefix-cache unit u (B*W tokens of a sharded group) is keyed by the prefix fingerprint at "
+        "(u+1)*B-1 instead of (u+1)*B*W-1, so a hit runs past the true common prefix into another "
+        "request's blocks"
+    )
+    configs = ({"block_size": 16},)
+    """Small pages: the 520-token prefix of dsv3 then ends inside a unit that the bug still hits."""
+
+    def applies_to(self, geometries) -> bool:
+        return any(g.sharded and g.dcp_size > 1 for g in geometries) and all(
+            g.prefix_cacheable for g in geometries
+        )
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        prefixes = [r.prefix for r in scenario.requests if r.prefix and r.shared_prefix_len]
+        shared = len(prefixes) > len(set(prefixes))  # two requests share a prefix
+        return scenario.config.enable_prefix_caching and shared and self.applies_to(geometries)
+
+    def prefix_key_position(self, geometries, unit: int) -> int:
+        hash_block = math.gcd(*(g.block_size for g in geometries))
+        return (unit + 1) * hash_block - 1
+
+
+class KernelVirtualBlock(Fault):
+    name = "kernel-virtual-block"
+    bug_class = "2. virtual block formed from the kernel block size (Bk*W) instead of B*W when Bk < B"
+    description = (
+        "sharded groups compute owner and local offset inside virtual blocks of Bk*W states (kernel "
+        "coordinates) instead of B*W; with I > Bk slots collide and some ranks store nothing"
+    )
+    needs = {"kernel_block_size": 16}
+    configs = ({"block_size": 64, "cp_kv_cache_interleave_size": 64},)
+    """With I dividing Bk both coordinate systems give the same slots, so I = B = 64 > Bk = 16."""
+
+    @staticmethod
+    def _hit(g: GroupGeometry) -> bool:
+        kbs = g.kernel_block_size
+        return g.sharded and g.storage is not Storage.RING and kbs is not None and kbs < g.states_per_page
+
+    def applies_to(self, geometries) -> bool:
+        return any(self._hit(g) for g in geometries)
+
+    def write_slots(self, geometry, write, block_row, dcp_rank):
+        slots, index = super().write_slots(geometry, write, block_row, dcp_rank)
+        if not self._hit(geometry):
+            return slots, index
+        # virtual blocks of Bk * W kernel-block states, owner and local offset inside them,
+        # the kernel block table indexed by that virtual block
+        kernel, W, I = geometry.kernel_block_size, geometry.dcp_size, geometry.interleave_size
+        kernel_ids = self.kernel_block_table(geometry, block_row)
+        vb, off = np.divmod(np.asarray(index, np.int64), kernel * W)
+        owned = (off // I) % W == dcp_rank
+        loc = (off // (W * I)) * I + off % I
+        return np.where(owned, kernel_ids[vb] * kernel + loc, PAD), index
+
+
+class MultiTokenLocalLens(Fault):
+    name = "multi-token-local-lens"
+    bug_class = "3. local lengths of multi-token queries derived as local(L) - k instead of per token"
+    description = (
+        "the attention of a multi-token step (chunked prefill, draft verification) bounds query "
+        "token j on rank r by local(H+q, r) - (q-1-j) instead of local(H+j+1, r): ranks that own "
+        "none of the step's last positions hide keys the token must see (sharded groups only)"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 16},)
+
+    def applies_to(self, geometries) -> bool:
+        return _has_sharded_attention(geometries)
+
+    def query_local_bounds(self, geometry, start, stop, dcp_rank):
+        q = stop - start
+        if q == 0:
+            return np.zeros(0, np.int64)
+        last = stop if geometry.storage is not Storage.RECORDS else stop // geometry.tokens_per_state
+        local_last = local_seq_lens(np.array([last], np.int64), dcp_size=geometry.dcp_size,
+                                    interleave_size=geometry.interleave_size, dcp_rank=dcp_rank)[0]
+        return np.maximum(0, local_last - (q - 1 - np.arange(q, dtype=np.int64)))
+
+
+class EmptyShardLseZero(Fault):
+    name = "empty-shard-lse-zero"
+    bug_class = "4. empty shard reporting lse = 0 in the merge"
+    description = (
+        "a rank whose shard holds no key for a query token reports lse = 0 instead of -inf, so "
+        "the merge gives it weight exp(0 - lse) and scales the other ranks' outputs down"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return _has_sharded_attention(geometries)
+
+    def shard_lse(self, lse, empty):
+        return lse.masked_fill(empty[:, None], 0.0)
+
+
+class ReplicatedScaledByW(Fault):
+    name = "replicated-scaled-by-w"
+    bug_class = "5. a replicated state (Mamba, sliding window) scaled by W as if sharded"
+    description = (
+        "replicated groups get block tables of cdiv(max_model_len, B*W) entries, as if sharded, "
+        "so a request longer than max_model_len / W overflows its row"
+    )
+    configs = ({"decode_context_parallel_size": 4},)
+
+    def applies_to(self, geometries) -> bool:
+        return any(_is_replicated_paged(g) for g in geometries)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Only where some request outgrows the narrow table (else the bug cannot show)."""
+        cfg = scenario.config
+        longest = max(r.prompt_len + r.output_len for r in scenario.requests) + cfg.num_speculative_tokens
+        return any(
+            _is_replicated_paged(g)
+            and self.blocks_needed(g, longest) > self._narrow_width(g, cfg)
+            for g in geometries
+        )
+
+    @staticmethod
+    def _narrow_width(g: GroupGeometry, config) -> int:
+        return cdiv(config.max_model_len, g.block_size * g.dcp_size)
+
+    def group_geometry(self, group_id, group, config):
+        geometry = super().group_geometry(group_id, group, config)
+        if _is_replicated_paged(geometry):
+            geometry = dataclasses.replace(geometry, block_table_width=self._narrow_width(geometry, config))
+        return geometry
+
+
+def _drops_flag(group: KVCacheGroupSpec) -> bool:
+    """A merged (not uniform-type) replicated full-attention group: dropping
+    ``dcp_replicated`` turns it into a valid sharded group, silently. (A sliding window
+    that lost the flag is refused loudly by the DCP group check.)"""
+    spec = group.kv_cache_spec
+    return isinstance(spec, FullAttentionSpec) and spec.dcp_replicated
+
+
+class MergeDropsDcpReplicated(Fault):
+    name = "merge-drops-dcp-replicated"
+    bug_class = "6. merge of specs dropping dcp_replicated (a replicated group silently becomes sharded)"
+    description = (
+        "the engine merges each group's layer specs without dcp_replicated, so a replicated "
+        "full-attention group (a draft model's) is laid out, allocated and written as sharded"
+    )
+
+    def applies_to(self, geometries) -> bool:
+        return any(
+            g.replicated and g.dcp_size > 1 and isinstance(g.group_spec, FullAttentionSpec)
+            for g in geometries
+        )
+
+    def kv_cache_groups(self, layer_specs):
+        groups = []
+        for group in super().kv_cache_groups(layer_specs):
+            if _drops_flag(group):
+                merged = dataclasses.replace(group.kv_cache_spec, dcp_replicated=False)
+                group = KVCacheGroupSpec(group.layer_names, merged)
+            groups.append(group)
+        return groups
+
+
+class ReplicatedOwnerOnly(Fault):
+    name = "replicated-owner-only"
+    bug_class = "7. a replicated group masked like a sharded one (only the owner writes a position)"
+    description = "in replicated groups only the position's owner rank writes it; the others keep holes"
+
+    def applies_to(self, geometries) -> bool:
+        return any(_is_replicated_paged(g) for g in geometries)
+
+    def write_slots(self, geometry, write, block_row, dcp_rank):
+        slots, index = super().write_slots(geometry, write, block_row, dcp_rank)
+        if _is_replicated_paged(geometry):
+            owner = owner_rank(index, dcp_size=geometry.dcp_size, interleave_size=geometry.interleave_size)
+            slots = np.where(owner == dcp_rank, slots, PAD)
+        return slots, index
+
+
+class SlidingWindowEarlyRelease(Fault):
+    name = "sliding-window-early-release"
+    bug_class = "8. sliding-window blocks released while still inside the window"
+    description = (
+        "a sliding-window manager releases one block too many: the block holding the first "
+        "position still inside the window goes back to the pool and its entry becomes the null block"
+    )
+
+    def applies_to(self, geometries) -> bool:
+        return any(g.retention is Retention.WINDOW for g in geometries)
+
+    def num_released_blocks(self, geometry, first_needed):
+        n = super().num_released_blocks(geometry, first_needed)
+        return n + 1 if geometry.retention is Retention.WINDOW and first_needed > 0 else n
+
+
+class RingRejectedOverwrite(Fault):
+    name = "ring-rejected-overwrite"
+    bug_class = "9. ring rows of rejected drafts overwriting the accepted boundary"
+    description = (
+        "a compressor ring writes a speculative step's draft rows one row early, so the first "
+        "draft lands on the row of the step's true token (the accepted boundary)"
+    )
+
+    def applies_to(self, geometries) -> bool:
+        return any(g.storage is Storage.RING and g.num_speculative_tokens > 0 for g in geometries)
+
+    def write_slots(self, geometry, write, block_row, dcp_rank):
+        slots, index = super().write_slots(geometry, write, block_row, dcp_rank)
+        if geometry.storage is Storage.RING and write.num_drafts:
+            draft = index >= write.stop - write.num_drafts
+            early = ring_slot_mapping(index - 1, int(block_row[0]), geometry.block_size)
+            slots = np.where(draft, early, slots)
+        return slots, index
+
+
+class InterleaveOffByOne(Fault):
+    name = "interleave-off-by-one"
+    bug_class = (
+        "10. draft model running with W = 1 against a sharded cache (family: a writer whose "
+        "rank ownership disagrees with the sharded cache's readers)"
+    )
+    description = (
+        "sharded groups place each run of I positions on the next rank (owner ((p // I) + 1) % W "
+        "instead of (p // I) % W): the symptom of a writer and readers disagreeing on ownership"
+    )
+
+    def applies_to(self, geometries) -> bool:
+        return any(g.sharded for g in geometries)
+
+    def write_slots(self, geometry, write, block_row, dcp_rank):
+        if geometry.sharded:
+            dcp_rank = (dcp_rank - 1) % geometry.dcp_size
+        return super().write_slots(geometry, write, block_row, dcp_rank)
+
+
+class ForeignBlock(Fault):
+    name = "foreign-block"
+    bug_class = (
+        "not in section 8 (write-guard check): a write into a block the request does not hold "
+        "(stale or off-by-one block index)"
+    )
+    description = "positions that belong in the request's last block go to a block it does not hold"
+
+    def write_slots(self, geometry, write, block_row, dcp_rank):
+        slots, index = super().write_slots(geometry, write, block_row, dcp_rank)
+        page = geometry.states_per_page
+        held = set(int(b) for b in block_row)
+        stranger = next(b for b in range(1, len(held) + 2) if b not in held)
+        last = int(block_row[-1])
+        hit = (slots >= 0) & (slots // page == last)
+        return np.where(hit, stranger * page + slots % page, slots), index
+
+
+# The registry, in the order of the bug classes (semantics section 8, then the write guard).
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(),
+        PrefixHashUnitB(),
+        KernelVirtualBlock(),
+        MultiTokenLocalLens(),
+        EmptyShardLseZero(),
+        ReplicatedScaledByW(),
+        MergeDropsDcpReplicated(),
+        ReplicatedOwnerOnly(),
+        SlidingWindowEarlyRelease(),
+        RingRejectedOverwrite(),
+        InterleaveOffByOne(),
+        ForeignBlock(),
+    )
+}
+
+
+def get_fault(name: str | None) -> Fault:
+    if name is None:
+        return FAULTS["none"]
+    try:
+        return FAULTS[name]
+    except KeyError:
+        raise ConfigError(
+            f"--inject: unknown fault {name!r}; known: {', '.join(n for n in FAULTS if n != 'none')}"
+        ) from None

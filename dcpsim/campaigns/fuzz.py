@@ -1,0 +1,161 @@
+"""Random schedules: a Hypothesis strategy for scenarios, and a shrinking search for failures.
+
+``scenarios()`` draws small but complete scenarios: a layout family (full
+attention, MLA with compressed records, a replicated sliding window beside
+sharded full attention, replicated chunked local, the V4.1-like ring hybrid),
+W, B, I and a kernel block size, speculative tokens, a token budget, a pool
+tight enough to preempt, and requests with shared prefixes, acceptance
+patterns, late arrivals and forced preemptions.
+
+Each example runs through the same write and check code as the real harness,
+with the ranks as threads of this process (``run_in_threads``) because that
+is much faster than starting worlds. ``find_failure`` shrinks a failing
+example to a minimal one; the CLI writes it out as a scenario file and
+reruns it on a real gloo world.
+"""
+
+from __future__ import annotations
+
+from dcpsim.errors import ConfigError
+from dcpsim.model.config import SimConfig
+from dcpsim.model.specs import (
+    ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
+    FullAttentionSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+from dcpsim.scenarios.scenario import RequestSpec, Scenario
+
+FAMILIES = ("full", "compressed", "window", "chunked", "ring-hybrid")
+
+
+def _require_hypothesis():
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        raise ConfigError("random schedules need Hypothesis: pip install 'dcpsim[test]'") from None
+
+
+def _layers(family: str, B: int, k: int) -> dict:
+    full = FullAttentionSpec(block_size=B, num_kv_heads=2, head_size=16)
+    if family == "full":
+        return {"attn.0": full, "attn.1": full}
+    if family == "compressed":
+        return {
+            "main.0": MLAAttentionSpec(block_size=2 * B, head_size=32, tokens_per_state=2),
+            "attn.1": MLAAttentionSpec(block_size=B, head_size=32),
+        }
+    if family == "window":
+        window = SlidingWindowSpec(block_size=B, num_kv_heads=2, head_size=16, sliding_window=2 * B + 3,
+                                   dcp_replicated=True)
+        return {"attn.0": full, "swa.1": window}
+    if family == "chunked":
+        chunk = ChunkedLocalAttentionSpec(block_size=B, num_kv_heads=2, head_size=16,
+                                          attention_chunk_size=3 * B, dcp_replicated=True)
+        return {"attn.0": full, "chunk.1": chunk}
+    ring_c = max(8, 1 << (k + 1).bit_length())
+    return {
+        "swa.0": SlidingWindowSpec(block_size=B, num_kv_heads=1, head_size=16, sliding_window=B + 5,
+                                   dcp_replicated=True),
+        "main.0": MLAAttentionSpec(block_size=2 * B, head_size=32, tokens_per_state=2),
+        "ring.0": CircularBufferSpec(block_size=ring_c, num_kv_heads=1, head_size=16, dcp_replicated=True),
+    }
+
+
+def scenarios(max_requests: int = 5):
+    """A Hypothesis strategy of valid scenarios (``ConfigError`` ones are filtered out)."""
+    _require_hypothesis()
+    from hypothesis import strategies as st
+
+    @st.composite
+    def build(draw) -> Scenario:
+        family = draw(st.sampled_from(FAMILIES))
+        W = draw(st.sampled_from([1, 2, 3, 4, 5, 6, 8]))
+        B = draw(st.sampled_from([4, 8, 16]))
+        I = draw(st.sampled_from([i for i in (1, 2, 4, 8, 16) if i <= B]))
+        k = draw(st.integers(0, 3))
+        bk = draw(st.sampled_from([None] + [d for d in (2, 4) if d < B and family != "ring-hybrid"]))
+        budget = draw(st.integers(max(k + 1, 4), 96))
+        n = draw(st.integers(1, max_requests))
+        prefix_len = draw(st.integers(0, 3 * B * W))
+        requests = []
+        for j in range(n):
+            prompt = draw(st.integers(1, 160))
+            shared = min(prompt, prefix_len) if draw(st.booleans()) else 0
+            requests.append(RequestSpec(
+                request_id=f"r{j}",
+                prompt_len=prompt,
+                output_len=draw(st.integers(1, 24)),
+                arrival_step=draw(st.integers(0, 6)),
+                prefix="shared" if shared else None,
+                shared_prefix_len=shared,
+                acceptance=tuple(draw(st.lists(st.integers(0, k), max_size=4))),
+                preempt_at_steps=tuple(sorted(set(draw(st.lists(st.integers(1, 30), max_size=2))))),
+            ))
+        longest = max(r.prompt_len + r.output_len for r in requests)
+        pool_tokens = draw(st.integers(longest + k + 2 * B * W, 4 * longest + 4 * B * W))
+        config = SimConfig(
+            max_model_len=longest + k + 1,
+            max_num_batched_tokens=budget,
+            decode_context_parallel_size=W,
+            cp_kv_cache_interleave_size=I,
+            num_speculative_tokens=k,
+            kernel_block_size=bk,
+            enable_prefix_caching=draw(st.booleans()),
+        )
+        return Scenario(
+            name=f"fuzz-{family}",
+            description=f"random schedule ({family} layout)",
+            source="fuzz",
+            layers=_layers(family, B, k),
+            config=config,
+            requests=tuple(requests),
+            seed=draw(st.integers(0, 2**16)),
+            kv_cache_tokens=pool_tokens,
+        )
+
+    return build().filter(is_valid)
+
+
+def is_valid(scenario: Scenario) -> bool:
+    from dcpsim.harness.rank import prepare
+
+    try:
+        prepare(scenario)
+    except ConfigError:
+        return False
+    return True
+
+
+def check(scenario: Scenario, inject: str | None = None):
+    """Run the scenario in-process (ranks as threads); returns the merged report."""
+    from dcpsim.harness.batch import run_jobs
+    from dcpsim.harness.job import Job
+
+    (report,) = run_jobs([Job(scenario, inject=inject)], in_process=True)
+    return report
+
+
+def find_failure(inject: str | None = None, *, max_examples: int = 200, seed: int = 0) -> Scenario | None:
+    """The minimal scenario whose run fails (with ``inject`` on), or None if none was found."""
+    _require_hypothesis()
+    import random
+
+    from hypothesis import HealthCheck, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    try:
+        return find(
+            scenarios(),
+            lambda s: not check(s, inject).passed,
+            settings=settings(
+                max_examples=max_examples,
+                database=None,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+            random=random.Random(seed),
+        )
+    except NoSuchExample:
+        return None

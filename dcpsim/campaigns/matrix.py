@@ -1,0 +1,179 @@
+"""The correctness matrix: scenarios x DCP sizes x interleave sizes x block sizes.
+
+``expand`` lists every cell with its verdict-to-be: valid (to run), or
+skipped with the reason (an invalid DCP config, or a duplicate of another
+cell). ``run_cells`` runs the valid cells, several per world (every cell of
+one scenario and one W shares a world), so world start-up does not dominate;
+a world that breaks is retried cell by cell so the failure is attributed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from dcpsim.errors import ConfigError, DcpsimError
+from dcpsim.model.kinds import Storage
+from dcpsim.scenarios.scenario import Scenario
+
+DEFAULT_DCP = (1, 2, 3, 4, 8)
+DEFAULT_INTERLEAVE = ("1", "2", "4", "8", "16", "B")
+
+
+@dataclass(frozen=True)
+class Cell:
+    scenario: str
+    dcp: int
+    interleave: int
+    block_size: int  # states per page of the paged groups, after overrides
+    block_size_override: int | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.scenario}-dcp{self.dcp}-il{self.interleave}-bs{self.block_size}"
+
+    @property
+    def group(self) -> str:
+        """Cells that share one world."""
+        return f"{self.scenario}-dcp{self.dcp}"
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    status: str  # pass, fail, error, skipped
+    reason: str = ""
+    seconds: float = 0.0
+    report: object = None
+    scenario: Scenario | None = field(default=None, repr=False)
+
+
+def page_states(scenario: Scenario) -> int:
+    """The scenario's ``B`` for the matrix: the smallest page (in states) of its paged groups."""
+    from dcpsim.engine.reference import ReferenceEngine
+
+    geometries = ReferenceEngine().geometries(scenario.layers, scenario.config)  # validates too
+    pages = [g.states_per_page for g in geometries if g.storage is not Storage.RING]
+    return min(pages) if pages else 1
+
+
+def _parse_interleave(token: str, b: int) -> int:
+    if token == "B":
+        return b
+    try:
+        value = int(token)
+    except ValueError:
+        raise ConfigError(f"--interleave: {token!r} is not an integer or B") from None
+    return value
+
+
+def expand(
+    scenarios: list[str],
+    dcps=DEFAULT_DCP,
+    interleaves=DEFAULT_INTERLEAVE,
+    block_sizes=(None,),
+    dry_run: bool = True,
+) -> list[CellResult]:
+    """Every cell, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
+
+    ``dry_run`` also runs each valid cell's schedule in this process, which
+    catches a workload that can never be admitted; without it only the layouts
+    and pools are validated (cheap enough for test collection).
+    """
+    from dcpsim.engine.reference import ReferenceEngine
+    from dcpsim.engine.scheduler.scheduler import Scheduler
+    from dcpsim.harness.rank import prepare
+    from dcpsim.scenarios.load import load_scenario
+
+    out: list[CellResult] = []
+    for name in scenarios:
+        base = load_scenario(name)
+        for bs in block_sizes:
+            sized = base.with_overrides(block_size=bs) if bs else base
+            try:
+                b = page_states(sized)
+            except ConfigError as exc:
+                cell = Cell(base.name, 0, 0, bs or 0, bs)
+                out.append(CellResult(cell, "skipped", f"invalid config: {exc}"))
+                continue
+            for w in dcps:
+                seen: dict[int, str] = {}
+                for token in interleaves:
+                    i = _parse_interleave(str(token), b)
+                    cell = Cell(base.name, w, i, b, bs)
+                    if i in seen:
+                        out.append(CellResult(cell, "skipped", f"duplicate of {seen[i]}"))
+                        continue
+                    if w == 1 and seen:
+                        first = next(iter(seen.values()))
+                        out.append(CellResult(cell, "skipped", f"same layout as {first} (interleave has no effect when W = 1)"))
+                        continue
+                    seen[i] = cell.id
+                    try:
+                        scenario = sized.with_overrides(
+                            decode_context_parallel_size=w, cp_kv_cache_interleave_size=i
+                        )
+                        if dry_run:
+                            prepare(scenario)
+                        else:
+                            engine = ReferenceEngine()
+                            Scheduler(scenario, engine, engine.geometries(scenario.layers, scenario.config))
+                    except ConfigError as exc:
+                        out.append(CellResult(cell, "skipped", f"invalid config: {exc}"))
+                        continue
+                    out.append(CellResult(cell, "pending", scenario=scenario))
+    return out
+
+
+def _run_group(results: list[CellResult], *, in_process: bool, timeout: float) -> None:
+    """Run the cells of one world and record their verdicts (in place)."""
+    from dcpsim.harness.batch import run_jobs
+    from dcpsim.harness.job import Job
+    from dcpsim.harness.replay import replay_record
+
+    start = time.perf_counter()
+    jobs = [Job(r.scenario) for r in results]
+    reports = run_jobs(jobs, in_process=in_process, timeout=timeout)
+    each = (time.perf_counter() - start) / len(results)
+    for res, job, report in zip(results, jobs, reports):
+        report.replay = replay_record(job)
+        res.report, res.seconds = report, each
+        res.status = "pass" if report.passed else "fail"
+        res.reason = "" if report.passed else report.failure.lines()[0]
+
+
+def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: float = 30.0, progress=None) -> None:
+    """Run every pending cell (in place), one world per (scenario, W) group."""
+    groups: dict[str, list[CellResult]] = {}
+    for res in results:
+        if res.status == "pending":
+            groups.setdefault(res.cell.group, []).append(res)
+    for members in groups.values():
+        try:
+            _run_group(members, in_process=in_process, timeout=timeout)
+        except (DcpsimError, RuntimeError):
+            for res in members:  # attribute the failure to the cell(s) that cause it
+                one = time.perf_counter()
+                try:
+                    _run_group([res], in_process=in_process, timeout=timeout)
+                except (DcpsimError, RuntimeError) as exc:
+                    res.status, res.reason, res.seconds = "error", str(exc).splitlines()[0], time.perf_counter() - one
+        if progress:
+            for res in members:
+                progress(res)
+
+
+def table(results: list[CellResult]) -> str:
+    width = max([len(r.cell.id) for r in results] + [4])
+    lines = [f"{'cell':<{width}}  {'result':<8} {'steps':>5} {'verified':>9} {'s':>6}  detail"]
+    for r in results:
+        steps = r.report.steps if r.report else ""
+        verified = r.report.verified_indices if r.report else ""
+        secs = f"{r.seconds:.2f}" if r.status not in ("skipped", "pending") else ""
+        lines.append(f"{r.cell.id:<{width}}  {r.status:<8} {steps!s:>5} {verified!s:>9} {secs:>6}  {r.reason}")
+    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "error", "skipped")}
+    lines.append(
+        f"{len(results)} cells: {counts['pass']} passed, {counts['fail']} failed, "
+        f"{counts['error']} errors, {counts['skipped']} skipped"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,386 @@
+"""``dcpsim selftest``: every registered fault is caught, and a correct engine is not.
+
+For every fault of ``dcpsim.faults.FAULTS`` the plan holds one *case* per
+built-in scenario (``Fault.scenarios``, default all) and run config
+(``Fault.configs``, each with ``Fault.needs`` merged in) on which the fault
+applies (``Fault.applies_to_scenario``, judged on the scenario so
+configured). Each distinct config used by some fault case is also run without
+a fault on every built-in scenario: a *baseline*, which must pass.
+
+Cases of one DCP size share one world (a gloo world by default, threads with
+``--in-process``), run one after another, so world start-up does not
+dominate; a world that breaks is rerun case by case so the breakage is
+attributed. The verdict: exit 0 iff every fault that applies somewhere is
+detected in at least one case and every baseline passes; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from dataclasses import dataclass, field
+
+from dcpsim.errors import ConfigError
+
+BASELINE = "none"
+"""The fault name of a baseline case (``FAULTS["none"]``: the correct engine)."""
+
+OPTION_ALIASES = {
+    "dcp": "decode_context_parallel_size",
+    "W": "decode_context_parallel_size",
+    "interleave": "cp_kv_cache_interleave_size",
+    "I": "cp_kv_cache_interleave_size",
+    "B": "block_size",
+    "Bk": "kernel_block_size",
+}
+_SHORT = {
+    "decode_context_parallel_size": "W",
+    "cp_kv_cache_interleave_size": "I",
+    "block_size": "B",
+    "kernel_block_size": "Bk",
+}
+
+# Outcomes of a row.
+DETECTED, MISSED, PASS, FALSE_POSITIVE, ERROR, NOT_APPLICABLE = (
+    "detected", "missed", "pass", "FALSE POSITIVE", "error", "not applicable",
+)
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def _scenario_option_names() -> tuple[str, ...]:
+    from dcpsim.scenarios.scenario import Scenario
+
+    params = inspect.signature(Scenario.with_overrides).parameters
+    return tuple(n for n in params if n != "self")
+
+
+def _config_field_names() -> set[str]:
+    from dcpsim.model.config import SimConfig
+
+    return {f.name for f in dataclasses.fields(SimConfig)}
+
+
+def _job_field_names() -> set[str]:
+    from dcpsim.harness.job import Job
+
+    return {f.name for f in dataclasses.fields(Job)} - {"scenario", "inject", "rank_failure"}
+
+
+def canonical_options(options: dict) -> tuple[tuple[str, object], ...]:
+    """Aliases resolved, sorted: a hashable key for one run config."""
+    return tuple(sorted((OPTION_ALIASES.get(k, k), v) for k, v in options.items()))
+
+
+class UnknownOption(ConfigError):
+    """A fault asks for a run option nothing here knows (a declaration error)."""
+
+
+def apply_options(base, options) -> tuple[object, dict]:
+    """``base`` with the run options applied, and the ``Job`` fields among them.
+
+    An option is a ``Scenario.with_overrides`` argument, a ``SimConfig`` field
+    or a ``Job`` field (in that order); anything else is a ``ConfigError``.
+    """
+    scenario_names = _scenario_option_names()
+    config_names = _config_field_names()
+    job_names = _job_field_names()
+    overrides, config, job = {}, {}, {}
+    for key, value in dict(options).items():
+        key = OPTION_ALIASES.get(key, key)
+        if key in scenario_names:
+            overrides[key] = value
+        elif key in config_names:
+            config[key] = value
+        elif key in job_names:
+            job[key] = value
+        else:
+            raise UnknownOption(
+                f"unknown run option {key!r}: not a scenario override ({', '.join(scenario_names)}), "
+                f"a SimConfig field or a Job field ({', '.join(sorted(job_names)) or 'none'})"
+            )
+    scenario = base.with_overrides(**overrides) if overrides else base
+    if config:
+        scenario = dataclasses.replace(scenario, config=dataclasses.replace(scenario.config, **config))
+    return scenario, job
+
+
+def config_text(scenario, options) -> str:
+    """``W=2 I=1`` plus every other explicit option (``B=64 Bk=16 attention=True``)."""
+    cfg = scenario.config
+    parts = [f"W={cfg.decode_context_parallel_size}", f"I={cfg.cp_kv_cache_interleave_size}"]
+    for key, value in options:
+        if key in ("decode_context_parallel_size", "cp_kv_cache_interleave_size"):
+            continue
+        parts.append(f"{_SHORT.get(key, key)}={value}")
+    return " ".join(parts)
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class Case:
+    fault: str  # BASELINE for a no-fault run
+    scenario: str
+    options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def baseline(self) -> bool:
+        return self.fault == BASELINE
+
+
+@dataclass
+class Row:
+    fault: str
+    scenario: str
+    config: str
+    outcome: str
+    kind: str | None = None
+    report: str = ""
+    """The first line of the failure report (or of the error)."""
+    seconds: float = 0.0
+    dcp_size: int | None = None
+    options: dict = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> bool:
+        return self.fault == BASELINE
+
+
+@dataclass
+class Plan:
+    cases: list[Case]
+    """Fault cases first (registry order), then baselines."""
+    resolved: dict = field(default_factory=dict)
+    """(scenario, options) -> (Scenario, Job fields, config text)."""
+    rows: list[Row] = field(default_factory=list)
+    """Rows known without running: not-applicable faults, planning errors."""
+    skipped: list[dict] = field(default_factory=list)
+    """(fault, scenario, config) combinations left out, with the reason."""
+    faults: list[str] = field(default_factory=list)
+
+
+def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True) -> Plan:
+    """Which cases to run. ``dry_run`` also runs each case's schedule in this
+    process (``simulation.prepare``) so a config the workload cannot run under
+    is skipped instead of failing a world."""
+    from dcpsim.campaigns.faults import FAULTS
+    from dcpsim.engine.reference import ReferenceEngine
+    from dcpsim.harness.rank import prepare
+    from dcpsim.scenarios.load import load_scenario
+    from dcpsim.scenarios.registry import builtin_scenario_names
+
+    builtins = builtin_scenario_names()
+    for name in scenario_names or ():
+        if name not in builtins:
+            raise ConfigError(f"selftest --scenario: {name!r} is not a built-in scenario; built-ins: {', '.join(builtins)}")
+    faults = [n for n in FAULTS if n != BASELINE] if fault_names is None else list(fault_names)
+    for name in faults:
+        if name not in FAULTS or name == BASELINE:
+            known = ", ".join(n for n in FAULTS if n != BASELINE)
+            raise ConfigError(f"selftest --fault: unknown fault {name!r}; known: {known}")
+    chosen = [s for s in builtins if not scenario_names or s in scenario_names]
+    plan = Plan(cases=[], faults=faults)
+    bases: dict[str, object] = {}
+    layouts_of: dict = {}
+    valid: dict = {}
+
+    def resolve(scenario: str, options) -> tuple[object, dict, str]:
+        """Scenario with options (cached); raises ConfigError when invalid."""
+        key = (scenario, options)
+        if key not in plan.resolved:
+            if scenario not in bases:
+                bases[scenario] = load_scenario(scenario)
+            sc, job = apply_options(bases[scenario], dict(options))
+            plan.resolved[key] = (sc, job, config_text(sc, options))
+        return plan.resolved[key]
+
+    def check(scenario: str, options) -> str | None:
+        """Why the scenario cannot run with these options (None: it can)."""
+        key = (scenario, options)
+        if key not in valid:
+            try:
+                sc, _, _ = resolve(scenario, options)
+                layouts_of[key] = ReferenceEngine().geometries(sc.layers, sc.config)
+                if dry_run:
+                    prepare(sc)
+                valid[key] = None
+            except UnknownOption:
+                raise
+            except ConfigError as exc:
+                valid[key] = str(exc).splitlines()[0]
+        return valid[key]
+
+    configs_used: list = []
+    for name in faults:
+        fault = FAULTS[name]
+        cases = []
+        for cfg in fault.configs or ({},):
+            options = canonical_options({**cfg, **fault.needs})
+            for scenario in fault.scenarios or chosen:
+                if scenario_names and scenario not in scenario_names:
+                    continue
+                if scenario not in builtins:
+                    plan.rows.append(Row(name, scenario, options_text(options), ERROR,
+                                         report=f"the fault names {scenario!r}, which is not a built-in scenario"))
+                    continue
+                try:
+                    why = check(scenario, options)
+                except UnknownOption as exc:  # the same for every scenario: one row
+                    plan.rows.append(Row(name, "-", options_text(options), ERROR, report=str(exc)))
+                    break
+                if why is not None:
+                    plan.skipped.append(dict(fault=name, scenario=scenario, options=dict(options), reason=why))
+                    continue
+                sc, _, _ = plan.resolved[(scenario, options)]
+                if fault.applies_to_scenario(sc, layouts_of[(scenario, options)]):
+                    cases.append(Case(name, scenario, options))
+                    if options not in configs_used:
+                        configs_used.append(options)
+        if not cases and not any(r.fault == name for r in plan.rows):
+            plan.rows.append(Row(name, "-", "-", NOT_APPLICABLE,
+                                 report="applies_to is False on every built-in scenario (in its configs)"))
+        plan.cases.extend(cases)
+    for options in [()] + [o for o in configs_used if o != ()]:
+        for scenario in chosen:
+            why = check(scenario, options)
+            if why is None:
+                plan.cases.append(Case(BASELINE, scenario, options))
+            else:
+                plan.skipped.append(dict(fault=BASELINE, scenario=scenario, options=dict(options), reason=why))
+    return plan
+
+
+def options_text(options) -> str:
+    return " ".join(f"{_SHORT.get(k, k)}={v}" for k, v in options) or "(scenario's own)"
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _jobs(plan: Plan, cases: list[Case]) -> list:
+    from dcpsim.harness.job import Job
+
+    jobs = []
+    for case in cases:
+        scenario, job_fields, _ = plan.resolved[(case.scenario, case.options)]
+        jobs.append(Job(scenario, inject=None if case.baseline else case.fault, **job_fields))
+    return jobs
+
+
+def _row(plan: Plan, case: Case, *, report=None, error: str | None = None, seconds: float = 0.0) -> Row:
+    scenario, _, text = plan.resolved[(case.scenario, case.options)]
+    row = Row(case.fault, case.scenario, text, ERROR, seconds=seconds,
+              dcp_size=scenario.config.decode_context_parallel_size, options=dict(case.options))
+    if error is not None:
+        row.report = error
+    elif report.passed:
+        row.outcome = PASS if case.baseline else MISSED
+    else:
+        row.outcome = FALSE_POSITIVE if case.baseline else DETECTED
+        row.kind = report.failure.kind
+        row.report = report.failure.lines()[0]
+    return row
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return f"{type(exc).__name__}: {text.splitlines()[0]}"
+
+
+def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0) -> list[Row]:
+    """Run every case; rows in plan order (planning rows of a fault after its cases)."""
+    from dcpsim.harness.batch import run_jobs
+
+    by_world: dict[int, list[int]] = {}
+    for k, case in enumerate(plan.cases):
+        scenario = plan.resolved[(case.scenario, case.options)][0]
+        by_world.setdefault(scenario.config.decode_context_parallel_size, []).append(k)
+    rows: list[Row | None] = [None] * len(plan.cases)
+    for ks in by_world.values():
+        cases = [plan.cases[k] for k in ks]
+        start = time.perf_counter()
+        try:
+            results = run_jobs(_jobs(plan, cases), in_process=in_process, timeout=timeout)
+        except Exception:  # noqa: BLE001 - rerun one by one to attribute the breakage
+            results = None
+        if results is not None:
+            each = (time.perf_counter() - start) / len(cases)
+            for k, case, report in zip(ks, cases, results):
+                rows[k] = _row(plan, case, report=report, seconds=each)
+            continue
+        for k, case in zip(ks, cases):
+            one = time.perf_counter()
+            try:
+                (report,) = run_jobs(_jobs(plan, [case]), in_process=in_process, timeout=timeout)
+                rows[k] = _row(plan, case, report=report, seconds=time.perf_counter() - one)
+            except Exception as exc:  # noqa: BLE001 - reported in the row
+                rows[k] = _row(plan, case, error=_first_line(exc), seconds=time.perf_counter() - one)
+    out: list[Row] = []
+    for name in plan.faults:
+        out += [r for r, c in zip(rows, plan.cases) if c.fault == name]
+        out += [r for r in plan.rows if r.fault == name]
+    out += [r for r, c in zip(rows, plan.cases) if c.baseline]
+    return out
+
+
+# ----------------------------------------------------------------------------- verdict
+
+
+def fault_status(rows: list[Row], name: str) -> str:
+    """detected (somewhere), not applicable, or missed/error (never detected)."""
+    mine = [r for r in rows if r.fault == name]
+    if any(r.outcome == DETECTED for r in mine):
+        return DETECTED
+    if mine and all(r.outcome == NOT_APPLICABLE for r in mine):
+        return NOT_APPLICABLE
+    return ERROR if mine and all(r.outcome == ERROR for r in mine) else MISSED
+
+
+def verdict(rows: list[Row], faults: list[str]) -> tuple[bool, list[str]]:
+    """(passed, summary lines): every applicable fault detected somewhere, every baseline passes."""
+    status = {name: fault_status(rows, name) for name in faults}
+    baselines = [r for r in rows if r.baseline]
+    bad_baselines = [r for r in baselines if r.outcome != PASS]
+    undetected = [n for n, s in status.items() if s in (MISSED, ERROR)]
+    counts = {s: sum(v == s for v in status.values()) for s in (DETECTED, MISSED, ERROR, NOT_APPLICABLE)}
+    lines = [
+        f"{len(faults)} faults: {counts[DETECTED]} detected, {counts[MISSED]} missed, "
+        f"{counts[ERROR]} errors, {counts[NOT_APPLICABLE]} not applicable; "
+        f"{len(baselines)} baselines: {sum(r.outcome == PASS for r in baselines)} passed, "
+        f"{sum(r.outcome == FALSE_POSITIVE for r in baselines)} false positives, "
+        f"{sum(r.outcome == ERROR for r in baselines)} errors"
+    ]
+    passed = not undetected and not bad_baselines
+    if passed:
+        lines.append("selftest PASSED: every applicable fault was detected and no baseline failed")
+    else:
+        why = [f"not detected: {', '.join(undetected)}"] if undetected else []
+        if bad_baselines:
+            why.append("baseline failures: " + ", ".join(f"{r.scenario} ({r.config})" for r in bad_baselines))
+        lines.append("selftest FAILED: " + "; ".join(why))
+    return passed, lines
+
+
+def format_table(rows: list[Row]) -> str:
+    headers = ("fault", "scenario", "config", "result", "first line of the report")
+    cells = [
+        (r.fault if not r.baseline else "(baseline)", r.scenario, r.config, r.outcome,
+         (f"[{r.kind}] " if r.kind else "") + r.report)
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers[:4])]
+    fmt = lambda c: "  ".join(f"{v:<{w}}" for v, w in zip(c[:4], widths)) + "  " + c[4]  # noqa: E731
+    out = [fmt(headers), fmt(tuple("-" * w for w in widths) + ("-" * len(headers[4]),))]
+    out += [fmt(c).rstrip() for c in cells]
+    return "\n".join(out)
+
+
+def bug_class_legend(faults: list[str]) -> list[str]:
+    from dcpsim.campaigns.faults import FAULTS
+
+    width = max((len(n) for n in faults), default=0)
+    return [f"  {n:<{width}}  {FAULTS[n].bug_class or '(no bug class given)'}" for n in faults]

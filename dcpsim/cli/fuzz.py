@@ -1,0 +1,48 @@
+"""``dcpsim fuzz``: search random schedules for a failure, shrink it, save it, rerun it on gloo."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--inject", metavar="FAULT", help="search with a known DCP bug switched on")
+    p.add_argument("--examples", type=int, default=200, help="random schedules to try (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the search")
+    p.add_argument("--out", default=".", help="folder for the shrunk scenario (default: here)")
+    p.add_argument("--in-process", action="store_true", help="rerun the shrunk scenario as threads, not gloo")
+    p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout of the rerun")
+
+
+def run(args) -> int:
+    from dcpsim.campaigns.faults import get_fault
+    from dcpsim.campaigns.fuzz import find_failure
+    from dcpsim.harness.batch import run_jobs
+    from dcpsim.harness.job import Job
+    from dcpsim.scenarios.dump import scenario_to_toml
+
+    get_fault(args.inject)
+    start = time.perf_counter()
+    found = find_failure(args.inject, max_examples=args.examples, seed=args.seed)
+    searched = time.perf_counter() - start
+    if found is None:
+        print(f"fuzz: no failing schedule in {args.examples} random examples ({searched:.1f} s)")
+        return EXIT_OK
+    name = f"fuzz-{args.inject or 'nofault'}-seed{args.seed}.toml"
+    path = Path(args.out) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rerun = f"python -m dcpsim run {path}" + (f" --inject {args.inject}" if args.inject else "")
+    header = (
+        f"Shrunk failing schedule found by dcpsim fuzz in {searched:.1f} s "
+        f"(--seed {args.seed}, --examples {args.examples}).\nRerun: {rerun}"
+    )
+    path.write_text(scenario_to_toml(found, header=header), encoding="utf-8")
+    print(f"fuzz: shrunk failing schedule written to {path}", file=sys.stderr)
+    (report,) = run_jobs([Job(found, inject=args.inject)], in_process=args.in_process, timeout=args.timeout)
+    print(report.text())
+    print(f"rerun with: {rerun}")
+    return EXIT_CHECK_FAILED

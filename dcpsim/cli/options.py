@@ -1,0 +1,144 @@
+"""What ``run``, ``worker`` and ``replay`` share: scenario flags, resolving a scenario,
+building a ``Job``, running it and ending with the verdict's exit code.
+
+Exit codes: 0 every check passed, 1 a check failed, 2 usage or scenario error,
+3 harness failure (rank crash, timeout, rendezvous).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError, DcpsimError
+from dcpsim.scenarios.scenario import Scenario
+
+
+def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="a scenario .toml file or the name of a built-in scenario")
+    p.add_argument("--decode-context-parallel-size", "--dcp", dest="dcp", type=int, metavar="W",
+                   help="DCP world size (default: the scenario's; for worker: the torchrun world size)")
+    p.add_argument("--cp-kv-cache-interleave-size", "--interleave", dest="interleave", type=int,
+                   metavar="I", help="positions per rank before moving to the next one")
+    p.add_argument("--block-size", type=int, metavar="B",
+                   help="states per page of every paged layer (B tokens, B*R for compressed layers)")
+    p.add_argument("--kernel-block-size", type=int, metavar="Bk",
+                   help="attention-kernel block size in states (must divide B)")
+    p.add_argument("--seed", type=int, help="changes token contents and acceptance patterns")
+    p.add_argument("--verify-every", type=int, metavar="N", help="verify every N steps (and at the end)")
+    p.add_argument("--paranoid", action="store_true",
+                   help="also gather raw read views and reassemble them explicitly")
+    p.add_argument("--json", action="store_true", help="print one JSON report on stdout")
+    p.add_argument("--inject", metavar="FAULT",
+                   help="switch on a known DCP bug in the engine under test (see selftest --list); "
+                        "the run must then fail")
+    p.add_argument("--simulate-rank-failure", metavar="KIND:RANK:STEP",
+                   help="make one rank raise, hang or exit (os._exit(17)) at a step, to check how "
+                        "the harness reports a broken world (exit 3)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="process-group timeout in seconds (default 30)")
+    a = p.add_argument_group("attention check")
+    a.add_argument("--attention", action="store_true",
+                   help="also store K/V vectors and check every step's decode attention: per-rank "
+                        "attention over the local shard, LSE merge across ranks, full-context reference")
+    a.add_argument("--lse-base", choices=("e", "2"), default="e",
+                   help="base of the log-sum-exp the ranks compute and merge (default e)")
+    a.add_argument("--attention-merge", choices=("allgather", "alltoall", "alternate"), default="alternate",
+                   help="allgather: all-gather LSEs, reduce-scatter outputs over heads, gather the slices; "
+                        "alltoall: all-to-all over heads; alternate (default): allgather on even steps, "
+                        "alltoall on odd ones")
+    a.add_argument("--attention-heads", type=int, default=8, metavar="H",
+                   help="query heads (one shared latent KV head per group; default 8)")
+    a.add_argument("--attention-head-dim", type=int, default=16, metavar="D",
+                   help="width of K and of V vectors (default 16)")
+
+
+def add_world_arguments(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
+    """The flags of a world started here (``run`` and ``replay``)."""
+    if timeout:
+        p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="process-group timeout in seconds")
+    p.add_argument("--deadline", type=float, metavar="S",
+                   help="kill the world after S seconds (default: 2 * timeout + 30)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the ranks as threads of this process (no gloo; for quick debugging)")
+
+
+def resolve_scenario(args, world_size: int | None = None) -> Scenario:
+    from dcpsim.scenarios.load import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    dcp = args.dcp
+    if world_size is not None:
+        if dcp is not None and dcp != world_size:
+            raise ConfigError(
+                f"--decode-context-parallel-size {dcp} does not match the torchrun world size {world_size}"
+            )
+        dcp = world_size
+    try:
+        return scenario.with_overrides(
+            decode_context_parallel_size=dcp,
+            cp_kv_cache_interleave_size=args.interleave,
+            block_size=args.block_size,
+            kernel_block_size=args.kernel_block_size,
+            seed=args.seed,
+            verify_every=args.verify_every,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{scenario.source}: {exc}") from None
+
+
+def make_job(args, scenario: Scenario):
+    """The run's ``Job``; every option is validated here, before any rank starts."""
+    from dcpsim.harness.job import Job, parse_rank_failure
+
+    failure = None
+    if args.simulate_rank_failure:
+        failure = parse_rank_failure(args.simulate_rank_failure, scenario.config.decode_context_parallel_size)
+    return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure,
+               attention=args.attention, lse_base=args.lse_base, attention_merge=args.attention_merge,
+               attention_heads=args.attention_heads, attention_head_dim=args.attention_head_dim)
+
+
+def finish(report, as_json: bool) -> int:
+    print(report.to_json() if as_json else report.text())
+    return EXIT_OK if report.passed else EXIT_CHECK_FAILED
+
+
+def error_json(exc: DcpsimError) -> str:
+    return json.dumps({"error": {"kind": type(exc).__name__, "message": str(exc)}, "exit_code": exc.exit_code})
+
+
+class json_errors:
+    """``with json_errors(args.json): ...``: a ``DcpsimError`` inside also prints one JSON
+    error document on stdout under ``--json`` (then propagates to the exit code)."""
+
+    def __init__(self, as_json: bool):
+        self.as_json = as_json
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None and isinstance(exc, DcpsimError) and self.as_json:
+            print(error_json(exc))
+        return False
+
+
+def run_job(job, args) -> int:
+    """Validate, start a world (or threads), verify, print; the exit code of the verdict."""
+    from dcpsim.harness.batch import run_jobs
+    from dcpsim.harness.rank import prepare
+    from dcpsim.harness.replay import replay_record
+
+    scenario = job.scenario
+    with json_errors(args.json):
+        try:
+            prepare(scenario)
+        except ConfigError as exc:
+            raise ConfigError(f"{scenario.source}: {exc}") from None
+        start = time.perf_counter()
+        (report,) = run_jobs([job], in_process=args.in_process, timeout=args.timeout, deadline=args.deadline)
+        report.wall_time_s = time.perf_counter() - start
+        report.replay = replay_record(job)
+    return finish(report, args.json)

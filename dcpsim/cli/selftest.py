@@ -1,0 +1,90 @@
+"""``dcpsim selftest``: inject every known DCP bug where it applies; each must be caught,
+and the correct engine must pass every baseline (``dcpsim.campaigns.selftest``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from dcpsim.campaigns.selftest import (
+    Plan,
+    bug_class_legend,
+    canonical_options,
+    fault_status,
+    format_table,
+    options_text,
+    plan_selftest,
+    run_plan,
+    verdict,
+)
+from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
+
+def add_arguments(p) -> None:
+    p.add_argument("--list", action="store_true",
+                   help="list every fault, the bug class it stands for and where it runs; run nothing")
+    p.add_argument("--fault", action="append", metavar="NAME", help="only this fault (repeatable)")
+    p.add_argument("--scenario", action="append", metavar="NAME",
+                   help="only this built-in scenario, for faults and baselines (repeatable)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the ranks as threads of this process (no gloo)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="process-group timeout in seconds (default 30)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def _list(plan: Plan, as_json: bool) -> int:
+    from dcpsim.campaigns.faults import FAULTS
+
+    entries = []
+    for name in plan.faults:
+        fault = FAULTS[name]
+        runs = [
+            dict(scenario=c.scenario, config=plan.resolved[(c.scenario, c.options)][2])
+            for c in plan.cases if c.fault == name
+        ]
+        entries.append(dict(name=name, bug_class=fault.bug_class, description=fault.description,
+                            needs=dict(fault.needs), configs=[dict(c) for c in fault.configs],
+                            scenarios=list(fault.scenarios) if fault.scenarios else None,
+                            runs=runs, applicable=bool(runs)))
+    if as_json:
+        print(json.dumps({"faults": entries}, indent=2, default=str))
+        return EXIT_OK
+    for e in entries:
+        print(e["name"])
+        print(f"  bug class:   {e['bug_class']}")
+        print(f"  what:        {e['description']}")
+        if e["needs"]:
+            print(f"  needs:       {options_text(canonical_options(e['needs']))}")
+        where = ", ".join(f"{r['scenario']} ({r['config']})" for r in e["runs"]) or "not applicable"
+        print(f"  runs on:     {where}")
+    return EXIT_OK
+
+
+def run(args) -> int:
+    plan = plan_selftest(args.fault, args.scenario, dry_run=not args.list)
+    if args.list:
+        return _list(plan, args.json)
+    start = time.perf_counter()
+    rows = run_plan(plan, in_process=args.in_process, timeout=args.timeout)
+    passed, summary = verdict(rows, plan.faults)
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({
+            "passed": passed,
+            "faults": {n: fault_status(rows, n) for n in plan.faults},
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "skipped": plan.skipped,
+            "summary": summary,
+            "wall_time_s": round(seconds, 2),
+        }, indent=2, default=str))
+    else:
+        print(format_table(rows))
+        print()
+        print("bug classes (dcp-semantics.md section 8):")
+        print("\n".join(bug_class_legend(plan.faults)))
+        if plan.skipped:
+            print(f"({len(plan.skipped)} combinations skipped: config invalid for the scenario; see --json)")
+        print()
+        print("\n".join(summary) + f" ({seconds:.1f} s)")
+    return EXIT_OK if passed else EXIT_CHECK_FAILED

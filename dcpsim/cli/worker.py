@@ -1,0 +1,45 @@
+"""``dcpsim worker``: one rank of a world started by torchrun (``env://``); rank 0 prints
+the report. The same rank code as ``run``, and the same merge of the ranks' reports."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from dcpsim.cli.options import add_scenario_arguments, finish, json_errors, make_job, resolve_scenario
+from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
+
+
+def add_arguments(p) -> None:
+    add_scenario_arguments(p)
+
+
+def run(args) -> int:
+    import torch.distributed as dist
+
+    from dcpsim.harness.batch import merge_rank_reports, run_batch
+    from dcpsim.harness.collectives import GlooCollectives
+    from dcpsim.harness.rank import prepare
+    from dcpsim.harness.replay import replay_record
+    from dcpsim.harness.world import init_env_process_group
+
+    rank, world = init_env_process_group(args.timeout)
+    try:
+        with json_errors(args.json and rank == 0):
+            scenario = resolve_scenario(args, world_size=world)
+            prepare(scenario)
+            job = make_job(args, scenario)
+            start = time.perf_counter()
+            (mine,) = run_batch([job], GlooCollectives(rank, world))
+            reports = [None] * world
+            dist.all_gather_object(reports, mine)
+            report = merge_rank_reports(reports)
+            report.wall_time_s = time.perf_counter() - start
+            report.replay = replay_record(job)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank != 0:
+        return EXIT_OK if report.passed else EXIT_CHECK_FAILED
+    sys.stdout.flush()
+    return finish(report, args.json)

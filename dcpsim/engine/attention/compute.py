@@ -1,0 +1,53 @@
+"""The engine's attention math on one rank: float32, in the configured LSE base.
+
+``attend`` computes softmax attention of query tokens over the keys a rank reads from its
+own KV store (``Engine.attention_metadata`` says which, with which mask). The checker's
+float64 full-context reference is ``dcpsim.verify.attention_reference``, written apart.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_LOG2E = 1.0 / math.log(2.0)
+_NEG_INF = float("-inf")
+
+
+def _masked_logits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """``[H, nq, n]`` logits ``scale * q . k`` with -inf where ``mask`` is False (one batched
+    GEMM over heads with the mask as an additive bias: all heads share the single KV head)."""
+    nq, H, dk = q.shape
+    n = k.shape[0]
+    bias = torch.zeros((nq, n), dtype=q.dtype).masked_fill_(~mask, _NEG_INF)
+    heads_first = q.transpose(0, 1).contiguous()  # (strided operands take a slow GEMM path)
+    return torch.baddbmm(bias.unsqueeze(0), heads_first, k.t().contiguous().unsqueeze(0).expand(H, dk, n), alpha=scale)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
+           scale: float, base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's attention: ``q [nq, H, dk]``, ``k [n, dk]``, ``v [n, dv]``, ``mask [nq, n]``.
+
+    Returns ``(O [nq, H, dv], lse [nq, H])`` in the dtype of ``q``; a row that sees no key
+    gets ``O = 0`` and ``lse = -inf``. ``base="2"`` works in base 2 like flash kernels:
+    logits times log2(e), exp2, log2. (Max-subtracted exponentials, then a division.)
+    """
+    nq, H, _ = q.shape
+    n, dv = v.shape
+    if nq == 0 or n == 0:
+        return q.new_zeros((nq, H, dv)), q.new_full((nq, H), _NEG_INF)
+    v = v.contiguous()
+    s = _masked_logits(q, k, mask, scale if base == "e" else scale * _LOG2E)  # [H, nq, n]
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(m == _NEG_INF, torch.zeros_like(m), m)
+    s.sub_(m)
+    if base == "e":
+        s.exp_()
+    else:
+        s.exp2_()
+    denom = s.sum(dim=-1)  # [H, nq]
+    o = torch.bmm(s, v.unsqueeze(0).expand(H, n, dv)) / denom.unsqueeze(-1)
+    o = torch.where((denom == 0).unsqueeze(-1), torch.zeros_like(o), o)  # NaN stays NaN
+    lse = m.squeeze(-1) + (torch.log(denom) if base == "e" else torch.log2(denom))
+    return o.transpose(0, 1), lse.transpose(0, 1)

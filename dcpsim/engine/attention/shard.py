@@ -1,0 +1,109 @@
+"""The engine's attention on one rank, per step (``--attention``).
+
+After a step's writes, with the block tables the step ran with, each rank computes the
+attention of every written request's query tokens over its own store: the engine's
+``attention_metadata`` says which slots to read and with which mask; ``attend`` does the
+math in float32. Sharded groups (the engine's geometry says which) report their LSE
+through ``Engine.shard_lse`` and are merged across ranks in one collective call per step
+(``Engine.merge_across_ranks``, heads padded to a multiple of ``W``); replicated groups
+run as ``W == 1``, each rank computing its own slice of heads (its tensor-parallel heads)
+over its whole replica. The result of each (group, request) is an ``AttentionResult``
+that the checker judges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dcpsim.engine.attention.compute import attend
+from dcpsim.model.attention_config import AttentionConfig
+from dcpsim.model.plan import AttentionResult, ReqWrite, StepPlan
+from dcpsim.model.vectors import query_vectors
+
+
+@dataclass
+class _Local:
+    group: int
+    write: ReqWrite
+    rows: np.ndarray
+    merged: bool
+    head0: int
+    out: torch.Tensor
+    lse: torch.Tensor
+    visible: np.ndarray
+
+
+class ShardAttention:
+    def __init__(self, engine, config: AttentionConfig, collectives):
+        self.engine = engine
+        self.cfg = config
+        self.coll = collectives
+        self.rank, self.world = collectives.rank, collectives.world_size
+        hs = math.ceil(config.heads / self.world)
+        self.own_heads = (min(self.rank * hs, config.heads), min((self.rank + 1) * hs, config.heads))
+        """This rank's slice of heads: what it computes of a replicated group."""
+        self.merges = {"allgather": 0, "alltoall": 0}
+        self._items: list[_Local] = []
+
+    def compute(self, plan: StepPlan, runner, queries: dict[tuple[int, int], np.ndarray]) -> None:
+        """Attention of the query tokens ``queries[(group, req_index)]`` (offsets from the
+        write's start) of every write of the step, on this rank (during the step)."""
+        cfg, dk = self.cfg, self.cfg.head_dim
+        writes = {w.req_index: w for w in plan.writes}
+        items = []
+        for (g, req), rows in queries.items():
+            w, geometry = writes[req], runner.geometries[g]
+            slots, mask, merged = self.engine.attention_metadata(
+                geometry, w.start, w.stop, runner.block_tables[g].row(req), self.rank, rows)
+            kv = runner.stores[g].read_vectors(slots)
+            query = torch.from_numpy(query_vectors(g, req, w.start + rows, w.contents[rows], cfg.heads, dk))
+            # sharded: every head over the local shard (queries all-gathered), merged later;
+            # replicated: this rank's heads over the whole replica, as with W == 1
+            h0, h1 = (0, cfg.heads) if merged else self.own_heads
+            out, lse = attend(query[:, h0:h1], kv[:, :dk], kv[:, dk:], torch.from_numpy(mask),
+                              scale=cfg.softmax_scale, base=cfg.lse_base)
+            visible = mask.sum(axis=1)
+            if merged:
+                lse = self.engine.shard_lse(lse, torch.from_numpy(visible == 0))
+            items.append(_Local(g, w, rows, merged, h0, out, lse, visible))
+        self._items = items
+
+    def finish(self, step: int) -> list[AttentionResult]:
+        """Merge the sharded items across ranks; every item's result, in compute order."""
+        items, self._items = self._items, []
+        results = [self._result(it, it.out, it.lse, it.head0) for it in items]
+        merged = [k for k, it in enumerate(items) if it.merged]
+        if merged:
+            for k, (o, lse, h0) in zip(merged, self._merge(step, [items[k] for k in merged])):
+                results[k] = self._result(items[k], o, lse, h0)
+        return results
+
+    @staticmethod
+    def _result(it: _Local, out, lse, head0: int) -> AttentionResult:
+        return AttentionResult(it.group, it.write, it.rows, it.merged, out, lse, head0, head0 + out.shape[1],
+                               it.visible, it.lse, it.head0)
+
+    def _merge(self, step: int, items: list[_Local]):
+        """Per merged item: (output, lse, first head) of the slice this rank holds."""
+        H, W = self.cfg.heads, self.world
+        hs = math.ceil(H / W)
+        pad = hs * W - H
+        out = torch.cat([it.out for it in items])
+        lse = torch.cat([it.lse for it in items])
+        if pad:
+            out = torch.cat([out, out.new_zeros((out.shape[0], pad, out.shape[2]))], dim=1)
+            lse = torch.cat([lse, lse.new_full((lse.shape[0], pad), float("-inf"))], dim=1)
+        variant = self.cfg.variant_for_step(step)
+        self.merges[variant] += 1
+        o, l, c = self.engine.merge_across_ranks(out, lse, self.coll, variant=variant, base=self.cfg.lse_base)
+        h0, h1 = min(c * hs, H), min((c + 1) * hs, H)
+        result, offset = [], 0
+        for it in items:
+            n = len(it.rows)
+            result.append((o[offset : offset + n, : h1 - h0], l[offset : offset + n, : h1 - h0], h0))
+            offset += n
+        return result

@@ -1,0 +1,109 @@
+"""``GroupGeometry``: how an engine stores and shards one KV-cache group under one config.
+
+A value the engine returns (``Engine.group_geometry``) and every part of the engine reads:
+the scheduler (manager block size, block-table width, retention), the worker (slot mapping
+arguments, store shape) and the engine's attention. ``derive_geometry`` is the reference
+derivation (vLLM semantics plus ``dcp_replicated``); an engine variant may return other
+values, and the checker never reads any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dcpsim.errors import ConfigError
+from dcpsim.model.config import SimConfig
+from dcpsim.model.grouping import KVCacheGroupSpec
+from dcpsim.model.kinds import Retention, Storage, records_per_state, retention_of, storage_of
+from dcpsim.model.layout import validate_layout
+from dcpsim.model.specs import KVCacheSpec
+
+
+@dataclass(frozen=True)
+class GroupGeometry:
+    group_id: int
+    name: str
+    layer_names: tuple[str, ...]
+    spec: KVCacheSpec
+    """The representative layer spec (all layers of the group share its geometry)."""
+    group_spec: KVCacheSpec
+    storage: Storage
+    retention: Retention
+    block_size: int
+    """Tokens per page (``B``), or the ring capacity (``C``)."""
+    tokens_per_state: int
+    """``R`` for compressed records, else 1."""
+    sharded: bool
+    """Positions (or records) split across the DCP ranks."""
+    dcp_size: int
+    interleave_size: int
+    """``I``, in the units the group is sharded in (positions, or records)."""
+    kernel_block_size: int | None
+    """States per attention-kernel block (None: one kernel block per page)."""
+    num_speculative_tokens: int
+    manager_block_size: int
+    """Tokens one block-table entry covers: ``B * W`` when sharded, else ``B``."""
+    block_table_width: int
+    """Entries of a block-table row (``max_num_blocks_per_req``)."""
+
+    @property
+    def replicated(self) -> bool:
+        return not self.sharded
+
+    @property
+    def states_per_page(self) -> int:
+        return self.block_size // self.tokens_per_state
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return self.retention is Retention.FULL
+
+
+def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -> GroupGeometry:
+    """The reference geometry of one group, validated (``ConfigError`` names the group)."""
+    spec = group.representative
+    storage = storage_of(spec)
+    sharded = group.sharded and config.decode_context_parallel_size > 1
+    tps = records_per_state(spec)
+    what = f"group {group.name}" + (
+        f" ({spec.block_size}-token pages of {spec.block_size // tps} records; "
+        "block_size below counts records)"
+        if tps > 1 else ""
+    )
+    kbs = config.kernel_block_size
+    if storage is Storage.RING:
+        kbs = None
+        k = config.num_speculative_tokens
+        if spec.block_size < k + 2:
+            raise ConfigError(
+                f"{what}: ring capacity block_size={spec.block_size} must hold the "
+                f"{k} drafts, the bonus token and the previous row (>= {k + 2})"
+            )
+    else:
+        validate_layout(
+            block_size=spec.block_size // tps,
+            dcp_size=config.decode_context_parallel_size,
+            interleave_size=config.cp_kv_cache_interleave_size,
+            kernel_block_size=kbs,
+            replicated=not sharded,
+            what=what,
+        )
+    return GroupGeometry(
+        group_id=group_id,
+        name=group.name,
+        layer_names=group.layer_names,
+        spec=spec,
+        group_spec=group.kv_cache_spec,
+        storage=storage,
+        retention=retention_of(spec),
+        block_size=spec.block_size,
+        tokens_per_state=tps,
+        sharded=sharded,
+        dcp_size=config.decode_context_parallel_size,
+        interleave_size=config.cp_kv_cache_interleave_size,
+        kernel_block_size=kbs,
+        num_speculative_tokens=config.num_speculative_tokens,
+        manager_block_size=spec.block_size * (config.decode_context_parallel_size if sharded else 1),
+        block_table_width=group.kv_cache_spec.max_num_blocks_per_req(config, config.max_model_len),
+    )
+

@@ -1,0 +1,147 @@
+"""``Engine``: every decision an engine under test makes about the DCP KV cache.
+
+dcpsim judges an engine. The harness drives it (schedule, write, attend) and an
+independent checker judges what it wrote; the engine is whatever implements this
+interface: the reference engine (``dcpsim.engine.reference``), a fault variant of it
+(``dcpsim.campaigns.faults``), real engine code loaded from a source tree, or a plugin.
+
+Contract for implementers
+-------------------------
+* Every method takes and returns values: ints, numpy int64 arrays, torch tensors, spec
+  dataclasses (``dcpsim.model.specs``), groups (``dcpsim.model.grouping``), plan records
+  (``dcpsim.model.plan``) and ``GroupGeometry`` values. None receives an internal object
+  of the harness, except ``merge_across_ranks``, which gets the rank's process group.
+* Methods must be deterministic: every rank calls them with the same arguments (plus its
+  own ``dcp_rank``) and the ranks must stay in lockstep.
+* ``PAD`` (-1) is the slot of a position this rank does not store.
+* Notation (``docs/dcp-semantics.md``): ``W`` decode_context_parallel_size, ``r`` the DCP
+  rank, ``I`` cp_kv_cache_interleave_size, ``B`` a group's block size, ``Bk`` the kernel
+  block size, ``R`` tokens per compressed record, ``C`` a ring's capacity.
+* Subclass ``Engine`` and override what you implement; the base class's methods raise
+  ``NotImplementedError``. Subclass ``ReferenceEngine`` to change one decision only (that
+  is what a fault is).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dcpsim.engine.geometry import GroupGeometry
+from dcpsim.model.config import SimConfig
+from dcpsim.model.grouping import KVCacheGroupSpec
+from dcpsim.model.plan import ReqWrite
+from dcpsim.model.specs import KVCacheSpec
+
+
+class Engine:
+    """The interface. See the module docstring for the contract."""
+
+    name = "engine"
+    description = ""
+
+    # --- the model: groups and their geometry ---------------------------------------
+
+    def kv_cache_groups(self, layer_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+        """Group the model's named layer specs into KV-cache groups (one block table each)
+        and merge each group's layer specs into its group spec. Layers of one group share
+        a block table and a slot mapping; a group never mixes replicated and sharded
+        layers. Raise ``ConfigError`` for specs that cannot be grouped."""
+        raise NotImplementedError
+
+    def group_geometry(self, group_id: int, group: KVCacheGroupSpec, config: SimConfig) -> GroupGeometry:
+        """How group ``group_id`` is stored and sharded under ``config``: storage kind,
+        sharded or replicated, page size in states, manager block size (tokens per
+        block-table entry), block-table width, kernel block size. Raise ``ConfigError``
+        (naming the group and field) for a config the engine refuses."""
+        raise NotImplementedError
+
+    def geometries(self, layer_specs: dict[str, KVCacheSpec], config: SimConfig) -> list[GroupGeometry]:
+        """The geometry of every group, in group order (not meant to be overridden)."""
+        return [self.group_geometry(g, group, config) for g, group in enumerate(self.kv_cache_groups(layer_specs))]
+
+    # --- the scheduler: block managers and the prefix cache ---------------------------
+
+    def blocks_needed(self, geometry: GroupGeometry, num_tokens: int) -> int:
+        """Block-table entries a request of ``num_tokens`` tokens holds in the group."""
+        raise NotImplementedError
+
+    def first_needed_position(self, geometry: GroupGeometry, num_committed: int) -> int:
+        """After ``num_committed`` committed tokens, positions below this one are no longer
+        needed by attention (sliding window, chunk, ring); 0 for full attention."""
+        raise NotImplementedError
+
+    def num_released_blocks(self, geometry: GroupGeometry, first_needed: int) -> int:
+        """Leading block-table entries the manager returns to the pool (their entries
+        become the null block) when positions below ``first_needed`` are not needed."""
+        raise NotImplementedError
+
+    def prefix_hash_unit(self, geometries: list[GroupGeometry]) -> int:
+        """Tokens per prefix-cache hash unit (a hit covers whole units in every group)."""
+        raise NotImplementedError
+
+    def prefix_key_position(self, geometries: list[GroupGeometry], unit: int) -> int:
+        """The position whose prefix fingerprint keys hash unit ``unit`` (0-based). A key
+        must cover the whole unit: a hit then never runs past the true common prefix."""
+        raise NotImplementedError
+
+    # --- the worker: the write path -------------------------------------------------
+
+    def write_slots(self, geometry: GroupGeometry, write: ReqWrite, block_row: np.ndarray,
+                    dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(slots, index)`` of one request's write ``[write.start, write.stop)`` on rank
+        ``dcp_rank``, given its block-table row in the group. ``index[i]`` is what
+        ``slots[i]`` stores: a position (paged), a record index (records, emitted at
+        position ``(c + 1) * R - 1``) or a ring state. ``slots[i]`` is ``PAD`` where this
+        rank does not store ``index[i]``. The last ``write.num_drafts`` positions are
+        speculative drafts."""
+        raise NotImplementedError
+
+    # --- the worker: attention metadata ---------------------------------------------
+
+    def kernel_block_table(self, geometry: GroupGeometry, block_row: np.ndarray) -> np.ndarray:
+        """The attention kernel's block ids for a KV-manager row (``Bk < B`` splits each
+        block ``b`` into kernel blocks ``b * B/Bk + [0, B/Bk)``)."""
+        raise NotImplementedError
+
+    def local_seq_lens(self, geometry: GroupGeometry, seq_lens: np.ndarray, dcp_rank: int) -> np.ndarray:
+        """Entries (positions or records) ``< L`` rank ``dcp_rank`` stores, per length ``L``."""
+        raise NotImplementedError
+
+    def query_local_bounds(self, geometry: GroupGeometry, start: int, stop: int, dcp_rank: int) -> np.ndarray:
+        """Keys each query token at positions ``[start, stop)`` sees in this rank's shard
+        of a sharded group (token ``j`` sees global length ``start + j + 1``)."""
+        raise NotImplementedError
+
+    def attention_metadata(self, geometry: GroupGeometry, start: int, stop: int, block_row: np.ndarray,
+                           dcp_rank: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        """What rank ``dcp_rank``'s attention reads for query tokens ``start + rows``:
+        ``(slots, mask, merged)``: the store slots of the keys it reads, the
+        ``[len(rows), len(slots)]`` visibility mask, and whether its result is merged
+        across ranks (sharded) or stands alone (replicated: attention as with ``W = 1``)."""
+        raise NotImplementedError
+
+    # --- the attention math ---------------------------------------------------------
+
+    def shard_lse(self, lse: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+        """The ``[q, heads]`` LSE a rank reports to the merge; ``empty[j]``: its shard holds
+        no key for query token ``j``."""
+        raise NotImplementedError
+
+    def merge_lse(self, lses: torch.Tensor, base: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Merged LSE ``[...]`` and each shard's weight ``[W, ...]`` from ``lses [W, ...]``."""
+        raise NotImplementedError
+
+    def merge_attention_states(self, outputs: torch.Tensor, lses: torch.Tensor,
+                               base: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Merge ``W`` partial states ``outputs [W, ..., D]``, ``lses [W, ...]``."""
+        raise NotImplementedError
+
+    def merge_across_ranks(self, out: torch.Tensor, lse: torch.Tensor, group, *, variant: str,
+                           base: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Merge this rank's partial attention ``out [q, H, D]``, ``lse [q, H]`` with the
+        other ranks' over ``group`` (``rank``, ``world_size``, ``all_gather_tensor``,
+        ``reduce_scatter_tensor``, ``all_to_all_tensor``; ``H`` is a multiple of
+        ``world_size``). ``variant`` is ``allgather`` or ``alltoall``. Returns one slice of
+        ``H / world_size`` merged heads ``(out, lse, slice_index)``."""
+        raise NotImplementedError

@@ -1,0 +1,189 @@
+"""The reference engine: vLLM's DCP semantics plus the seed's ``dcp_replicated``.
+
+Every decision of ``Engine`` made the way ``docs/dcp-semantics.md`` says, with the fast,
+vectorized layout math of ``dcpsim.model.layout``. Faults subclass it and change one
+decision; the checker never calls it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from dcpsim.engine.attention.merge import merge_attention_states, merge_lse, scale_output
+from dcpsim.engine.geometry import GroupGeometry, derive_geometry
+from dcpsim.engine.interface import Engine
+from dcpsim.model.config import SimConfig
+from dcpsim.model.grouping import KVCacheGroupSpec, check_groups_for_dcp, group_layer_specs
+from dcpsim.model.kinds import Retention, Storage
+from dcpsim.model.layout import (
+    PAD,
+    kernel_block_table,
+    local_seq_lens,
+    query_local_seq_lens,
+    record_slot_mapping,
+    records_emitted,
+    ring_slot_mapping,
+    ring_states_to_write,
+    slot_mapping,
+)
+from dcpsim.model.plan import ReqWrite
+from dcpsim.model.specs import cdiv
+
+
+class ReferenceEngine(Engine):
+    name = "reference"
+    description = "the correct engine: vLLM DCP semantics plus the seed's dcp_replicated"
+
+    # --- the model ------------------------------------------------------------------
+
+    def kv_cache_groups(self, layer_specs):
+        return group_layer_specs(layer_specs)
+
+    def group_geometry(self, group_id: int, group: KVCacheGroupSpec, config: SimConfig) -> GroupGeometry:
+        check_groups_for_dcp([group], config)
+        return derive_geometry(group_id, group, config)
+
+    # --- the scheduler --------------------------------------------------------------
+
+    def blocks_needed(self, geometry: GroupGeometry, num_tokens: int) -> int:
+        if geometry.storage is Storage.RING:
+            return 1
+        return cdiv(num_tokens, geometry.manager_block_size)
+
+    def first_needed_position(self, geometry: GroupGeometry, num_committed: int) -> int:
+        if geometry.retention in (Retention.WINDOW, Retention.CHUNK):
+            return geometry.spec.first_needed_position(num_committed)
+        if geometry.retention is Retention.RING:
+            # A step writes k + 1 rows; with every draft rejected only C - k committed rows
+            # survive, which must include the previous row.
+            return max(0, num_committed - (geometry.block_size - geometry.num_speculative_tokens))
+        return 0
+
+    def num_released_blocks(self, geometry: GroupGeometry, first_needed: int) -> int:
+        return first_needed // geometry.manager_block_size  # whole blocks only
+
+    def prefix_hash_unit(self, geometries) -> int:
+        return math.lcm(*(g.manager_block_size for g in geometries))
+
+    def prefix_key_position(self, geometries, unit: int) -> int:
+        return (unit + 1) * self.prefix_hash_unit(geometries) - 1
+
+    # --- the worker: writes ---------------------------------------------------------
+
+    def write_slots(self, geometry: GroupGeometry, write: ReqWrite, block_row: np.ndarray,
+                    dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+        g, start, stop = geometry, write.start, write.stop
+        if g.storage is Storage.RING:
+            states = ring_states_to_write(start, stop, g.block_size)
+            return ring_slot_mapping(states, int(block_row[0]), g.block_size), states
+        kbs = g.kernel_block_size
+        if g.storage is Storage.RECORDS:
+            R = g.tokens_per_state
+            records = records_emitted(start, stop, R)
+            slots = record_slot_mapping(
+                records, block_row, block_size=g.block_size, tokens_per_state=R,
+                dcp_size=g.dcp_size, dcp_rank=dcp_rank, interleave_size=g.interleave_size,
+                kernel_block_size=kbs * R if kbs else None, replicated=g.replicated,
+            )
+            return slots, records
+        slots = slot_mapping(
+            range(start, stop), block_row, block_size=g.block_size, dcp_size=g.dcp_size,
+            dcp_rank=dcp_rank, interleave_size=g.interleave_size, kernel_block_size=kbs,
+            replicated=g.replicated,
+        )
+        return slots, np.arange(start, stop, dtype=np.int64)
+
+    # --- the worker: attention metadata ---------------------------------------------
+
+    def kernel_block_table(self, geometry: GroupGeometry, block_row: np.ndarray) -> np.ndarray:
+        page = geometry.states_per_page
+        return kernel_block_table(block_row, block_size=page, kernel_block_size=geometry.kernel_block_size or page)
+
+    def local_seq_lens(self, geometry: GroupGeometry, seq_lens: np.ndarray, dcp_rank: int) -> np.ndarray:
+        if not geometry.sharded:
+            return np.asarray(seq_lens, dtype=np.int64)
+        return local_seq_lens(seq_lens, dcp_size=geometry.dcp_size,
+                              interleave_size=geometry.interleave_size, dcp_rank=dcp_rank)
+
+    def query_local_bounds(self, geometry: GroupGeometry, start: int, stop: int, dcp_rank: int) -> np.ndarray:
+        if geometry.storage is Storage.RECORDS:  # records emitted at positions <= p
+            lens = (np.arange(start, stop, dtype=np.int64) + 1) // geometry.tokens_per_state
+            return self.local_seq_lens(geometry, lens, dcp_rank)
+        return query_local_seq_lens(start, stop - start, dcp_size=geometry.dcp_size, dcp_rank=dcp_rank,
+                                    interleave_size=geometry.interleave_size)
+
+    def attention_metadata(self, geometry, start, stop, block_row, dcp_rank, rows):
+        local, mask, merged = self._attention_keys(geometry, start, stop, dcp_rank, rows)
+        return self._read_slots(geometry, block_row, local), mask, merged
+
+    def _attention_keys(self, g: GroupGeometry, start: int, stop: int, dcp_rank: int, rows: np.ndarray):
+        """(local indices read, visibility mask, merged) of query tokens ``start + rows``."""
+        if g.storage is Storage.RING:
+            raise ValueError("a ring is compressor state, not attention KV")
+        rows = np.asarray(rows, dtype=np.int64)
+        if g.sharded:
+            bounds = np.asarray(self.query_local_bounds(g, start, stop, dcp_rank), dtype=np.int64)[rows]
+            local = np.arange(int(bounds.max(initial=0)), dtype=np.int64)
+            return local, local[None, :] < bounds[:, None], True
+        # replicated (or W == 1): the local index is the global one, attention as with W == 1
+        positions = start + rows
+        if g.storage is Storage.RECORDS:
+            counts = (positions + 1) // g.tokens_per_state
+            local = np.arange(int(counts.max(initial=0)), dtype=np.int64)
+            return local, local[None, :] < counts[:, None], False
+        if g.retention is Retention.WINDOW:
+            lo = np.maximum(0, positions - g.spec.sliding_window + 1)
+        elif g.retention is Retention.CHUNK:
+            lo = positions - positions % g.spec.attention_chunk_size
+        else:
+            lo = np.zeros_like(positions)
+        local = np.arange(int(lo.min(initial=start)), int(positions.max(initial=start - 1)) + 1, dtype=np.int64)
+        mask = (local[None, :] <= positions[:, None]) & (local[None, :] >= lo[:, None])
+        return local, mask, False
+
+    def _read_slots(self, g: GroupGeometry, block_row: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Slots of local indices through the kernel block table (PAD past the row)."""
+        bk = g.kernel_block_size or g.states_per_page
+        kernel_ids = self.kernel_block_table(g, np.asarray(block_row, dtype=np.int64))
+        kblock, offset = np.divmod(local, bk)
+        inside = kblock < len(kernel_ids)
+        slots = np.full(len(local), PAD, dtype=np.int64)
+        slots[inside] = kernel_ids[kblock[inside]] * bk + offset[inside]
+        return slots
+
+    # --- the attention math ---------------------------------------------------------
+
+    def shard_lse(self, lse: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+        return lse
+
+    def merge_lse(self, lses, base):
+        return merge_lse(lses, base)
+
+    def merge_attention_states(self, outputs, lses, base):
+        return merge_attention_states(outputs, lses, base)
+
+    def merge_across_ranks(self, out, lse, group, *, variant, base):
+        q, heads, d = out.shape
+        world, rank = group.world_size, group.rank
+        hs = heads // world
+        if variant == "alltoall":
+            # all-to-all over heads, then merge this rank's slice of every rank's partials
+            packed = torch.cat([out, lse.unsqueeze(-1)], dim=-1)  # [q, H, D + 1]
+            send = packed.reshape(q, world, hs, d + 1).transpose(0, 1).contiguous()
+            recv = group.all_to_all_tensor(send)  # [W, q, hs, D + 1]; recv[s] came from rank s
+            o, merged = self.merge_attention_states(recv[..., :d], recv[..., d], base)
+            return o, merged, rank
+        # all-gather the LSEs, rescale this rank's output, reduce-scatter over heads, then
+        # all-gather the merged slices
+        lses = torch.stack(group.all_gather_tensor(lse))  # [W, q, H]
+        merged, factors = self.merge_lse(lses, base)
+        mine = scale_output(out, factors[rank])
+        send = mine.reshape(q, world, hs, d).transpose(0, 1).contiguous()
+        part = group.reduce_scatter_tensor(send)  # [q, hs, D]: this rank's heads, merged
+        slices = torch.stack(group.all_gather_tensor(part))  # [W, q, hs, D]
+        # return a slice this rank did not merge itself, so that the final gather is judged too
+        c = (rank + 1) % world
+        return slices[c], merged[:, c * hs : (c + 1) * hs], c

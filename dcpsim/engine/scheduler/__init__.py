@@ -1,0 +1,1 @@
+"""The engine's scheduler: one for all ranks; it decides blocks, positions and content."""

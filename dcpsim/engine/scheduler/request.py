@@ -1,0 +1,90 @@
+"""A request's token stream and scheduling state."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from dcpsim.model.content import (
+    VOCAB,
+    extend_fingerprints,
+    prefix_fingerprints,
+    random_tokens,
+    raw_prefix_hash,
+    stable_seed,
+)
+from dcpsim.scenarios.scenario import RequestSpec
+
+
+class Status(enum.Enum):
+    PENDING = "pending"  # not yet arrived
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """``tokens`` holds the prompt and the true output tokens the model will emit.
+
+    ``num_computed`` positions have committed KV; ``num_known`` tokens exist
+    (prompt plus sampled output). A decoding request has
+    ``num_known == num_computed + 1``.
+    """
+
+    def __init__(self, index: int, spec: RequestSpec, seed: int, prefix_tokens: np.ndarray | None):
+        self.index = index
+        self.spec = spec
+        own = random_tokens(
+            stable_seed(seed, "request", spec.request_id),
+            spec.prompt_len - spec.shared_prefix_len + spec.output_len,
+        )
+        shared = prefix_tokens[: spec.shared_prefix_len] if prefix_tokens is not None else own[:0]
+        self.tokens = np.concatenate([shared, own])
+        self.raw_hash = raw_prefix_hash(self.tokens)
+        self.fingerprints = prefix_fingerprints(self.tokens)
+        self.status = Status.PENDING
+        self.num_computed = 0
+        self.num_output = 0
+        self.num_preemptions = 0
+        self._accept_cursor = 0
+        self._accept_rng = np.random.default_rng(stable_seed(seed, "accept", spec.request_id))
+
+    @property
+    def request_id(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def num_known(self) -> int:
+        return self.spec.prompt_len + self.num_output
+
+    @property
+    def remaining_output(self) -> int:
+        return self.spec.output_len - self.num_output
+
+    def next_acceptance(self, num_drafts: int) -> int:
+        """How many of ``num_drafts`` drafts this speculative step accepts."""
+        if self.spec.acceptance:
+            a = self.spec.acceptance[self._accept_cursor % len(self.spec.acceptance)]
+        else:
+            a = int(self._accept_rng.integers(0, num_drafts + 1))
+        self._accept_cursor += 1
+        return min(a, num_drafts)
+
+    def draft_contents(self, start: int, num_drafts: int, accepted: int, step: int) -> np.ndarray:
+        """Fingerprints written for drafts at ``[start, start + num_drafts)``.
+
+        The first ``accepted`` drafts are the true tokens; the next one is a
+        wrong token (so its KV and every later draft's differ from what will
+        eventually be committed there).
+        """
+        true = self.fingerprints[start : start + num_drafts].copy()
+        if accepted >= num_drafts:
+            return true
+        q = start + accepted
+        wrong = 1 + (int(self.tokens[q]) + step % (VOCAB - 2)) % (VOCAB - 1)
+        drafted = self.tokens[q : start + num_drafts].copy()
+        drafted[0] = wrong
+        raw_before = int(self.raw_hash[q - 1]) if q > 0 else 0
+        true[accepted:] = extend_fingerprints(raw_before, drafted)
+        return true

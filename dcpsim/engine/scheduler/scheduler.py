@@ -1,0 +1,281 @@
+"""The scheduler: admission, chunked prefill, (speculative) decode, finish, preemption.
+
+Deterministic from the scenario and its seed, so every rank can run its own
+copy and obtain the same plans (the checker proves it by comparing block-table
+digests across ranks). Simplified from vLLM v1's scheduler:
+
+* running requests first, in order; each gets ``num_known - num_computed``
+  tokens (plus ``k`` drafts when decoding), capped by the step's token budget;
+* if a running request cannot get its blocks, the last running request is
+  preempted (all blocks freed, recomputed later) until it fits;
+* waiting requests are admitted in order while budget, blocks and
+  ``max_num_seqs`` allow (not in a step that preempted), with a prefix-cache
+  lookup first;
+* after the step: drafts are verified (a deterministic acceptance pattern),
+  out-of-window blocks released, full units registered in the prefix cache,
+  finished requests freed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterator
+
+import numpy as np
+
+from dcpsim.engine.geometry import GroupGeometry
+from dcpsim.engine.interface import Engine
+from dcpsim.engine.scheduler.block_pool import BlockPool
+from dcpsim.engine.scheduler.managers import GroupManager
+from dcpsim.engine.scheduler.prefix_cache import PrefixCache
+from dcpsim.engine.scheduler.request import Request, Status
+from dcpsim.errors import ConfigError
+from dcpsim.model.content import random_tokens, stable_seed
+from dcpsim.model.kinds import Storage
+from dcpsim.model.plan import ReqWrite, RequestView, StepPlan
+from dcpsim.scenarios.scenario import Scenario
+
+
+def pool_sizes(scenario: Scenario, engine: Engine, geometries: list[GroupGeometry]) -> list[int]:
+    """Blocks in each group's pool (besides the null block)."""
+    if scenario.num_gpu_blocks is not None:
+        return [scenario.num_gpu_blocks] * len(geometries)
+    k = scenario.config.num_speculative_tokens
+    out = []
+    for geometry in geometries:
+        needs = [engine.blocks_needed(geometry, r.prompt_len + r.output_len + k) for r in scenario.requests]
+        if geometry.storage is Storage.RING:
+            out.append(len(needs))
+        elif scenario.kv_cache_tokens is not None:
+            out.append(max(max(needs), engine.blocks_needed(geometry, scenario.kv_cache_tokens)))
+        else:  # every request fits at once
+            out.append(sum(needs))
+    return out
+
+
+class Scheduler:
+    def __init__(self, scenario: Scenario, engine: Engine, geometries: list[GroupGeometry]):
+        """The engine's scheduler: its managers and prefix cache ask ``engine`` for every
+        decision (block counts, releases, prefix keys)."""
+        self.scenario = scenario
+        self.config = scenario.config
+        self.engine = engine
+        self.geometries = geometries
+        sizes = pool_sizes(scenario, engine, geometries)
+        self.managers = [GroupManager(g, BlockPool(n), engine) for g, n in zip(geometries, sizes)]
+        prefixes: dict[str, np.ndarray] = {}
+        for r in scenario.requests:
+            if r.prefix:
+                n = max(len(prefixes.get(r.prefix, ())), r.shared_prefix_len)
+                prefixes[r.prefix] = random_tokens(stable_seed(scenario.seed, "prefix", r.prefix), n)
+        self.requests = [
+            Request(i, spec, scenario.seed, prefixes.get(spec.prefix))
+            for i, spec in enumerate(scenario.requests)
+        ]
+        self._check_fits()
+        use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in geometries)
+        self.prefix_cache = PrefixCache(self.managers, engine) if use_prefix else None
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.step_index = 0
+        self.stats = {"preemptions": 0, "prefix_hit_tokens": 0, "finished": 0, "steps": 0}
+
+    def _check_fits(self) -> None:
+        for req in self.requests:
+            total = req.spec.prompt_len + req.spec.output_len + self.config.num_speculative_tokens
+            for m in self.managers:
+                need = self.engine.blocks_needed(m.geometry, total)
+                if need > m.pool.num_blocks:
+                    raise ConfigError(
+                        f"request {req.request_id!r} needs {need} blocks in group "
+                        f"{m.geometry.name} but its pool has {m.pool.num_blocks} "
+                        "(raise num_gpu_blocks)"
+                    )
+
+    # --- allocation helpers -------------------------------------------------------
+
+    def _can_allocate(self, req: Request, num_tokens: int) -> bool:
+        return all(m.num_new_blocks(req.index, num_tokens) <= m.pool.num_free for m in self.managers)
+
+    def _allocate(self, req: Request, num_tokens: int) -> None:
+        for m in self.managers:
+            m.allocate(req.index, num_tokens)
+
+    def _free(self, req: Request) -> None:
+        for m in self.managers:
+            m.free(req.index)
+        if self.prefix_cache:
+            self.prefix_cache.forget(req)
+
+    def _preempt(self, req: Request, events: list[str], why: str) -> None:
+        self.running.remove(req)
+        self._free(req)
+        req.status = Status.WAITING
+        req.num_computed = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.stats["preemptions"] += 1
+        events.append(f"preempted {req.request_id} ({why})")
+
+    def _rows(self) -> tuple[dict[int, np.ndarray], ...]:
+        return tuple(
+            {r: np.asarray(b, dtype=np.int64) for r, b in m.blocks.items()} for m in self.managers
+        )
+
+    # --- one step -----------------------------------------------------------------
+
+    def _tokens_for(self, req: Request, budget: int) -> tuple[int, int]:
+        """(tokens to schedule, of which drafts) for a running or admitted request."""
+        todo = req.num_known - req.num_computed
+        drafts = 0
+        if todo == 1 and self.config.num_speculative_tokens:
+            drafts = min(self.config.num_speculative_tokens, req.remaining_output - 1)
+            drafts = max(0, min(drafts, budget - 1))
+        return min(todo + drafts, budget), drafts
+
+    def step(self) -> StepPlan:
+        s = self.step_index
+        events: list[str] = []
+        for req in self.requests:
+            if req.status is Status.PENDING and req.spec.arrival_step <= s:
+                req.status = Status.WAITING
+                self.waiting.append(req)
+        preempted_now = False
+        for req in list(self.running):
+            if s in req.spec.preempt_at_steps:
+                self._preempt(req, events, "scenario")
+                preempted_now = True
+
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int, int]] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n, drafts = self._tokens_for(req, budget)
+            while not self._can_allocate(req, req.num_computed + n):
+                victim = self.running[-1]
+                self._preempt(victim, events, "out of blocks")
+                preempted_now = True
+                if victim is req:
+                    break
+            else:
+                self._allocate(req, req.num_computed + n)
+                scheduled.append((req, n, drafts))
+                budget -= n
+                i += 1
+                continue
+            # req itself was preempted: the list shifted, do not advance i
+
+        while (
+            not preempted_now
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            req = self.waiting[0]
+            hit, hit_blocks = (0, None)
+            if self.prefix_cache and req.num_computed == 0:
+                hit, hit_blocks = self.prefix_cache.lookup(req)
+            if hit:
+                for m, blocks in zip(self.managers, hit_blocks):
+                    m.pool.touch(blocks)
+                    m.adopt(req.index, blocks)
+                req.num_computed = hit
+            n, drafts = self._tokens_for(req, budget)
+            if not self._can_allocate(req, req.num_computed + n):
+                if hit:
+                    self._free(req)
+                    req.num_computed = 0
+                break
+            self._allocate(req, req.num_computed + n)
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            scheduled.append((req, n, drafts))
+            budget -= n
+            if hit:
+                self.stats["prefix_hit_tokens"] += hit
+                events.append(f"admitted {req.request_id} with a prefix-cache hit of {hit} tokens")
+            else:
+                events.append(f"admitted {req.request_id}")
+
+        rows_before = self._rows()
+        writes = [self._execute(req, n, drafts, s, events) for req, n, drafts in scheduled]
+
+        for req, _, _ in scheduled:
+            for m in self.managers:
+                m.release_skipped(req.index, req.num_computed)
+            if self.prefix_cache:
+                self.prefix_cache.register(req)
+        views = tuple(
+            RequestView(r.index, r.request_id, r.num_computed, r.fingerprints)
+            for r in self.running
+            if r.num_computed > 0
+        )
+        rows_after = self._rows()
+        for req in list(self.running):
+            if req.remaining_output <= 0:
+                self.running.remove(req)
+                self._free(req)
+                req.status = Status.FINISHED
+                self.stats["finished"] += 1
+                events.append(f"finished {req.request_id}")
+        self.step_index += 1
+        self.stats["steps"] = self.step_index
+        if not scheduled and not self.running and self.waiting and not preempted_now:
+            stuck = self.waiting[0]
+            raise ConfigError(
+                f"request {stuck.request_id!r} can never be admitted: not enough free blocks "
+                "or token budget (raise num_gpu_blocks or max_num_batched_tokens)"
+            )
+        return StepPlan(
+            step=s,
+            writes=tuple(writes),
+            rows_before=rows_before,
+            views=views,
+            rows_after=rows_after,
+            events=tuple(events),
+            last=self.done,
+        )
+
+    def _execute(self, req: Request, n: int, drafts: int, step: int, events: list[str]) -> ReqWrite:
+        """The step's outcome for one request: contents written, then commit."""
+        start = req.num_computed
+        known = req.num_known
+        if start + n < known:  # a prefill chunk that does not reach the end
+            contents = req.fingerprints[start : start + n].copy()
+            req.num_computed = start + n
+            return ReqWrite(req.index, req.request_id, start, contents)
+        num_true = known - start
+        d = n - num_true
+        accepted = req.next_acceptance(d) if d else 0
+        contents = np.concatenate(
+            [req.fingerprints[start:known], req.draft_contents(known, d, accepted, step)]
+        )
+        req.num_computed = known + accepted
+        req.num_output += accepted + 1
+        if d:
+            events.append(f"{req.request_id}: {accepted}/{d} drafts accepted")
+        return ReqWrite(req.index, req.request_id, start, contents, num_drafts=d)
+
+    @property
+    def summary(self) -> dict:
+        """Counters of what the run exercised."""
+        return {
+            **self.stats,
+            "reused_blocks": sum(m.pool.num_reused for m in self.managers),
+            "requests": len(self.requests),
+        }
+
+    @property
+    def done(self) -> bool:
+        return all(r.status is Status.FINISHED for r in self.requests)
+
+    def plans(self) -> Iterator[StepPlan]:
+        """Every step's plan until all requests finish (or ``max_steps``)."""
+        while not self.done:
+            if self.step_index >= self.scenario.max_steps:
+                raise ConfigError(
+                    f"scenario did not finish within max_steps={self.scenario.max_steps}"
+                )
+            yield self.step()

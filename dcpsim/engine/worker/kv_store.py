@@ -1,0 +1,79 @@
+"""A rank's KV store for one group: a real tensor ``[num_blocks, states_per_page, 5]``.
+
+Each stored state is a fingerprint row: the group, the global position (or
+record index), the content fingerprint, the writing request and the step.
+Unwritten slots hold -1. Block 0 is the null block.
+
+With ``vector_dim > 0`` (the attention check) the store also holds a float32
+tensor ``[num_blocks, states_per_page, vector_dim]`` of K/V vectors written at
+the same slots; unwritten slots hold NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dcpsim.model.kv_entry import EMPTY, FIELDS, GROUP, INDEX, WRITER
+
+
+class KVStore:
+    def __init__(self, group_id: int, num_blocks: int, states_per_page: int, vector_dim: int = 0):
+        self.group_id = group_id
+        self.states_per_page = states_per_page
+        self.data = torch.full((num_blocks, states_per_page, len(FIELDS)), EMPTY, dtype=torch.int64)
+        self._flat = self.data.view(-1, len(FIELDS))
+        self.vector_dim = vector_dim
+        self.vectors = (
+            torch.full((num_blocks, states_per_page, vector_dim), float("nan"), dtype=torch.float32)
+            if vector_dim else None
+        )
+
+    @property
+    def num_slots(self) -> int:
+        return self._flat.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        extra = self.vectors.numel() * self.vectors.element_size() if self.vectors is not None else 0
+        return self.data.numel() * self.data.element_size() + extra
+
+    def write_vectors(self, slots: np.ndarray, vectors: np.ndarray) -> None:
+        if self.vectors is not None and len(slots):
+            self.vectors.view(-1, self.vector_dim)[torch.from_numpy(np.ascontiguousarray(slots))] = (
+                torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))
+            )
+
+    def read_vectors(self, slots: np.ndarray) -> torch.Tensor:
+        """``[len(slots), vector_dim]`` float32 at ``slots``; a slot outside the store reads NaN."""
+        slots = np.asarray(slots, dtype=np.int64)
+        flat = self.vectors.view(-1, self.vector_dim)
+        ok = (slots >= 0) & (slots < self.num_slots)
+        if ok.all():
+            return flat[torch.from_numpy(slots)]
+        out = torch.full((len(slots), self.vector_dim), float("nan"), dtype=torch.float32)
+        out[torch.from_numpy(ok)] = flat[torch.from_numpy(slots[ok])]
+        return out
+
+    def write(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        if len(slots):
+            self._flat[torch.from_numpy(np.ascontiguousarray(slots))] = torch.from_numpy(
+                np.ascontiguousarray(rows)
+            )
+
+    def read(self, slots: np.ndarray) -> np.ndarray:
+        """Rows at ``slots``; a slot outside the store reads as EMPTY."""
+        slots = np.asarray(slots, dtype=np.int64)
+        out = np.full((len(slots), len(FIELDS)), EMPTY, dtype=np.int64)
+        ok = (slots >= 0) & (slots < self.num_slots)
+        if ok.any():
+            out[ok] = self._flat[torch.from_numpy(slots[ok])].numpy()
+        return out
+
+    def find(self, index: int, writer: int | None = None) -> np.ndarray:
+        """Slots whose row claims ``index`` (and ``writer``): for failure reports."""
+        flat = self._flat.numpy()
+        hit = (flat[:, INDEX] == index) & (flat[:, GROUP] == self.group_id)
+        if writer is not None:
+            hit &= flat[:, WRITER] == writer
+        return np.nonzero(hit)[0]

@@ -1,0 +1,46 @@
+"""``WorkerView``: the reference worker's ``RankView`` (``dcpsim.model.rank_view``).
+
+Read-only: every array it returns is a copy, so the checker cannot change what the engine
+holds, and the checker reaches the worker only through these methods.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dcpsim.engine.worker.model_runner import ModelRunner
+from dcpsim.model.plan import WriteRecord
+
+
+class WorkerView:
+    def __init__(self, runner: ModelRunner):
+        self._runner = runner
+        self.rank = runner.rank
+        self._group_of = {name: g.group_id for g in runner.geometries for name in g.layer_names}
+
+    def group_of_layer(self, layer_name: str) -> int:
+        return self._group_of[layer_name]
+
+    def block_table_row(self, group: int, req_index: int) -> np.ndarray:
+        return self._runner.block_tables[group].row(req_index).copy()
+
+    def store_shape(self, group: int) -> tuple[int, int]:
+        store = self._runner.stores[group]
+        return store.num_slots // store.states_per_page, store.states_per_page
+
+    def read_entries(self, group: int, slots: np.ndarray) -> np.ndarray:
+        return self._runner.stores[group].read(slots)
+
+    def read_vectors(self, group: int, slots: np.ndarray) -> torch.Tensor:
+        return self._runner.stores[group].read_vectors(slots).clone()
+
+    def find_entries(self, group: int, index: int, writer: int | None = None) -> np.ndarray:
+        return self._runner.stores[group].find(index, writer)
+
+    def step_writes(self) -> list[WriteRecord]:
+        return list(self._runner.write_log)
+
+    @property
+    def kv_store_bytes(self) -> int:
+        return sum(s.nbytes for s in self._runner.stores)

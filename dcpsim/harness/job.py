@@ -1,0 +1,96 @@
+"""``Job``: everything a rank needs (picklable): the resolved scenario and the run options.
+
+A Job can come from a hand-edited replay file, so it validates every option when it is
+built: a bad one is a ``ConfigError`` (exit 2) before any rank starts.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from dataclasses import dataclass
+from functools import cached_property
+
+from dcpsim.errors import ConfigError
+from dcpsim.model.attention_config import AttentionConfig
+from dcpsim.model.validate import is_int
+from dcpsim.scenarios.scenario import Scenario
+
+
+class RankFailureKind(enum.StrEnum):
+    """How ``--simulate-rank-failure`` breaks a rank."""
+
+    RAISE = "raise"
+    HANG = "hang"
+    EXIT = "exit"
+
+
+@dataclass(frozen=True)
+class Job:
+    scenario: Scenario
+    paranoid: bool = False
+    inject: str | None = None
+    """Name of a known DCP bug to switch on in the engine (``dcpsim.campaigns.faults``)."""
+    rank_failure: tuple[str, int, int] | None = None
+    """(kind, rank, step): make one rank raise, hang or exit at a step, to exercise the
+    harness's failure handling (``--simulate-rank-failure``)."""
+    attention: bool = False
+    """Check the decode math every step (``--attention``); also on when the injected fault
+    needs it."""
+    lse_base: str = "e"
+    attention_merge: str = "alternate"
+    """allgather, alltoall, or alternate (allgather on even steps, alltoall on odd ones)."""
+    attention_heads: int = 8
+    attention_head_dim: int = 16
+    """Width of K and of V (each)."""
+
+    def __post_init__(self) -> None:
+        from dcpsim.campaigns.faults import get_fault
+
+        get_fault(self.inject)
+        self.attention_config  # noqa: B018 - validates the attention options, once
+        if self.rank_failure is not None:
+            kind, rank, step = self.rank_failure
+            if kind not in tuple(RankFailureKind) or not is_int(rank) or not is_int(step):
+                raise ConfigError(f"rank_failure must be (raise|hang|exit, rank, step), got {self.rank_failure!r}")
+
+    @cached_property
+    def attention_config(self) -> AttentionConfig:
+        """The attention check's options as one validated object."""
+        return AttentionConfig(heads=self.attention_heads, head_dim=self.attention_head_dim,
+                               value_dim=self.attention_head_dim, lse_base=self.lse_base,
+                               merge=self.attention_merge)
+
+    @property
+    def world_size(self) -> int:
+        return self.scenario.config.decode_context_parallel_size
+
+
+def parse_rank_failure(text: str, world_size: int) -> tuple[str, int, int]:
+    """``KIND:RANK:STEP`` with KIND one of raise, hang, exit."""
+    kinds = tuple(RankFailureKind)
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in kinds or not all(p.isdigit() for p in parts[1:]):
+        raise ConfigError(
+            f"--simulate-rank-failure expects KIND:RANK:STEP with KIND in {'/'.join(kinds)}, got {text!r}"
+        )
+    kind, rank, step = parts[0], int(parts[1]), int(parts[2])
+    if rank >= world_size:
+        raise ConfigError(f"--simulate-rank-failure: rank {rank} is not in a world of {world_size}")
+    return kind, rank, step
+
+
+def simulate_rank_failure(job: Job, rank: int, step: int) -> None:
+    """Break this rank now if the job says so (raise, hang forever, or exit at once)."""
+    if job.rank_failure is None:
+        return
+    kind, which, at = job.rank_failure
+    if (which, at) != (rank, step):
+        return
+    if kind == RankFailureKind.RAISE:
+        raise RuntimeError(f"simulated failure of rank {rank} at step {step}")
+    if kind == RankFailureKind.HANG:
+        while True:
+            time.sleep(3600)
+    os._exit(17)

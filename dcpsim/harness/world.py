@@ -1,0 +1,345 @@
+"""Start and supervise a world of W rank processes joined by a gloo process group.
+
+``run_world(rank_fn, payload, world_size=W)`` runs ``rank_fn(payload, rank, W)`` in W
+processes and returns the per-rank results in rank order. The parent only supervises:
+
+* Ranks are forked by a ``forkserver`` that has already imported torch, so a world
+  starts in ~0.1 s instead of seconds with ``spawn``. The preload list is fixed when
+  the forkserver first starts (the first ``run_world`` call of the process).
+* Rendezvous goes through a ``FileStore`` in a fresh temp dir: no ports, so worlds
+  in parallel threads or pytest-xdist workers never collide.
+* Every rank reports over its own pipe: progress (``set_progress``), then either its
+  result or its failure (exception type, message, traceback, last progress). The
+  parent reads all pipes as messages arrive, so large results never deadlock.
+* On the first failure the other ranks get a short grace period to report their own
+  (typically secondary: a collective that lost its peer), then the rest are killed
+  and ``RankFailureError`` tells the whole story. Past ``deadline_s`` everything is
+  killed and ``HarnessError`` names the ranks still running and where they were.
+* No orphans: the parent kills every rank on every exit path; a rank is SIGKILLed
+  when its parent (the forkserver) dies, and the forkserver exits with the main process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import pickle
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import wait
+
+from dcpsim.errors import HarnessError
+from dcpsim.model.validate import check_int
+
+START_METHOD = "forkserver"
+BASE_PRELOAD = ("__main__", "torch", "torch.distributed", __name__)
+MAX_GRACE_S = 2.0
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class RankFailure:
+    """One rank that did not return a result. ``exc_type`` is the exception's class
+    name, or ``ProcessExit`` (died without reporting) or ``Killed`` (by the harness)."""
+
+    rank: int
+    step: int | None
+    what: str
+    exc_type: str
+    message: str
+    traceback: str
+    primary: bool = False
+
+    def where(self) -> str:
+        return _where((self.step, self.what))
+
+
+class RankFailureError(HarnessError):
+    """One or more ranks failed; ``.failures`` holds the details, primary ones first."""
+
+    def __init__(self, message: str, failures: list[RankFailure]):
+        super().__init__(message, failures)
+        self.failures = failures
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+# ----------------------------------------------------------------------------- rank side
+
+_conn = None  # this rank's pipe to the parent; None outside run_world ranks
+_send_lock = threading.Lock()
+_progress: tuple[int | None, str] = (None, "")
+
+
+def set_progress(step: int | None, what: str = "") -> None:
+    """Record where this rank is (step number, phase); shown in failure reports."""
+    global _progress
+    _progress = (step, what)
+    if _conn is not None:
+        _send(("progress", step, what))
+
+
+def _send(msg) -> None:
+    # plain pickle: the parent gets bytes, never fds or shared memory of a dying rank
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    with _send_lock:
+        _conn.send_bytes(data)
+
+
+def _die_with_parent() -> None:
+    """Best effort: never outlive the supervising process."""
+    try:  # SIGKILL this rank when its parent (the forkserver) dies
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    # The forkserver exits once every holder of its "alive" pipe is gone, and each child
+    # inherits a copy. Drop ours, so the forkserver (and so, via PDEATHSIG, every rank)
+    # goes away with the main process.
+    from multiprocessing import forkserver
+
+    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if fd is not None:
+        os.close(fd)
+        forkserver._forkserver._forkserver_alive_fd = None
+    os.setpgrp()  # own process group: no terminal ^C here, and killpg reaches helpers
+
+
+def _rank_main(conn, job: bytes, rank, world_size, store_path, pg_timeout_s):
+    global _conn
+    _conn = conn
+    _die_with_parent()
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        rank_fn, payload = pickle.loads(job)
+        set_progress(None, "rendezvous")
+        dist.init_process_group(
+            "gloo", store=dist.FileStore(store_path, world_size), rank=rank,
+            world_size=world_size, timeout=timedelta(seconds=pg_timeout_s))
+        set_progress(None, "started")
+        result = rank_fn(payload, rank, world_size)
+        dist.destroy_process_group()
+        _send(("ok", result))
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        _send(("fail", RankFailure(rank, *_progress, type(exc).__name__, str(exc),
+                                   traceback.format_exc())))
+
+
+def init_env_process_group(pg_timeout_s: float) -> tuple[int, int]:
+    """torchrun entry: join the gloo group described by RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT, with one intra-op thread. Returns (rank, world_size); the caller
+    destroys the group when done."""
+    need = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    missing = [k for k in need if not os.environ.get(k)]
+    if missing:
+        raise HarnessError(
+            f"environment variable(s) {', '.join(missing)} not set: start this entry "
+            f"point with torchrun (or set {', '.join(need)})")
+    try:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except ValueError as exc:
+        raise HarnessError(f"RANK/WORLD_SIZE must be integers: {exc}") from None
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method="env://", rank=rank,
+                                world_size=world_size,
+                                timeout=timedelta(seconds=pg_timeout_s))
+    except Exception as exc:
+        raise HarnessError(
+            f"rendezvous failed for rank {rank} of {world_size} at "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}: "
+            f"{type(exc).__name__}: {_first_line(str(exc))}") from exc
+    return rank, world_size
+
+
+# --------------------------------------------------------------------------- parent side
+
+_preload_lock = threading.Lock()
+
+
+def _context(preload: tuple[str, ...]):
+    ctx = mp.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        with _preload_lock:  # only takes effect before the forkserver first starts
+            ctx.set_forkserver_preload(list(dict.fromkeys(BASE_PRELOAD + preload)))
+    return ctx
+
+
+def _new_store_dir() -> str:
+    return tempfile.mkdtemp(prefix="dcpsim-world-")
+
+
+def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
+              deadline_s: float | None = None, preload: tuple[str, ...] = ()) -> list:
+    """Run rank_fn(payload, rank, world_size) in world_size processes joined by a gloo
+    process group; return the per-rank return values (index = rank).
+
+    rank_fn must be a module-level function; payload and results must be picklable.
+    Raises RankFailureError if a rank fails (or rendezvous fails), HarnessError if
+    the world is still running after deadline_s (default pg_timeout_s * 2 + 30).
+    """
+    check_int("world_size", world_size)
+    if deadline_s is None:
+        deadline_s = pg_timeout_s * 2 + 30
+    job = pickle.dumps((rank_fn, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    ctx = _context(tuple(preload))
+    store_dir = _new_store_dir()
+    procs, conns = [], []
+    try:
+        for rank in range(world_size):
+            recv_end, send_end = ctx.Pipe(duplex=False)
+            conns.append(recv_end)
+            proc = ctx.Process(
+                target=_rank_main, name=f"dcpsim-rank{rank}", daemon=True,
+                args=(send_end, job, rank, world_size,
+                      os.path.join(store_dir, "store"), pg_timeout_s))
+            proc.start()
+            procs.append(proc)
+            send_end.close()
+        return _supervise(procs, conns, deadline_s, min(MAX_GRACE_S, pg_timeout_s))
+    finally:
+        _kill(procs)
+        for conn in conns:
+            conn.close()
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def _supervise(procs, conns, deadline_s, grace_s) -> list:
+    world_size = len(procs)
+    progress: list[tuple[int | None, str]] = [(None, "")] * world_size
+    results: dict[int, object] = {}
+    failures: dict[int, RankFailure] = {}  # in order of arrival
+    running = set(range(world_size))  # neither reported nor exited
+    reading = dict(enumerate(conns))
+
+    def receive(rank):
+        try:
+            msg = pickle.loads(reading[rank].recv_bytes())
+        except (EOFError, OSError):
+            del reading[rank]
+            return
+        if msg[0] == "progress":
+            progress[rank] = msg[1:]
+            return
+        (results if msg[0] == "ok" else failures)[rank] = msg[1]
+        running.discard(rank)  # reported: done, whether or not it has exited yet
+        del reading[rank]
+
+    deadline = time.monotonic() + deadline_s
+    stop_at = deadline
+    while running:
+        timeout = stop_at - time.monotonic()
+        if timeout <= 0:
+            break
+        by_handle = {conn: r for r, conn in reading.items()}
+        by_handle.update((procs[r].sentinel, r) for r in running)
+        for handle in wait(list(by_handle), timeout):
+            rank = by_handle[handle]
+            if handle is procs[rank].sentinel:  # exited: drain what it sent first
+                while rank in reading and reading[rank].poll():
+                    receive(rank)
+                if rank in running:
+                    running.discard(rank)
+                    procs[rank].join()
+                    failures[rank] = _exit_failure(rank, procs[rank].exitcode, progress[rank])
+            elif rank in reading:
+                receive(rank)
+        if failures and stop_at == deadline:
+            stop_at = min(deadline, time.monotonic() + grace_s)
+
+    if running and not failures:
+        raise HarnessError(
+            f"world of {world_size} ranks did not finish within deadline_s={deadline_s:g} s; "
+            "killed the ranks still running:\n"
+            + "\n".join(f"  rank {r}, last progress: {_where(progress[r])}"
+                        for r in sorted(running)))
+    if failures:
+        killed = [RankFailure(r, *progress[r], "Killed",
+                              f"still running {grace_s:g} s after the first failure", "")
+                  for r in sorted(running)]
+        raise _failure_error(list(failures.values()), killed, world_size)
+    exit_by = time.monotonic() + 1.0  # ranks exit right after reporting; _kill does the rest
+    for proc in procs:
+        proc.join(max(0.0, exit_by - time.monotonic()))
+    return [results[r] for r in range(world_size)]
+
+
+def _kill(procs) -> None:
+    """SIGKILL every rank still running (and its process group), then reap it."""
+    for proc in procs:
+        if proc.exitcode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # not (yet) its own group leader
+            proc.kill()
+    for proc in procs:
+        proc.join()
+
+
+def _exit_failure(rank, exitcode, progress) -> RankFailure:
+    if exitcode is not None and exitcode < 0:
+        how = f"killed by signal {signal.Signals(-exitcode).name}"
+    else:
+        how = f"exited with code {exitcode}"
+    return RankFailure(rank, *progress, "ProcessExit", f"{how} without reporting a result", "")
+
+
+_COLLECTIVE = re.compile(r"gloo|connection (closed|reset)|timed? ?out|socket", re.I)
+
+
+def _is_collective_error(f: RankFailure) -> bool:
+    """Did a collective (or the rendezvous) give up because of some other rank?"""
+    return f.exc_type.startswith("Dist") or (
+        f.exc_type == "RuntimeError" and bool(_COLLECTIVE.search(f.message)))
+
+
+def _failure_error(failed: list[RankFailure], killed: list[RankFailure],
+                   world_size: int) -> RankFailureError:
+    """Primary: ranks that failed on their own; if there are none, the ranks that hung
+    while the others timed out in a collective; failing that, the first failure."""
+    primary = [f for f in failed if not _is_collective_error(f)] or killed or failed[:1]
+    for f in primary:
+        f.primary = True
+    secondary = [f for f in failed if not f.primary]
+    killed = [f for f in killed if not f.primary]
+
+    first = primary[0]
+    rendezvous = any(f.step is None and f.what in ("", "rendezvous") for f in failed + killed)
+    lines = [f"{'rendezvous failed' if rendezvous else 'rank failure'} in a world of "
+             f"{world_size} ranks: rank {first.rank} {first.exc_type}: "
+             f"{_first_line(first.message)}"]
+    for f in primary:
+        lines.append(f"primary: rank {f.rank} at {f.where()}: {f.exc_type}: {f.message}")
+        lines += ["    " + line for line in f.traceback.rstrip().splitlines()]
+    for f in secondary:
+        lines.append(f"secondary: rank {f.rank} at {f.where()}: {f.exc_type}: "
+                     f"{_first_line(f.message)}")
+    for f in killed:
+        lines.append(f"killed: rank {f.rank} at {f.where()}: {f.message}")
+    return RankFailureError("\n".join(lines), primary + secondary + killed)
+
+
+def _where(progress) -> str:
+    step, what = progress
+    if step is None:
+        return f"'{what}' (no step)" if what else "start (no progress yet)"
+    return f"step {step} ({what})" if what else f"step {step}"
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""

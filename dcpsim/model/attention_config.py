@@ -1,0 +1,80 @@
+"""Options of the attention-level check (``--attention``): one object, validated once.
+
+Picklable and part of a ``Job``; the engine's attention reads the head counts, LSE base
+and merge variant, the checker reads the tolerance and the sampling budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dcpsim.errors import ConfigError
+from dcpsim.model.validate import check_int
+
+LSE_BASES = ("e", "2")
+MERGE_VARIANTS = ("allgather", "alltoall", "alternate")
+
+DEFAULT_TOLERANCE = 1e-4
+"""Max abs error allowed between the merged float32 result and the float64 reference,
+on every output element and on the LSE.
+
+Why 1e-4: vector entries have unit variance and |entry| <= sqrt(3), so output entries are
+convex combinations bounded by 1.8, and logits (query gain 2 / sqrt(head_dim)) stay within
+a few tens. float32 carries ~6e-8 relative error per operation; a softmax over <= 4096 keys,
+an LSE of magnitude <= ~40 and a merge over <= 8 shards accumulate a few 1e-6 at worst
+(observed: ~1e-6, see the README). 1e-4 leaves a margin of ~50x, while dropping or adding a
+single key of a context of thousands moves the output by ~1e-3 (its weight ~1/n times
+|v - o| ~ 1), and a wrong lse of an empty shard moves it by O(1)."""
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    heads: int = 8
+    """Query heads. Every group has one KV head (an MLA-style latent shared by all heads)."""
+    head_dim: int = 16
+    """K (and query) width."""
+    value_dim: int = 16
+    """V width (the output width)."""
+    lse_base: str = "e"
+    merge: str = "alternate"
+    """allgather (all-gather the LSEs, reduce-scatter the rescaled outputs over heads,
+    all-gather the head slices), alltoall (all-to-all over heads, merge locally), or
+    alternate (allgather on even steps, alltoall on odd steps)."""
+    tolerance: float = DEFAULT_TOLERANCE
+    query_gain: float = 2.0
+    """Logits are ``query_gain / sqrt(head_dim) * q . k``: logit std ~ query_gain."""
+    max_query_keys: int = 2**20
+    """Per (group, request, step): check every query token while ``tokens x context keys``
+    stays within this; beyond it (a 16K-token chunk of a 256K context) check a deterministic
+    sample of the tokens (``compute.select_queries``). Bounds memory and time."""
+
+    def __post_init__(self) -> None:
+        # named as the run options (``Job`` fields, replay options) that set them
+        for name, field in (("attention_heads", "heads"), ("attention_head_dim", "head_dim"),
+                            ("attention_value_dim", "value_dim")):
+            check_int(name, getattr(self, field))
+        if self.lse_base not in LSE_BASES:
+            raise ConfigError(f"lse_base must be 'e' or '2', got {self.lse_base!r}")
+        if self.merge not in MERGE_VARIANTS:
+            raise ConfigError(f"attention_merge must be allgather, alltoall or alternate, got {self.merge!r}")
+        if not self.tolerance > 0:
+            raise ConfigError(f"attention tolerance must be > 0, got {self.tolerance!r}")
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.query_gain / math.sqrt(self.head_dim)
+
+    @property
+    def kv_width(self) -> int:
+        return self.head_dim + self.value_dim
+
+    def variant_for_step(self, step: int) -> str:
+        if self.merge == "alternate":
+            return "allgather" if step % 2 == 0 else "alltoall"
+        return self.merge
+
+    def summary(self) -> dict:
+        return dict(heads=self.heads, head_dim=self.head_dim, value_dim=self.value_dim,
+                    lse_base=self.lse_base, merge=self.merge, tolerance=self.tolerance,
+                    max_query_keys=self.max_query_keys)

@@ -1,0 +1,51 @@
+"""The engine configuration the specs and the scheduler read (vLLM field names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dcpsim.errors import ConfigError
+from dcpsim.model.validate import check_int
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What vLLM spreads over ModelConfig, ParallelConfig, SchedulerConfig and
+    SpeculativeConfig, flattened to the fields that shape the KV cache.
+
+    ``kernel_block_size`` is the attention kernel's block size ``Bk``; ``None``
+    means ``Bk == B`` for every group (a group whose ``B`` it does not divide
+    is rejected when the layout is validated).
+    """
+
+    max_model_len: int = 8192
+    max_num_batched_tokens: int = 2048
+    decode_context_parallel_size: int = 1
+    cp_kv_cache_interleave_size: int = 1
+    num_speculative_tokens: int = 0
+    kernel_block_size: int | None = None
+    max_num_seqs: int = 256
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("max_model_len", self.max_model_len, 1)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_int("decode_context_parallel_size", self.decode_context_parallel_size, 1)
+        check_int("cp_kv_cache_interleave_size", self.cp_kv_cache_interleave_size, 1)
+        check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
+        check_int("max_num_seqs", self.max_num_seqs, 1)
+        if self.kernel_block_size is not None:
+            check_int("kernel_block_size", self.kernel_block_size, 1)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        if self.num_speculative_tokens + 1 > self.max_num_batched_tokens:
+            raise ConfigError(
+                "max_num_batched_tokens must hold one speculative step "
+                f"(num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}), "
+                f"got {self.max_num_batched_tokens}"
+            )
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """Most tokens one request can have scheduled in one step."""
+        return self.max_num_batched_tokens

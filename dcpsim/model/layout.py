@@ -1,0 +1,350 @@
+"""DCP layout math: which rank stores a position, and in which slot.
+
+Pure numpy, vectorized, no torch.distributed and no I/O. Notation as in the
+semantics doc: ``W`` = decode_context_parallel_size, ``r`` = DCP rank,
+``I`` = cp_kv_cache_interleave_size, ``B`` = KV-manager block size of the
+group, ``Bk`` = attention-kernel block size (divides ``B``).
+
+Sharded groups: one block-table entry (a *virtual block*) covers ``B * W``
+global positions, ``B`` slots on each rank. Position ``p`` lives on rank
+``(p // I) % W``; inside the virtual block its local offset is
+``(off // (W * I)) * I + off % I`` with ``off = p % (B * W)``.
+Replicated groups use the plain mapping ``block_table[p // B] * B + p % B`` on
+every rank.
+
+Every function returns int64 arrays; ``PAD`` (-1) marks a position that this
+rank does not store.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dcpsim.errors import ConfigError
+from dcpsim.model.validate import check_int
+
+PAD = -1
+
+__all__ = [
+    "PAD",
+    "validate_layout",
+    "owner_rank",
+    "slot_mapping",
+    "local_seq_lens",
+    "query_local_seq_lens",
+    "kernel_block_table",
+    "records_emitted",
+    "record_emit_positions",
+    "record_slot_mapping",
+    "ring_states_to_write",
+    "ring_slot_mapping",
+]
+
+
+def validate_layout(
+    *,
+    block_size: int,
+    dcp_size: int = 1,
+    interleave_size: int = 1,
+    kernel_block_size: int | None = None,
+    replicated: bool = False,
+    what: str = "",
+) -> None:
+    """Reject a layout that the DCP formulas do not cover, naming the values.
+
+    ``what`` prefixes the message (for example a group name).
+    """
+    prefix = f"{what}: " if what else ""
+    for name, value in (
+        ("block_size", block_size),
+        ("decode_context_parallel_size", dcp_size),
+        ("cp_kv_cache_interleave_size", interleave_size),
+    ):
+        check_int(f"{prefix}{name}", value)
+    if kernel_block_size is not None:
+        check_int(f"{prefix}kernel_block_size", kernel_block_size)
+        if block_size % kernel_block_size:
+            raise ConfigError(
+                f"{prefix}kernel_block_size ({kernel_block_size}) must divide "
+                f"block_size ({block_size})"
+            )
+    if replicated or dcp_size == 1:
+        return
+    if interleave_size > block_size:
+        raise ConfigError(
+            f"{prefix}cp_kv_cache_interleave_size ({interleave_size}) must be <= "
+            f"block_size ({block_size})"
+        )
+    if block_size % interleave_size:
+        raise ConfigError(
+            f"{prefix}block_size ({block_size}) must be a multiple of "
+            f"cp_kv_cache_interleave_size ({interleave_size})"
+        )
+
+
+def _check_rank(dcp_size: int, dcp_rank: int) -> None:
+    if not 0 <= dcp_rank < dcp_size:
+        raise ConfigError(
+            f"dcp_rank must be in [0, {dcp_size}) for decode_context_parallel_size "
+            f"{dcp_size}, got {dcp_rank}"
+        )
+
+
+def owner_rank(positions, *, dcp_size: int, interleave_size: int = 1) -> np.ndarray:
+    """Rank that stores each position of a sharded group: ``(p // I) % W``."""
+    pos = np.asarray(positions, dtype=np.int64)
+    return (pos // interleave_size) % dcp_size
+
+
+def kernel_block_table(block_table, *, block_size: int, kernel_block_size: int) -> np.ndarray:
+    """Expand KV-manager block ids to attention-kernel block ids.
+
+    KV block ``b`` becomes kernel blocks ``b * k + [0, k)`` with ``k = B // Bk``.
+    """
+    bt = np.asarray(block_table, dtype=np.int64)
+    k = block_size // kernel_block_size
+    return (bt[:, None] * k + np.arange(k, dtype=np.int64)[None, :]).reshape(-1)
+
+
+def _as_positions(positions) -> tuple[np.ndarray | None, range | None]:
+    """Split the input into an array, or a step-1 range for the fast path."""
+    if isinstance(positions, range) and positions.step == 1:
+        return None, positions
+    pos = np.asarray(positions, dtype=np.int64)
+    if pos.ndim != 1:
+        raise ValueError(f"positions must be one-dimensional, got shape {pos.shape}")
+    return pos, None
+
+
+def _check_span(lo: int, hi: int, span: int, num_blocks: int) -> None:
+    """Positions [lo, hi] must be >= 0 and covered by the block table."""
+    if lo < 0:
+        raise ValueError(f"positions must be >= 0, got {lo}")
+    needed = hi // span + 1
+    if needed > num_blocks:
+        raise ValueError(
+            f"position {hi} needs block-table entry {needed - 1}, but the block table "
+            f"has {num_blocks} entries (each covers {span} positions)"
+        )
+
+
+def slot_mapping(
+    positions,
+    block_table,
+    *,
+    block_size: int,
+    dcp_size: int = 1,
+    dcp_rank: int = 0,
+    interleave_size: int = 1,
+    kernel_block_size: int | None = None,
+    replicated: bool = False,
+) -> np.ndarray:
+    """Slots of one request's ``positions`` on rank ``dcp_rank`` (``PAD`` = not stored here).
+
+    ``block_table`` is the request's row of KV-manager block ids. ``positions``
+    may be any int array, or a ``range`` with step 1, which takes a fast path
+    that only writes this rank's runs of ``I`` positions (the rest stays PAD).
+    Ownership is always computed in KV-block coordinates (``B * W``), never in
+    kernel-block coordinates.
+    """
+    validate_layout(
+        block_size=block_size,
+        dcp_size=dcp_size,
+        interleave_size=interleave_size,
+        kernel_block_size=kernel_block_size,
+        replicated=replicated,
+    )
+    _check_rank(dcp_size, dcp_rank)
+    bt = np.asarray(block_table, dtype=np.int64)
+    if bt.ndim != 1:
+        raise ValueError(f"block_table must be one request's row (1-D), got shape {bt.shape}")
+    sharded = dcp_size > 1 and not replicated
+    span = block_size * (dcp_size if sharded else 1)
+    pos, rng = _as_positions(positions)
+    if rng is not None:
+        if len(rng) == 0:
+            return np.empty(0, dtype=np.int64)
+        _check_span(rng.start, rng.stop - 1, span, len(bt))
+        if sharded:
+            return _sharded_range(rng, bt, block_size, dcp_size, dcp_rank, interleave_size)
+        return _plain_range(rng, bt, block_size)
+    if pos.size == 0:
+        return np.empty(0, dtype=np.int64)
+    _check_span(int(pos.min()), int(pos.max()), span, len(bt))
+    bk = kernel_block_size or block_size
+    return _general(pos, bt, block_size, bk, dcp_size, dcp_rank, interleave_size, sharded)
+
+
+def _general(pos, bt, B, Bk, W, r, I, sharded) -> np.ndarray:
+    if sharded:
+        span = B * W
+        vb, off = np.divmod(pos, span)
+        loc = (off // (W * I)) * I + off % I
+        owned = (off // I) % W == r
+    else:
+        vb, loc = np.divmod(pos, B)
+        owned = None
+    if Bk == B:
+        slots = bt[vb] * B + loc
+    else:
+        kernel_ids = kernel_block_table(bt, block_size=B, kernel_block_size=Bk)
+        k = B // Bk
+        kblock, kloc = np.divmod(loc, Bk)
+        slots = kernel_ids[vb * k + kblock] * Bk + kloc
+    if owned is not None:
+        slots[~owned] = PAD
+    return slots
+
+
+def _plain_range(rng: range, bt: np.ndarray, B: int) -> np.ndarray:
+    """Contiguous positions, plain geometry: whole blocks at a time."""
+    first_block = rng.start // B
+    last_block = (rng.stop - 1) // B
+    blocks = bt[first_block : last_block + 1]
+    grid = blocks[:, None] * B + np.arange(B, dtype=np.int64)[None, :]
+    lo = rng.start - first_block * B
+    return grid.reshape(-1)[lo : lo + len(rng)]
+
+
+def _sharded_range(rng: range, bt: np.ndarray, B: int, W: int, r: int, I: int) -> np.ndarray:
+    """Contiguous positions, sharded: fill PAD, then write only rank r's runs.
+
+    Positions are grouped in rounds of ``W * I``; in round ``m`` rank ``r`` owns
+    the run ``[m*W*I + r*I, m*W*I + (r+1)*I)`` and stores it at local offsets
+    ``(m % (B // I)) * I + [0, I)`` of virtual block ``m // (B // I)``.
+    (Kernel-block expansion does not move a slot: kernel block ``b*k + j`` at
+    offset ``t`` is slot ``b*B + j*Bk + t``, so the fast path needs no Bk.)
+    """
+    round_len = W * I
+    first_round = rng.start // round_len
+    last_round = (rng.stop - 1) // round_len
+    n_rounds = last_round - first_round + 1
+    buf = np.full(n_rounds * round_len, PAD, dtype=np.int64)
+    rounds = np.arange(first_round, last_round + 1, dtype=np.int64)
+    runs_per_block = B // I
+    vb, run_in_block = np.divmod(rounds, runs_per_block)
+    base = bt[vb] * B + run_in_block * I
+    view = buf.reshape(n_rounds, W, I)[:, r, :]
+    np.add(base[:, None], np.arange(I, dtype=np.int64)[None, :], out=view)
+    lo = rng.start - first_round * round_len
+    return buf[lo : lo + len(rng)]
+
+
+def local_seq_lens(
+    seq_lens, *, dcp_size: int, interleave_size: int = 1, dcp_rank: int | None = None
+) -> np.ndarray:
+    """Number of positions ``< L`` that a rank stores, for each sequence length ``L``.
+
+    Returns a vector for one rank, or a matrix ``[num_reqs, dcp_size]`` when
+    ``dcp_rank`` is None.
+    """
+    # Only W and I matter here; block_size=1 with replicated=True skips the I <= B checks
+    # (a block_size equal to I would report an invalid I as an invalid block_size).
+    validate_layout(block_size=1, dcp_size=dcp_size, interleave_size=interleave_size, replicated=True)
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    if np.any(lens < 0):
+        raise ValueError("seq_lens must be >= 0")
+    W, I = dcp_size, interleave_size
+    base = (lens // (I * W)) * I
+    if dcp_rank is None:
+        ranks = np.arange(W, dtype=np.int64)
+        return base[..., None] + np.clip(
+            lens[..., None] - base[..., None] * W - ranks * I, 0, I
+        )
+    _check_rank(W, dcp_rank)
+    return base + np.clip(lens - base * W - dcp_rank * I, 0, I)
+
+
+def query_local_seq_lens(
+    history_len: int,
+    num_query_tokens: int,
+    *,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave_size: int = 1,
+) -> np.ndarray:
+    """Local KV bound of each query token of a multi-token step on one rank.
+
+    Query token ``j`` (history ``H`` before the step) sees global length
+    ``H + j + 1`` and so ``local(H + j + 1, r)`` local positions. This is not
+    ``local(H + q, r) - (q - 1 - j)``: the two differ under interleaving.
+    """
+    if history_len < 0 or num_query_tokens < 0:
+        raise ValueError("history_len and num_query_tokens must be >= 0")
+    lens = history_len + 1 + np.arange(num_query_tokens, dtype=np.int64)
+    return local_seq_lens(
+        lens, dcp_size=dcp_size, interleave_size=interleave_size, dcp_rank=dcp_rank
+    )
+
+
+# --- compressed records (tokens_per_state = R > 1) ---------------------------------
+
+
+def records_emitted(start: int, stop: int, tokens_per_state: int) -> np.ndarray:
+    """Record indices emitted by writing positions ``[start, stop)``.
+
+    Record ``c`` is emitted at position ``(c + 1) * R - 1``.
+    """
+    R = tokens_per_state
+    return np.arange(start // R, stop // R, dtype=np.int64)
+
+
+def record_emit_positions(records, tokens_per_state: int) -> np.ndarray:
+    """The position whose write emits each record."""
+    return (np.asarray(records, dtype=np.int64) + 1) * tokens_per_state - 1
+
+
+def record_slot_mapping(
+    records,
+    block_table,
+    *,
+    block_size: int,
+    tokens_per_state: int,
+    dcp_size: int = 1,
+    dcp_rank: int = 0,
+    interleave_size: int = 1,
+    kernel_block_size: int | None = None,
+    replicated: bool = False,
+) -> np.ndarray:
+    """Slots of compressed records: a page of ``B`` tokens holds ``B // R`` records.
+
+    Under DCP a sharded compressed cache assigns records (not tokens) to ranks:
+    owner ``(c // I) % W``, inside virtual blocks of ``(B // R) * W`` records.
+    """
+    R = tokens_per_state
+    check_int("tokens_per_state", R)
+    if block_size % R:
+        raise ConfigError(f"block_size ({block_size}) must be a multiple of tokens_per_state ({R})")
+    kbs = None
+    if kernel_block_size is not None:
+        if kernel_block_size % R:
+            raise ConfigError(
+                f"kernel_block_size ({kernel_block_size}) must be a multiple of "
+                f"tokens_per_state ({R})"
+            )
+        kbs = kernel_block_size // R
+    return slot_mapping(
+        records,
+        block_table,
+        block_size=block_size // R,
+        dcp_size=dcp_size,
+        dcp_rank=dcp_rank,
+        interleave_size=interleave_size,
+        kernel_block_size=kbs,
+        replicated=replicated,
+    )
+
+
+# --- compressor ring (CircularBufferSpec) ---------------------------------------------
+
+
+def ring_states_to_write(start: int, stop: int, capacity: int) -> np.ndarray:
+    """States of ``[start, stop)`` a ring of ``capacity`` rows must write: the last ``capacity``."""
+    return np.arange(max(start, stop - capacity), stop, dtype=np.int64)
+
+
+def ring_slot_mapping(states, block_id: int, capacity: int) -> np.ndarray:
+    """State ``s`` of a ring lives at ``block_id * C + s % C``."""
+    if capacity < 1:
+        raise ConfigError(f"ring capacity must be >= 1, got {capacity}")
+    return block_id * capacity + np.asarray(states, dtype=np.int64) % capacity

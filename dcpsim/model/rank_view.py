@@ -1,0 +1,45 @@
+"""``RankView``: the narrow, read-only window the checker has on one rank of an engine.
+
+The checker sees a rank the way an attention kernel and a memory auditor would: block-table
+rows, states read at slots, and the log of what the step wrote. It never sees the engine's
+geometry, slot mapping or managers. An engine's worker provides an object with these
+methods (``dcpsim.engine.worker.view.WorkerView`` for the reference worker).
+
+Group ids are the engine's KV-cache group (and store) numbers; the checker finds the group
+holding a layer with ``group_of_layer``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from dcpsim.model.plan import WriteRecord
+
+
+class RankView(Protocol):
+    rank: int
+
+    def group_of_layer(self, layer_name: str) -> int:
+        """The engine's group (and KV store) that holds ``layer_name``'s cache."""
+
+    def block_table_row(self, group: int, req_index: int) -> np.ndarray:
+        """A copy of the request's block-table row in that group (0 = null block)."""
+
+    def store_shape(self, group: int) -> tuple[int, int]:
+        """(blocks, states per block) of the group's KV store, block 0 included."""
+
+    def read_entries(self, group: int, slots: np.ndarray) -> np.ndarray:
+        """``[len(slots), 5]`` int64 entry rows (``dcpsim.model.kv_entry``); a slot outside
+        the store reads as ``EMPTY``."""
+
+    def read_vectors(self, group: int, slots: np.ndarray) -> torch.Tensor:
+        """``[len(slots), width]`` float32 K/V vectors (attention check); NaN outside."""
+
+    def find_entries(self, group: int, index: int, writer: int | None = None) -> np.ndarray:
+        """Slots whose entry claims ``index`` (and ``writer``): for failure reports."""
+
+    def step_writes(self) -> list[WriteRecord]:
+        """What the last applied step wrote, in order (the stores' change record)."""

@@ -1,0 +1,152 @@
+"""A scenario: the model's layer specs, the engine config and the workload.
+
+Plain frozen data; ``dcpsim.scenario_file`` reads it from TOML, the CLI
+applies overrides (``with_overrides``), and the scheduler consumes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from dcpsim.model.config import SimConfig
+from dcpsim.errors import ConfigError
+from dcpsim.model.specs import CircularBufferSpec, KVCacheSpec
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of the workload.
+
+    ``acceptance`` lists how many of the ``num_speculative_tokens`` drafts each
+    speculative step accepts (cycled); empty means a seeded pseudo-random
+    pattern. ``preempt_at_steps`` forces a preemption (free all blocks,
+    recompute later) at those steps if the request is running then.
+    """
+
+    request_id: str
+    prompt_len: int
+    output_len: int
+    arrival_step: int = 0
+    prefix: str | None = None
+    shared_prefix_len: int = 0
+    acceptance: tuple[int, ...] = ()
+    preempt_at_steps: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"request {self.request_id!r}"
+        if self.prompt_len < 1:
+            raise ConfigError(f"{where}: prompt_len must be >= 1, got {self.prompt_len}")
+        if self.output_len < 1:
+            raise ConfigError(f"{where}: output_len must be >= 1, got {self.output_len}")
+        if self.arrival_step < 0:
+            raise ConfigError(f"{where}: arrival_step must be >= 0, got {self.arrival_step}")
+        if not 0 <= self.shared_prefix_len <= self.prompt_len:
+            raise ConfigError(
+                f"{where}: shared_prefix_len must be in [0, prompt_len={self.prompt_len}], "
+                f"got {self.shared_prefix_len}"
+            )
+        if self.shared_prefix_len and not self.prefix:
+            raise ConfigError(f"{where}: shared_prefix_len needs a prefix name")
+        if any(a < 0 for a in self.acceptance):
+            raise ConfigError(f"{where}: acceptance counts must be >= 0")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    layers: dict[str, KVCacheSpec]
+    config: SimConfig
+    requests: tuple[RequestSpec, ...]
+    description: str = ""
+    source: str = ""
+    seed: int = 0
+    verify_every: int = 1
+    num_gpu_blocks: int | None = None
+    """Blocks in each group's pool (besides the null block); None sizes the
+    pools so that every request fits at once."""
+    kv_cache_tokens: int | None = None
+    """Alternative to ``num_gpu_blocks``: the token capacity of every paged
+    group's pool (``cdiv(kv_cache_tokens, B * W)`` blocks for a sharded group,
+    ``cdiv(kv_cache_tokens, B)`` for a replicated one), at least the largest
+    request's need; rings get one block per request."""
+    max_steps: int = 100_000
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Reader layers that use another layer's cache (vLLM's ``kv_sharing_target_layer_name``).
+
+    Metadata: a reader has no cache of its own, so it adds no group, store or write. The
+    loader checks that every target is a layer with a cache, and reports and replays
+    carry the aliases; nothing else reads them."""
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise ConfigError(f"scenario {self.name!r}: needs at least one request")
+        ids = [r.request_id for r in self.requests]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"scenario {self.name!r}: request ids must be unique")
+        for r in self.requests:
+            total = r.prompt_len + r.output_len
+            if total > self.config.max_model_len:
+                raise ConfigError(
+                    f"request {r.request_id!r}: prompt_len + output_len = {total} exceeds "
+                    f"max_model_len {self.config.max_model_len}"
+                )
+            if any(a > self.config.num_speculative_tokens for a in r.acceptance):
+                raise ConfigError(
+                    f"request {r.request_id!r}: an acceptance count exceeds "
+                    f"num_speculative_tokens {self.config.num_speculative_tokens}"
+                )
+        if self.verify_every < 1:
+            raise ConfigError(f"verify_every must be >= 1, got {self.verify_every}")
+        if self.num_gpu_blocks is not None and self.kv_cache_tokens is not None:
+            raise ConfigError("set num_gpu_blocks or kv_cache_tokens, not both")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
+            raise ConfigError(f"kv_cache_tokens must be >= 1, got {self.kv_cache_tokens}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ConfigError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+
+    def with_overrides(
+        self,
+        *,
+        decode_context_parallel_size: int | None = None,
+        cp_kv_cache_interleave_size: int | None = None,
+        block_size: int | None = None,
+        kernel_block_size: int | None = None,
+        seed: int | None = None,
+        verify_every: int | None = None,
+    ) -> "Scenario":
+        """The same scenario with command-line overrides applied.
+
+        ``block_size`` sets how many states a page of every paged layer holds:
+        ``B`` tokens for plain layers, ``B * R`` tokens for a compressed layer
+        (``tokens_per_state = R``), so that one interleave size fits every
+        group. Ring capacities are a property of the model and stay.
+        """
+        config_changes = {}
+        if decode_context_parallel_size is not None:
+            config_changes["decode_context_parallel_size"] = decode_context_parallel_size
+        if cp_kv_cache_interleave_size is not None:
+            config_changes["cp_kv_cache_interleave_size"] = cp_kv_cache_interleave_size
+        if kernel_block_size is not None:
+            config_changes["kernel_block_size"] = kernel_block_size
+        config = dataclasses.replace(self.config, **config_changes)
+        layers = self.layers
+        if block_size is not None:
+            layers = {
+                name: spec
+                if isinstance(spec, CircularBufferSpec)
+                else dataclasses.replace(spec, block_size=block_size * _compression(spec))
+                for name, spec in self.layers.items()
+            }
+        changes = {"config": config, "layers": layers}
+        if seed is not None:
+            changes["seed"] = seed
+        if verify_every is not None:
+            changes["verify_every"] = verify_every
+        return dataclasses.replace(self, **changes)
+
+
+def _compression(spec: KVCacheSpec) -> int:
+    """Tokens per stored record: ``R`` for a compressed cache, else 1."""
+    tps = getattr(spec, "tokens_per_state", 1)
+    return tps if isinstance(tps, int) and tps > 1 else 1

@@ -1,1 +1,0 @@
-"""The rank-independent side: one scheduler decides blocks, positions and content."""

@@ -1,0 +1,36 @@
+"""Order-sensitive and order-free digests of (index, content) pairs, for the all-gather.
+
+Each rank sends one 64-bit digest per (group, request) instead of its entries: the
+multiset digests of a sharded group's ranks must add up to the full context's (every
+index exactly once), and the ordered digests of a replicated group's ranks must agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dcpsim.model.content import mix64
+
+_K1 = np.uint64(0xD6E8FEB86659FD93)
+_K2 = np.uint64(0xA0761D6478BD642F)
+
+
+def _pair_hash(index: np.ndarray, content: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return mix64(index.astype(np.uint64) * _K1 ^ content.view(np.uint64))
+
+
+def multiset_digest(index: np.ndarray, content: np.ndarray) -> int:
+    with np.errstate(over="ignore"):
+        return int(_pair_hash(index, content).sum(dtype=np.uint64))
+
+
+def ordered_digest(index: np.ndarray, content: np.ndarray) -> int:
+    with np.errstate(over="ignore"):
+        order = (np.arange(1, len(index) + 1, dtype=np.uint64)) * _K2
+        return int(mix64(_pair_hash(index, content) ^ order).sum(dtype=np.uint64))
+
+
+def as_int64(u: int) -> int:
+    """A uint64 digest as the int64 with the same bits (for int64 tensors)."""
+    return int(np.array([u], dtype=np.uint64).view(np.int64)[0])

@@ -1,0 +1,73 @@
+"""The checker's own geometry: what each KV-cache group must look like, from the scenario.
+
+Derived from the scenario's layer specs and config alone, with the naive rules of
+``docs/dcp-semantics.md`` (sections 2-4): a group is sharded when all its layers are
+non-replicated full attention and ``W > 1``; a sharded group spreads its positions (or,
+for compressed caches, its records) over the ranks ``I`` at a time; a page holds
+``B // R`` states; the kernel reads ``Bk`` states per kernel block. Nothing here comes
+from the engine: a geometry the engine gets wrong (an interleave it rescales, a flag a
+merge drops) shows as a difference between what it wrote and what this expects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dcpsim.model.grouping import group_layer_specs
+from dcpsim.model.kinds import Retention, Storage, records_per_state, retention_of, storage_of
+from dcpsim.model.specs import is_dcp_sharded_spec
+
+
+@dataclass(frozen=True)
+class ExpectedGroup:
+    name: str
+    layer_names: tuple[str, ...]
+    storage: Storage
+    retention: Retention
+    sharded: bool
+    dcp_size: int
+    interleave_size: int
+    """Positions (paged) or records (compressed) a rank takes before the next one's turn."""
+    tokens_per_state: int
+    block_size: int
+    """Tokens per page (``B``), or the ring capacity (``C``)."""
+    kernel_block_size: int | None
+    """States per kernel block, or None (one per page)."""
+    sliding_window: int = 0
+    extra_retained_tokens: int = 0
+    attention_chunk_size: int = 0
+    num_speculative_tokens: int = 0
+
+    @property
+    def page_states(self) -> int:
+        return self.block_size // self.tokens_per_state
+
+    @property
+    def index_kind(self) -> str:
+        return {Storage.RECORDS: "record", Storage.RING: "ring row"}.get(self.storage, "position")
+
+
+def expected_groups(scenario) -> list[ExpectedGroup]:
+    """One ``ExpectedGroup`` per KV-cache group of the scenario's model, in group order."""
+    cfg = scenario.config
+    out = []
+    for group in group_layer_specs(scenario.layers):
+        spec = group.representative
+        storage = storage_of(spec)
+        out.append(ExpectedGroup(
+            name=group.name,
+            layer_names=group.layer_names,
+            storage=storage,
+            retention=retention_of(spec),
+            sharded=is_dcp_sharded_spec(group.kv_cache_spec) and cfg.decode_context_parallel_size > 1,
+            dcp_size=cfg.decode_context_parallel_size,
+            interleave_size=cfg.cp_kv_cache_interleave_size,
+            tokens_per_state=records_per_state(spec),
+            block_size=spec.block_size,
+            kernel_block_size=None if storage is Storage.RING else cfg.kernel_block_size,
+            sliding_window=getattr(spec, "sliding_window", 0),
+            extra_retained_tokens=getattr(spec, "extra_retained_tokens", 0),
+            attention_chunk_size=getattr(spec, "attention_chunk_size", 0),
+            num_speculative_tokens=cfg.num_speculative_tokens,
+        ))
+    return out

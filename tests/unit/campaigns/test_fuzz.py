@@ -1,0 +1,37 @@
+"""Random schedules: the correct engine passes every one; a fault shrinks to a tiny failing one."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from dcpsim.campaigns.fuzz import check, find_failure, scenarios
+from dcpsim.scenarios.dump import scenario_to_toml
+from dcpsim.scenarios.load import load_scenario
+
+
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(scenarios())
+def test_correct_engine_passes_random_schedules(scenario):
+    report = check(scenario)
+    assert report.passed, report.text()
+    assert report.verified_indices > 0
+
+
+@pytest.mark.parametrize("fault", ["interleave-off-by-one", "replicated-owner-only"])
+def test_a_fault_shrinks_to_a_minimal_failing_schedule(fault, tmp_path):
+    found = find_failure(fault, max_examples=150, seed=1)
+    assert found is not None
+    assert len(found.requests) == 1, "shrinking keeps one request"
+    assert found.requests[0].prompt_len <= 4 and found.config.decode_context_parallel_size >= 2
+    assert not check(found, fault).passed
+    assert check(found).passed, "the same schedule passes without the fault"
+    path = tmp_path / "shrunk.toml"
+    path.write_text(scenario_to_toml(found, header=f"fault {fault}"))
+    again = load_scenario(str(path))
+    assert again.requests == found.requests and again.config == found.config
+    assert not check(again, fault).passed
+
+
+def test_no_failure_is_invented_without_a_fault():
+    assert find_failure(None, max_examples=10, seed=2) is None
