@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from dcpsim.layout import PAD, slot_mapping
+from dcpsim.model.layout import PAD, slot_mapping
 
 W, I, B = 8, 16, 64
 REPEATS = 3
@@ -66,9 +66,9 @@ def main() -> None:
     rows = []
     owned_total = 0
     for r in range(W):
-        t_fast, fast = best_of(lambda: slot_mapping(range(0, N), bt, dcp_rank=r, **kw))
-        t_gen, gen = best_of(lambda: slot_mapping(pos, bt, dcp_rank=r, **kw))
-        t_naive, naive = best_of(lambda: naive_masked(pos, bt, r))
+        t_fast, fast = best_of(lambda r=r: slot_mapping(range(0, N), bt, dcp_rank=r, **kw))
+        t_gen, gen = best_of(lambda r=r: slot_mapping(pos, bt, dcp_rank=r, **kw))
+        t_naive, naive = best_of(lambda r=r: naive_masked(pos, bt, r))
         assert np.array_equal(fast, naive), f"range fast path differs from naive on rank {r}"
         assert np.array_equal(gen, naive), f"general path differs from naive on rank {r}"
         owned_total += int((fast != PAD).sum())

@@ -46,3 +46,65 @@ def run_json(capsys, *argv) -> tuple[int, dict]:
     """``python -m dcpsim ARGV --json``: the exit code and the one JSON document on stdout."""
     code = main([*argv, "--json"])
     return code, json.loads(capsys.readouterr().out)
+
+
+# --- hand-made scenarios: layer specs, requests, a scenario around them -------------------
+
+
+def mla_spec(B=16, **kw):
+    """A DCP-sharded MLA layer (``B`` tokens per page)."""
+    from dcpsim.model.specs import MLAAttentionSpec
+
+    return MLAAttentionSpec(block_size=B, head_size=64, **kw)
+
+
+def full_rep_spec(B=16):
+    """A replicated (``dcp_replicated``) full-attention layer."""
+    from dcpsim.model.specs import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, dcp_replicated=True)
+
+
+def swa_spec(B=8, window=20, extra=0, rep=True):
+    """A sliding-window layer (replicated unless ``rep=False``)."""
+    from dcpsim.model.specs import SlidingWindowSpec
+
+    return SlidingWindowSpec(block_size=B, num_kv_heads=1, head_size=8, sliding_window=window,
+                             extra_retained_tokens=extra, dcp_replicated=rep)
+
+
+def chunked_spec(B=8, size=24, rep=True):
+    """A chunked-local-attention layer (replicated unless ``rep=False``)."""
+    from dcpsim.model.specs import ChunkedLocalAttentionSpec
+
+    return ChunkedLocalAttentionSpec(block_size=B, num_kv_heads=1, head_size=8,
+                                     attention_chunk_size=size, dcp_replicated=rep)
+
+
+def ring_spec(C=8):
+    """A replicated compressor ring of capacity ``C``."""
+    from dcpsim.model.specs import CircularBufferSpec
+
+    return CircularBufferSpec(block_size=C, num_kv_heads=1, head_size=8, dcp_replicated=True)
+
+
+def request_spec(rid, P, O, **kw):
+    """A request of ``P`` prompt and ``O`` output tokens (``RequestSpec`` fields in ``kw``)."""
+    from dcpsim.scenarios.scenario import RequestSpec
+
+    return RequestSpec(request_id=rid, prompt_len=P, output_len=O, **kw)
+
+
+def make_scenario(layers, requests, *, W=1, I=1, k=0, budget=64, max_len=2048, prefix=True,
+                  num_gpu_blocks=None, kv_cache_tokens=None, seed=0, name="t", max_steps=10_000):
+    """A scenario of named layer specs and requests; ``W``, ``I``, ``k`` drafts, token
+    ``budget`` per step, ``max_len`` (max_model_len), ``prefix`` caching on or off."""
+    from dcpsim.model.config import SimConfig
+    from dcpsim.scenarios.scenario import Scenario
+
+    cfg = SimConfig(max_model_len=max_len, max_num_batched_tokens=budget,
+                    decode_context_parallel_size=W, cp_kv_cache_interleave_size=I,
+                    num_speculative_tokens=k, enable_prefix_caching=prefix)
+    return Scenario(name=name, layers=dict(layers), config=cfg, requests=tuple(requests),
+                    num_gpu_blocks=num_gpu_blocks, kv_cache_tokens=kv_cache_tokens, seed=seed,
+                    max_steps=max_steps)

@@ -9,10 +9,10 @@ a world that breaks is retried cell by cell so the failure is attributed.
 
 from __future__ import annotations
 
-import time
+import enum
 from dataclasses import dataclass, field
 
-from dcpsim.errors import ConfigError, DcpsimError
+from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.scenarios.scenario import Scenario
 
@@ -38,10 +38,24 @@ class Cell:
         return f"{self.scenario}-dcp{self.dcp}"
 
 
+class CellStatus(enum.StrEnum):
+    """A cell's verdict (a string in JSON): pending until it runs."""
+
+    PENDING = "pending"
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+    @property
+    def bad(self) -> bool:
+        return self in (CellStatus.FAIL, CellStatus.ERROR)
+
+
 @dataclass
 class CellResult:
     cell: Cell
-    status: str  # pass, fail, error, skipped
+    status: CellStatus
     reason: str = ""
     seconds: float = 0.0
     report: object = None
@@ -94,7 +108,7 @@ def expand(
                 b = page_states(sized)
             except ConfigError as exc:
                 cell = Cell(base.name, 0, 0, bs or 0, bs)
-                out.append(CellResult(cell, "skipped", f"invalid config: {exc}"))
+                out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
                 continue
             for w in dcps:
                 seen: dict[int, str] = {}
@@ -102,11 +116,11 @@ def expand(
                     i = _parse_interleave(str(token), b)
                     cell = Cell(base.name, w, i, b, bs)
                     if i in seen:
-                        out.append(CellResult(cell, "skipped", f"duplicate of {seen[i]}"))
+                        out.append(CellResult(cell, CellStatus.SKIPPED, f"duplicate of {seen[i]}"))
                         continue
                     if w == 1 and seen:
                         first = next(iter(seen.values()))
-                        out.append(CellResult(cell, "skipped", f"same layout as {first} (interleave has no effect when W = 1)"))
+                        out.append(CellResult(cell, CellStatus.SKIPPED, f"same layout as {first} (interleave has no effect when W = 1)"))
                         continue
                     seen[i] = cell.id
                     try:
@@ -119,45 +133,34 @@ def expand(
                             engine = ReferenceEngine()
                             Scheduler(scenario, engine, engine.geometries(scenario.layers, scenario.config))
                     except ConfigError as exc:
-                        out.append(CellResult(cell, "skipped", f"invalid config: {exc}"))
+                        out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
                         continue
-                    out.append(CellResult(cell, "pending", scenario=scenario))
+                    out.append(CellResult(cell, CellStatus.PENDING, scenario=scenario))
     return out
-
-
-def _run_group(results: list[CellResult], *, in_process: bool, timeout: float) -> None:
-    """Run the cells of one world and record their verdicts (in place)."""
-    from dcpsim.harness.batch import run_jobs
-    from dcpsim.harness.job import Job
-    from dcpsim.harness.replay import replay_record
-
-    start = time.perf_counter()
-    jobs = [Job(r.scenario) for r in results]
-    reports = run_jobs(jobs, in_process=in_process, timeout=timeout)
-    each = (time.perf_counter() - start) / len(results)
-    for res, job, report in zip(results, jobs, reports):
-        report.replay = replay_record(job)
-        res.report, res.seconds = report, each
-        res.status = "pass" if report.passed else "fail"
-        res.reason = "" if report.passed else report.failure.lines()[0]
 
 
 def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: float = 30.0, progress=None) -> None:
     """Run every pending cell (in place), one world per (scenario, W) group."""
+    from dcpsim.harness.batch import run_each
+    from dcpsim.harness.job import Job
+    from dcpsim.harness.replay import replay_record
+
     groups: dict[str, list[CellResult]] = {}
     for res in results:
-        if res.status == "pending":
+        if res.status == CellStatus.PENDING:
             groups.setdefault(res.cell.group, []).append(res)
     for members in groups.values():
-        try:
-            _run_group(members, in_process=in_process, timeout=timeout)
-        except (DcpsimError, RuntimeError):
-            for res in members:  # attribute the failure to the cell(s) that cause it
-                one = time.perf_counter()
-                try:
-                    _run_group([res], in_process=in_process, timeout=timeout)
-                except (DcpsimError, RuntimeError) as exc:
-                    res.status, res.reason, res.seconds = "error", str(exc).splitlines()[0], time.perf_counter() - one
+        jobs = [Job(r.scenario) for r in members]
+        for res, job, outcome in zip(members, jobs, run_each(jobs, in_process=in_process, timeout=timeout)):
+            res.seconds = outcome.seconds
+            if outcome.error is not None:
+                res.status, res.reason = CellStatus.ERROR, str(outcome.error).splitlines()[0]
+                continue
+            report = outcome.report
+            report.replay = replay_record(job)
+            res.report = report
+            res.status = CellStatus.PASS if report.passed else CellStatus.FAIL
+            res.reason = "" if report.passed else report.failure.lines()[0]
         if progress:
             for res in members:
                 progress(res)
@@ -169,11 +172,11 @@ def table(results: list[CellResult]) -> str:
     for r in results:
         steps = r.report.steps if r.report else ""
         verified = r.report.verified_indices if r.report else ""
-        secs = f"{r.seconds:.2f}" if r.status not in ("skipped", "pending") else ""
+        secs = f"{r.seconds:.2f}" if r.status not in (CellStatus.SKIPPED, CellStatus.PENDING) else ""
         lines.append(f"{r.cell.id:<{width}}  {r.status:<8} {steps!s:>5} {verified!s:>9} {secs:>6}  {r.reason}")
-    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "error", "skipped")}
+    counts = {s: sum(r.status == s for r in results) for s in (CellStatus.PASS, CellStatus.FAIL, CellStatus.ERROR, CellStatus.SKIPPED)}
     lines.append(
-        f"{len(results)} cells: {counts['pass']} passed, {counts['fail']} failed, "
-        f"{counts['error']} errors, {counts['skipped']} skipped"
+        f"{len(results)} cells: {counts[CellStatus.PASS]} passed, {counts[CellStatus.FAIL]} failed, "
+        f"{counts[CellStatus.ERROR]} errors, {counts[CellStatus.SKIPPED]} skipped"
     )
     return "\n".join(lines)

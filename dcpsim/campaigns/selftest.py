@@ -1,6 +1,6 @@
 """``dcpsim selftest``: every registered fault is caught, and a correct engine is not.
 
-For every fault of ``dcpsim.faults.FAULTS`` the plan holds one *case* per
+For every fault of ``dcpsim.campaigns.faults.FAULTS`` the plan holds one *case* per
 built-in scenario (``Fault.scenarios``, default all) and run config
 (``Fault.configs``, each with ``Fault.needs`` merged in) on which the fault
 applies (``Fault.applies_to_scenario``, judged on the scenario so
@@ -17,8 +17,8 @@ detected in at least one case and every baseline passes; 1 otherwise.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
-import time
 from dataclasses import dataclass, field
 
 from dcpsim.errors import ConfigError
@@ -41,10 +41,18 @@ _SHORT = {
     "kernel_block_size": "Bk",
 }
 
-# Outcomes of a row.
-DETECTED, MISSED, PASS, FALSE_POSITIVE, ERROR, NOT_APPLICABLE = (
-    "detected", "missed", "pass", "FALSE POSITIVE", "error", "not applicable",
-)
+class Outcome(enum.StrEnum):
+    """The outcome of a row (a string in the table and in JSON)."""
+
+    DETECTED = "detected"
+    MISSED = "missed"
+    PASS = "pass"
+    FALSE_POSITIVE = "FALSE POSITIVE"
+    ERROR = "error"
+    NOT_APPLICABLE = "not applicable"
+
+
+DETECTED, MISSED, PASS, FALSE_POSITIVE, ERROR, NOT_APPLICABLE = Outcome
 
 
 # ----------------------------------------------------------------------------- options
@@ -137,7 +145,7 @@ class Row:
     fault: str
     scenario: str
     config: str
-    outcome: str
+    outcome: Outcome
     kind: str | None = None
     report: str = ""
     """The first line of the failure report (or of the error)."""
@@ -165,7 +173,7 @@ class Plan:
 
 def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True) -> Plan:
     """Which cases to run. ``dry_run`` also runs each case's schedule in this
-    process (``simulation.prepare``) so a config the workload cannot run under
+    process (``harness.rank.prepare``) so a config the workload cannot run under
     is skipped instead of failing a world."""
     from dcpsim.campaigns.faults import FAULTS
     from dcpsim.engine.reference import ReferenceEngine
@@ -293,7 +301,7 @@ def _first_line(exc: BaseException) -> str:
 
 def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0) -> list[Row]:
     """Run every case; rows in plan order (planning rows of a fault after its cases)."""
-    from dcpsim.harness.batch import run_jobs
+    from dcpsim.harness.batch import run_each
 
     by_world: dict[int, list[int]] = {}
     for k, case in enumerate(plan.cases):
@@ -302,23 +310,11 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0) -> 
     rows: list[Row | None] = [None] * len(plan.cases)
     for ks in by_world.values():
         cases = [plan.cases[k] for k in ks]
-        start = time.perf_counter()
-        try:
-            results = run_jobs(_jobs(plan, cases), in_process=in_process, timeout=timeout)
-        except Exception:  # noqa: BLE001 - rerun one by one to attribute the breakage
-            results = None
-        if results is not None:
-            each = (time.perf_counter() - start) / len(cases)
-            for k, case, report in zip(ks, cases, results):
-                rows[k] = _row(plan, case, report=report, seconds=each)
-            continue
-        for k, case in zip(ks, cases):
-            one = time.perf_counter()
-            try:
-                (report,) = run_jobs(_jobs(plan, [case]), in_process=in_process, timeout=timeout)
-                rows[k] = _row(plan, case, report=report, seconds=time.perf_counter() - one)
-            except Exception as exc:  # noqa: BLE001 - reported in the row
-                rows[k] = _row(plan, case, error=_first_line(exc), seconds=time.perf_counter() - one)
+        for k, case, outcome in zip(ks, cases, run_each(_jobs(plan, cases), in_process=in_process, timeout=timeout)):
+            if outcome.error is not None:
+                rows[k] = _row(plan, case, error=_first_line(outcome.error), seconds=outcome.seconds)
+            else:
+                rows[k] = _row(plan, case, report=outcome.report, seconds=outcome.seconds)
     out: list[Row] = []
     for name in plan.faults:
         out += [r for r, c in zip(rows, plan.cases) if c.fault == name]

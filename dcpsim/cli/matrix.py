@@ -36,7 +36,7 @@ def run(args) -> int:
     interleaves = [x.strip() for x in args.interleave.split(",") if x.strip()]
     block_sizes = _int_list(args.block_size, "--block-size") or [None]
     results = mx.expand(scenarios, dcps, interleaves, block_sizes)
-    pending = sum(r.status == "pending" for r in results)
+    pending = sum(r.status == mx.CellStatus.PENDING for r in results)
     done = 0
     print(f"matrix: {len(results)} cells, {pending} to run, {len(results) - pending} skipped", file=sys.stderr)
 
@@ -54,4 +54,4 @@ def run(args) -> int:
         ], indent=2))
     else:
         print(mx.table(results))
-    return EXIT_CHECK_FAILED if any(r.status in ("fail", "error") for r in results) else EXIT_OK
+    return EXIT_CHECK_FAILED if any(r.status.bad for r in results) else EXIT_OK

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from dcpsim.cli.options import add_scenario_arguments, add_world_arguments, json_errors, make_job, resolve_scenario, run_job
+from dcpsim.cli.options import (
+    add_scenario_arguments,
+    add_world_arguments,
+    json_errors,
+    make_job,
+    resolve_scenario,
+    run_job,
+)
 
 
 def add_arguments(p) -> None:

@@ -20,6 +20,7 @@ from dcpsim.campaigns.selftest import (
 )
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
 
+
 def add_arguments(p) -> None:
     p.add_argument("--list", action="store_true",
                    help="list every fault, the bug class it stands for and where it runs; run nothing")
@@ -81,7 +82,7 @@ def run(args) -> int:
     else:
         print(format_table(rows))
         print()
-        print("bug classes (dcp-semantics.md section 8):")
+        print("bug classes (docs/dcp-semantics.md section 8):")
         print("\n".join(bug_class_legend(plan.faults)))
         if plan.skipped:
             print(f"({len(plan.skipped)} combinations skipped: config invalid for the scenario; see --json)")

@@ -5,6 +5,9 @@ ranks' reports. The one runner behind ``run``, ``replay``, ``matrix``, ``selftes
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 from dcpsim.harness.collectives import Collectives, GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
 from dcpsim.harness.rank import run_rank
@@ -42,6 +45,39 @@ def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
         per_rank = run_world(gloo_rank_batch, jobs, world_size=world, pg_timeout_s=timeout,
                              deadline_s=deadline, preload=("dcpsim.harness.batch",))
     return [merge_rank_reports([reports[k] for reports in per_rank]) for k in range(len(jobs))]
+
+
+@dataclass
+class JobOutcome:
+    """One job of ``run_each``: its merged report, or the exception that broke its world."""
+
+    report: RunReport | None
+    error: Exception | None
+    seconds: float
+    """Wall time of the job (a batch's time shared equally among its jobs)."""
+
+
+def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0) -> list[JobOutcome]:
+    """Run jobs of one W in one world; if that world breaks, rerun each job in a world of
+    its own, so that the breakage is attributed to the job(s) that cause it. The one batch
+    runner of ``matrix`` and ``selftest``."""
+    start = time.perf_counter()
+    try:
+        reports = run_jobs(jobs, in_process=in_process, timeout=timeout)
+    except Exception:  # noqa: BLE001 - rerun one by one to attribute the breakage
+        reports = None
+    if reports is not None:
+        each = (time.perf_counter() - start) / len(jobs)
+        return [JobOutcome(report, None, each) for report in reports]
+    out = []
+    for job in jobs:
+        one = time.perf_counter()
+        try:
+            (report,) = run_jobs([job], in_process=in_process, timeout=timeout)
+            out.append(JobOutcome(report, None, time.perf_counter() - one))
+        except Exception as exc:  # noqa: BLE001 - reported in the outcome
+            out.append(JobOutcome(None, exc, time.perf_counter() - one))
+    return out
 
 
 def merge_rank_reports(reports: list[RunReport]) -> RunReport:

@@ -33,8 +33,9 @@ from dcpsim.verify.report import Failure, FailureKind, RunReport
 
 
 def job_engine(job: Job) -> Engine:
-    """The engine under test of a job: an injected fault, else the reference engine."""
-    return get_fault(job.inject) if job.inject else ReferenceEngine()
+    """The engine under test of a job: an injected fault, else the reference engine
+    (``FAULTS["none"]``, the catalogue's correct engine)."""
+    return get_fault(job.inject)
 
 
 def attention_on(job: Job) -> bool:
@@ -83,7 +84,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunRe
     cfg = job.attention_config
 
     # the engine under test
-    engine = engine or job_engine(job)
+    engine = job_engine(job) if engine is None else engine
     geometries = engine.geometries(scenario.layers, config)
     scheduler = Scheduler(scenario, engine, geometries)
     request_ids = {r.index: r.request_id for r in scheduler.requests}

@@ -47,7 +47,7 @@ class AttentionConfig:
     max_query_keys: int = 2**20
     """Per (group, request, step): check every query token while ``tokens x context keys``
     stays within this; beyond it (a 16K-token chunk of a 256K context) check a deterministic
-    sample of the tokens (``compute.select_queries``). Bounds memory and time."""
+    sample of the tokens (``dcpsim.verify.attention_reference.select_queries``). Bounds memory and time."""
 
     def __post_init__(self) -> None:
         # named as the run options (``Job`` fields, replay options) that set them

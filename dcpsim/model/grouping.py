@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcpsim.model.config import SimConfig
 from dcpsim.errors import ConfigError
+from dcpsim.model.config import SimConfig
 from dcpsim.model.specs import (
     AttentionSpec,
     KVCacheSpec,

@@ -60,12 +60,12 @@ class KVCacheSpec:
     def max_memory_usage_bytes(self, config: SimConfig) -> int:
         raise NotImplementedError
 
-    def is_same_kind(self, kv_cache_specs: dict[str, "KVCacheSpec"]) -> bool:
+    def is_same_kind(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
         """Whether every spec in ``kv_cache_specs`` may share a group with this one."""
         raise NotImplementedError
 
     @classmethod
-    def merge(cls, specs: list["KVCacheSpec"]) -> "KVCacheSpec":
+    def merge(cls, specs: list[KVCacheSpec]) -> KVCacheSpec:
         """Merge the layer specs of one group into a single spec.
 
         The specs must be of one kind and one geometry; the result keeps every
@@ -178,7 +178,7 @@ class AttentionSpec(KVCacheSpec):
     def max_num_blocks_per_req(self, config: SimConfig, max_len: int) -> int:
         return cdiv(max_len, self.block_size * self.kv_shard_count(config))
 
-    def _same_fields(self, spec: "KVCacheSpec", *names: str) -> bool:
+    def _same_fields(self, spec: KVCacheSpec, *names: str) -> bool:
         return isinstance(spec, type(self)) and all(
             getattr(spec, n) == getattr(self, n) for n in ("dcp_replicated", *names)
         )
@@ -354,7 +354,7 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
         )
 
     @classmethod
-    def from_specs(cls, kv_cache_specs: dict[str, KVCacheSpec]) -> "UniformTypeKVCacheSpecs | None":
+    def from_specs(cls, kv_cache_specs: dict[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs | None:
         if not cls.is_uniform_type(kv_cache_specs):
             return None
         block_size = next(iter(kv_cache_specs.values())).block_size

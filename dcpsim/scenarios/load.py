@@ -2,7 +2,7 @@
 
 A scenario file has top-level ``name``, ``description``, ``seed``,
 ``verify_every``, ``num_gpu_blocks``; a ``[config]`` table (vLLM field names);
-``[[layers]]`` entries (``kind`` from ``dcpsim.registry.SPEC_KINDS`` plus the
+``[[layers]]`` entries (``kind`` from ``dcpsim.scenarios.registry.SPEC_KINDS`` plus the
 spec's fields; ``name`` may contain ``{i}`` with ``layers = [..]`` or
 ``"0-39"`` to stamp out many layers); and ``[[requests]]`` entries (``id`` may
 contain ``{i}`` with ``count``). Every problem is reported at once as
@@ -19,8 +19,9 @@ import tomllib
 from fractions import Fraction
 from pathlib import Path
 
-from dcpsim.model.config import SimConfig
 from dcpsim.errors import ConfigError, ScenarioError
+from dcpsim.model.config import SimConfig
+from dcpsim.model.validate import is_int
 from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_path
 from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
@@ -218,7 +219,7 @@ def _parse_requests(entries, problems: _Problems) -> list[tuple[str, RequestSpec
         before = len(problems.items)
         problems.unknown_keys(path, entry, REQUEST_KEYS)
         count = entry.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_STAMPED:
+        if not is_int(count) or not 1 <= count <= MAX_STAMPED:
             problems.add(f"{path}.count", f"must be an integer from 1 to {MAX_STAMPED}, got {count!r}")
             continue
         rid = entry.get("id", f"req{n}" + ("-{i}" if count != 1 else ""))
@@ -231,7 +232,7 @@ def _parse_requests(entries, problems: _Problems) -> list[tuple[str, RequestSpec
         kwargs = {}
         for key in ("prompt_len", "output_len", "arrival_step", "shared_prefix_len"):
             if key in entry:
-                if isinstance(entry[key], bool) or not isinstance(entry[key], int):
+                if not is_int(entry[key]):
                     problems.add(f"{path}.{key}", f"must be an integer, got {entry[key]!r}")
                 kwargs[key] = entry[key]
         for key in ("acceptance", "preempt_at_steps"):
@@ -272,7 +273,7 @@ def _parse_config(cfg, problems: _Problems) -> SimConfig | None:
         if CONFIG_TYPES[key] in (bool, "bool"):
             if not isinstance(value, bool):
                 problems.add(f"config.{key}", f"must be true or false, got {value!r}")
-        elif value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        elif value is not None and not is_int(value):
             problems.add(f"config.{key}", f"must be an integer, got {value!r}")
     if len(problems.items) > before:
         return None
@@ -313,7 +314,7 @@ def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario
     top = {}
     for key, minimum in (("seed", 0), ("verify_every", 1), ("num_gpu_blocks", 1), ("kv_cache_tokens", 1), ("max_steps", 1)):
         if key in data:
-            if isinstance(data[key], bool) or not isinstance(data[key], int):
+            if not is_int(data[key]):
                 problems.add(key, f"must be an integer, got {data[key]!r}")
             elif data[key] < minimum:
                 problems.add(key, f"must be >= {minimum}, got {data[key]}")

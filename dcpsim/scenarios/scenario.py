@@ -1,6 +1,6 @@
 """A scenario: the model's layer specs, the engine config and the workload.
 
-Plain frozen data; ``dcpsim.scenario_file`` reads it from TOML, the CLI
+Plain frozen data; ``dcpsim.scenarios.load`` reads it from TOML, the CLI
 applies overrides (``with_overrides``), and the scheduler consumes it.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from dcpsim.model.config import SimConfig
 from dcpsim.errors import ConfigError
+from dcpsim.model.config import SimConfig
 from dcpsim.model.specs import CircularBufferSpec, KVCacheSpec
 
 
@@ -114,7 +114,7 @@ class Scenario:
         kernel_block_size: int | None = None,
         seed: int | None = None,
         verify_every: int | None = None,
-    ) -> "Scenario":
+    ) -> Scenario:
         """The same scenario with command-line overrides applied.
 
         ``block_size`` sets how many states a page of every paged layer holds:

@@ -87,8 +87,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     n, dv = v.shape
     if nq == 0 or n == 0:
         return q.new_zeros((nq, H, dv)), q.new_full((nq, H), _NEG_INF)
-    logits = torch.einsum("qhd,nd->hqn", q, k) * scale
-    logits = logits.masked_fill(~mask.unsqueeze(0), _NEG_INF)
+    logits = torch.matmul(q.transpose(0, 1).contiguous(), k.t().contiguous()).mul_(scale)  # [H, nq, n]
+    logits.masked_fill_(~mask.unsqueeze(0), _NEG_INF)
     weights = torch.softmax(logits, dim=-1)
     # the weight of the largest logit m is exp(m - lse) >= 1/n: lse = m - log(that weight)
     lse = logits.amax(dim=-1) - torch.log(weights.amax(dim=-1))
@@ -96,7 +96,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     if empty.any():
         weights[:, empty] = 0.0  # softmax of a row of -inf is NaN
         lse[:, empty] = _NEG_INF
-    o = torch.einsum("hqn,nd->qhd", weights, v)
+    o = torch.matmul(weights, v).permute(1, 0, 2)  # [nq, H, dv]
     if base == "2":
         lse = lse * _LOG2E
     return o, lse.transpose(0, 1)

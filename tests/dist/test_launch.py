@@ -1,4 +1,4 @@
-"""dcpsim.launch with real worlds of gloo ranks: results, failures, hangs, no orphans.
+"""dcpsim.harness.world with real worlds of gloo ranks: results, failures, hangs, no orphans.
 
 Rank functions live at module level so the rank processes can unpickle them.
 """
@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dcpsim import launch
+from dcpsim.harness import world as launch
 from dcpsim.errors import EXIT_HARNESS, HarnessError
-from dcpsim.launch import RankFailureError, run_world, set_progress
+from dcpsim.harness.world import RankFailureError, run_world, set_progress
 
 pytestmark = pytest.mark.dist
 HERE = os.path.dirname(os.path.abspath(__file__))

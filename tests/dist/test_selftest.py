@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from dcpsim.faults import FAULTS
-from dcpsim.registry import builtin_scenario_names
+from dcpsim.campaigns.faults import FAULTS
+from dcpsim.scenarios.registry import builtin_scenario_names
 
 pytestmark = pytest.mark.dist
 

@@ -15,8 +15,8 @@ import pickle
 
 import pytest
 
-from dcpsim import matrix as mx
-from dcpsim.registry import builtin_scenario_names
+from dcpsim.campaigns import matrix as mx
+from dcpsim.scenarios.registry import builtin_scenario_names
 
 CELLS = mx.expand(builtin_scenario_names(), dry_run=False)
 VALID = [c for c in CELLS if c.status == "pending"]
@@ -39,7 +39,7 @@ def group_results(group: str, shared_dir) -> dict[str, tuple[str, str, object]]:
     with open(shared_dir / f"{group}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
-            fresh = [mx.CellResult(c.cell, "pending", scenario=c.scenario) for c in VALID if c.cell.group == group]
+            fresh = [mx.CellResult(c.cell, mx.CellStatus.PENDING, scenario=c.scenario) for c in VALID if c.cell.group == group]
             mx.run_cells(fresh)
             tmp = done.with_suffix(".tmp")
             tmp.write_bytes(pickle.dumps({r.cell.id: (r.status, r.reason, r.report) for r in fresh}))

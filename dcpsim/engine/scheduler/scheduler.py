@@ -19,7 +19,7 @@ digests across ranks). Simplified from vLLM v1's scheduler:
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from dcpsim.engine.scheduler.request import Request, Status
 from dcpsim.errors import ConfigError
 from dcpsim.model.content import random_tokens, stable_seed
 from dcpsim.model.kinds import Storage
-from dcpsim.model.plan import ReqWrite, RequestView, StepPlan
+from dcpsim.model.plan import RequestView, ReqWrite, StepPlan
 from dcpsim.scenarios.scenario import Scenario
 
 

@@ -1,9 +1,10 @@
 """A rank's block table for one KV-cache group, as in vLLM's worker.
 
 ``[max_num_reqs, max_num_blocks_per_req]`` block ids, one row per request
-being served, filled from the scheduler's plan. The width comes from the
-group spec's ``max_num_blocks_per_req`` (``cdiv(max_model_len, B * W)`` when
-sharded, ``cdiv(max_model_len, B)`` when replicated, 1 for a ring); a row that
+being served, filled from the scheduler's plan. The width is the engine's
+``GroupGeometry.block_table_width`` (the reference: the group spec's
+``max_num_blocks_per_req``, ``cdiv(max_model_len, B * W)`` when sharded,
+``cdiv(max_model_len, B)`` when replicated, 1 for a ring); a row that
 does not fit is a ``BlockTableOverflow``, which the harness reports as a
 correctness failure (the symptom of a replicated group scaled by ``W``).
 """

@@ -3,7 +3,7 @@
 The engine decides every slot (``Engine.write_slots``); this module only syncs the block
 tables to the plan, writes fingerprint rows (and, for the attention check, K/V vectors)
 where the engine said, and keeps the step's write log, which the checker judges. A slot
-outside a store is logged but not written (a real GPU would corrupt memory there).
+outside a store, or an index the step does not compute, is logged but not written.
 """
 
 from __future__ import annotations
@@ -59,10 +59,11 @@ class ModelRunner:
                 mine = slots != PAD
                 slots, index = slots[mine], index[mine]
                 self.write_log.append(WriteRecord(geometry.group_id, write.req_index, write.request_id, slots, index))
-                inside = (slots >= 0) & (slots < store.num_slots)
-                slots, index = slots[inside], index[inside]
-                # what a state holds: the KV of its position, or of the position emitting a record
-                content = write.contents[index * tps + tps - 1 - write.start]
+                # what a state holds: the KV of its position, or of the position emitting a
+                # record; an index the step does not compute has no KV to store
+                emit = index * tps + tps - 1 - write.start
+                keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < len(write.contents))
+                slots, index, content = slots[keep], index[keep], write.contents[emit[keep]]
                 rows = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
                 rows[:, 0] = geometry.group_id
                 rows[:, 1] = index

@@ -10,8 +10,8 @@ from fractions import Fraction
 
 import pytest
 
-from dcpsim.model.config import SimConfig
 from dcpsim.errors import ConfigError
+from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import KVCacheGroupSpec, check_groups_for_dcp, group_layer_specs
 from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,

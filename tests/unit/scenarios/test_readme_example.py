@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dcpsim.errors import ScenarioError
 from dcpsim.campaigns.fuzz import check
+from dcpsim.errors import ScenarioError
 from dcpsim.scenarios.load import load_scenario
 
 README = Path(__file__).resolve().parents[3] / "README.md"

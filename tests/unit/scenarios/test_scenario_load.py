@@ -14,14 +14,14 @@ import sys
 import textwrap
 
 import pytest
-from helpers import geometries
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dcpsim.errors import ConfigError, ScenarioError
-from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_names
-from dcpsim.scenarios.load import load_scenario, resolve, scenario_from_dict
 from dcpsim.model.specs import CircularBufferSpec, MLAAttentionSpec, SlidingWindowMLASpec
+from dcpsim.scenarios.load import load_scenario, resolve, scenario_from_dict
+from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_names
+from helpers import geometries
 
 SRC = "f.toml"
 LINE = re.compile(r"^f\.toml: (?P<path>[A-Za-z_][\w]*(?:\[\d+\])?(?:\.[A-Za-z_]\w*)*): (?P<msg>.+)$")

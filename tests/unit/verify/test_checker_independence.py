@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from helpers import builtin, run
 
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.model.kinds import Storage
+from helpers import builtin, run
 
 
 class RecordInterleaveOverR(ReferenceEngine):

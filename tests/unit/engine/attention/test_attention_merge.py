@@ -1,4 +1,5 @@
-"""The LSE merge and the attention math, alone (``dcpsim.attention.merge`` / ``compute``).
+"""The engine's attention math and LSE merge, alone (``dcpsim.engine.attention.compute`` /
+``merge``).
 
 Attention over a context split into shards, merged with ``merge_attention_states``,
 must equal attention over the whole context, computed here by a brute-force float64
@@ -9,47 +10,17 @@ turns a NaN output into NaN.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
+from attention_problems import LN2, NEG_INF, brute_force, random_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcpsim.attention.compute import (
-    attend,
-    context_keys,
-    reference_attention,
-    select_queries,
-    state_error,
-)
-from dcpsim.attention.merge import merge_attention_states, merge_lse, sanitize_lse, scale_output
-from dcpsim.attention.vectors import kv_vectors, query_vectors, uniform_rows
-from dcpsim.faults import EmptyShardLseZero, Fault, MultiTokenLocalLens
-from dcpsim.layout import local_seq_lens
-
-NEG_INF = float("-inf")
-LN2 = math.log(2.0)
-
-
-def brute_force(q, k, v, mask, scale):
-    """float64 softmax attention, one (query, head) at a time: (O [nq, H, dv], lse [nq, H])."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    nq, H, _ = q.shape
-    out = np.zeros((nq, H, v.shape[1]))
-    lse = np.full((nq, H), NEG_INF)
-    for i in range(nq):
-        seen = np.nonzero(mask[i])[0]
-        for h in range(H):
-            if len(seen) == 0:
-                continue
-            s = np.array([scale * float(q[i, h] @ k[j]) for j in seen])
-            m = s.max()
-            w = np.exp(s - m)
-            lse[i, h] = m + math.log(w.sum())
-            out[i, h] = (w[:, None] * v[seen]).sum(axis=0) / w.sum()
-    return out, lse
+from dcpsim.campaigns.faults import EmptyShardLseZero, Fault
+from dcpsim.engine.attention.compute import attend
+from dcpsim.engine.attention.merge import merge_attention_states, merge_lse, sanitize_lse, scale_output
+from dcpsim.verify.attention_reference import state_error
 
 
 def split_attention(q, k, v, mask, owner, W, scale, base):
@@ -61,17 +32,6 @@ def split_attention(q, k, v, mask, owner, W, scale, base):
         outs.append(o)
         lses.append(l)
     return torch.stack(outs), torch.stack(lses)
-
-
-def random_problem(rng, nq, n, H, dk=8, dv=6, causal=True):
-    q = torch.from_numpy(rng.standard_normal((nq, H, dk)).astype(np.float32))
-    k = torch.from_numpy(rng.standard_normal((n, dk)).astype(np.float32))
-    v = torch.from_numpy(rng.standard_normal((n, dv)).astype(np.float32))
-    if causal:  # query i sees keys < n - nq + i + 1 (the last query sees everything)
-        mask = np.arange(n)[None, :] < (n - nq + 1 + np.arange(nq))[:, None]
-    else:
-        mask = rng.random((nq, n)) < 0.7
-    return q, k, v, torch.from_numpy(mask)
 
 
 # ----------------------------------------------------------------------------- attend
@@ -89,20 +49,6 @@ def test_attend_matches_brute_force(base):
     assert np.allclose(o.numpy(), bo, atol=1e-5)
     assert np.allclose(l.numpy(), bl, atol=1e-5)  # -inf == -inf counts as close
     assert (o[2] == 0).all() and (l[2] == NEG_INF).all()
-
-
-@pytest.mark.parametrize("base", ["e", "2"])
-def test_reference_matches_brute_force(base):
-    rng = np.random.default_rng(2)
-    q, k, v, mask = random_problem(rng, nq=4, n=17, H=2, causal=False)
-    mask[0] = False
-    o, l = reference_attention(q, k, v, mask, scale=0.9, base=base)
-    bo, bl = brute_force(q, k, v, mask.numpy(), 0.9)
-    if base == "2":
-        bl = bl / LN2
-    assert o.dtype == torch.float64
-    assert np.allclose(o.numpy(), bo, atol=1e-12)
-    assert np.allclose(l.numpy(), bl, atol=1e-12)
 
 
 def test_attend_without_keys():
@@ -220,65 +166,3 @@ def test_merge_property(W, n, nq, H, base, seed, scale):
     assert not torch.isnan(o).any()
     err = state_error(o, l, torch.from_numpy(bo), torch.from_numpy(bl))
     assert float(err.max()) < 1e-4
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def test_state_error():
-    o = torch.zeros((1, 2, 3))
-    lse = torch.tensor([[NEG_INF, 1.0]])
-    assert torch.equal(state_error(o, lse, o, lse), torch.zeros((1, 2), dtype=torch.float64))
-    err = state_error(o, torch.tensor([[0.0, 1.0]]), o, lse)
-    assert err[0, 0] == float("inf") and err[0, 1] == 0
-    err = state_error(torch.full((1, 2, 3), float("nan")), lse, o, lse)
-    assert (err == float("inf")).all()
-
-
-def test_vectors_are_deterministic_and_content_sensitive():
-    a = kv_vectors(1, np.array([5, 6, -7]), 32)
-    assert a.dtype == np.float32 and a.shape == (3, 32)
-    assert np.array_equal(a, kv_vectors(1, np.array([5, 6, -7]), 32))
-    assert not np.array_equal(a[0], kv_vectors(1, np.array([8]), 32)[0])  # other content
-    assert not np.array_equal(a[0], kv_vectors(2, np.array([5]), 32)[0])  # other group
-    assert np.abs(a).max() <= math.sqrt(3.0)
-    big = uniform_rows(np.arange(20000, dtype=np.uint64), 16)
-    assert abs(float(big.mean())) < 0.02 and abs(float(big.var()) - 1.0) < 0.02
-    long = kv_vectors(0, np.arange(40000), 8)  # hashed in blocks: same as one at a time
-    assert np.array_equal(long[[0, 17000, 39999]], kv_vectors(0, np.array([0, 17000, 39999]), 8))
-    q = query_vectors(0, 3, np.array([10, 11]), np.array([5, 5]), 4, 8)
-    assert q.shape == (2, 4, 8)
-    assert not np.array_equal(q[0], q[1])  # position matters
-    assert not np.array_equal(q, query_vectors(0, 4, np.array([10, 11]), np.array([5, 5]), 4, 8))
-
-
-def test_multi_token_local_lens_fault_bounds():
-    """Semantics section 8, bug 3: local(L) - k differs from per-token bounds under interleaving."""
-    H, q, W, I = 100, 4, 2, 16
-    lens = H + 1 + np.arange(q)
-    for r in range(W):
-        right = local_seq_lens(lens, dcp_size=W, interleave_size=I, dcp_rank=r)
-        assert np.array_equal(Fault().query_local_bounds(right, lens, dcp_size=W, dcp_rank=r, interleave_size=I), right)
-        wrong = MultiTokenLocalLens().query_local_bounds(right, lens, dcp_size=W, dcp_rank=r, interleave_size=I)
-        assert wrong[-1] == right[-1]
-        if r == 1:  # positions 100..103 all live on rank 0: rank 1 must see 48 keys for every token
-            assert list(right) == [48] * 4 and list(wrong) == [45, 46, 47, 48]
-
-
-def test_query_selection():
-    assert np.array_equal(select_queries(256, 1900, 2**20), np.arange(256))
-    rows = select_queries(16384, 262144, 2**20)
-    assert len(rows) == 8 and rows[0] == 0 and rows[-1] == 16383
-    rows = select_queries(16384, 16384, 2**20)
-    assert len(rows) == 64 and np.array_equal(rows[:16], np.arange(16))
-    assert np.all(np.diff(rows) > 0)
-
-
-def test_context_keys():
-    from dcpsim.scenario_file import load_scenario
-    from dcpsim.simulation import build_layouts
-
-    swa, records, paged, ring = build_layouts(load_scenario("dsv41-hybrid"))
-    assert context_keys(swa, 1000, 1004) == 128 + 4
-    assert context_keys(records, 1000, 1004) == 502
-    assert context_keys(paged, 1000, 1004) == 1004

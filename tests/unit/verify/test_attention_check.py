@@ -2,51 +2,47 @@
 
 The built-in scenarios must pass the attention check for W in {1, 2, 3, 4, 8} with both
 merge variants and both LSE bases, and every (group, request, step) must be checked. The
-two attention faults (semantics section 8, bugs 3 and 4), a corrupted stored vector and
-a broken merge collective must each end in an ``attention-mismatch``.
+two attention faults (semantics section 8, bugs 3 and 4), a corrupted stored vector, an
+engine whose attention reads a wrong key and an engine whose merge collective drops a
+contribution must each end in an ``attention-mismatch``.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import json
-import threading
+from functools import cached_property
 
 import numpy as np
 import pytest
-import torch
 
-import dcpsim.attention.check as attention_check
-from dcpsim.attention.config import DEFAULT_TOLERANCE
-from dcpsim.attention.vectors import KVVectors
-from dcpsim.faults import FAULTS
-from dcpsim.runtime.collectives import run_in_threads
-from dcpsim.scenario_file import load_scenario
-from dcpsim.scheduler.scheduler import Scheduler
-from dcpsim.simulation import Job, build_layouts, run_rank
-
-
-def builtin(name, W, I=1, **ov):
-    return load_scenario(name).with_overrides(
-        decode_context_parallel_size=W, cp_kv_cache_interleave_size=I, **ov)
-
-
-def run(sc, **job):
-    W = sc.config.decode_context_parallel_size
-    reports = run_in_threads(run_rank, Job(sc, **job), W)
-    verdicts = {(r.passed, r.failure.kind if r.failure else None, r.steps, r.attention_checks) for r in reports}
-    assert len(verdicts) == 1, f"ranks disagree: {verdicts}"
-    return reports[0]
+from dcpsim.campaigns.faults import FAULTS
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.worker.model_runner import ModelRunner
+from dcpsim.harness.batch import merge_rank_reports
+from dcpsim.harness.collectives import run_in_threads
+from dcpsim.harness.job import Job
+from dcpsim.harness.rank import run_rank
+from dcpsim.model.attention_config import DEFAULT_TOLERANCE
+from dcpsim.model.kinds import Storage
+from helpers import builtin, geometries, run, scheduler
 
 
 def expected_checks(sc):
     """Every (attention group, write) of every step: rings are not attention KV."""
-    layouts = build_layouts(sc)
-    groups = sum(lay.storage != "ring" for lay in layouts)
-    plans = list(Scheduler(sc, layouts).plans())
+    groups = sum(g.storage is not Storage.RING for g in geometries(sc))
+    plans = list(scheduler(sc).plans())
     writes = sum(len(p.writes) for p in plans)
     tokens = sum(w.stop - w.start for p in plans for w in p.writes)
     return groups * writes, groups * tokens
+
+
+def run_job(job):
+    """``helpers.run`` for a ready-made ``Job``: every rank must reach the same verdict."""
+    reports = run_in_threads(run_rank, job, job.world_size)
+    verdicts = {(r.passed, r.failure.kind if r.failure else None, r.steps, r.attention_checks) for r in reports}
+    assert len(verdicts) == 1, f"ranks disagree: {verdicts}"
+    return merge_rank_reports(reports)
 
 
 # ----------------------------------------------------------------------------- correct runs
@@ -95,15 +91,22 @@ def test_other_geometry_and_sizes():
     assert rep.attention_checks == expected_checks(sc)[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class SmallBudgetJob(Job):
+    """A job whose attention check may cost at most 4096 token-keys per (group, request,
+    step): every prefill chunk of the built-ins is then sampled."""
+
+    @cached_property
+    def attention_config(self):
+        return dataclasses.replace(super().attention_config, max_query_keys=4096)
+
+
 def test_huge_chunks_are_sampled():
     sc = builtin("dsv3", 2, 1)
     rep = run(sc, attention=True)
     base_tokens = rep.attention_query_tokens
     # a tiny budget forces sampling of every prefill chunk; the check still passes
-    small = functools.partial(attention_check.AttentionConfig, max_query_keys=4096)
-    with pytest.MonkeyPatch.context() as monkey:
-        monkey.setattr(attention_check, "AttentionConfig", small)
-        rep = run(sc, attention=True)
+    rep = run_job(SmallBudgetJob(sc, attention=True))
     assert rep.passed and rep.attention_sampled_checks > 0
     assert rep.attention["max_query_keys"] == 4096
     assert rep.attention_query_tokens < base_tokens
@@ -122,7 +125,7 @@ def test_huge_chunks_are_sampled():
 ])
 def test_attention_faults_are_detected(name, fault, W, I, merge):
     sc = builtin(name, W, I)
-    assert FAULTS[fault].applies_to(build_layouts(sc))
+    assert FAULTS[fault].applies_to(geometries(sc))
     # the fault needs the attention check and switches it on by itself
     rep = run(sc, inject=fault, attention_merge=merge)
     assert not rep.passed
@@ -142,75 +145,98 @@ def test_attention_faults_are_detected(name, fault, W, I, merge):
 
 
 def test_attention_faults_do_not_apply_without_sharding():
-    layouts = build_layouts(builtin("dsv41-hybrid", 1, 1))
+    unsharded = geometries(builtin("dsv41-hybrid", 1, 1))
     for name in ("multi-token-local-lens", "empty-shard-lse-zero"):
         fault = FAULTS[name]
         assert fault.bug_class.startswith(("3.", "4.")) and fault.description
-        assert not fault.applies_to(layouts)
+        assert not fault.applies_to(unsharded)
 
 
-def test_a_corrupted_vector_is_caught_by_attention_only(monkeypatch):
-    """The fingerprints stay right (the write check passes), but rank 1 writes the first K/V
-    vector of every write of the replicated sliding-window group (group 0) wrong."""
-    real = KVVectors.__call__
-
-    def corrupt(self, group_id, contents):
-        out = real(self, group_id, contents)
-        if group_id == 0 and threading.current_thread().name == "rank1" and len(out):
-            out = out.copy()
-            out[0] += 0.5
-        return out
-
-    def run_rank_named(job, coll):
-        threading.current_thread().name = f"rank{coll.rank}"
-        return run_rank(job, coll)
-
-    monkeypatch.setattr(KVVectors, "__call__", corrupt)
-    sc = builtin("dsv41-hybrid", 2, 1)
-    reports = run_in_threads(run_rank_named, Job(sc, attention=True), 2)
-    assert {(r.passed, r.failure.kind if r.failure else None) for r in reports} == {(False, "attention-mismatch")}
-    f = reports[0].failure
+def _assert_caught_on_rank_1_by_attention_only(rep):
+    assert not rep.passed and rep.failure.kind == "attention-mismatch"
+    f = rep.failure
     assert f.step == 0 and f.group.startswith("SlidingWindowMLA")
-    assert reports[0].verifications == 1  # the write check of that step passed
+    assert rep.verifications == 1  # the write check of that step passed
     own = [c for c in f.contributions if c["lse"] is not None]
     assert [c["rank"] for c in own] == [1]  # only rank 1 computes (and checks) that head
 
 
-def test_a_broken_merge_collective_is_caught(monkeypatch):
-    """A reduce-scatter that drops one rank's contribution: the merged output is wrong."""
-    from dcpsim.runtime.collectives import ThreadCollectives
+_orig_apply = ModelRunner.apply
 
-    real = ThreadCollectives.reduce_scatter_tensor
 
-    def lossy(self, tensor):
-        if self.rank == 0:
+def test_a_corrupted_vector_is_caught_by_attention_only(monkeypatch):
+    """The fingerprints stay right (the write check passes), but rank 1's worker stores the
+    first K/V vector of every write of the replicated sliding-window group (group 0) wrong.
+    A worker break (the engine decides slots, not what is stored), so ``ModelRunner.apply``
+    is patched on the class: the vectors are corrupted before the step's attention."""
+
+    def apply(self, plan, request_ids, during_step=None):
+        def corrupt_then_attend(plan, runner):
+            if runner.rank == 1:
+                store = runner.stores[0]
+                for w in runner.write_log:
+                    if w.group == 0 and len(w.slots):
+                        store.vectors.view(-1, store.vector_dim)[int(w.slots[0])] += 0.5
+            if during_step is not None:
+                during_step(plan, runner)
+        return _orig_apply(self, plan, request_ids, during_step=corrupt_then_attend)
+
+    monkeypatch.setattr(ModelRunner, "apply", apply)
+    sc = builtin("dsv41-hybrid", 2, 1)
+    assert geometries(sc)[0].name.startswith("SlidingWindowMLA") and geometries(sc)[0].replicated
+    _assert_caught_on_rank_1_by_attention_only(run(sc, attention=True))
+
+
+class ReadsAWrongKey(ReferenceEngine):
+    """Rank 1's attention of replicated groups reads the second key's slot for the first key."""
+
+    name = "reads-a-wrong-key"
+
+    def attention_metadata(self, geometry, start, stop, block_row, dcp_rank, rows):
+        slots, mask, merged = super().attention_metadata(geometry, start, stop, block_row, dcp_rank, rows)
+        if dcp_rank == 1 and not merged and len(slots) > 1:
+            slots = slots.copy()
+            slots[0] = slots[1]
+        return slots, mask, merged
+
+
+def test_an_engine_reading_a_wrong_key_is_caught_by_attention_only():
+    """What the engine stores is right (the write check passes), but rank 1's attention reads
+    a wrong K/V for one key of the replicated sliding-window group."""
+    _assert_caught_on_rank_1_by_attention_only(run(builtin("dsv41-hybrid", 2, 1), engine=ReadsAWrongKey(),
+                                                   attention=True))
+
+
+class _LossyReduceScatter:
+    """A process group whose reduce-scatter drops rank 0's share for rank 1's heads."""
+
+    def __init__(self, group):
+        self._group = group
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+    def reduce_scatter_tensor(self, tensor):
+        if self._group.rank == 0:
             tensor = tensor.clone()
             tensor[1] = 0  # rank 0's share for rank 1's heads never arrives
-        return real(self, tensor)
+        return self._group.reduce_scatter_tensor(tensor)
 
-    monkeypatch.setattr(ThreadCollectives, "reduce_scatter_tensor", lossy)
-    rep = run(builtin("dsv3", 2, 1), attention=True, attention_merge="allgather")
+
+class LossyMerge(ReferenceEngine):
+    """The merge across ranks runs over a reduce-scatter that loses a contribution."""
+
+    name = "lossy-merge"
+
+    def merge_across_ranks(self, out, lse, group, *, variant, base):
+        return super().merge_across_ranks(out, lse, _LossyReduceScatter(group), variant=variant, base=base)
+
+
+def test_a_broken_merge_collective_is_caught():
+    """A reduce-scatter that drops one rank's contribution: the merged output is wrong."""
+    rep = run(builtin("dsv3", 2, 1), engine=LossyMerge(), attention=True, attention_merge="allgather")
     assert rep.failure and rep.failure.kind == "attention-mismatch"
     assert rep.failure.head >= 4  # rank 1's heads (4..7)
-
-
-# ----------------------------------------------------------------------------- collectives
-
-
-def test_thread_collectives_all_to_all_and_reduce_scatter():
-    W = 3
-
-    def body(_, coll):
-        r = coll.rank
-        t = torch.arange(W * 2, dtype=torch.float32).reshape(W, 2) + 100 * r
-        a2a = coll.all_to_all_tensor(t)
-        rs = coll.reduce_scatter_tensor(t)
-        return a2a, rs, coll.bytes_sent
-
-    for r, (a2a, rs, sent) in enumerate(run_in_threads(body, None, W)):
-        assert torch.equal(a2a, torch.tensor([[2 * r, 2 * r + 1]], dtype=torch.float32) + 100 * torch.arange(W)[:, None])
-        assert torch.equal(rs, torch.tensor([2 * r, 2 * r + 1], dtype=torch.float32) * W + 300)
-        assert sent == 2 * W * 2 * 4
 
 
 def test_report_json_is_strict_with_infinite_values():

@@ -1,0 +1,433 @@
+"""The scheduler tests' shared kit: the invariant auditor and the workloads they run.
+
+Every plan of a run can go through ``Auditor``, an independent model written
+from the semantics doc (section 5) and the scheduler's documented contract
+(not from its code):
+
+* block 0 never appears in a row except as a released (null) entry of a
+  sliding-window / chunked-local group, and only for blocks wholly below the
+  first still-needed position;
+* a block is held by two live requests only in a full-attention group, at the
+  same table index, over a common prefix (a prefix-cache hit), and is never
+  written while shared;
+* row lengths follow the manager block size (``B*W`` sharded, ``B``
+  replicated, one block for a ring);
+* each request is written contiguously from its committed length; prefill
+  chunks and decode steps respect the token budget; a decode step writes
+  ``1 + drafts``; accepted drafts carry the true fingerprint, rejected ones
+  differ and are rewritten later (with the true content);
+* a logical KV model (manager block, offset) -> content, fed by the writes,
+  holds the true content of every retained position of every live request
+  after every step (so block reuse, prefix hits and releases are all safe);
+* pool accounting: held blocks plus free blocks equal the pool.
+
+The scheduler tests get it through the fixtures of ``tests/unit/engine/scheduler/conftest.py``:
+``audit`` (run a scenario's whole schedule through it), ``auditor`` (the class, to feed
+plans by hand), and the workloads ``mixed``, ``prefix_scenario`` and ``pressure``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from dcpsim.engine.scheduler.scheduler import Scheduler
+from dcpsim.model.specs import (
+    ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
+    FullAttentionSpec,
+    SlidingWindowSpec,
+)
+from dcpsim.scenarios.scenario import RequestSpec, Scenario
+from helpers import chunked_spec as chunked
+from helpers import full_rep_spec as full_rep
+from helpers import make_scenario as scenario
+from helpers import mla_spec as mla
+from helpers import request_spec as R
+from helpers import ring_spec as ring
+from helpers import scheduler
+from helpers import swa_spec as swa
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+# ----------------------------------------------------------------------------- the auditor
+
+EMPTY = -1  # never a fingerprint in practice (the checker's stores use the same sentinel)
+_ADMIT = re.compile(r"^admitted (\S+)(?: with a prefix-cache hit of (\d+) tokens)?$")
+_PREEMPT = re.compile(r"^preempted (\S+) \((.*)\)$")
+_FINISH = re.compile(r"^finished (\S+)$")
+
+
+class ReqState:
+    def __init__(self, spec: RequestSpec, fp: np.ndarray):
+        self.spec = spec
+        self.fp = fp
+        self.running = False
+        self.finished = False
+        self.committed = 0
+        self.num_output = 0
+        self.reach = 0  # furthest position + 1 written or hit since the last admission
+        self.cursor = 0  # acceptance pattern cursor
+        self.since_admission: dict[int, int] = {}  # position -> last content written
+        self.last_content: dict[int, int] = {}  # over the whole life
+        self.covered_by_hit: set[int] = set()
+        self.max_committed_ever = 0
+        self.hits: list[int] = []
+        self.preemptions: list[tuple[int, str]] = []
+        self.admissions = 0
+        self.rewrites_after_rejection = 0
+        self.writes_from_zero_after_preemption = 0
+
+    @property
+    def known(self):
+        return self.spec.prompt_len + self.num_output
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.nonzero(a[:n] != b[:n])[0]
+    return int(diff[0]) if len(diff) else n
+
+
+class Auditor:
+    """Feed it every plan of a scheduler; it asserts the invariants as it goes."""
+
+    def __init__(self, sched: Scheduler, true_geometries=None):
+        """``true_geometries``: the reference geometries of the scenario's specs, when the
+        scheduler was given others (an engine that derives wrong ones); the audit judges
+        against these."""
+        self.s = sched
+        self.cfg = sched.config
+        self.k = self.cfg.num_speculative_tokens
+        self.geometries = true_geometries or sched.geometries
+        assert len(self.geometries) == len(sched.geometries)
+        W = self.cfg.decode_context_parallel_size
+        # Manager block size from the doc, not from the layout object: B*W for a sharded
+        # (non-replicated full-attention) group under DCP, B otherwise; a ring: one block.
+        self.mbs = []
+        for lay, used in zip(self.geometries, sched.geometries):
+            spec = lay.spec
+            sharded = (isinstance(spec, FullAttentionSpec) and not spec.dcp_replicated and W > 1)
+            self.mbs.append(spec.block_size * (W if sharded else 1))
+            for have in (lay, used):
+                assert have.sharded == sharded, f"{have.name}: sharded={have.sharded}"
+                assert have.manager_block_size == self.mbs[-1], have.name
+        self.req = {r.index: ReqState(r.spec, r.fingerprints.copy()) for r in sched.requests}
+        self.by_id = {st.spec.request_id: i for i, st in self.req.items()}
+        # logical KV: [block id, offset inside the block-table entry] -> content (EMPTY: never)
+        self.store = [
+            np.full((m.pool.num_blocks + 1, self.span(g)), EMPTY, dtype=np.int64)
+            for g, m in enumerate(sched.managers)
+        ]
+        self.steps = 0
+        self.events: list[str] = []
+        self.reused_seen = 0
+        self.ever_held: list[dict[int, set[int]]] = [{} for _ in self.geometries]  # block -> holders
+
+    # --- retention from the doc (section 4), written out here ---------------------
+    def first_needed(self, g: int, n: int) -> int:
+        spec = self.geometries[g].spec
+        if isinstance(spec, CircularBufferSpec):
+            return max(0, n - (spec.block_size - self.k))
+        if isinstance(spec, SlidingWindowSpec):
+            return max(0, n - spec.sliding_window + 1 - spec.extra_retained_tokens)
+        if isinstance(spec, ChunkedLocalAttentionSpec):
+            return (n // spec.attention_chunk_size) * spec.attention_chunk_size
+        return 0
+
+    def kind(self, g):
+        spec = self.geometries[g].spec
+        if isinstance(spec, CircularBufferSpec):
+            return "ring"
+        if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
+            return "released"
+        return "full"
+
+    def span(self, g):
+        """Positions one block-table entry stands for (ring: its capacity)."""
+        return self.geometries[g].spec.block_size if self.kind(g) == "ring" else self.mbs[g]
+
+    def slots(self, g, row, positions: np.ndarray):
+        """(block, offset) of each position: entry p // span (ring: its one block, p % C)."""
+        row = np.asarray(row, dtype=np.int64)
+        span = self.span(g)
+        if self.kind(g) == "ring":
+            return np.full(len(positions), row[0]), positions % span
+        return row[positions // span], positions % span
+
+    # --- row checks -----------------------------------------------------------------
+    def check_rows(self, rows, when: str, step: int, committed_of) -> None:
+        for g, table in enumerate(rows):
+            kind, mbs = self.kind(g), self.mbs[g]
+            holders: dict[int, list[tuple[int, int]]] = {}
+            for ri, row in table.items():
+                st = self.req[ri]
+                where = f"step {step} {when} group {self.geometries[g].name} request {st.spec.request_id}"
+                assert st.running, f"{where}: a request that is not running holds blocks"
+                row = [int(b) for b in row]
+                if kind == "ring":
+                    assert len(row) == 1 and row[0] != 0, f"{where}: ring row {row}"
+                else:
+                    assert len(row) == cdiv(st.reach, mbs), (
+                        f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry")
+                if kind == "released":
+                    first = self.first_needed(g, committed_of(ri))
+                    for j, b in enumerate(row):
+                        below = (j + 1) * mbs <= first
+                        assert (b == 0) == below, (
+                            f"{where}: entry {j} is {b} but the first needed position is {first}")
+                else:
+                    assert 0 not in row, f"{where}: block 0 handed to a request: {row}"
+                assert len({b for b in row if b}) == len([b for b in row if b]), f"{where}: {row}"
+                for j, b in enumerate(row):
+                    if b:
+                        holders.setdefault(b, []).append((ri, j))
+                        self.ever_held[g].setdefault(b, set()).add(ri)
+            for b, hs in holders.items():
+                if len(hs) == 1:
+                    continue
+                name = self.geometries[g].name
+                assert kind == "full", f"step {step}: block {b} shared in non-full group {name}: {hs}"
+                assert len({j for _, j in hs}) == 1, f"step {step}: block {b} at different indices {hs}"
+                j = hs[0][1]
+                end = (j + 1) * mbs - 1
+                fps = {int(self.req[ri].fp[end]) for ri, _ in hs}
+                assert len(fps) == 1, f"step {step}: block {b} shared by requests with different prefixes"
+
+    # --- one plan ------------------------------------------------------------------------
+    def feed(self, plan) -> None:
+        step = plan.step
+        assert step == self.steps
+        self.steps += 1
+        self.events.extend(plan.events)
+        budget = self.cfg.max_num_batched_tokens
+        for ev in plan.events:
+            if m := _PREEMPT.match(ev):
+                st = self.req[self.by_id[m.group(1)]]
+                assert st.running, ev
+                st.running = False
+                st.committed = 0
+                st.reach = 0
+                st.since_admission = {}
+                st.preemptions.append((step, m.group(2)))
+            elif m := _ADMIT.match(ev):
+                st = self.req[self.by_id[m.group(1)]]
+                assert not st.running and not st.finished, ev
+                assert st.spec.arrival_step <= step, ev
+                hit = int(m.group(2) or 0)
+                st.running = True
+                st.admissions += 1
+                st.committed = hit
+                st.reach = hit
+                st.hits.append(hit)
+                st.covered_by_hit |= set(range(hit))
+                if hit:
+                    self.check_hit(st, hit, step)
+        writes = plan.writes
+        total = sum(len(w.contents) for w in writes)
+        assert total <= budget, f"step {step}: {total} tokens scheduled, budget {budget}"
+        written_ids = [w.req_index for w in writes]
+        assert len(set(written_ids)) == len(written_ids)
+        # Reach is known before the rows are checked: rows_before is after allocation.
+        for w in writes:
+            st = self.req[w.req_index]
+            st.reach = max(st.reach, w.stop)
+        before = {ri: st.committed for ri, st in self.req.items()}
+        self.check_rows(plan.rows_before, "before", step, lambda ri: before[ri])
+        for st in self.req.values():
+            if st.running and self.req_index(st) not in written_ids:
+                # a running request left out only when the budget ran out
+                assert total == budget, f"step {step}: {st.spec.request_id} skipped with budget left"
+        views = {v.req_index: v for v in plan.views}
+        left = budget
+        for w in writes:
+            st = self.req[w.req_index]
+            where = f"step {step} request {w.request_id}"
+            assert st.running, f"{where}: writes while not running"
+            assert w.start == st.committed, f"{where}: writes from {w.start}, committed {st.committed}"
+            n = len(w.contents)
+            assert n >= 1
+            known = st.known
+            todo = known - w.start
+            assert todo >= 1
+            drafts = 0
+            if todo == 1 and self.k:
+                remaining = st.spec.output_len - st.num_output
+                drafts = max(0, min(self.k, remaining - 1, left - 1))
+            assert n == min(todo + drafts, left), (
+                f"{where}: {n} tokens, expected min({todo} + {drafts}, {left})")
+            if todo == 1:
+                assert n == 1 + drafts, f"{where}: a decode step writes 1 + drafts tokens"
+            left -= n
+            contents = np.asarray(w.contents)
+            true = st.fp[w.start:w.stop]
+            if w.start + n < known:  # a prefill chunk
+                assert np.array_equal(contents, true), f"{where}: prefill content"
+                new_committed = w.start + n
+                accepted, d = 0, 0
+            else:
+                d = w.start + n - known
+                assert 0 <= d <= self.k
+                assert w.req_index in views, f"{where}: no view after its step"
+                new_committed = views[w.req_index].num_committed
+                accepted = new_committed - known
+                assert 0 <= accepted <= d, f"{where}: accepted {accepted} of {d}"
+                if d and st.spec.acceptance:
+                    pat = st.spec.acceptance
+                    assert accepted == min(pat[st.cursor % len(pat)], d), where
+                if d:
+                    st.cursor += 1
+                ok = known - w.start + accepted
+                assert np.array_equal(contents[:ok], true[:ok]), f"{where}: true/accepted content"
+                assert (contents[ok:] != true[ok:]).all(), f"{where}: a rejected draft has the true content"
+                st.num_output += accepted + 1
+                assert st.num_output <= st.spec.output_len
+            for j, p in enumerate(range(w.start, w.stop)):
+                c = int(contents[j])
+                if p in st.since_admission:
+                    prev = st.since_admission[p]
+                    assert prev != int(st.fp[p]), f"{where}: position {p} rewritten without a rejection"
+                    assert c != prev, f"{where}: position {p} rewritten with the same content"
+                    st.rewrites_after_rejection += 1
+                st.since_admission[p] = c
+                st.last_content[p] = c
+            if w.start == 0 and st.preemptions:
+                st.writes_from_zero_after_preemption += 1
+            st.committed = new_committed
+            st.max_committed_ever = max(st.max_committed_ever, new_committed)
+            if w.req_index in views:
+                assert views[w.req_index].num_committed == new_committed, where
+            # the logical store: written into blocks the request holds, never shared ones
+            for g, table in enumerate(plan.rows_before):
+                lo = w.start
+                if self.kind(g) == "ring":  # a ring keeps the last C rows of a chunk
+                    lo = max(w.start, w.stop - self.span(g))
+                positions = np.arange(lo, w.stop)
+                blk, off = self.slots(g, table[w.req_index], positions)
+                assert (blk != 0).all(), f"{where}: a position goes to the null block in group {g}"
+                others = {int(b) for r, rr in table.items() if r != w.req_index for b in rr if b}
+                shared = set(blk.tolist()) & others
+                assert not shared, f"{where}: writes into blocks {shared} held by another request"
+                self.store[g][blk, off] = contents[lo - w.start:]
+        # views: exactly the running requests with committed > 0
+        running = {self.req_index(st) for st in self.req.values() if st.running and st.committed > 0}
+        assert set(views) == running, f"step {step}: views {sorted(views)} vs running {sorted(running)}"
+        for ri, v in views.items():
+            assert v.num_committed == self.req[ri].committed
+            assert np.array_equal(v.fingerprints, self.req[ri].fp)
+        self.check_rows(plan.rows_after, "after", step, lambda ri: self.req[ri].committed)
+        # every retained position of every live request holds its true content
+        for ri in views:
+            st = self.req[ri]
+            n = st.committed
+            for g, table in enumerate(plan.rows_after):
+                positions = np.arange(self.first_needed(g, n), n)
+                blk, off = self.slots(g, table[ri], positions)
+                got = self.store[g][blk, off]
+                bad = np.nonzero(got != st.fp[positions])[0]
+                if len(bad):
+                    p = int(positions[bad[0]])
+                    raise AssertionError(
+                        f"step {step} group {self.geometries[g].name} request {st.spec.request_id} "
+                        f"position {p}: logical store holds {int(got[bad[0]])}, want {int(st.fp[p])}")
+        for ev in plan.events:
+            if m := _FINISH.match(ev):
+                st = self.req[self.by_id[m.group(1)]]
+                assert st.num_output == st.spec.output_len, ev
+                assert st.committed == st.spec.prompt_len + st.spec.output_len - 1, ev
+                st.running = False
+                st.finished = True
+        for st in self.req.values():
+            if st.running:
+                assert st.num_output < st.spec.output_len
+        # pool accounting after the step
+        for g, m in enumerate(self.s.managers):
+            held = {int(b) for row in m.blocks.values() for b in row if b}
+            assert len(held) + m.pool.num_free == m.pool.num_blocks, (
+                f"step {step} group {self.geometries[g].name}: {len(held)} held + "
+                f"{m.pool.num_free} free != {m.pool.num_blocks}")
+        assert plan.last == all(st.finished for st in self.req.values())
+
+    def req_index(self, st):
+        return self.by_id[st.spec.request_id]
+
+    def check_hit(self, st: ReqState, hit: int, step: int) -> None:
+        unit = math.lcm(*self.mbs)
+        assert hit % unit == 0, f"hit {hit} is not a whole number of {unit}-token units"
+        assert hit < st.known, "a hit must leave at least one token to compute"
+        best = st.max_committed_ever  # its own earlier incarnation (before a preemption)
+        for other in self.req.values():
+            if other is not st:
+                best = max(best, min(common_prefix(st.fp, other.fp), other.max_committed_ever))
+        assert hit <= best, f"step {step}: hit {hit} exceeds the true common prefix {best}"
+
+    def finish(self) -> None:
+        for st in self.req.values():
+            rid = st.spec.request_id
+            assert st.finished, f"{rid} never finished"
+            final = st.spec.prompt_len + st.spec.output_len - 1
+            written = set(st.last_content)
+            assert max(written | st.covered_by_hit) == final - 1, rid
+            assert written | st.covered_by_hit == set(range(final)), f"{rid}: coverage"
+            for p, c in st.last_content.items():
+                assert c == int(st.fp[p]), f"{rid}: position {p} ends with a non-true content"
+
+
+def audit(sc: Scenario, engine=None) -> tuple[Scheduler, Auditor]:
+    """Run ``sc``'s schedule (the reference engine's, or ``engine``'s) through the auditor."""
+    sched = scheduler(sc, engine)
+    aud = Auditor(sched)
+    for plan in sched.plans():
+        aud.feed(plan)
+    aud.finish()
+    return sched, aud
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+def mixed(W=2, I=2, **kw):
+    """Every kind of group at once: sharded MLA, replicated full, window, chunk, ring."""
+    layers = {
+        "mla.0": mla(16), "mla.1": mla(16),
+        "rep.0": full_rep(16),
+        "swa.0": swa(8, window=20), "swa.1": swa(8, window=20),
+        "chunk.0": chunked(8, 24),
+        "ring.0": ring(8),
+    }
+    reqs = [
+        R("a", 70, 30, acceptance=(3, 0, 1, 2)),
+        R("b", 45, 25, arrival_step=1, acceptance=(0, 0, 3)),
+        R("c", 120, 12, arrival_step=2, preempt_at_steps=(6,)),
+        R("d", 9, 40, arrival_step=3),
+    ]
+    kw.setdefault("k", 3)
+    kw.setdefault("budget", 40)
+    return scenario(layers, reqs, W=W, I=I, **kw)
+
+
+def prefix_scenario(W=2, B=64, extra_layers=None, **kw):
+    """dsv3-like: a 520-token shared system prompt, the second request arrives later."""
+    layers = {"mla.0": mla(B), **(extra_layers or {})}
+    reqs = [
+        R("first", 600, 10, prefix="system", shared_prefix_len=520),
+        R("second", 600, 10, prefix="system", shared_prefix_len=520, arrival_step=6),
+        R("other", 300, 5, arrival_step=6),
+    ]
+    kw.setdefault("budget", 256)
+    return scenario(layers, reqs, W=W, **kw)
+
+
+def pressure(W=2, num_gpu_blocks=9, **kw):
+    """Two long decoders that cannot both grow: one is preempted for blocks."""
+    layers = {"mla.0": mla(16)}
+    reqs = [R("x", 60, 120, acceptance=(2, 1)), R("y", 60, 120, acceptance=(0, 3)),
+            R("z", 40, 10, arrival_step=2)]
+    return scenario(layers, reqs, W=W, k=3, budget=64, num_gpu_blocks=num_gpu_blocks, **kw)
+
+
+# ----------------------------------------------------------------------------- fixtures

@@ -1,0 +1,225 @@
+"""The selftest campaign (``dcpsim.campaigns.selftest``) and its command, in one process
+(ranks as threads): the plan, the verdict and the table, including the ways it must fail
+(a fault that changes nothing is "missed", a broken baseline is a false positive, an
+unknown run option is an error). Real gloo worlds: ``tests/dist/test_selftest.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dcpsim.campaigns.faults import FAULTS, Fault
+from dcpsim.campaigns.selftest import (
+    BASELINE,
+    DETECTED,
+    ERROR,
+    FALSE_POSITIVE,
+    MISSED,
+    NOT_APPLICABLE,
+    PASS,
+    Row,
+    UnknownOption,
+    apply_options,
+    canonical_options,
+    config_text,
+    fault_status,
+    format_table,
+    plan_selftest,
+    run_plan,
+    verdict,
+)
+from dcpsim.cli import main
+from dcpsim.harness import rank
+from dcpsim.scenarios.load import load_scenario
+
+MINE = [
+    "interleave-off-by-one",
+    "replicated-owner-only",
+    "foreign-block",
+    "prefix-hash-unit-B",
+    "kernel-virtual-block",
+    "replicated-scaled-by-w",
+    "merge-drops-dcp-replicated",
+    "sliding-window-early-release",
+    "ring-rejected-overwrite",
+]
+"""The write-path and scheduler faults (the attention ones need ``--attention``)."""
+SMALL = ["dsv3", "dsv41-hybrid", "llama-draft"]
+
+
+# ----------------------------------------------------------------------------- selftest: planning
+
+
+def test_plan_runs_each_fault_where_it_applies():
+    plan = plan_selftest(MINE, SMALL, dry_run=False)
+    where = {}
+    for c in plan.cases:
+        where.setdefault(c.fault, set()).add(c.scenario)
+    assert where["prefix-hash-unit-B"] == {"dsv3", "llama-draft"}  # dsv41-hybrid: prefix caching off
+    assert where["merge-drops-dcp-replicated"] == {"llama-draft"}
+    assert where["sliding-window-early-release"] == {"dsv41-hybrid"}
+    assert where["ring-rejected-overwrite"] == {"dsv41-hybrid"}
+    assert where["replicated-scaled-by-w"] == {"dsv41-hybrid", "llama-draft"}
+    assert where["replicated-owner-only"] == {"dsv41-hybrid", "llama-draft"}
+    assert where["kernel-virtual-block"] == where["foreign-block"] == set(SMALL)
+    assert where[BASELINE] == set(SMALL)
+    # every config a fault runs in is also a baseline config on every scenario
+    fault_cfgs = {c.options for c in plan.cases if c.fault != BASELINE}
+    base = {(c.scenario, c.options) for c in plan.cases if c.fault == BASELINE}
+    assert {(s, o) for s in SMALL for o in fault_cfgs | {()}} == base
+    kv = next(c for c in plan.cases if c.fault == "kernel-virtual-block")
+    assert dict(kv.options) == {"block_size": 64, "cp_kv_cache_interleave_size": 64, "kernel_block_size": 16}
+    assert plan.resolved[("dsv3", kv.options)][2] == "W=2 I=64 B=64 Bk=16"
+
+
+def test_apply_options_aliases_config_fields_and_unknown_options():
+    sc, job = apply_options(load_scenario("dsv3"), {"dcp": 4, "B": 16, "enable_prefix_caching": False, "paranoid": True})
+    assert sc.config.decode_context_parallel_size == 4 and not sc.config.enable_prefix_caching
+    assert {s.block_size for s in sc.layers.values()} == {16}
+    assert job == {"paranoid": True}
+    with pytest.raises(UnknownOption, match="warp_drive"):
+        apply_options(load_scenario("dsv3"), {"warp_drive": 9})
+    opts = canonical_options({"Bk": 16, "I": 64})
+    assert opts == (("cp_kv_cache_interleave_size", 64), ("kernel_block_size", 16))
+    assert config_text(apply_options(load_scenario("dsv3"), dict(opts))[0], opts) == "W=2 I=64 Bk=16"
+
+
+class _NoOp(Fault):
+    name = "no-op"
+    bug_class = "none: changes nothing"
+    description = "a fault that forgets to break anything"
+
+
+class _Nowhere(Fault):
+    name = "nowhere"
+    bug_class = "none"
+    description = "applies to nothing"
+
+    def applies_to(self, geometries):
+        return False
+
+
+class _OddOption(Fault):
+    name = "odd-option"
+    bug_class = "none"
+    description = "needs an option nobody knows"
+    needs = {"warp_drive": True}
+
+
+def test_a_fault_that_applies_nowhere_is_listed_not_applicable(monkeypatch):
+    monkeypatch.setitem(FAULTS, "nowhere", _Nowhere())
+    plan = plan_selftest(["nowhere"], ["dsv3"], dry_run=False)
+    assert [(c.fault, c.options) for c in plan.cases] == [(BASELINE, ())]  # the scenario's own config only
+    assert [(r.fault, r.outcome) for r in plan.rows] == [("nowhere", NOT_APPLICABLE)]
+    rows = run_plan(plan, in_process=True)
+    assert fault_status(rows, "nowhere") == NOT_APPLICABLE
+    assert verdict(rows, ["nowhere"])[0]
+
+
+def test_an_unknown_run_option_is_an_error_row(monkeypatch):
+    monkeypatch.setitem(FAULTS, "odd-option", _OddOption())
+    plan = plan_selftest(["odd-option"], ["dsv3"], dry_run=False)
+    assert [(r.fault, r.outcome) for r in plan.rows] == [("odd-option", ERROR)]
+    assert "warp_drive" in plan.rows[0].report
+    assert not verdict(plan.rows, ["odd-option"])[0]
+
+
+def test_a_fault_that_breaks_nothing_is_missed_and_fails_selftest(monkeypatch, capsys):
+    monkeypatch.setitem(FAULTS, "no-op", _NoOp())
+    code = main(["selftest", "--in-process", "--fault", "no-op", "--scenario", "llama-draft"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "no-op" in out and MISSED in out and "not detected: no-op" in out
+
+
+def test_a_broken_baseline_is_a_false_positive(monkeypatch, capsys):
+    # A baseline job (no fault injected) runs the engine ``job_engine`` picks: the reference
+    # engine. Break it there, so that only the baselines run a broken engine.
+    broken = FAULTS["foreign-block"]
+    pick = rank.job_engine
+    monkeypatch.setattr(rank, "job_engine", lambda job: pick(job) if job.inject else broken)
+    code = main(["selftest", "--in-process", "--fault", "interleave-off-by-one", "--scenario", "llama-draft", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and not doc["passed"]
+    base = [r for r in doc["rows"] if r["fault"] == BASELINE]
+    assert base and all(r["outcome"] == FALSE_POSITIVE and r["kind"] == "write-violation" for r in base)
+    assert doc["faults"] == {"interleave-off-by-one": DETECTED}
+
+
+# ----------------------------------------------------------------------------- selftest: verdict and table
+
+
+def _row(fault, outcome, scenario="s", kind=None):
+    return Row(fault, scenario, "W=2 I=1", outcome, kind=kind, report="FAIL at step 0: x" if kind else "")
+
+
+@pytest.mark.parametrize(
+    "rows,passed",
+    [
+        ([_row("a", DETECTED, kind="k"), _row(BASELINE, PASS)], True),
+        ([_row("a", DETECTED, "s1", "k"), _row("a", MISSED, "s2"), _row(BASELINE, PASS)], True),  # detected somewhere
+        ([_row("a", MISSED), _row(BASELINE, PASS)], False),
+        ([_row("a", ERROR), _row(BASELINE, PASS)], False),
+        ([_row("a", NOT_APPLICABLE), _row(BASELINE, PASS)], True),
+        ([_row("a", DETECTED, kind="k"), _row(BASELINE, FALSE_POSITIVE, kind="k")], False),
+        ([_row("a", DETECTED, kind="k"), _row(BASELINE, ERROR)], False),
+    ],
+)
+def test_verdict(rows, passed):
+    ok, lines = verdict(rows, ["a"])
+    assert ok is passed
+    assert lines[-1].startswith("selftest PASSED" if passed else "selftest FAILED")
+
+
+def test_fault_status_prefers_detection():
+    rows = [_row("a", ERROR, "s1"), _row("a", DETECTED, "s2", "k"), _row("b", ERROR), _row("c", MISSED), _row("c", ERROR)]
+    assert [fault_status(rows, n) for n in "abc"] == [DETECTED, ERROR, MISSED]
+
+
+def test_table_has_one_aligned_line_per_row():
+    rows = [_row("interleave-off-by-one", DETECTED, "dsv3", "wrong-content"), _row(BASELINE, PASS, "llama-draft")]
+    lines = format_table(rows).splitlines()
+    assert lines[0].split()[:4] == ["fault", "scenario", "config", "result"]
+    assert len(lines) == 4
+    assert lines[2].startswith("interleave-off-by-one") and "[wrong-content] FAIL at step 0" in lines[2]
+    assert lines[3].startswith("(baseline)") and lines[3].rstrip().endswith(PASS)
+    col = lines[0].index("result")
+    assert lines[2][col:].startswith(DETECTED) and lines[3][col:].startswith(PASS)
+
+
+def test_list_shows_every_registered_fault_with_its_bug_class(capsys):
+    assert main(["selftest", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name, fault in FAULTS.items():
+        if name != BASELINE:
+            assert f"\n{name}\n" in f"\n{out}" and fault.bug_class in out
+    assert main(["selftest", "--list", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    by_name = {e["name"]: e for e in doc["faults"]}
+    assert set(by_name) == set(FAULTS) - {BASELINE}
+    assert by_name["merge-drops-dcp-replicated"]["runs"] == [{"scenario": "llama-draft", "config": "W=2 I=1"}]
+    assert by_name["kernel-virtual-block"]["needs"] == {"kernel_block_size": 16}
+
+
+def test_unknown_fault_or_scenario_is_a_usage_error(capsys):
+    assert main(["selftest", "--fault", "no-such-bug"]) == 2
+    assert "unknown fault 'no-such-bug'" in capsys.readouterr().err
+    assert main(["selftest", "--scenario", "no-such-scenario"]) == 2
+    assert "not a built-in scenario" in capsys.readouterr().err
+
+
+def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenarios(capsys):
+    """Every registered fault (the attention ones too, once registered) on dsv3, dsv41-hybrid
+    and llama-draft: each is detected wherever it runs, and every baseline passes."""
+    args = ["selftest", "--in-process", "--json"] + [a for s in SMALL for a in ("--scenario", s)]
+    code = main(args)
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc["summary"]
+    assert set(doc["faults"]) == set(FAULTS) - {BASELINE}
+    assert set(doc["faults"].values()) == {DETECTED}
+    faults = [r for r in doc["rows"] if r["fault"] != BASELINE]
+    assert faults and all(r["outcome"] == DETECTED and r["report"].startswith("FAIL at step") for r in faults)
+    base = [r for r in doc["rows"] if r["fault"] == BASELINE]
+    assert len(base) >= 4 * len(SMALL) and all(r["outcome"] == PASS for r in base)

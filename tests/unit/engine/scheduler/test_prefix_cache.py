@@ -1,0 +1,56 @@
+"""``PrefixCache``: hits in whole hash units (the LCM of the manager block sizes) within the
+true common prefix, the very blocks of the earlier request, none where caching is off or a
+group is not cacheable. Every run also goes through the auditor (``tests/schedule_auditor.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import full_rep_spec as full_rep
+from helpers import ring_spec as ring
+from helpers import scheduler
+from helpers import swa_spec as swa
+
+
+@pytest.mark.parametrize("W,B,want", [(2, 64, 512), (1, 64, 512), (3, 64, 384), (4, 64, 512),
+                                      (2, 16, 512), (2, 48, 480)])
+def test_prefix_hit_whole_units_within_common_prefix(W, B, want, audit, prefix_scenario):
+    # 520 shared tokens; unit B*W: 128 -> 4 units = 512; 64 -> 512; 192 -> 2 units = 384;
+    # 256 -> 2 units = 512; 32 -> 16 units = 512; 96 -> 5 units = 480.
+    sc = prefix_scenario(W=W, B=B)
+    sched, aud = audit(sc)
+    st = aud.req[aud.by_id["second"]]
+    assert st.hits == [want]
+    assert want % (B * W) == 0 and want <= 520 < want + B * W
+    assert aud.req[aud.by_id["other"]].hits == [0]
+    assert sched.summary["prefix_hit_tokens"] == want
+
+
+def test_prefix_hit_unit_is_lcm_of_manager_block_sizes(audit, prefix_scenario):
+    # sharded MLA B=16, W=2 -> 32; replicated full B=48 -> 48; lcm = 96 -> 5 units = 480.
+    sc = prefix_scenario(W=2, B=16, extra_layers={"rep.0": full_rep(48)})
+    sched, aud = audit(sc)
+    assert aud.req[aud.by_id["second"]].hits == [480]
+    # the hit blocks are the very blocks of "first", in both groups
+    sched2 = scheduler(sc)
+    for plan in sched2.plans():
+        if any(e.startswith("admitted second") for e in plan.events):
+            for g, table in enumerate(plan.rows_before):
+                mbs = sched2.geometries[g].manager_block_size
+                n = 480 // mbs
+                assert list(table[1][:n]) == list(table[0][:n])
+                assert not set(table[1][n:]) & set(table[0])
+            break
+    else:
+        pytest.fail("second never admitted")
+
+
+@pytest.mark.parametrize("why", ["disabled", "window", "ring"])
+def test_no_prefix_hits_when_disabled_or_not_cacheable(why, audit, prefix_scenario):
+    extra = {"window": {"swa.0": swa(8, 20)}, "ring": {"ring.0": ring(8)}}.get(why)
+    sc = prefix_scenario(W=2, B=64, extra_layers=extra, prefix=why != "disabled")
+    sched, aud = audit(sc)
+    assert sched.prefix_cache is None
+    assert sched.summary["prefix_hit_tokens"] == 0
+    assert all(h == 0 for st in aud.req.values() for h in st.hits)
+    assert not any("prefix-cache hit" in e for e in aud.events)

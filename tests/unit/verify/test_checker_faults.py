@@ -1,0 +1,63 @@
+"""Every fault of the registry (``dcpsim.campaigns.faults.FAULTS``) must fail a run of the
+checker, on the built-ins and in the configs it declares, wherever it can show."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from dcpsim.campaigns.faults import FAULTS
+from dcpsim.model.config import SimConfig
+from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.registry import builtin_scenario_names
+from dcpsim.scenarios.scenario import Scenario
+from helpers import geometries, run
+
+
+def _fault_names():
+    return sorted(n for n in FAULTS if n != "none")
+
+
+def _configured(sc, options):
+    """Apply fault run options: with_overrides arguments, SimConfig fields, or Job fields."""
+    ov_names = set(inspect.signature(Scenario.with_overrides).parameters) - {"self"}
+    cfg_names = {f.name for f in dataclasses.fields(SimConfig)}
+    ov = {k: v for k, v in options.items() if k in ov_names}
+    cfg = {k: v for k, v in options.items() if k in cfg_names and k not in ov_names}
+    job = {k: v for k, v in options.items() if k not in ov_names and k not in cfg_names}
+    sc = sc.with_overrides(**ov)
+    if cfg:
+        sc = dataclasses.replace(sc, config=dataclasses.replace(sc.config, **cfg))
+    return sc, job
+
+
+def test_the_registry_holds_faults():
+    assert len(_fault_names()) >= 10 and "none" in FAULTS
+
+
+@pytest.mark.parametrize("fault", _fault_names())
+def test_every_registered_fault_is_caught(fault):
+    """Each fault of the engine's registry, on the built-ins it declares (default dsv3 and
+    dsv41-hybrid) in the configs it declares, wherever it can show, must fail the run."""
+    f = FAULTS[fault]
+    caught = 0
+    declared = f.scenarios
+    first = declared or ("dsv3", "dsv41-hybrid")
+    # a fault that cannot show on the two reference scenarios: the first small built-in where it can
+    rest = [] if declared else [n for n in builtin_scenario_names() if n not in first and "256k" not in n]
+    names = list(first) + rest
+    for name in names:
+        if caught and name in rest:
+            break
+        for config in f.configs:
+            options = {**config, **f.needs}
+            sc, job = _configured(load_scenario(name), options)
+            if not f.applies_to_scenario(sc, geometries(sc)):
+                continue
+            rep = run(sc, inject=fault, **job)
+            assert not rep.passed and rep.failure is not None, f"{fault} on {name} {options} passed"
+            caught += 1
+    if not caught:
+        pytest.skip(f"{fault} cannot show on {names}")

@@ -1,0 +1,81 @@
+"""The checker's read path (``dcpsim.verify.read.read_slots``): slots computed by hand, and
+agreement with the reference engine's write path: every index a rank stores is read back
+at the slot the engine wrote it to (the checker's geometry and the engine's agree)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.model.kinds import Retention, Storage
+from dcpsim.model.layout import PAD
+from dcpsim.model.plan import ReqWrite
+from dcpsim.verify.geometry import ExpectedGroup, expected_groups
+from dcpsim.verify.read import read_slots
+from helpers import builtin
+
+
+def group(storage=Storage.PAGED, *, B=64, R=1, Bk=None, sharded=True, W=2, I=1):
+    return ExpectedGroup(name="g", layer_names=("l",), storage=storage,
+                         retention=Retention.RING if storage is Storage.RING else Retention.FULL,
+                         sharded=sharded, dcp_size=W, interleave_size=I, tokens_per_state=R,
+                         block_size=B, kernel_block_size=Bk)
+
+
+def test_paged_reads_by_hand():
+    row = np.array([5, 9])
+    g = group()
+    # local index i: block_table[i // 64] * 64 + i % 64; past the row: -1
+    assert read_slots(g, row, np.array([0, 63, 64, 127, 128])).tolist() == [320, 383, 576, 639, -1]
+    # kernel blocks of 16 states view the same pages: the same slots
+    assert read_slots(group(Bk=16), row, np.array([0, 17, 63, 64, 127])).tolist() == [320, 337, 383, 576, 639]
+
+
+def test_record_and_ring_reads_by_hand():
+    # records: 128-token pages of 2-token records hold 64 records; local record c at row[c // 64]
+    g = group(Storage.RECORDS, B=128, R=2)
+    assert g.page_states == 64
+    assert read_slots(g, np.array([3, 4]), np.array([0, 63, 64])).tolist() == [192, 255, 256]
+    # a ring row s lives at block * C + s % C
+    ring = group(Storage.RING, B=8, sharded=False)
+    assert read_slots(ring, np.array([7]), np.array([0, 5, 8, 13])).tolist() == [56, 61, 56, 61]
+
+
+CASES = [
+    ("dsv3", 1, 1, None),
+    ("dsv3", 2, 1, None),
+    ("dsv3", 3, 64, None),
+    ("dsv3", 4, 16, 16),
+    ("dsv41-hybrid", 2, 8, None),
+    ("dsv41-hybrid", 4, 16, 32),
+    ("dsv41-hybrid", 3, 1, 16),
+]
+
+
+@pytest.mark.parametrize("name,W,I,Bk", CASES, ids=[f"{n}-W{w}-I{i}-Bk{b}" for n, w, i, b in CASES])
+def test_reads_find_what_the_reference_engine_writes(name, W, I, Bk):
+    sc = builtin(name, W, I, kernel_block_size=Bk)
+    engine = ReferenceEngine()
+    n = 1000
+    write = ReqWrite(0, "r", 0, np.arange(n, dtype=np.int64))
+    for geometry, expected in zip(engine.geometries(sc.layers, sc.config), expected_groups(sc), strict=True):
+        assert (geometry.name, geometry.sharded) == (expected.name, expected.sharded)
+        width = engine.blocks_needed(geometry, n)
+        row = np.arange(width, dtype=np.int64) * 3 + 2  # distinct, not contiguous
+        stored = []
+        for r in range(W):
+            slots, index = engine.write_slots(geometry, write, row, r)
+            mine = slots != PAD
+            assert mine.any()
+            slots, index = slots[mine], index[mine]
+            if expected.sharded:  # the rank's own indices, in increasing (local) order
+                assert np.all((index // expected.interleave_size) % W == r) and np.all(np.diff(index) > 0)
+                local = np.arange(len(index), dtype=np.int64)
+            else:
+                local = index
+            assert np.array_equal(read_slots(expected, row, local), slots), (geometry.name, r)
+            stored.append(index)
+        if expected.sharded:  # every position (or record) of the write on exactly one rank
+            everything = np.arange(n // expected.tokens_per_state)
+            assert np.array_equal(np.sort(np.concatenate(stored)), everything)
