@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 
+from dcpsim.campaigns.faults import FAULTS
 from dcpsim.cli import main
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
@@ -13,6 +14,9 @@ from dcpsim.harness.collectives import run_in_threads
 from dcpsim.harness.job import Job
 from dcpsim.harness.rank import run_rank
 from dcpsim.scenarios.load import load_scenario
+
+WRITE_PATH_FAULTS = [name for name, fault in FAULTS.items() if name != "none" and not fault.needs.get("attention")]
+"""The registered faults that show without the attention check (scheduler and write path)."""
 
 
 def builtin(name: str, W: int, I: int = 1, **overrides):

@@ -8,6 +8,7 @@ Exit codes: 0 every check passed, 1 a check failed, 2 usage or scenario error,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -109,20 +110,16 @@ def error_json(exc: DcpsimError) -> str:
     return json.dumps({"error": {"kind": type(exc).__name__, "message": str(exc)}, "exit_code": exc.exit_code})
 
 
-class json_errors:
+@contextlib.contextmanager
+def json_errors(as_json: bool):
     """``with json_errors(args.json): ...``: a ``DcpsimError`` inside also prints one JSON
     error document on stdout under ``--json`` (then propagates to the exit code)."""
-
-    def __init__(self, as_json: bool):
-        self.as_json = as_json
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is not None and isinstance(exc, DcpsimError) and self.as_json:
+    try:
+        yield
+    except DcpsimError as exc:
+        if as_json:
             print(error_json(exc))
-        return False
+        raise
 
 
 def run_job(job, args) -> int:

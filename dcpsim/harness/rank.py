@@ -38,9 +38,9 @@ def job_engine(job: Job) -> Engine:
     return get_fault(job.inject)
 
 
-def attention_on(job: Job) -> bool:
-    """``--attention``, or a fault that can only show in the attention check."""
-    return job.attention or bool(get_fault(job.inject).needs.get("attention"))
+def attention_on(job: Job, engine: Engine) -> bool:
+    """``--attention``, or an engine (a fault) that can only show in the attention check."""
+    return job.attention or bool(getattr(engine, "needs", {}).get("attention"))
 
 
 def prepare(scenario: Scenario) -> dict:
@@ -80,11 +80,11 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunRe
 
     scenario, config = job.scenario, job.scenario.config
     bytes_before = coll.bytes_sent  # a Collectives may serve several jobs in turn
-    attention = attention_on(job)
+    engine = job_engine(job) if engine is None else engine
+    attention = attention_on(job, engine)
     cfg = job.attention_config
 
     # the engine under test
-    engine = job_engine(job) if engine is None else engine
     geometries = engine.geometries(scenario.layers, config)
     scheduler = Scheduler(scenario, engine, geometries)
     request_ids = {r.index: r.request_id for r in scheduler.requests}

@@ -26,19 +26,9 @@ from dcpsim.model.layout import PAD, slot_mapping
 from dcpsim.model.plan import ReqWrite
 from dcpsim.model.specs import cdiv
 from dcpsim.scenarios.load import load_scenario
-from helpers import builtin, geometries, scheduler
+from helpers import WRITE_PATH_FAULTS, builtin, geometries, scheduler
 
-MINE = [
-    "interleave-off-by-one",
-    "replicated-owner-only",
-    "foreign-block",
-    "prefix-hash-unit-B",
-    "kernel-virtual-block",
-    "replicated-scaled-by-w",
-    "merge-drops-dcp-replicated",
-    "sliding-window-early-release",
-    "ring-rejected-overwrite",
-]
+MINE = WRITE_PATH_FAULTS
 
 
 def scenario(name, **options):

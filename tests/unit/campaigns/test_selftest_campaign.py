@@ -33,18 +33,9 @@ from dcpsim.campaigns.selftest import (
 from dcpsim.cli import main
 from dcpsim.harness import rank
 from dcpsim.scenarios.load import load_scenario
+from helpers import WRITE_PATH_FAULTS
 
-MINE = [
-    "interleave-off-by-one",
-    "replicated-owner-only",
-    "foreign-block",
-    "prefix-hash-unit-B",
-    "kernel-virtual-block",
-    "replicated-scaled-by-w",
-    "merge-drops-dcp-replicated",
-    "sliding-window-early-release",
-    "ring-rejected-overwrite",
-]
+MINE = WRITE_PATH_FAULTS
 """The write-path and scheduler faults (the attention ones need ``--attention``)."""
 SMALL = ["dsv3", "dsv41-hybrid", "llama-draft"]
 
