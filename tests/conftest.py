@@ -3,9 +3,15 @@ module-level use, such as ``parametrize``, needs them)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+from pathlib import Path
+
 import pytest
 
 import helpers
+
+VLLM_REQUIREMENT = "vllm==0.33.0"
 
 
 @pytest.fixture
@@ -21,3 +27,19 @@ def run():
 @pytest.fixture
 def run_json(capsys):
     return lambda *argv: helpers.run_json(capsys, *argv)
+
+
+@pytest.fixture(scope="session")
+def vllm_source() -> Path:
+    """vLLM 0.33.0's source (the wheel, without dependencies, unpacked), fetched once per
+    machine into ``$DCPSIM_CACHE`` (default ``~/.cache/dcpsim``). Never skipped: without
+    the package index this fails, and so do the tests that need it."""
+    from dcpsim.engine.vllm.fetch import default_dest, fetch
+
+    dest = default_dest(VLLM_REQUIREMENT)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / ".fetch.lock", "w") as lock:  # xdist workers fetch once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = fetch(VLLM_REQUIREMENT, dest)
+    os.environ.pop("DCPSIM_VLLM_SOURCE", None)
+    return path

@@ -128,16 +128,17 @@ def is_valid(scenario: Scenario) -> bool:
     return True
 
 
-def check(scenario: Scenario, inject: str | None = None):
+def check(scenario: Scenario, inject: str | None = None, engine: dict | None = None):
     """Run the scenario in-process (ranks as threads); returns the merged report."""
     from dcpsim.harness.batch import run_jobs
     from dcpsim.harness.job import Job
 
-    (report,) = run_jobs([Job(scenario, inject=inject)], in_process=True)
+    (report,) = run_jobs([Job(scenario, inject=inject, **(engine or {}))], in_process=True)
     return report
 
 
-def find_failure(inject: str | None = None, *, max_examples: int = 200, seed: int = 0) -> Scenario | None:
+def find_failure(inject: str | None = None, *, max_examples: int = 200, seed: int = 0,
+                 engine: dict | None = None) -> Scenario | None:
     """The minimal scenario whose run fails (with ``inject`` on), or None if none was found."""
     _require_hypothesis()
     import random
@@ -148,7 +149,7 @@ def find_failure(inject: str | None = None, *, max_examples: int = 200, seed: in
     try:
         return find(
             scenarios(),
-            lambda s: not check(s, inject).passed,
+            lambda s: not check(s, inject, engine).passed,
             settings=settings(
                 max_examples=max_examples,
                 database=None,

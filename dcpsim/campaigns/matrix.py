@@ -139,8 +139,10 @@ def expand(
     return out
 
 
-def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: float = 30.0, progress=None) -> None:
-    """Run every pending cell (in place), one world per (scenario, W) group."""
+def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: float = 30.0, progress=None,
+              engine: dict | None = None) -> None:
+    """Run every pending cell (in place), one world per (scenario, W) group. ``engine``: the
+    engine ``Job`` fields (``engine``, ``vllm_source``, ``vllm_runner``); default reference."""
     from dcpsim.harness.batch import run_each
     from dcpsim.harness.job import Job
     from dcpsim.harness.replay import replay_record
@@ -150,7 +152,7 @@ def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: f
         if res.status == CellStatus.PENDING:
             groups.setdefault(res.cell.group, []).append(res)
     for members in groups.values():
-        jobs = [Job(r.scenario) for r in members]
+        jobs = [Job(r.scenario, **(engine or {})) for r in members]
         for res, job, outcome in zip(members, jobs, run_each(jobs, in_process=in_process, timeout=timeout)):
             res.seconds = outcome.seconds
             if outcome.error is not None:

@@ -269,13 +269,15 @@ def options_text(options) -> str:
 # ----------------------------------------------------------------------------- running
 
 
-def _jobs(plan: Plan, cases: list[Case]) -> list:
+def _jobs(plan: Plan, cases: list[Case], engine: dict | None = None) -> list:
+    """The cases' jobs; baselines run ``engine`` (Job fields; default the reference engine)."""
     from dcpsim.harness.job import Job
 
     jobs = []
     for case in cases:
         scenario, job_fields, _ = plan.resolved[(case.scenario, case.options)]
-        jobs.append(Job(scenario, inject=None if case.baseline else case.fault, **job_fields))
+        extra = (engine or {}) if case.baseline else {}
+        jobs.append(Job(scenario, inject=None if case.baseline else case.fault, **job_fields, **extra))
     return jobs
 
 
@@ -299,8 +301,10 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}"
 
 
-def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0) -> list[Row]:
-    """Run every case; rows in plan order (planning rows of a fault after its cases)."""
+def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, engine: dict | None = None) -> list[Row]:
+    """Run every case; rows in plan order (planning rows of a fault after its cases). The
+    faults are variants of the reference engine; the baselines run ``engine`` (``Job``
+    fields), which must pass them all."""
     from dcpsim.harness.batch import run_each
 
     by_world: dict[int, list[int]] = {}
@@ -310,7 +314,7 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0) -> 
     rows: list[Row | None] = [None] * len(plan.cases)
     for ks in by_world.values():
         cases = [plan.cases[k] for k in ks]
-        for k, case, outcome in zip(ks, cases, run_each(_jobs(plan, cases), in_process=in_process, timeout=timeout)):
+        for k, case, outcome in zip(ks, cases, run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=timeout)):
             if outcome.error is not None:
                 rows[k] = _row(plan, case, error=_first_line(outcome.error), seconds=outcome.seconds)
             else:

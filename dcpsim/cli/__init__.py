@@ -34,6 +34,7 @@ COMMANDS = (
     ("fuzz", "search random schedules for a failure, shrink it and save it", "dcpsim.cli.fuzz"),
     ("selftest", "inject every known DCP bug where it applies; each must be caught, baselines must pass",
      "dcpsim.cli.selftest"),
+    ("engine", "fetch vLLM's source, or show what an engine under test runs", "dcpsim.cli.engine"),
 )
 
 

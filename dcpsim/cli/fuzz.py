@@ -6,10 +6,13 @@ import sys
 import time
 from pathlib import Path
 
-from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
+from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
+from dcpsim.harness.job import Job
 
 
 def add_arguments(p) -> None:
+    add_engine_arguments(p)
     p.add_argument("--inject", metavar="FAULT", help="search with a known DCP bug switched on")
     p.add_argument("--examples", type=int, default=200, help="random schedules to try (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search")
@@ -22,12 +25,15 @@ def run(args) -> int:
     from dcpsim.campaigns.faults import get_fault
     from dcpsim.campaigns.fuzz import find_failure
     from dcpsim.harness.batch import run_jobs
-    from dcpsim.harness.job import Job
     from dcpsim.scenarios.dump import scenario_to_toml
 
     get_fault(args.inject)
     start = time.perf_counter()
-    found = find_failure(args.inject, max_examples=args.examples, seed=args.seed)
+    engine = engine_options(args)
+    Job.validate_engine(**engine)
+    if args.inject and args.engine != "reference":
+        raise ConfigError(f"--inject switches on a fault of the reference engine; not with --engine {args.engine}")
+    found = find_failure(args.inject, max_examples=args.examples, seed=args.seed, engine=engine)
     searched = time.perf_counter() - start
     if found is None:
         print(f"fuzz: no failing schedule in {args.examples} random examples ({searched:.1f} s)")
@@ -36,13 +42,16 @@ def run(args) -> int:
     path = Path(args.out) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     rerun = f"python -m dcpsim run {path}" + (f" --inject {args.inject}" if args.inject else "")
+    if args.engine != "reference":
+        rerun += f" --engine {args.engine}" + (f" --vllm-source {args.vllm_source}" if args.vllm_source else "")
+        rerun += f" --vllm-runner {args.vllm_runner}" if args.engine == "vllm" else ""
     header = (
         f"Shrunk failing schedule found by dcpsim fuzz in {searched:.1f} s "
         f"(--seed {args.seed}, --examples {args.examples}).\nRerun: {rerun}"
     )
     path.write_text(scenario_to_toml(found, header=header), encoding="utf-8")
     print(f"fuzz: shrunk failing schedule written to {path}", file=sys.stderr)
-    (report,) = run_jobs([Job(found, inject=args.inject)], in_process=args.in_process, timeout=args.timeout)
+    (report,) = run_jobs([Job(found, inject=args.inject, **engine)], in_process=args.in_process, timeout=args.timeout)
     print(report.text())
     print(f"rerun with: {rerun}")
     return EXIT_CHECK_FAILED

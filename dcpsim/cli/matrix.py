@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import sys
 
+from dcpsim.cli.options import add_engine_arguments, engine_options
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
+from dcpsim.harness.job import Job
 
 
 def add_arguments(p) -> None:
+    add_engine_arguments(p)
     p.add_argument("scenarios", nargs="*", help="scenario names or files (default: every built-in)")
     p.add_argument("--dcp", "--decode-context-parallel-size", dest="dcp", default="1,2,3,4,8",
                    help="comma list of DCP sizes (default 1,2,3,4,8)")
@@ -45,7 +48,9 @@ def run(args) -> int:
         done += 1
         print(f"[{done}/{pending}] {res.cell.id} {res.status.upper()} ({res.seconds:.2f} s)", file=sys.stderr)
 
-    mx.run_cells(results, in_process=args.in_process, timeout=args.timeout, progress=progress)
+    engine = engine_options(args)
+    Job.validate_engine(**engine)
+    mx.run_cells(results, in_process=args.in_process, timeout=args.timeout, progress=progress, engine=engine)
     if args.json:
         print(json.dumps([
             {"cell": r.cell.id, "status": r.status, "reason": r.reason, "seconds": round(r.seconds, 3),

@@ -39,6 +39,7 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                         "the harness reports a broken world (exit 3)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="process-group timeout in seconds (default 30)")
+    add_engine_arguments(p)
     a = p.add_argument_group("attention check")
     a.add_argument("--attention", action="store_true",
                    help="also store K/V vectors and check every step's decode attention: per-rank "
@@ -53,6 +54,24 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                    help="query heads (one shared latent KV head per group; default 8)")
     a.add_argument("--attention-head-dim", type=int, default=16, metavar="D",
                    help="width of K and of V vectors (default 16)")
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """``--engine`` and the vLLM engine's options (run, worker, matrix, selftest, fuzz)."""
+    e = p.add_argument_group("engine under test")
+    e.add_argument("--engine", default="reference", metavar="NAME",
+                   help="reference (default), vllm (vLLM's own DCP code from --vllm-source), or MODULE:ATTR "
+                        "for a plugin implementing dcpsim.engine.interface.Engine")
+    e.add_argument("--vllm-source", metavar="DIR",
+                   help="--engine vllm: a directory holding vllm/ (an unpacked wheel, a site-packages, a "
+                        "checkout); default $DCPSIM_VLLM_SOURCE")
+    e.add_argument("--vllm-runner", choices=("v2", "v1"), default="v2",
+                   help="--engine vllm: the slot mapping kernel of model runner v2 (default) or v1")
+
+
+def engine_options(args) -> dict:
+    """The ``Job`` fields of the engine flags."""
+    return dict(engine=args.engine, vllm_source=args.vllm_source, vllm_runner=args.vllm_runner)
 
 
 def add_world_arguments(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:
@@ -98,7 +117,8 @@ def make_job(args, scenario: Scenario):
         failure = parse_rank_failure(args.simulate_rank_failure, scenario.config.decode_context_parallel_size)
     return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure,
                attention=args.attention, lse_base=args.lse_base, attention_merge=args.attention_merge,
-               attention_heads=args.attention_heads, attention_head_dim=args.attention_head_dim)
+               attention_heads=args.attention_heads, attention_head_dim=args.attention_head_dim,
+               **engine_options(args))
 
 
 def finish(report, as_json: bool) -> int:

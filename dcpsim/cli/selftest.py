@@ -18,10 +18,13 @@ from dcpsim.campaigns.selftest import (
     run_plan,
     verdict,
 )
+from dcpsim.cli.options import add_engine_arguments, engine_options
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
+from dcpsim.harness.job import Job
 
 
 def add_arguments(p) -> None:
+    add_engine_arguments(p)
     p.add_argument("--list", action="store_true",
                    help="list every fault, the bug class it stands for and where it runs; run nothing")
     p.add_argument("--fault", action="append", metavar="NAME", help="only this fault (repeatable)")
@@ -67,7 +70,9 @@ def run(args) -> int:
     if args.list:
         return _list(plan, args.json)
     start = time.perf_counter()
-    rows = run_plan(plan, in_process=args.in_process, timeout=args.timeout)
+    engine = engine_options(args)
+    Job.validate_engine(**engine)
+    rows = run_plan(plan, in_process=args.in_process, timeout=args.timeout, engine=engine)
     passed, summary = verdict(rows, plan.faults)
     seconds = time.perf_counter() - start
     if args.json:

@@ -97,6 +97,13 @@ class Engine:
         speculative drafts."""
         raise NotImplementedError
 
+    def step_write_slots(self, geometry: GroupGeometry, writes: list[ReqWrite], block_rows: list[np.ndarray],
+                         dcp_rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``write_slots`` of every write of a step in one group, in order (``block_rows[i]``
+        is the row of ``writes[i]``'s request). The default calls ``write_slots`` per write;
+        an engine whose kernel maps a whole batch at once overrides this one."""
+        return [self.write_slots(geometry, w, row, dcp_rank) for w, row in zip(writes, block_rows)]
+
     # --- the worker: attention metadata ---------------------------------------------
 
     def kernel_block_table(self, geometry: GroupGeometry, block_row: np.ndarray) -> np.ndarray:
@@ -145,3 +152,12 @@ class Engine:
         ``world_size``). ``variant`` is ``allgather`` or ``alltoall``. Returns one slice of
         ``H / world_size`` merged heads ``(out, lse, slice_index)``."""
         raise NotImplementedError
+
+
+ENGINE_DECISIONS = (
+    "kv_cache_groups", "group_geometry", "blocks_needed", "first_needed_position", "num_released_blocks",
+    "prefix_hash_unit", "prefix_key_position", "write_slots", "kernel_block_table", "local_seq_lens",
+    "query_local_bounds", "attention_metadata", "shard_lse", "merge_lse", "merge_attention_states",
+    "merge_across_ranks",
+)
+"""Every decision of the interface, in the order above (reports list who makes each)."""

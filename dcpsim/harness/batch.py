@@ -42,8 +42,11 @@ def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
 
         if deadline is None:
             deadline = 2 * timeout + 30 + 10 * (len(jobs) - 1)
+        preload = ("dcpsim.harness.batch",)
+        if any(j.engine == "vllm" for j in jobs):  # import Triton once, in the forkserver
+            preload += ("dcpsim.engine.vllm.preload",)
         per_rank = run_world(gloo_rank_batch, jobs, world_size=world, pg_timeout_s=timeout,
-                             deadline_s=deadline, preload=("dcpsim.harness.batch",))
+                             deadline_s=deadline, preload=preload)
     return [merge_rank_reports([reports[k] for reports in per_rank]) for k in range(len(jobs))]
 
 

@@ -17,8 +17,9 @@ import resource
 
 from dcpsim.campaigns.faults import get_fault
 from dcpsim.engine.attention.shard import ShardAttention
-from dcpsim.engine.interface import Engine
+from dcpsim.engine.interface import ENGINE_DECISIONS, Engine
 from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.registry import build_engine
 from dcpsim.engine.scheduler.scheduler import Scheduler, pool_sizes
 from dcpsim.engine.worker.block_table import BlockTableOverflow
 from dcpsim.engine.worker.model_runner import ModelRunner
@@ -33,9 +34,23 @@ from dcpsim.verify.report import Failure, FailureKind, RunReport
 
 
 def job_engine(job: Job) -> Engine:
-    """The engine under test of a job: an injected fault, else the reference engine
-    (``FAULTS["none"]``, the catalogue's correct engine)."""
+    """The engine under test of a job: ``--engine`` (vLLM's code, a plugin), else an
+    injected fault, else the reference engine (``FAULTS["none"]``, the catalogue's
+    correct engine)."""
+    if job.engine != "reference":
+        return build_engine(job.engine, vllm_source=job.vllm_source, vllm_runner=job.vllm_runner)
     return get_fault(job.inject)
+
+
+def engine_info(engine: Engine) -> dict:
+    """What the report says of the engine: its name, version and who makes each decision."""
+    own = getattr(engine, "decisions", {})
+    decisions = {}
+    for name in ENGINE_DECISIONS:
+        decisions[name] = own.get(name) or ("reference" if isinstance(engine, ReferenceEngine) and
+                                            getattr(type(engine), name) is getattr(ReferenceEngine, name)
+                                            else type(engine).__name__)
+    return dict(name=engine.name, version=getattr(engine, "version", None), decisions=decisions)
 
 
 def attention_on(job: Job, engine: Engine) -> bool:
@@ -105,6 +120,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunRe
         interleave_size=config.cp_kv_cache_interleave_size,
         kernel_block_size=config.kernel_block_size,
         groups=group_info(groups),
+        engine=engine_info(engine),
     )
     failure: Failure | None = None
     attention_bytes = 0

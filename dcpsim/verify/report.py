@@ -141,6 +141,8 @@ class RunReport:
     """Bytes this rank contributed to the attention merge and verdict (not in bytes_gathered)."""
     attention_merges: dict = field(default_factory=dict)
     """Steps merged with each variant (allgather, alltoall)."""
+    engine: dict | None = None
+    """The engine under test: name, version, and who makes each decision."""
 
     @property
     def bytes_per_verified_index(self) -> float:
@@ -158,6 +160,13 @@ class RunReport:
             + (f" kernel_block_size={self.kernel_block_size}" if self.kernel_block_size else "")
         )
         out = [head]
+        if self.engine and self.engine.get("name") not in (None, "reference", "none"):
+            e = self.engine
+            out.append(f"  engine: {e['name']}" + (f" {e['version']}" if e.get("version") else ""))
+            for decision, who in e.get("decisions", {}).items():
+                if who != "reference":
+                    out.append(f"    {decision}: {who}")
+            out.append("    (every other decision: the reference engine)")
         for g in self.groups:
             out.append(
                 f"  group {g['name']}: {g['layers']} layers, {g['storage']}, "

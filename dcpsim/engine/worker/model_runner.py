@@ -48,13 +48,14 @@ class ModelRunner:
     def apply(self, plan: StepPlan, request_ids: dict[int, str], during_step=None) -> None:
         """Write the step. ``during_step(plan, runner)``, if given, runs after the writes with
         the block tables the step ran with (before releases): the step's attention."""
-        for table, rows in zip(self.block_tables, plan.rows_before):
-            table.sync(rows, request_ids)
+        for table, step_rows in zip(self.block_tables, plan.rows_before):
+            table.sync(step_rows, request_ids)
         self.write_log = []
         for geometry, table, store in zip(self.geometries, self.block_tables, self.stores):
             tps = geometry.tokens_per_state
-            for write in plan.writes:
-                slots, index = self.engine.write_slots(geometry, write, table.row(write.req_index), self.rank)
+            rows = [table.row(w.req_index) for w in plan.writes]
+            mapped = self.engine.step_write_slots(geometry, list(plan.writes), rows, self.rank)
+            for write, (slots, index) in zip(plan.writes, mapped):
                 slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
                 mine = slots != PAD
                 slots, index = slots[mine], index[mine]
@@ -64,13 +65,13 @@ class ModelRunner:
                 emit = index * tps + tps - 1 - write.start
                 keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < len(write.contents))
                 slots, index, content = slots[keep], index[keep], write.contents[emit[keep]]
-                rows = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
-                rows[:, 0] = geometry.group_id
-                rows[:, 1] = index
-                rows[:, 2] = content
-                rows[:, 3] = write.req_index
-                rows[:, 4] = plan.step
-                store.write(slots, rows)
+                entries = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
+                entries[:, 0] = geometry.group_id
+                entries[:, 1] = index
+                entries[:, 2] = content
+                entries[:, 3] = write.req_index
+                entries[:, 4] = plan.step
+                store.write(slots, entries)
                 if store.vectors is not None:
                     store.write_vectors(slots, kv_vectors(geometry.group_id, content, self.vector_width))
         if during_step is not None:

@@ -1,0 +1,56 @@
+"""``dcpsim engine fetch`` (vLLM's source, without dependencies) and ``dcpsim engine info``
+(what an engine is, what it loaded, and who makes each decision)."""
+
+from __future__ import annotations
+
+import json
+
+from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.errors import EXIT_OK
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="engine_command", required=True)
+    f = sub.add_parser("fetch", help="download vLLM's wheel without dependencies and unpack its source")
+    f.add_argument("requirement", nargs="?", default="vllm==0.33.0", help="vllm==VERSION (default vllm==0.33.0)")
+    f.add_argument("--dest", metavar="DIR", help="where to unpack (default $DCPSIM_CACHE or ~/.cache/dcpsim, /vllm-VERSION)")
+    i = sub.add_parser("info", help="the engine's version, what it loaded, and what makes each decision")
+    add_engine_arguments(i)
+    i.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args) -> int:
+    if args.engine_command == "fetch":
+        from dcpsim.engine.vllm.fetch import fetch
+
+        print(fetch(args.requirement, args.dest))
+        return EXIT_OK
+    from dcpsim.engine.registry import build_engine
+    from dcpsim.harness.job import Job
+    from dcpsim.harness.rank import engine_info
+
+    options = engine_options(args)
+    if options["engine"] == "vllm":  # resolves DCPSIM_VLLM_SOURCE and validates, as a run does
+        from dcpsim.engine.vllm.adapter import source_dir
+
+        options["vllm_source"] = source_dir(options["vllm_source"])
+    Job.validate_engine(**options)
+    engine = build_engine(**{"name": options["engine"], "vllm_source": options["vllm_source"],
+                             "vllm_runner": options["vllm_runner"]})
+    info = engine_info(engine)
+    tree = getattr(engine, "tree", None)
+    if tree is not None:
+        info["source"] = str(tree.root)
+        info["loaded"] = sorted(tree.modules)
+        info["stubbed"] = sorted(tree.stubbed)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return EXIT_OK
+    print(f"engine {info['name']}" + (f" {info['version']}" if info.get("version") else ""))
+    if tree is not None:
+        print(f"  source: {info['source']}")
+        print(f"  loaded: {', '.join(info['loaded'])}")
+        print(f"  stubbed: {len(info['stubbed'])} modules")
+    for decision, who in info["decisions"].items():
+        print(f"  {decision}: {who}")
+    return EXIT_OK

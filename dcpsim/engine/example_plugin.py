@@ -1,0 +1,176 @@
+"""An example plugin engine, written from the ``Engine`` docstrings alone.
+
+``python -m dcpsim run dsv3 --engine dcpsim.engine.example_plugin:ExampleEngine`` runs it.
+It implements every decision with plain loops (it subclasses ``Engine``, not
+``ReferenceEngine``) and uses only the pure model (specs, grouping, kinds) and
+``GroupGeometry``. ``OffByOneExampleEngine`` is the same engine with one classic bug (the
+owner rank of a position counted from 1), which the checker must catch.
+
+A plugin of your own: a module on ``sys.path`` with an ``Engine`` subclass (or instance);
+``--engine MODULE:ATTR`` names it. The ranks import it too, so keep it importable there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from dcpsim.engine.geometry import GroupGeometry
+from dcpsim.engine.interface import Engine
+from dcpsim.errors import ConfigError
+from dcpsim.model.grouping import check_groups_for_dcp, group_layer_specs
+from dcpsim.model.kinds import Retention, Storage, records_per_state, retention_of, storage_of
+
+PAD = -1
+
+
+class ExampleEngine(Engine):
+    name = "example-plugin"
+    description = "a plugin written from the Engine docstrings (plain loops)"
+
+    def kv_cache_groups(self, layer_specs):
+        return group_layer_specs(layer_specs)
+
+    def group_geometry(self, group_id, group, config):
+        check_groups_for_dcp([group], config)
+        spec = group.representative
+        W, I = config.decode_context_parallel_size, config.cp_kv_cache_interleave_size
+        sharded = group.sharded and W > 1
+        tps = records_per_state(spec)
+        storage = storage_of(spec)
+        if sharded and (spec.block_size // tps) % I:
+            raise ConfigError(f"group {group.name}: a page of {spec.block_size // tps} states is not a multiple of I={I}")
+        per_entry = spec.block_size * (W if sharded else 1)
+        width = 1 if storage is Storage.RING else -(-config.max_model_len // per_entry)
+        return GroupGeometry(
+            group_id=group_id, name=group.name, layer_names=group.layer_names, spec=spec,
+            group_spec=group.kv_cache_spec, storage=storage, retention=retention_of(spec),
+            block_size=spec.block_size, tokens_per_state=tps, sharded=sharded, dcp_size=W, interleave_size=I,
+            kernel_block_size=None if storage is Storage.RING else config.kernel_block_size,
+            num_speculative_tokens=config.num_speculative_tokens, manager_block_size=per_entry,
+            block_table_width=width)
+
+    # --- scheduler ------------------------------------------------------------------
+
+    def blocks_needed(self, geometry, num_tokens):
+        return 1 if geometry.storage is Storage.RING else -(-num_tokens // geometry.manager_block_size)
+
+    def first_needed_position(self, geometry, num_committed):
+        spec, n = geometry.spec, num_committed
+        if geometry.retention is Retention.WINDOW:
+            return max(0, n - spec.sliding_window + 1 - spec.extra_retained_tokens)
+        if geometry.retention is Retention.CHUNK:
+            return n - n % spec.attention_chunk_size
+        if geometry.retention is Retention.RING:
+            return max(0, n - (geometry.block_size - geometry.num_speculative_tokens))
+        return 0
+
+    def num_released_blocks(self, geometry, first_needed):
+        return first_needed // geometry.manager_block_size
+
+    def prefix_hash_unit(self, geometries):
+        return math.lcm(*(g.manager_block_size for g in geometries))
+
+    def prefix_key_position(self, geometries, unit):
+        return (unit + 1) * self.prefix_hash_unit(geometries) - 1
+
+    # --- worker ---------------------------------------------------------------------
+
+    def owner(self, geometry: GroupGeometry, index: int) -> int:
+        return (index // geometry.interleave_size) % geometry.dcp_size
+
+    def _slot(self, g: GroupGeometry, row, index: int, rank: int) -> int:
+        page = g.states_per_page
+        if not g.sharded:
+            return int(row[index // page]) * page + index % page
+        if self.owner(g, index) != rank:
+            return PAD
+        W, I = g.dcp_size, g.interleave_size
+        entry, offset = divmod(index, page * W)
+        local = (offset // (W * I)) * I + offset % I
+        return int(row[entry]) * page + local
+
+    def write_slots(self, geometry, write, block_row, dcp_rank):
+        g = geometry
+        if g.storage is Storage.RING:
+            states = list(range(max(write.start, write.stop - g.block_size), write.stop))
+            return (np.array([int(block_row[0]) * g.block_size + s % g.block_size for s in states], np.int64),
+                    np.array(states, np.int64))
+        R = g.tokens_per_state
+        index = list(range(write.start // R, write.stop // R)) if R > 1 else list(range(write.start, write.stop))
+        slots = [self._slot(g, block_row, i, dcp_rank) for i in index]
+        return np.array(slots, np.int64), np.array(index, np.int64)
+
+    def kernel_block_table(self, geometry, block_row):
+        page = geometry.states_per_page
+        k = page // (geometry.kernel_block_size or page)
+        return np.array([b * k + j for b in block_row for j in range(k)], np.int64)
+
+    def local_seq_lens(self, geometry, seq_lens, dcp_rank):
+        if not geometry.sharded:
+            return np.asarray(seq_lens, np.int64)
+        return np.array([sum(1 for p in range(n) if self.owner(geometry, p) == dcp_rank) for n in seq_lens], np.int64)
+
+    def query_local_bounds(self, geometry, start, stop, dcp_rank):
+        R = geometry.tokens_per_state
+        return self.local_seq_lens(geometry, [(p + 1) // R for p in range(start, stop)], dcp_rank)
+
+    def attention_metadata(self, geometry, start, stop, block_row, dcp_rank, rows):
+        g, rows = geometry, np.asarray(rows, np.int64)
+        positions = start + rows
+        if g.sharded:
+            bounds = self.query_local_bounds(g, start, stop, dcp_rank)[rows]
+            local = np.arange(int(bounds.max(initial=0)))
+            mask = local[None, :] < bounds[:, None]
+        elif g.storage is Storage.RECORDS:
+            counts = (positions + 1) // g.tokens_per_state
+            local = np.arange(int(counts.max(initial=0)))
+            mask = local[None, :] < counts[:, None]
+        else:
+            lo = np.array([p - p % g.spec.attention_chunk_size if g.retention is Retention.CHUNK else
+                           max(0, p - g.spec.sliding_window + 1) if g.retention is Retention.WINDOW else 0
+                           for p in positions], np.int64)
+            local = np.arange(int(lo.min(initial=start)), int(positions.max(initial=start - 1)) + 1)
+            mask = (local[None, :] <= positions[:, None]) & (local[None, :] >= lo[:, None])
+        bk = g.kernel_block_size or g.states_per_page
+        kernel = self.kernel_block_table(g, block_row)
+        slots = np.array([kernel[i // bk] * bk + i % bk if i // bk < len(kernel) else PAD for i in local], np.int64)
+        return slots, mask, g.sharded
+
+    # --- attention math -------------------------------------------------------------
+
+    def shard_lse(self, lse, empty):
+        return lse
+
+    def merge_lse(self, lses, base):
+        exp, log = (torch.exp, torch.log) if base == "e" else (torch.exp2, torch.log2)
+        clean = torch.where(torch.isnan(lses) | (lses == float("inf")), torch.full_like(lses, -float("inf")), lses)
+        top = clean.amax(dim=0)
+        top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+        merged = top + log(exp(clean - top).sum(dim=0))
+        factors = torch.where(clean == -float("inf"), torch.zeros_like(clean), exp(clean - merged))
+        return merged, factors
+
+    def merge_attention_states(self, outputs, lses, base):
+        merged, factors = self.merge_lse(lses, base)
+        f = factors.unsqueeze(-1)
+        return torch.where(f == 0, torch.zeros_like(outputs), f * outputs).sum(dim=0), merged
+
+    def merge_across_ranks(self, out, lse, group, *, variant, base):
+        # every rank gathers every partial state and merges its own slice of heads
+        q, heads, d = out.shape
+        hs = heads // group.world_size
+        outs = torch.stack(group.all_gather_tensor(out))
+        lses = torch.stack(group.all_gather_tensor(lse))
+        mine = slice(group.rank * hs, (group.rank + 1) * hs)
+        o, merged = self.merge_attention_states(outs[:, :, mine], lses[:, :, mine], base)
+        return o, merged, group.rank
+
+
+class OffByOneExampleEngine(ExampleEngine):
+    """The example with a bug: position ``p`` of a sharded group owned by ``(p // I + 1) % W``."""
+
+    def owner(self, geometry, index):
+        return (index // geometry.interleave_size + 1) % geometry.dcp_size

@@ -1,0 +1,74 @@
+"""Engines by name: ``reference``, ``vllm`` (vLLM's own code from a source tree), or
+``MODULE:ATTR`` (a plugin: an ``Engine`` subclass or instance importable as MODULE.ATTR).
+
+``engine_spec_error`` validates a name and its options in the parent, before any rank
+starts (``ConfigError``, exit 2, naming the module, attribute or file); ``build_engine``
+builds the engine in a rank (cached per process, so a batch of jobs loads vLLM once).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from dcpsim.engine.interface import Engine
+from dcpsim.errors import ConfigError
+
+BUILTIN_ENGINES = ("reference", "vllm")
+VLLM_RUNNERS = ("v2", "v1")
+
+_CACHE: dict[tuple, Engine] = {}
+
+
+def _plugin(name: str) -> Engine:
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--engine {name!r}: expected reference, vllm, or MODULE:ATTR for a plugin")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--engine {name}: cannot import module {module_name!r}: {exc}") from None
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"--engine {name}: module {module_name} ({getattr(module, '__file__', '?')}) "
+                          f"has no attribute {attr!r}") from None
+    engine = obj() if inspect.isclass(obj) else obj
+    if not isinstance(engine, Engine):
+        raise ConfigError(f"--engine {name}: {module_name}.{attr} is not a dcpsim.engine.interface.Engine "
+                          f"(subclass Engine, or ReferenceEngine to change one decision)")
+    missing = [m for m in unimplemented(engine)]
+    if missing:
+        raise ConfigError(f"--engine {name}: {type(engine).__name__} does not implement "
+                          f"{', '.join(missing)} (see dcpsim.engine.interface.Engine)")
+    return engine
+
+
+def unimplemented(engine: Engine) -> list[str]:
+    """The interface methods ``engine`` leaves to the base class (which raises)."""
+    out = []
+    for name, member in inspect.getmembers(Engine, inspect.isfunction):
+        if name.startswith("_") or name in ("geometries", "step_write_slots"):
+            continue
+        if getattr(type(engine), name) is member:
+            out.append(name)
+    return out
+
+
+def build_engine(name: str = "reference", *, vllm_source: str | None = None, vllm_runner: str = "v2") -> Engine:
+    """The engine called ``name`` (see the module docstring); raises ``ConfigError``."""
+    key = (name, vllm_source, vllm_runner)
+    if key in _CACHE:
+        return _CACHE[key]
+    if name == "reference":
+        from dcpsim.engine.reference import ReferenceEngine
+
+        engine: Engine = ReferenceEngine()
+    elif name == "vllm":
+        from dcpsim.engine.vllm.adapter import VllmEngine
+
+        engine = VllmEngine(vllm_source, runner=vllm_runner)
+    else:
+        engine = _plugin(name)
+    _CACHE[key] = engine
+    return engine

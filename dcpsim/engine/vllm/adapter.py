@@ -1,0 +1,193 @@
+"""``VllmEngine``: an ``Engine`` whose decisions run vLLM's own code from a source tree.
+
+Decisions made by vLLM code (the rest by the reference engine, and ``decisions`` says
+which is which):
+
+* ``write_slots``: the slot mapping kernel of model runner v2,
+  ``vllm/v1/worker/gpu/block_table.py::_compute_slot_mappings_kernel`` (one launch per
+  group per step over all of the step's writes, with the group's ``dcp_sharded`` flag), or
+  with ``runner="v1"`` ``vllm/v1/worker/block_table.py::ComputeSlotMappingKernel.kernel``
+  (a replicated group runs it with a DCP world of 1). Compressed-record groups run the
+  kernel over record indices, their pages counted in records. Rings stay with the
+  reference (vLLM has no kernel for them here).
+* ``local_seq_lens`` and ``query_local_bounds``:
+  ``vllm/v1/attention/backends/utils.py::get_dcp_local_seq_lens`` (the per-token bound of
+  query token ``j`` is the local length of ``start + j + 1``).
+
+An exception raised inside vLLM's code is reported as a ``VllmCallError`` naming the
+function (the harness turns it into exit 3 naming the rank).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+
+import numpy as np
+import torch
+
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.vllm.loader import SourceTree
+from dcpsim.errors import ConfigError
+from dcpsim.model.kinds import Storage
+from dcpsim.model.layout import PAD
+
+SUPPORTED_VERSIONS = ("0.33.0",)
+PAD_ID = -1
+
+V2_MODULE, V2_KERNEL = "vllm.v1.worker.gpu.block_table", "_compute_slot_mappings_kernel"
+V2_ARGS = ("max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
+           "block_sizes", "slot_mapping_enabled", "dcp_sharded", "slot_mappings_ptr", "slot_mappings_stride",
+           "cp_rank", "CP_SIZE", "CP_INTERLEAVE", "PAD_ID", "TRITON_BLOCK_SIZE")
+V1_MODULE, V1_KERNEL = "vllm.v1.worker.block_table", "ComputeSlotMappingKernel.kernel"
+V1_ARGS = ("num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_ptr",
+           "block_table_stride", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE", "TOTAL_CP_WORLD_SIZE", "TOTAL_CP_RANK",
+           "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "BLOCK_SIZE")
+LENS_MODULE, LENS_FUNCTION = "vllm.v1.attention.backends.utils", "get_dcp_local_seq_lens"
+LENS_ARGS = ("seq_lens", "dcp_size", "dcp_rank", "cp_kv_cache_interleave_size")
+
+
+_INTERPRETER_LOCK = threading.Lock()
+"""Triton's interpreter patches the kernel module's globals while a kernel runs, so ranks
+that are threads of one process (``--in-process``) launch one kernel at a time."""
+
+
+class VllmCallError(RuntimeError):
+    """vLLM's code raised inside a rank."""
+
+
+def source_dir(vllm_source: str | None) -> str:
+    source = vllm_source or os.environ.get("DCPSIM_VLLM_SOURCE")
+    if not source:
+        raise ConfigError("--engine vllm needs --vllm-source DIR (or DCPSIM_VLLM_SOURCE): a directory holding "
+                          "vllm/; get one with: python -m dcpsim engine fetch vllm==0.33.0")
+    if not os.path.isdir(source):
+        raise ConfigError(f"--vllm-source {source}: no such directory")
+    return source
+
+
+def _arg_names(fn) -> tuple[str, ...]:
+    names = getattr(fn, "arg_names", None)
+    if names is None:
+        target = getattr(fn, "fn", fn)
+        names = list(inspect.signature(target).parameters)
+    return tuple(names)
+
+
+class VllmEngine(ReferenceEngine):
+    name = "vllm"
+    description = "vLLM's own slot mapping kernel and DCP local lengths, loaded from a source tree"
+
+    def __init__(self, vllm_source: str | None = None, runner: str = "v2"):
+        if runner not in ("v1", "v2"):
+            raise ConfigError(f"--vllm-runner must be v1 or v2, got {runner!r}")
+        self.runner = runner
+        self.tree = SourceTree(source_dir(vllm_source))
+        self.version = self.tree.version
+        if runner == "v2":
+            mods = self.tree.load(["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, LENS_MODULE])
+            self._slot_kernel = self._function(mods, V2_MODULE, V2_KERNEL, V2_ARGS)
+        else:
+            mods = self.tree.load([V1_MODULE, LENS_MODULE])
+            self._slot_kernel = self._function(mods, V1_MODULE, V1_KERNEL, V1_ARGS)
+        self._local_lens = self._function(mods, LENS_MODULE, LENS_FUNCTION, LENS_ARGS)
+        slot = f"{(V2_MODULE if runner == 'v2' else V1_MODULE)}.{V2_KERNEL if runner == 'v2' else V1_KERNEL}"
+        lens = f"{LENS_MODULE}.{LENS_FUNCTION}"
+        self.decisions = {
+            "write_slots": f"vllm {slot} (rings: reference)",
+            "local_seq_lens": f"vllm {lens}",
+            "query_local_bounds": f"vllm {lens}",
+        }
+        """Decision -> what makes it; every other decision is the reference engine's."""
+
+    def _function(self, mods, module: str, qualname: str, args: tuple[str, ...]):
+        obj = mods[module]
+        for part in qualname.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None or type(obj).__name__ == "_Placeholder":
+                raise ConfigError(self._where(module, qualname, "is missing"))
+        have = _arg_names(obj)
+        if tuple(have[: len(args)]) != args:
+            raise ConfigError(self._where(module, qualname, f"has the signature ({', '.join(have)}), "
+                                                            f"expected ({', '.join(args)})"))
+        return obj
+
+    def _where(self, module: str, qualname: str, what: str) -> str:
+        file = self.tree.root / (module.replace(".", "/") + ".py")
+        return (f"vLLM {self.version} at {self.tree.root}: {qualname} in {file} {what}; this adapter supports "
+                f"vLLM {', '.join(SUPPORTED_VERSIONS)}")
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        try:
+            with _INTERPRETER_LOCK:
+                return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported with the function's name
+            raise VllmCallError(f"vLLM {what} raised {type(exc).__name__}: {exc}") from exc
+
+    # --- the write path -------------------------------------------------------------
+
+    def write_slots(self, geometry, write, block_row, dcp_rank):
+        return self.step_write_slots(geometry, [write], [block_row], dcp_rank)[0]
+
+    def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
+        if geometry.storage is Storage.RING or not writes:
+            return [super(VllmEngine, self).write_slots(geometry, w, r, dcp_rank) for w, r in zip(writes, block_rows)]
+        if geometry.storage is Storage.RECORDS:
+            R = geometry.tokens_per_state
+            indices = [np.arange(w.start // R, w.stop // R, dtype=np.int64) for w in writes]
+        else:
+            indices = [np.arange(w.start, w.stop, dtype=np.int64) for w in writes]
+        slots = self._slot_mapping(geometry, indices, block_rows, dcp_rank)
+        return list(zip(slots, indices))
+
+    def _slot_mapping(self, g, indices, block_rows, dcp_rank) -> list[np.ndarray]:
+        """One kernel launch over every request's indices (positions, or records)."""
+        n = len(indices)
+        width = max(1, max(len(r) for r in block_rows))
+        table = torch.zeros((n, width), dtype=torch.int32)
+        for i, row in enumerate(block_rows):
+            table[i, : len(row)] = torch.as_tensor(np.asarray(row), dtype=torch.int32)
+        lens = [len(ix) for ix in indices]
+        qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+        total = int(qsl[-1])
+        positions = torch.from_numpy(np.concatenate(indices)) if total else torch.zeros(0, dtype=torch.int64)
+        page = g.states_per_page
+        W, I = g.dcp_size, g.interleave_size
+        # one pass of the kernel's loop per request (the result does not depend on it)
+        block = 1 << max(10, int(max(lens, default=1) - 1).bit_length())
+        if self.runner == "v2":
+            out = torch.full((1, max(total, 1)), PAD_ID, dtype=torch.int64)
+            self._call(f"{V2_MODULE}.{V2_KERNEL}", self._slot_kernel[(1, n + 1)],
+                       total, torch.arange(n, dtype=torch.int32), qsl, positions,
+                       torch.tensor([table.data_ptr()], dtype=torch.int64), torch.tensor([width], dtype=torch.int32),
+                       torch.tensor([page], dtype=torch.int32), torch.tensor([True]), torch.tensor([g.sharded]),
+                       out, out.stride(0), dcp_rank,
+                       CP_SIZE=W, CP_INTERLEAVE=I, PAD_ID=PAD_ID, TRITON_BLOCK_SIZE=block)
+            flat = out[0, :total].numpy()
+        else:
+            out = torch.full((max(total, 1),), PAD_ID, dtype=torch.int64)
+            world, rank = (W, dcp_rank) if g.sharded else (1, 0)
+            self._call(f"{V1_MODULE}.{V1_KERNEL}", self._slot_kernel[(n + 1,)],
+                       total, total, qsl, positions, table, width, out,
+                       KV_CACHE_BLOCK_SIZE=page, TOTAL_CP_WORLD_SIZE=world, TOTAL_CP_RANK=rank,
+                       CP_KV_CACHE_INTERLEAVE_SIZE=I, PAD_ID=PAD_ID, BLOCK_SIZE=block)
+            flat = out[:total].numpy()
+        flat = np.where(flat == PAD_ID, PAD, flat).astype(np.int64)
+        return np.split(flat, np.cumsum(lens)[:-1]) if n > 1 else [flat]
+
+    # --- attention metadata ---------------------------------------------------------
+
+    def local_seq_lens(self, geometry, seq_lens, dcp_rank):
+        lens = np.asarray(seq_lens, dtype=np.int64)
+        if not geometry.sharded:
+            return lens
+        out = self._call(f"{LENS_MODULE}.{LENS_FUNCTION}", self._local_lens, torch.from_numpy(lens),
+                         geometry.dcp_size, dcp_rank, geometry.interleave_size)
+        return out.numpy().astype(np.int64)
+
+    def query_local_bounds(self, geometry, start, stop, dcp_rank):
+        lens = np.arange(start, stop, dtype=np.int64) + 1
+        if geometry.storage is Storage.RECORDS:  # records emitted at positions <= p
+            lens = lens // geometry.tokens_per_state
+        return self.local_seq_lens(geometry, lens, dcp_rank)

@@ -1,0 +1,244 @@
+"""Load single modules of a vLLM source tree, with small stubs for everything around them.
+
+``import vllm`` as a whole is not practical on a CPU machine (hundreds of modules, CUDA
+checks, compiled extensions). ``SourceTree.load(names)`` executes only the named modules
+from ``DIR/vllm/...``, each as vLLM wrote it, under their real names:
+
+* a package (a folder) becomes an empty package whose ``__init__.py`` is not run;
+* the few modules the adapter needs from around them have small hand-written stubs
+  (``STUBS``: a logger, ``triton_utils`` over the real ``triton``);
+* any other ``vllm`` module the loaded code imports is an *automatic stub*: every name in
+  it is a placeholder that can be called, subclassed, decorated with and tested for
+  truth (always false), so import-time code runs; using one for real fails loudly.
+
+Triton kernels run on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``, set
+before Triton is first imported). The loaded modules are taken out of ``sys.modules``
+again afterwards (the functions keep their own globals), so several trees, say a clean one
+and a patched copy, can be loaded by one process.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import re
+import sys
+import threading
+import types
+from pathlib import Path
+
+from dcpsim.errors import ConfigError
+
+_LOCK = threading.Lock()
+
+
+class _Placeholder:
+    """What an automatic stub hands out for every name (see the module docstring)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]  # used as a bare decorator: keep the function
+        return _Placeholder(f"{self._name}(...)")
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder(f"{self._name}.{name}")
+
+    def __getitem__(self, key):
+        return _Placeholder(f"{self._name}[...]")
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __iter__(self):
+        return iter(())
+
+    def __repr__(self) -> str:
+        return f"<vLLM stub {self._name}>"
+
+
+class _StubModule(types.ModuleType):
+    """A module of placeholders; a package one still imports its real submodules."""
+
+    def __init__(self, name: str, tree: SourceTree):
+        super().__init__(name)
+        self.__dcpsim_stub__ = True
+        self._tree = tree
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if self._tree.exists(f"{self.__name__}.{name}"):
+            raise AttributeError(name)  # a submodule: let the import system load it
+        return _Placeholder(f"{self.__name__}.{name}")
+
+
+def _logger_stub(name: str, tree) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.init_logger = lambda n: logging.getLogger(n)
+    module.logger = logging.getLogger("vllm")
+    return module
+
+
+def _triton_utils_stub(name: str, tree) -> types.ModuleType:
+    import triton
+    import triton.language as tl
+
+    module = types.ModuleType(name)
+    module.triton, module.tl, module.HAS_TRITON = triton, tl, True
+    module.LOG2E = 1.4426950408889634
+    return module
+
+
+STUBS = {
+    "vllm.logger": _logger_stub,
+    "vllm.triton_utils": _triton_utils_stub,
+}
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, tree: SourceTree, real: set[str]):
+        self.tree, self.real = tree, real
+        self.stubbed: set[str] = set()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "vllm" and not fullname.startswith("vllm."):
+            return None
+        file = self.tree.file(fullname)
+        if fullname in self.real and file is not None and file.name != "__init__.py":
+            return importlib.util.spec_from_file_location(fullname, file)
+        is_package = self.tree.is_package(fullname)
+        spec = importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
+        if is_package:
+            spec.submodule_search_locations = [str(self.tree.root / fullname.replace(".", "/"))]
+        return spec
+
+    def create_module(self, spec):
+        name = spec.name
+        if name in STUBS:
+            return STUBS[name](name, self.tree)
+        if name not in self.real:
+            self.stubbed.add(name)
+        return _StubModule(name, self.tree)
+
+    def exec_module(self, module):
+        pass
+
+
+class SourceTree:
+    """A folder holding a ``vllm/`` package: an unpacked wheel, a site-packages, a checkout."""
+
+    def __init__(self, root):
+        root = Path(root).expanduser()
+        if not (root / "vllm").is_dir():
+            if root.name == "vllm" and (root / "__init__.py").is_file():
+                root = root.parent
+            else:
+                raise ConfigError(f"--vllm-source {root}: no vllm/ package in this directory "
+                                  "(give the folder that holds vllm/, e.g. an unpacked wheel)")
+        self.root = root.resolve()
+        self.modules: dict[str, types.ModuleType] = {}
+        self.stubbed: set[str] = set()
+
+    @property
+    def version(self) -> str:
+        text = ""
+        for candidate in (self.root / "vllm" / "_version.py", *self.root.glob("vllm-*.dist-info/METADATA")):
+            if candidate.is_file():
+                text = candidate.read_text(encoding="utf-8", errors="replace")
+                match = re.search(r"""(?:__version__|^version)\s*[:=]\s*(?:version\s*=\s*)?['"]?([0-9][^'"\s]*)""",
+                                  text, re.M)
+                if match:
+                    return match.group(1)
+        return "unknown"
+
+    def file(self, name: str) -> Path | None:
+        base = self.root / name.replace(".", "/")
+        if (base / "__init__.py").is_file():
+            return base / "__init__.py"
+        return base.with_suffix(".py") if base.with_suffix(".py").is_file() else None
+
+    def is_package(self, name: str) -> bool:
+        return (self.root / name.replace(".", "/")).is_dir()
+
+    def exists(self, name: str) -> bool:
+        return self.is_package(name) or self.file(name) is not None
+
+    def load(self, names: list[str]) -> dict[str, types.ModuleType]:
+        """Execute the modules ``names`` (and return them by name); every other ``vllm``
+        module they import is a stub. Raises ``ConfigError`` naming a missing file."""
+        missing = [n for n in names if self.file(n) is None]
+        if missing:
+            files = ", ".join(str(self.root / (n.replace(".", "/") + ".py")) for n in missing)
+            raise ConfigError(f"vLLM source {self.root}: missing {files}")
+        os.environ["TRITON_INTERPRET"] = "1"
+        _fix_interpreter_bool_loads()
+        with _LOCK:
+            saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
+            for k in saved:
+                del sys.modules[k]
+            finder = _Finder(self, set(names))
+            sys.meta_path.insert(0, finder)
+            try:
+                for name in names:
+                    self.modules[name] = importlib.import_module(name)
+            finally:
+                sys.meta_path.remove(finder)
+                for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+                    del sys.modules[k]
+                sys.modules.update(saved)
+            self.stubbed |= finder.stubbed
+        return {n: self.modules[n] for n in names}
+
+
+_FIXED = False
+
+
+def _fix_interpreter_bool_loads() -> None:
+    """Restore bool semantics in Triton 3.9's interpreter (never in vLLM's code).
+
+    * A ``torch.bool`` tensor argument becomes an int8 pointer, so a load through it comes
+      back as int8 and ``~x`` is bitwise (``~1 == -2``, still true): such arguments are
+      passed as int1 pointers instead.
+    * A comparison (and the cast of a load to int1) yields numpy bools tagged with the
+      operand's type (say int8), so a mask built from it is refused ("mask has
+      unsupported dtype") or ``~`` flips every bit: a boolean result is tagged int1.
+    """
+    global _FIXED
+    if _FIXED:
+        return
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original_cvt = interpreter._implicit_cvt
+
+    def implicit_cvt(arg):
+        if isinstance(arg, torch.Tensor) and arg.dtype == torch.bool:
+            ty = tl.pointer_type(tl.int1)
+            return tl.tensor(interpreter.TensorHandle(np.array([arg.data_ptr()], dtype=np.uint64), ty), ty)
+        return original_cvt(arg)
+
+    builder = interpreter.InterpreterBuilder
+    original_binary_op = builder.binary_op
+
+    def binary_op(self, lhs, rhs, op):
+        out = original_binary_op(self, lhs, rhs, op)
+        if out.data.dtype == np.bool_ and out.dtype != tl.int1:
+            return interpreter.TensorHandle(out.data, tl.int1)
+        return out
+
+    interpreter._implicit_cvt = implicit_cvt
+    builder.binary_op = binary_op
+    _FIXED = True

@@ -1,0 +1,14 @@
+"""Imported by the forkserver of a world whose jobs run ``--engine vllm``: Triton (and its
+interpreter, with the loader's fixes) is then imported once, before the ranks fork,
+instead of once in every rank."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402,F401
+import triton.language  # noqa: E402,F401
+
+from dcpsim.engine.vllm.loader import _fix_interpreter_bool_loads  # noqa: E402
+
+_fix_interpreter_bool_loads()

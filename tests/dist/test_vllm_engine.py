@@ -1,0 +1,130 @@
+"""``--engine vllm``: vLLM 0.33.0's own code (fetched by the ``vllm_source`` fixture, never
+skipped) runs inside the gloo ranks and gets the reference engine's verdicts; copies of
+the source with a known DCP bug planted fail with the right kind; a broken source tree
+ends clearly (exit 2 before any rank starts, exit 3 naming the rank and the function)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import builtin, run
+
+from dcpsim.cli import main
+from dcpsim.harness.batch import run_jobs
+from dcpsim.harness.job import Job
+from dcpsim.scenarios.registry import builtin_scenario_names
+
+SCENARIOS = builtin_scenario_names()
+V2 = "vllm/v1/worker/gpu/block_table.py"
+V1 = "vllm/v1/worker/block_table.py"
+LENS = "vllm/v1/attention/backends/utils.py"
+
+
+def patched_copy(source: Path, dest: Path, rel: str, old: str, new: str) -> Path:
+    """A copy of the source tree (hard links) with ``old`` replaced by ``new`` in one file."""
+    shutil.copytree(source, dest, copy_function=os.link)
+    path = dest / rel
+    text = path.read_text(encoding="utf-8")
+    assert old in text, f"{rel} no longer contains the line to patch: {old!r}"
+    path.unlink()  # a hard link: write a file of its own
+    path.write_text(text.replace(old, new), encoding="utf-8")
+    return dest
+
+
+def vllm_run(capsys, source, *argv) -> tuple[int, dict]:
+    code = main(["run", *argv, "--engine", "vllm", "--vllm-source", str(source), "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+@pytest.mark.parametrize("W,I", [(2, 16), (4, 1)])
+def test_builtins_get_the_reference_verdicts(vllm_source, runner, W, I):
+    scenarios = [builtin(name, W, I) for name in SCENARIOS]
+    reference = [run(sc) for sc in scenarios]
+    jobs = [Job(sc, engine="vllm", vllm_source=str(vllm_source), vllm_runner=runner) for sc in scenarios]
+    reports = run_jobs(jobs, timeout=60)
+    for name, ref, got in zip(SCENARIOS, reference, reports):
+        assert got.engine["name"] == "vllm" and got.engine["version"] == "0.33.0"
+        assert "vllm " in got.engine["decisions"]["write_slots"], got.engine
+        want = (ref.passed, ref.failure.kind if ref.failure else None, ref.steps, ref.verified_indices)
+        have = (got.passed, got.failure.kind if got.failure else None, got.steps, got.verified_indices)
+        assert have == want, f"{name}: vllm {have} vs reference {want}\n{got.text()}"
+        assert ref.passed, name
+
+
+def test_attention_with_vllm_local_lengths(capsys, vllm_source):
+    code, report = vllm_run(capsys, vllm_source, "dsv41-hybrid", "--dcp", "4", "--interleave", "16", "--attention")
+    assert code == 0, report.get("failure")
+    assert report["attention_checks"] > 100 and report["attention_max_error"] < 1e-4
+    assert "get_dcp_local_seq_lens" in report["engine"]["decisions"]["query_local_bounds"]
+
+
+@pytest.mark.parametrize("runner,rel,old,new", [
+    ("v2", V2, "is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
+     "is_local = virtual_block_offsets % CP_SIZE == cp_rank"),
+    ("v1", V1, "virtual_block_offsets // CP_KV_CACHE_INTERLEAVE_SIZE\n", "virtual_block_offsets // 1\n"),
+])
+def test_a_kernel_that_ignores_the_interleave_is_caught(capsys, tmp_path, vllm_source, runner, rel, old, new):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-bug", rel, old, new)
+    code, report = vllm_run(capsys, copy, "dsv3", "--dcp", "2", "--interleave", "16", "--vllm-runner", runner)
+    assert code == 1
+    assert report["failure"]["kind"] in ("wrong-content", "write-violation"), report["failure"]
+    # the clean tree passes the same run
+    code, report = vllm_run(capsys, vllm_source, "dsv3", "--dcp", "2", "--interleave", "16", "--vllm-runner", runner)
+    assert code == 0
+
+
+def test_local_lengths_one_too_long_are_caught_by_the_attention_check(capsys, tmp_path, vllm_source):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-bug", LENS,
+                        "    dcp_local_seq_lens = base + remainder\n", "    dcp_local_seq_lens = base + remainder + 1\n")
+    code, report = vllm_run(capsys, copy, "dsv3", "--dcp", "2", "--attention")
+    assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]
+
+
+def test_a_missing_function_is_exit_2_naming_file_function_and_versions(capsys, tmp_path, vllm_source):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-old", V2, "def _compute_slot_mappings_kernel(",
+                        "def _renamed_slot_mappings_kernel(")
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "_compute_slot_mappings_kernel" in err and str(copy / V2) in err and "supports vLLM 0.33.0" in err
+
+
+def test_a_changed_signature_is_exit_2(capsys, tmp_path, vllm_source):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-new", V2, "def _compute_slot_mappings_kernel(\n",
+                        "def _compute_slot_mappings_kernel(\n    new_first_argument,\n")
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(copy)]) == 2
+    assert "has the signature (new_first_argument, max_num_tokens" in capsys.readouterr().err
+
+
+def test_vllm_code_that_raises_in_a_rank_is_exit_3_naming_rank_and_function(capsys, tmp_path, vllm_source):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-raises", V2, "    kv_block_size = tl.load(block_sizes + group_id)\n",
+                        "    kv_block_size = tl.load(block_sizes + group_id)\n    raise RuntimeError('planted failure')\n")
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(copy)]) == 3
+    err = capsys.readouterr().err
+    assert "rank" in err and "_compute_slot_mappings_kernel raised" in err and "planted failure" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--vllm-source", "/nonexistent/vllm-tree"], "no such directory"),
+    (["--vllm-source", "/tmp"], "no vllm/ package in this directory"),
+    ([], "needs --vllm-source DIR"),
+])
+def test_a_bad_source_is_exit_2(capsys, monkeypatch, argv, message):
+    monkeypatch.delenv("DCPSIM_VLLM_SOURCE", raising=False)
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_engine_info_and_fetch(capsys, vllm_source, monkeypatch):
+    monkeypatch.setenv("DCPSIM_VLLM_SOURCE", str(vllm_source))
+    assert main(["engine", "info", "--engine", "vllm", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["version"] == "0.33.0" and info["source"] == str(vllm_source)
+    assert "vllm.v1.worker.gpu.block_table" in info["loaded"] and info["stubbed"]
+    assert info["decisions"]["group_geometry"] == "reference"
+    assert main(["engine", "fetch", "vllm==0.33.0", "--dest", str(vllm_source)]) == 0  # already there
+    assert capsys.readouterr().out.strip() == str(vllm_source)

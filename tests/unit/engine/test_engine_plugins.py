@@ -1,0 +1,86 @@
+"""``--engine MODULE:ATTR``: a plugin written from the interface's docstrings passes, its
+broken variant fails, and engines that cannot run end with exit 2 naming what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcpsim.cli import main
+from dcpsim.engine.example_plugin import ExampleEngine, OffByOneExampleEngine
+from dcpsim.engine.registry import build_engine, unimplemented
+from dcpsim.errors import ConfigError
+from dcpsim.harness.job import Job
+from helpers import builtin, run
+
+PLUGIN = "dcpsim.engine.example_plugin:ExampleEngine"
+
+
+def test_the_example_plugin_implements_every_decision():
+    assert unimplemented(ExampleEngine()) == []
+    assert isinstance(build_engine(PLUGIN), ExampleEngine)
+
+
+@pytest.mark.parametrize("name,W,I", [("dsv3", 2, 1), ("dsv41-hybrid", 4, 16), ("llama4-chunked", 3, 4),
+                                      ("gpt-oss-hybrid", 2, 16)])
+def test_the_example_plugin_passes(name, W, I):
+    report = run(builtin(name, W, I), engine=ExampleEngine(), attention=True)
+    assert report.passed, report.text()
+    assert report.attention_checks > 0 and report.engine["name"] == "example-plugin"
+    assert set(report.engine["decisions"].values()) == {"ExampleEngine"}
+
+
+@pytest.mark.parametrize("name", ["dsv3", "dsv41-hybrid"])
+def test_the_broken_example_plugin_fails(name):
+    report = run(builtin(name, 2, 4), engine=OffByOneExampleEngine())
+    assert not report.passed and report.failure.kind == "wrong-content"
+
+
+def test_plugin_through_the_cli(run_json):
+    code, report = run_json("run", "llama-draft", "--dcp", "2", "--engine", PLUGIN, "--in-process")
+    assert code == 0 and report["engine"]["name"] == "example-plugin"
+    assert report["replay"]["options"]["engine"] == PLUGIN
+    code, report = run_json("run", "llama-draft", "--dcp", "2", "--in-process",
+                            "--engine", "dcpsim.engine.example_plugin:OffByOneExampleEngine")
+    assert code == 1 and report["failure"]["kind"] == "wrong-content"
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("no_such_module_xyz:Engine", "cannot import module 'no_such_module_xyz'"),
+    ("dcpsim.engine.example_plugin:Nope", "has no attribute 'Nope'"),
+    ("dcpsim.engine.example_plugin:PAD", "is not a dcpsim.engine.interface.Engine"),
+    ("dcpsim.engine.interface:Engine", "does not implement attention_metadata, blocks_needed"),
+    ("justaname", "expected reference, vllm, or MODULE:ATTR"),
+])
+def test_a_bad_plugin_is_exit_2_naming_it(capsys, spec, message):
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", spec, "--in-process"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_engine_options_are_refused_together_with_what_they_contradict():
+    sc = builtin("dsv3", 2)
+    with pytest.raises(ConfigError, match="cannot be combined with --engine"):
+        Job(sc, inject="foreign-block", engine=PLUGIN)
+    with pytest.raises(ConfigError, match="only used with --engine vllm"):
+        Job(sc, vllm_source="/tmp")
+    with pytest.raises(ConfigError, match="--vllm-runner must be one of v2, v1"):
+        Job(sc, vllm_runner="v3")
+    with pytest.raises(ConfigError, match="needs --vllm-source DIR"):
+        Job(sc, engine="vllm")
+
+
+def test_selftest_runs_its_baselines_with_the_engine(capsys):
+    argv = ["selftest", "--in-process", "--scenario", "llama-draft", "--fault", "foreign-block"]
+    assert main([*argv, "--engine", PLUGIN]) == 0
+    assert "selftest PASSED" in capsys.readouterr().out
+    assert main([*argv, "--engine", "dcpsim.engine.example_plugin:OffByOneExampleEngine"]) == 1
+    out = capsys.readouterr().out
+    assert "FALSE POSITIVE" in out and "baseline failures" in out
+
+
+def test_matrix_and_fuzz_take_the_engine(capsys, tmp_path):
+    broken = "dcpsim.engine.example_plugin:OffByOneExampleEngine"
+    assert main(["matrix", "llama-gqa", "--dcp", "2", "--interleave", "4", "--in-process", "--engine", PLUGIN]) == 0
+    assert main(["matrix", "llama-gqa", "--dcp", "2", "--interleave", "4", "--in-process", "--engine", broken]) == 1
+    capsys.readouterr()
+    assert main(["fuzz", "--engine", broken, "--examples", "30", "--in-process", "--out", str(tmp_path)]) == 1
+    assert list(tmp_path.glob("fuzz-*.toml"))
