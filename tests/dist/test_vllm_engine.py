@@ -22,6 +22,7 @@ SCENARIOS = builtin_scenario_names()
 V2 = "vllm/v1/worker/gpu/block_table.py"
 V1 = "vllm/v1/worker/block_table.py"
 LENS = "vllm/v1/attention/backends/utils.py"
+SPECS = "vllm/v1/kv_cache_interface.py"
 
 
 def patched_copy(source: Path, dest: Path, rel: str, old: str, new: str) -> Path:
@@ -85,6 +86,16 @@ def test_local_lengths_one_too_long_are_caught_by_the_attention_check(capsys, tm
     assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]
 
 
+@pytest.mark.parametrize("name", ["gpt-oss-hybrid", "llama-draft"])
+def test_a_replicated_spec_scaled_by_w_in_the_spec_class_is_caught(capsys, tmp_path, vllm_source, name):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-bug", SPECS,
+                        "parallel_config.decode_context_parallel_size if self.dcp_sharded else 1",
+                        "parallel_config.decode_context_parallel_size")
+    code, report = vllm_run(capsys, copy, name, "--dcp", "4")
+    assert code == 1 and report["failure"]["kind"] == "block-table-overflow", report["failure"]
+    assert "spec classes" in report["engine"]["decisions"]["group_geometry"]
+
+
 def test_a_missing_function_is_exit_2_naming_file_function_and_versions(capsys, tmp_path, vllm_source):
     copy = patched_copy(vllm_source, tmp_path / "vllm-old", V2, "def _compute_slot_mappings_kernel(",
                         "def _renamed_slot_mappings_kernel(")
@@ -125,6 +136,7 @@ def test_engine_info_and_fetch(capsys, vllm_source, monkeypatch):
     info = json.loads(capsys.readouterr().out)
     assert info["version"] == "0.33.0" and info["source"] == str(vllm_source)
     assert "vllm.v1.worker.gpu.block_table" in info["loaded"] and info["stubbed"]
-    assert info["decisions"]["group_geometry"] == "reference"
+    assert "spec classes" in info["decisions"]["group_geometry"]
+    assert info["decisions"]["merge_across_ranks"] == "reference"
     assert main(["engine", "fetch", "vllm==0.33.0", "--dest", str(vllm_source)]) == 0  # already there
     assert capsys.readouterr().out.strip() == str(vllm_source)

@@ -10,6 +10,11 @@ which is which):
   (a replicated group runs it with a DCP world of 1). Compressed-record groups run the
   kernel over record indices, their pages counted in records. Rings stay with the
   reference (vLLM has no kernel for them here).
+* ``group_geometry``: whether a group is sharded (``dcp_sharded`` of vLLM's own spec
+  classes in ``vllm/v1/kv_cache_interface.py``, built from the scenario's specs; a
+  replicated spec becomes ``dcp_sharded=False``, or ``dcp_replicated=True`` on a fork that
+  has that field), the manager block size that follows from it, and the block-table width
+  (the spec's ``max_num_blocks_per_req``); validation stays the reference's.
 * ``local_seq_lens`` and ``query_local_bounds``:
   ``vllm/v1/attention/backends/utils.py::get_dcp_local_seq_lens`` (the per-token bound of
   query token ``j`` is the local length of ``start + j + 1``).
@@ -46,6 +51,10 @@ V1_ARGS = ("num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr
            "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "BLOCK_SIZE")
 LENS_MODULE, LENS_FUNCTION = "vllm.v1.attention.backends.utils", "get_dcp_local_seq_lens"
 LENS_ARGS = ("seq_lens", "dcp_size", "dcp_rank", "cp_kv_cache_interleave_size")
+SPECS_MODULE = "vllm.v1.kv_cache_interface"
+SPEC_MODULES = ("vllm.utils.math_utils", "vllm.v1.kv_cache_layout", "vllm.v1.kv_cache_spec_registry", SPECS_MODULE)
+_TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+                 "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8}
 
 
 _INTERPRETER_LOCK = threading.Lock()
@@ -86,15 +95,18 @@ class VllmEngine(ReferenceEngine):
         self.tree = SourceTree(source_dir(vllm_source))
         self.version = self.tree.version
         if runner == "v2":
-            mods = self.tree.load(["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, LENS_MODULE])
+            mods = self.tree.load(["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, LENS_MODULE, *SPEC_MODULES])
             self._slot_kernel = self._function(mods, V2_MODULE, V2_KERNEL, V2_ARGS)
         else:
-            mods = self.tree.load([V1_MODULE, LENS_MODULE])
+            mods = self.tree.load([V1_MODULE, LENS_MODULE, *SPEC_MODULES])
             self._slot_kernel = self._function(mods, V1_MODULE, V1_KERNEL, V1_ARGS)
+        self._specs = mods[SPECS_MODULE]
         self._local_lens = self._function(mods, LENS_MODULE, LENS_FUNCTION, LENS_ARGS)
         slot = f"{(V2_MODULE if runner == 'v2' else V1_MODULE)}.{V2_KERNEL if runner == 'v2' else V1_KERNEL}"
         lens = f"{LENS_MODULE}.{LENS_FUNCTION}"
         self.decisions = {
+            "group_geometry": f"vllm {SPECS_MODULE} spec classes (dcp_sharded, max_num_blocks_per_req); "
+                              "validation: reference",
             "write_slots": f"vllm {slot} (rings: reference)",
             "local_seq_lens": f"vllm {lens}",
             "query_local_bounds": f"vllm {lens}",
@@ -124,6 +136,47 @@ class VllmEngine(ReferenceEngine):
                 return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - reported with the function's name
             raise VllmCallError(f"vLLM {what} raised {type(exc).__name__}: {exc}") from exc
+
+    # --- geometry through vLLM's spec classes ----------------------------------------
+
+    def vllm_spec(self, spec):
+        """vLLM's spec of the same class name as one of the scenario's layer specs."""
+        import dataclasses
+
+        cls = getattr(self._specs, type(spec).__name__, None)
+        if cls is None or not dataclasses.is_dataclass(cls):
+            raise ConfigError(self._where(SPECS_MODULE, type(spec).__name__, "is missing"))
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+                  if f.name in names and f.name not in ("dtype", "dcp_replicated")}
+        values["dtype"] = _TORCH_DTYPES.get(spec.dtype, torch.uint8)  # fp8 caches: one byte
+        if "dcp_replicated" in names:  # a fork with the seed's flag
+            values["dcp_replicated"] = spec.dcp_replicated
+        else:
+            values["dcp_sharded"] = not spec.dcp_replicated
+        try:
+            return cls(**values)
+        except Exception as exc:  # noqa: BLE001 - a spec class vLLM changed
+            raise ConfigError(self._where(SPECS_MODULE, type(spec).__name__,
+                                          f"refused {sorted(values)}: {type(exc).__name__}: {exc}")) from None
+
+    def group_geometry(self, group_id, group, config):
+        import dataclasses
+        import types
+
+        g = super().group_geometry(group_id, group, config)  # validation, storage, retention
+        vspec = self.vllm_spec(group.representative)
+        replicated = getattr(vspec, "dcp_replicated", None)
+        sharded = (not replicated) if replicated is not None else bool(vspec.dcp_sharded)
+        sharded = sharded and config.decode_context_parallel_size > 1 and g.storage is not Storage.RING
+        vllm_config = types.SimpleNamespace(
+            parallel_config=types.SimpleNamespace(decode_context_parallel_size=config.decode_context_parallel_size),
+            model_config=types.SimpleNamespace(max_model_len=config.max_model_len))
+        width = self._call(f"{SPECS_MODULE}.{type(vspec).__name__}.max_num_blocks_per_req",
+                           vspec.max_num_blocks_per_req, vllm_config, config.max_model_len)
+        return dataclasses.replace(
+            g, sharded=sharded, block_table_width=int(width),
+            manager_block_size=g.block_size * (config.decode_context_parallel_size if sharded else 1))
 
     # --- the write path -------------------------------------------------------------
 

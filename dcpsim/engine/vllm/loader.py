@@ -6,7 +6,7 @@ from ``DIR/vllm/...``, each as vLLM wrote it, under their real names:
 
 * a package (a folder) becomes an empty package whose ``__init__.py`` is not run;
 * the few modules the adapter needs from around them have small hand-written stubs
-  (``STUBS``: a logger, ``triton_utils`` over the real ``triton``);
+  (``STUBS``: a logger, ``triton_utils`` over the real ``triton``, ``get_dtype_size``);
 * any other ``vllm`` module the loaded code imports is an *automatic stub*: every name in
   it is a placeholder that can be called, subclassed, decorated with and tested for
   truth (always false), so import-time code runs; using one for real fails loudly.
@@ -100,9 +100,18 @@ def _triton_utils_stub(name: str, tree) -> types.ModuleType:
     return module
 
 
+def _torch_utils_stub(name: str, tree) -> types.ModuleType:
+    import torch
+
+    module = _StubModule(name, tree)
+    module.get_dtype_size = lambda dtype: torch.tensor([], dtype=dtype).element_size()
+    return module
+
+
 STUBS = {
     "vllm.logger": _logger_stub,
     "vllm.triton_utils": _triton_utils_stub,
+    "vllm.utils.torch_utils": _torch_utils_stub,
 }
 
 
