@@ -36,7 +36,7 @@ def run(args) -> int:
         options["vllm_source"] = source_dir(options["vllm_source"])
     Job.validate_engine(**options)
     engine = build_engine(**{"name": options["engine"], "vllm_source": options["vllm_source"],
-                             "vllm_runner": options["vllm_runner"]})
+                             "vllm_runner": options["vllm_runner"], "vllm_merge": options["vllm_merge"]})
     info = engine_info(engine)
     tree = getattr(engine, "tree", None)
     if tree is not None:

@@ -45,6 +45,7 @@ def run(args) -> int:
     if args.engine != "reference":
         rerun += f" --engine {args.engine}" + (f" --vllm-source {args.vllm_source}" if args.vllm_source else "")
         rerun += f" --vllm-runner {args.vllm_runner}" if args.engine == "vllm" else ""
+        rerun += " --vllm-merge" if args.vllm_merge else ""
     header = (
         f"Shrunk failing schedule found by dcpsim fuzz in {searched:.1f} s "
         f"(--seed {args.seed}, --examples {args.examples}).\nRerun: {rerun}"

@@ -67,11 +67,15 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         "checkout); default $DCPSIM_VLLM_SOURCE")
     e.add_argument("--vllm-runner", choices=("v2", "v1"), default="v2",
                    help="--engine vllm: the slot mapping kernel of model runner v2 (default) or v1")
+    e.add_argument("--vllm-merge", action="store_true",
+                   help="--engine vllm with --attention: merge with vLLM's DCP correction kernel too (slow under "
+                        "Triton's interpreter: one program per token and head)")
 
 
 def engine_options(args) -> dict:
     """The ``Job`` fields of the engine flags."""
-    return dict(engine=args.engine, vllm_source=args.vllm_source, vllm_runner=args.vllm_runner)
+    return dict(engine=args.engine, vllm_source=args.vllm_source, vllm_runner=args.vllm_runner,
+                vllm_merge=args.vllm_merge)
 
 
 def add_world_arguments(p: argparse.ArgumentParser, *, timeout: bool = False) -> None:

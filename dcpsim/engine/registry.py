@@ -55,9 +55,10 @@ def unimplemented(engine: Engine) -> list[str]:
     return out
 
 
-def build_engine(name: str = "reference", *, vllm_source: str | None = None, vllm_runner: str = "v2") -> Engine:
+def build_engine(name: str = "reference", *, vllm_source: str | None = None, vllm_runner: str = "v2",
+                 vllm_merge: bool = False) -> Engine:
     """The engine called ``name`` (see the module docstring); raises ``ConfigError``."""
-    key = (name, vllm_source, vllm_runner)
+    key = (name, vllm_source, vllm_runner, vllm_merge)
     if key in _CACHE:
         return _CACHE[key]
     if name == "reference":
@@ -67,7 +68,7 @@ def build_engine(name: str = "reference", *, vllm_source: str | None = None, vll
     elif name == "vllm":
         from dcpsim.engine.vllm.adapter import VllmEngine
 
-        engine = VllmEngine(vllm_source, runner=vllm_runner)
+        engine = VllmEngine(vllm_source, runner=vllm_runner, merge=vllm_merge)
     else:
         engine = _plugin(name)
     _CACHE[key] = engine

@@ -50,6 +50,8 @@ class Job:
     """``--engine vllm``: the directory holding ``vllm/`` (resolved to an absolute path)."""
     vllm_runner: str = "v2"
     """``--engine vllm``: whose slot mapping kernel runs, model runner v2's or v1's."""
+    vllm_merge: bool = False
+    """``--engine vllm``: also merge attention (``--attention``) with vLLM's DCP correction kernel."""
 
     def __post_init__(self) -> None:
         from dcpsim.campaigns.faults import get_fault
@@ -63,14 +65,15 @@ class Job:
             from dcpsim.engine.vllm.adapter import source_dir
 
             object.__setattr__(self, "vllm_source", os.path.abspath(source_dir(self.vllm_source)))
-        self.validate_engine(self.engine, self.vllm_source, self.vllm_runner)
+        self.validate_engine(self.engine, self.vllm_source, self.vllm_runner, self.vllm_merge)
         if self.rank_failure is not None:
             kind, rank, step = self.rank_failure
             if kind not in tuple(RankFailureKind) or not is_int(rank) or not is_int(step):
                 raise ConfigError(f"rank_failure must be (raise|hang|exit, rank, step), got {self.rank_failure!r}")
 
     @staticmethod
-    def validate_engine(engine: str = "reference", vllm_source: str | None = None, vllm_runner: str = "v2") -> None:
+    def validate_engine(engine: str = "reference", vllm_source: str | None = None, vllm_runner: str = "v2",
+                        vllm_merge: bool = False) -> None:
         """Refuse engine options that cannot run (``ConfigError``, before any rank starts);
         builds the engine once, which loads a vLLM source tree and checks its functions."""
         from dcpsim.engine.registry import VLLM_RUNNERS, build_engine
@@ -79,10 +82,10 @@ class Job:
             raise ConfigError(f"engine must be reference, vllm or MODULE:ATTR, got {engine!r}")
         if vllm_runner not in VLLM_RUNNERS:
             raise ConfigError(f"--vllm-runner must be one of {', '.join(VLLM_RUNNERS)}, got {vllm_runner!r}")
-        if engine != "vllm" and vllm_source is not None:
-            raise ConfigError("--vllm-source is only used with --engine vllm")
+        if engine != "vllm" and (vllm_source is not None or vllm_merge):
+            raise ConfigError("--vllm-source and --vllm-merge are only used with --engine vllm")
         if engine != "reference":
-            build_engine(engine, vllm_source=vllm_source, vllm_runner=vllm_runner)
+            build_engine(engine, vllm_source=vllm_source, vllm_runner=vllm_runner, vllm_merge=vllm_merge)
 
     @cached_property
     def attention_config(self) -> AttentionConfig:

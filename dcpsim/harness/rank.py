@@ -38,7 +38,8 @@ def job_engine(job: Job) -> Engine:
     injected fault, else the reference engine (``FAULTS["none"]``, the catalogue's
     correct engine)."""
     if job.engine != "reference":
-        return build_engine(job.engine, vllm_source=job.vllm_source, vllm_runner=job.vllm_runner)
+        return build_engine(job.engine, vllm_source=job.vllm_source, vllm_runner=job.vllm_runner,
+                            vllm_merge=job.vllm_merge)
     return get_fault(job.inject)
 
 

@@ -15,6 +15,16 @@ which is which):
   replicated spec becomes ``dcp_sharded=False``, or ``dcp_replicated=True`` on a fork that
   has that field), the manager block size that follows from it, and the block-table width
   (the spec's ``max_num_blocks_per_req``); validation stays the reference's.
+* ``merge_across_ranks`` (``merge=True``: ``--vllm-merge``; with ``--attention``, the
+  ``allgather`` variant): vLLM's DCP
+  correction ``vllm/v1/attention/ops/dcp.py::CorrectAttnCPOutKernel.kernel``, launched
+  the way ``cp_lse_ag_out_rs`` runs it (all-gather the LSEs over the rank's gloo group,
+  correct the rank's output, reduce-scatter it over heads) by a small launcher of ours
+  (vLLM's own launch wrapper needs its JIT-warmup classes); ranks padded to a power of
+  two with empty shards (``-inf``), as the kernel's ``N_ROUNDED`` needs. The kernel runs
+  one program per (token, head), a Python call each under the interpreter, so only steps
+  of at most ``MAX_MERGE_PROGRAMS`` of them (decode and speculative steps) run it;
+  prefill chunks merge with the reference.
 * ``local_seq_lens`` and ``query_local_bounds``:
   ``vllm/v1/attention/backends/utils.py::get_dcp_local_seq_lens`` (the per-token bound of
   query token ``j`` is the local length of ``start + j + 1``).
@@ -51,6 +61,12 @@ V1_ARGS = ("num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr
            "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "BLOCK_SIZE")
 LENS_MODULE, LENS_FUNCTION = "vllm.v1.attention.backends.utils", "get_dcp_local_seq_lens"
 LENS_ARGS = ("seq_lens", "dcp_size", "dcp_rank", "cp_kv_cache_interleave_size")
+MERGE_MODULE, MERGE_KERNEL = "vllm.v1.attention.ops.dcp", "CorrectAttnCPOutKernel.kernel"
+MERGE_ARGS = ("outputs_ptr", "new_output_ptr", "lses_ptr", "vlse_ptr", "outputs_stride_B", "outputs_stride_H",
+              "outputs_stride_D", "lses_stride_N", "lses_stride_B", "lses_stride_H", "lse_idx", "HEAD_DIM",
+              "N_ROUNDED", "IS_BASE_E")
+MAX_MERGE_PROGRAMS = 512
+"""Merges of at most this many (token, head) programs run vLLM's correction kernel."""
 SPECS_MODULE = "vllm.v1.kv_cache_interface"
 SPEC_MODULES = ("vllm.utils.math_utils", "vllm.v1.kv_cache_layout", "vllm.v1.kv_cache_spec_registry", SPECS_MODULE)
 _TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
@@ -88,19 +104,22 @@ class VllmEngine(ReferenceEngine):
     name = "vllm"
     description = "vLLM's own slot mapping kernel and DCP local lengths, loaded from a source tree"
 
-    def __init__(self, vllm_source: str | None = None, runner: str = "v2"):
+    def __init__(self, vllm_source: str | None = None, runner: str = "v2", merge: bool = False):
         if runner not in ("v1", "v2"):
             raise ConfigError(f"--vllm-runner must be v1 or v2, got {runner!r}")
         self.runner = runner
+        self.merge = merge
         self.tree = SourceTree(source_dir(vllm_source))
         self.version = self.tree.version
         if runner == "v2":
-            mods = self.tree.load(["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, LENS_MODULE, *SPEC_MODULES])
+            mods = self.tree.load(["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, LENS_MODULE, MERGE_MODULE,
+                                   *SPEC_MODULES])
             self._slot_kernel = self._function(mods, V2_MODULE, V2_KERNEL, V2_ARGS)
         else:
-            mods = self.tree.load([V1_MODULE, LENS_MODULE, *SPEC_MODULES])
+            mods = self.tree.load([V1_MODULE, LENS_MODULE, MERGE_MODULE, *SPEC_MODULES])
             self._slot_kernel = self._function(mods, V1_MODULE, V1_KERNEL, V1_ARGS)
         self._specs = mods[SPECS_MODULE]
+        self._correct = self._function(mods, MERGE_MODULE, MERGE_KERNEL, MERGE_ARGS)
         self._local_lens = self._function(mods, LENS_MODULE, LENS_FUNCTION, LENS_ARGS)
         slot = f"{(V2_MODULE if runner == 'v2' else V1_MODULE)}.{V2_KERNEL if runner == 'v2' else V1_KERNEL}"
         lens = f"{LENS_MODULE}.{LENS_FUNCTION}"
@@ -111,6 +130,10 @@ class VllmEngine(ReferenceEngine):
             "local_seq_lens": f"vllm {lens}",
             "query_local_bounds": f"vllm {lens}",
         }
+        if merge:
+            self.decisions["merge_across_ranks"] = (f"vllm {MERGE_MODULE}.{MERGE_KERNEL} (the allgather variant, as cp_lse_ag_out_rs "
+                                  "runs it: all-gather the LSEs, correct, reduce-scatter over heads) for steps of at most "
+                                  f"{MAX_MERGE_PROGRAMS} token x head programs; alltoall and prefill chunks: reference")
         """Decision -> what makes it; every other decision is the reference engine's."""
 
     def _function(self, mods, module: str, qualname: str, args: tuple[str, ...]):
@@ -228,6 +251,32 @@ class VllmEngine(ReferenceEngine):
             flat = out[:total].numpy()
         flat = np.where(flat == PAD_ID, PAD, flat).astype(np.int64)
         return np.split(flat, np.cumsum(lens)[:-1]) if n > 1 else [flat]
+
+    # --- the merge across ranks -----------------------------------------------------
+
+    def merge_across_ranks(self, out, lse, group, *, variant, base):
+        q, heads, d = out.shape
+        # the kernel runs one program per (token, head), each a Python call under the
+        # interpreter: decode and speculative steps go through it, prefill chunks do not
+        if not self.merge or variant != "allgather" or q * heads > MAX_MERGE_PROGRAMS:
+            return super().merge_across_ranks(out, lse, group, variant=variant, base=base)
+        world, rank = group.world_size, group.rank
+        lses = torch.stack(group.all_gather_tensor(lse.contiguous()))  # [W, q, H], as cp_group.all_gather
+        n = 1 << max(0, (world - 1).bit_length())
+        if n > world:  # the kernel reads N_ROUNDED (a power of two) ranks: the rest are empty shards
+            lses = torch.cat([lses, lses.new_full((n - world, q, heads), float("-inf"))])
+        dp = 1 << max(0, (d - 1).bit_length())  # HEAD_DIM is a tl.arange bound: a power of two
+        src = out.contiguous() if dp == d else torch.cat([out, out.new_zeros((q, heads, dp - d))], dim=-1)
+        corrected = torch.empty_like(src)
+        merged = torch.empty((q, heads), dtype=lses.dtype)
+        if q:
+            self._call(f"{MERGE_MODULE}.{MERGE_KERNEL}", self._correct[(q, heads, 1)],
+                       src, corrected, lses, merged, *src.stride(), *lses.stride(), rank,
+                       HEAD_DIM=dp, N_ROUNDED=n, IS_BASE_E=(base == "e"))
+        send = corrected[..., :d].reshape(q, world, heads // world, d).transpose(0, 1).contiguous()
+        part = group.reduce_scatter_tensor(send)  # [q, H/W, D]: this rank's heads, merged
+        hs = heads // world
+        return part, merged[:, rank * hs : (rank + 1) * hs], rank
 
     # --- attention metadata ---------------------------------------------------------
 
