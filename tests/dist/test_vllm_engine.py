@@ -178,3 +178,18 @@ def test_the_merge_through_vllms_correction_kernel(capsys, tmp_path, vllm_source
         assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]
     else:
         assert code == 0 and report["attention_merges"]["allgather"] > 5, report.get("failure")
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_kernel_block_tables_through_vllm(capsys, tmp_path, vllm_source, planted):
+    source = vllm_source
+    if planted:  # kernel block j of KV block b taken as b + j instead of b * (B / Bk) + j
+        source = patched_copy(vllm_source, tmp_path / "vllm-bug", "vllm/v1/worker/utils.py",
+                              "alpha=self.kernel_block_stride or blocks_per_kv_block,", "alpha=1,")
+    code, report = vllm_run(capsys, source, "dsv3", "--dcp", "2", "--interleave", "16", "--block-size", "64",
+                            "--kernel-block-size", "16", "--attention")
+    assert "map_to_kernel_block_table" in report["engine"]["decisions"]["kernel_block_table"]
+    if planted:
+        assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]
+    else:
+        assert code == 0, report.get("failure")

@@ -25,6 +25,9 @@ which is which):
   one program per (token, head), a Python call each under the interpreter, so only steps
   of at most ``MAX_MERGE_PROGRAMS`` of them (decode and speculative steps) run it;
   prefill chunks merge with the reference.
+* ``kernel_block_table`` (``Bk < B``): ``vllm/v1/worker/utils.py::AttentionGroup.
+  map_to_kernel_block_table``, called on a stand-in for the attention group that holds
+  only what it reads (the kernel block size, the spec's block size, its buffers).
 * ``local_seq_lens`` and ``query_local_bounds``:
   ``vllm/v1/attention/backends/utils.py::get_dcp_local_seq_lens`` (the per-token bound of
   query token ``j`` is the local length of ``start + j + 1``).
@@ -67,6 +70,8 @@ MERGE_ARGS = ("outputs_ptr", "new_output_ptr", "lses_ptr", "vlse_ptr", "outputs_
               "N_ROUNDED", "IS_BASE_E")
 MAX_MERGE_PROGRAMS = 512
 """Merges of at most this many (token, head) programs run vLLM's correction kernel."""
+KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION = "vllm.v1.worker.utils", "AttentionGroup.map_to_kernel_block_table"
+KERNEL_TABLE_ARGS = ("self", "block_table", "ubatch_idx")
 SPECS_MODULE = "vllm.v1.kv_cache_interface"
 SPEC_MODULES = ("vllm.utils.math_utils", "vllm.v1.kv_cache_layout", "vllm.v1.kv_cache_spec_registry", SPECS_MODULE)
 _TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
@@ -113,13 +118,14 @@ class VllmEngine(ReferenceEngine):
         self.version = self.tree.version
         if runner == "v2":
             mods = self.tree.load(["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, LENS_MODULE, MERGE_MODULE,
-                                   *SPEC_MODULES])
+                                   KERNEL_TABLE_MODULE, *SPEC_MODULES])
             self._slot_kernel = self._function(mods, V2_MODULE, V2_KERNEL, V2_ARGS)
         else:
-            mods = self.tree.load([V1_MODULE, LENS_MODULE, MERGE_MODULE, *SPEC_MODULES])
+            mods = self.tree.load([V1_MODULE, LENS_MODULE, MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES])
             self._slot_kernel = self._function(mods, V1_MODULE, V1_KERNEL, V1_ARGS)
         self._specs = mods[SPECS_MODULE]
         self._correct = self._function(mods, MERGE_MODULE, MERGE_KERNEL, MERGE_ARGS)
+        self._kernel_table = self._function(mods, KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION, KERNEL_TABLE_ARGS)
         self._local_lens = self._function(mods, LENS_MODULE, LENS_FUNCTION, LENS_ARGS)
         slot = f"{(V2_MODULE if runner == 'v2' else V1_MODULE)}.{V2_KERNEL if runner == 'v2' else V1_KERNEL}"
         lens = f"{LENS_MODULE}.{LENS_FUNCTION}"
@@ -129,6 +135,7 @@ class VllmEngine(ReferenceEngine):
             "write_slots": f"vllm {slot} (rings: reference)",
             "local_seq_lens": f"vllm {lens}",
             "query_local_bounds": f"vllm {lens}",
+            "kernel_block_table": f"vllm {KERNEL_TABLE_MODULE}.{KERNEL_TABLE_FUNCTION} (when Bk < B)",
         }
         if merge:
             self.decisions["merge_across_ranks"] = (f"vllm {MERGE_MODULE}.{MERGE_KERNEL} (the allgather variant, as cp_lse_ag_out_rs "
@@ -279,6 +286,21 @@ class VllmEngine(ReferenceEngine):
         return part, merged[:, rank * hs : (rank + 1) * hs], rank
 
     # --- attention metadata ---------------------------------------------------------
+
+    def kernel_block_table(self, geometry, block_row):
+        import types
+
+        page, bk = geometry.states_per_page, geometry.kernel_block_size
+        if bk is None or bk == page:
+            return np.asarray(block_row, dtype=np.int64)
+        k = page // bk
+        row = torch.as_tensor(np.asarray(block_row), dtype=torch.int32).reshape(1, -1)
+        group = types.SimpleNamespace(  # what map_to_kernel_block_table reads of an AttentionGroup
+            kernel_block_size=bk, kv_cache_spec=types.SimpleNamespace(block_size=page),
+            kernel_block_table=torch.zeros((1, 1, row.shape[1] * k), dtype=torch.int32),
+            kernel_block_offsets=torch.arange(k, dtype=torch.int32), kernel_block_stride=0)
+        out = self._call(f"{KERNEL_TABLE_MODULE}.{KERNEL_TABLE_FUNCTION}", self._kernel_table, group, row)
+        return out.reshape(-1).numpy().astype(np.int64)
 
     def local_seq_lens(self, geometry, seq_lens, dcp_rank):
         lens = np.asarray(seq_lens, dtype=np.int64)

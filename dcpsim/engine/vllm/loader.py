@@ -57,6 +57,11 @@ class _Placeholder:
     def __mro_entries__(self, bases):
         return (object,)
 
+    def __or__(self, other):  # type annotations such as ``Stub | None``
+        return _Placeholder(f"{self._name} | ...")
+
+    __ror__ = __or__
+
     def __bool__(self) -> bool:
         return False
 
