@@ -121,7 +121,11 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunRe
         interleave_size=config.cp_kv_cache_interleave_size,
         kernel_block_size=config.kernel_block_size,
         groups=group_info(groups),
-        engine=engine_info(engine),
+        engine=dict(engine_info(engine), groups=[
+            dict(name=g.name, sharded=g.sharded, manager_block_size=g.manager_block_size,
+                 block_table_width=g.block_table_width, page_size_bytes=g.page_size_bytes,
+                 max_memory_usage_bytes=g.max_memory_usage_bytes)
+            for g in geometries]),
     )
     failure: Failure | None = None
     attention_bytes = 0

@@ -130,13 +130,15 @@ class VllmEngine(ReferenceEngine):
         slot = f"{(V2_MODULE if runner == 'v2' else V1_MODULE)}.{V2_KERNEL if runner == 'v2' else V1_KERNEL}"
         lens = f"{LENS_MODULE}.{LENS_FUNCTION}"
         self.decisions = {
-            "group_geometry": f"vllm {SPECS_MODULE} spec classes (dcp_sharded, max_num_blocks_per_req); "
+            "group_geometry": f"vllm {SPECS_MODULE} spec classes (dcp_sharded, max_num_blocks_per_req, "
+                              "page_size_bytes, max_memory_usage_bytes); "
                               "validation: reference",
             "write_slots": f"vllm {slot} (rings: reference)",
             "local_seq_lens": f"vllm {lens}",
             "query_local_bounds": f"vllm {lens}",
             "kernel_block_table": f"vllm {KERNEL_TABLE_MODULE}.{KERNEL_TABLE_FUNCTION} (when Bk < B)",
         }
+        self.decisions["merge_across_ranks"] = "reference (vLLM's correction kernel with --vllm-merge)"
         if merge:
             self.decisions["merge_across_ranks"] = (f"vllm {MERGE_MODULE}.{MERGE_KERNEL} (the allgather variant, as cp_lse_ag_out_rs "
                                   "runs it: all-gather the LSEs, correct, reduce-scatter over heads) for steps of at most "
@@ -199,13 +201,17 @@ class VllmEngine(ReferenceEngine):
         replicated = getattr(vspec, "dcp_replicated", None)
         sharded = (not replicated) if replicated is not None else bool(vspec.dcp_sharded)
         sharded = sharded and config.decode_context_parallel_size > 1 and g.storage is not Storage.RING
-        vllm_config = types.SimpleNamespace(
+        vllm_config = types.SimpleNamespace(  # what the spec methods read of a VllmConfig
             parallel_config=types.SimpleNamespace(decode_context_parallel_size=config.decode_context_parallel_size),
-            model_config=types.SimpleNamespace(max_model_len=config.max_model_len))
-        width = self._call(f"{SPECS_MODULE}.{type(vspec).__name__}.max_num_blocks_per_req",
-                           vspec.max_num_blocks_per_req, vllm_config, config.max_model_len)
+            model_config=types.SimpleNamespace(max_model_len=config.max_model_len),
+            max_in_flight_tokens=config.max_in_flight_tokens)
+        cls = f"{SPECS_MODULE}.{type(vspec).__name__}"
+        width = self._call(f"{cls}.max_num_blocks_per_req", vspec.max_num_blocks_per_req, vllm_config,
+                           config.max_model_len)
+        memory = self._call(f"{cls}.max_memory_usage_bytes", vspec.max_memory_usage_bytes, vllm_config)
         return dataclasses.replace(
-            g, sharded=sharded, block_table_width=int(width),
+            g, sharded=sharded, block_table_width=int(width), page_size_bytes=int(vspec.page_size_bytes),
+            max_memory_usage_bytes=int(memory),
             manager_block_size=g.block_size * (config.decode_context_parallel_size if sharded else 1))
 
     # --- the write path -------------------------------------------------------------
