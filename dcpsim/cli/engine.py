@@ -35,8 +35,8 @@ def run(args) -> int:
 
         options["vllm_source"] = source_dir(options["vllm_source"])
     Job.validate_engine(**options)
-    engine = build_engine(**{"name": options["engine"], "vllm_source": options["vllm_source"],
-                             "vllm_runner": options["vllm_runner"], "vllm_merge": options["vllm_merge"]})
+    name = options.pop("engine")
+    engine = build_engine(name, **options)  # built (and cached) by validate_engine already
     info = engine_info(engine)
     tree = getattr(engine, "tree", None)
     if tree is not None:

@@ -196,7 +196,7 @@ class SourceTree:
             files = ", ".join(str(self.root / (n.replace(".", "/") + ".py")) for n in missing)
             raise ConfigError(f"vLLM source {self.root}: missing {files}")
         os.environ["TRITON_INTERPRET"] = "1"
-        _fix_interpreter_bool_loads()
+        mend_interpreter_bools()
         with _LOCK:
             saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
             for k in saved:
@@ -218,7 +218,7 @@ class SourceTree:
 _FIXED = False
 
 
-def _fix_interpreter_bool_loads() -> None:
+def mend_interpreter_bools() -> None:
     """Restore bool semantics in Triton 3.9's interpreter (never in vLLM's code).
 
     * A ``torch.bool`` tensor argument becomes an int8 pointer, so a load through it comes

@@ -9,6 +9,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import triton  # noqa: E402,F401
 import triton.language  # noqa: E402,F401
 
-from dcpsim.engine.vllm.loader import _fix_interpreter_bool_loads  # noqa: E402
+from dcpsim.engine.vllm.loader import mend_interpreter_bools  # noqa: E402
 
-_fix_interpreter_bool_loads()
+mend_interpreter_bools()
