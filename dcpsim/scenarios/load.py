@@ -132,9 +132,12 @@ def _parse_layers(entries, problems: _Problems) -> dict:
             continue
         cls = SPEC_KINDS[kind]
         allowed = _spec_fields(cls) | {"kind", "name", "names", "layers"}
+        if "dcp_replicated" in _spec_fields(cls):
+            allowed.add("dcp_sharded")
         before = len(problems.items)
         problems.unknown_keys(path, entry, allowed)
         fields = {k: v for k, v in entry.items() if k in _spec_fields(cls)}
+        _upstream_sharded_flag(entry, fields, problems, path)
         for f in dataclasses.fields(cls):
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in fields:
                 problems.add(f"{path}.{f.name}", f"is required for kind {kind!r}")
@@ -162,6 +165,27 @@ def _parse_layers(entries, problems: _Problems) -> dict:
                 problems.add(f"{path}.name", f"layer {nm!r} is defined twice")
             layers[nm] = spec
     return layers
+
+
+def _upstream_sharded_flag(entry: dict, fields: dict, problems: _Problems, path: str) -> None:
+    """Upstream vLLM 0.33.0 spells the flag the other way round (``dcp_sharded``, true by
+    default on attention specs); dcpsim keeps the seed's ``dcp_replicated`` as its one
+    internal flag, so ``dcp_sharded = b`` reads as ``dcp_replicated = not b``."""
+    if "dcp_sharded" not in entry:
+        return
+    sharded = entry["dcp_sharded"]
+    if not isinstance(sharded, bool):
+        problems.add(f"{path}.dcp_sharded", f"must be true or false, got {sharded!r}")
+        return
+    if "dcp_replicated" in entry and entry["dcp_replicated"] is sharded:
+        problems.add(
+            f"{path}.dcp_sharded",
+            f"dcp_sharded = {str(sharded).lower()} contradicts dcp_replicated = "
+            f"{str(entry['dcp_replicated']).lower()} (upstream's dcp_sharded is the inverse of the "
+            "seed's dcp_replicated); give one of them",
+        )
+        return
+    fields["dcp_replicated"] = not sharded
 
 
 def _layer_names(entry: dict, problems: _Problems, path: str) -> list[str]:

@@ -519,3 +519,37 @@ def test_fuzz_only_scenario_or_config_errors(data):
         return
     event("loaded")
     assert sc.layers is not None and sc.requests
+
+
+# ----------------------------------------------------------------------------- upstream's dcp_sharded
+
+
+def _one_layer(**flags):
+    return minimal(layers=[{"name": "l", "kind": "full_attention", "block_size": 16, "num_kv_heads": 1,
+                            "head_size": 64, **flags}])
+
+
+@pytest.mark.parametrize("flags, replicated", [
+    ({}, False),
+    ({"dcp_sharded": True}, False),
+    ({"dcp_sharded": False}, True),
+    ({"dcp_replicated": True}, True),
+    ({"dcp_sharded": False, "dcp_replicated": True}, True),  # both given, and they agree
+    ({"dcp_sharded": True, "dcp_replicated": False}, False),
+])
+def test_upstream_dcp_sharded_is_the_inverse_of_dcp_replicated(flags, replicated):
+    s = scenario_from_dict(_one_layer(**flags), source=SRC)
+    assert s.layers["l"].dcp_replicated is replicated
+
+
+@pytest.mark.parametrize("flags", [{"dcp_sharded": True, "dcp_replicated": True},
+                                   {"dcp_sharded": False, "dcp_replicated": False}])
+def test_contradictory_dcp_flags_name_the_layer(flags):
+    [(path, msg)] = problems(_one_layer(**flags))
+    assert path == "layers[0].dcp_sharded"
+    assert "contradicts dcp_replicated" in msg
+
+
+def test_dcp_sharded_must_be_a_bool():
+    [(path, msg)] = problems(_one_layer(dcp_sharded="yes"))
+    assert (path, msg) == ("layers[0].dcp_sharded", "must be true or false, got 'yes'")
