@@ -44,7 +44,8 @@ class GroupGeometry:
     manager_block_size: int
     """Tokens one block-table entry covers: ``B * W`` when sharded, else ``B``."""
     block_table_width: int
-    """Entries of a block-table row (``max_num_blocks_per_req``)."""
+    """Entries of a worker block-table row: ``max_num_blocks_per_req`` rounded up to a
+    multiple of 128 tokens where the spec asks (``get_block_table_width``)."""
     page_size_bytes: int | None = None
     """Bytes of one page of one layer (the representative spec), as the engine counts them."""
     max_memory_usage_bytes: int | None = None
@@ -108,7 +109,7 @@ def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -
         kernel_block_size=kbs,
         num_speculative_tokens=config.num_speculative_tokens,
         manager_block_size=spec.block_size * (config.decode_context_parallel_size if sharded else 1),
-        block_table_width=group.kv_cache_spec.max_num_blocks_per_req(config, config.max_model_len),
+        block_table_width=group.kv_cache_spec.block_table_width(config, config.max_model_len),
         page_size_bytes=spec.page_size_bytes,
         max_memory_usage_bytes=spec.max_memory_usage_bytes(config),
     )

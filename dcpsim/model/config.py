@@ -26,6 +26,9 @@ class SimConfig:
     kernel_block_size: int | None = None
     max_num_seqs: int = 256
     enable_prefix_caching: bool = True
+    async_scheduling: bool = False
+    """vLLM's ``scheduler_config.async_scheduling``: the next step is scheduled while the
+    current one runs, so two batches are in flight (``max_concurrent_batches``)."""
 
     def __post_init__(self) -> None:
         check_int("max_model_len", self.max_model_len, 1)
@@ -36,8 +39,9 @@ class SimConfig:
         check_int("max_num_seqs", self.max_num_seqs, 1)
         if self.kernel_block_size is not None:
             check_int("kernel_block_size", self.kernel_block_size, 1)
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ConfigError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        for flag in ("enable_prefix_caching", "async_scheduling"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.num_speculative_tokens + 1 > self.max_num_batched_tokens:
             raise ConfigError(
                 "max_num_batched_tokens must hold one speculative step "
@@ -46,6 +50,14 @@ class SimConfig:
             )
 
     @property
+    def max_concurrent_batches(self) -> int:
+        """Batches in flight at once: 2 with async scheduling, else 1 (no pipeline
+        parallelism here)."""
+        return 2 if self.async_scheduling else 1
+
+    @property
     def max_in_flight_tokens(self) -> int:
-        """Most tokens one request can have scheduled in one step."""
-        return self.max_num_batched_tokens
+        """Tokens scheduled but not yet settled (vLLM 0.33.0): every concurrent batch may
+        hold a full ``max_num_batched_tokens``. Sliding-window and chunked-local caps
+        reserve for it, since their out-of-window blocks are freed on processed tokens."""
+        return self.max_concurrent_batches * self.max_num_batched_tokens

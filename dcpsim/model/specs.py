@@ -11,6 +11,7 @@ Pure: no torch, no I/O.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -37,6 +38,18 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def get_block_table_width(max_num_blocks: int, block_size: int, *, token_alignment: int | None = 128) -> int:
+    """Entries of a worker block-table row: ``max_num_blocks`` rounded up so the row spans
+    a multiple of ``token_alignment`` tokens (vLLM 0.33.0 aligns rows to 128 tokens for
+    attention kernels; ``None`` keeps the count, e.g. for rings and Mamba state)."""
+    if token_alignment is None:
+        return max_num_blocks
+    if token_alignment <= 0:
+        raise ConfigError(f"token_alignment must be positive, got {token_alignment}")
+    unit = token_alignment // math.gcd(token_alignment, block_size)  # entries per aligned span
+    return cdiv(max_num_blocks, unit) * unit
+
+
 def _positive_int(owner: str, name: str, value) -> None:
     check_int(f"{owner}.{name}", value)
 
@@ -56,6 +69,16 @@ class KVCacheSpec:
 
     def max_num_blocks_per_req(self, config: SimConfig, max_len: int) -> int:
         raise NotImplementedError
+
+    @property
+    def block_table_token_alignment(self) -> int | None:
+        """Tokens a block-table row is aligned to (``get_block_table_width``)."""
+        return 128
+
+    def block_table_width(self, config: SimConfig, max_len: int) -> int:
+        """Entries of the worker's block-table row: ``max_num_blocks_per_req``, aligned."""
+        return get_block_table_width(self.max_num_blocks_per_req(config, max_len), self.block_size,
+                                     token_alignment=self.block_table_token_alignment)
 
     def max_memory_usage_bytes(self, config: SimConfig) -> int:
         raise NotImplementedError
@@ -304,6 +327,10 @@ class CircularBufferSpec(AttentionSpec):
     def max_num_blocks_per_req(self, config: SimConfig, max_len: int) -> int:
         return 1
 
+    @property
+    def block_table_token_alignment(self) -> int | None:
+        return None  # one entry for life: never widened
+
     def max_memory_usage_bytes(self, config: SimConfig) -> int:
         return self.page_size_bytes
 
@@ -368,11 +395,29 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
     def page_size_bytes(self) -> int:
         return sum(s.page_size_bytes for s in self.kv_cache_specs.values())
 
+    @property
+    def block_table_token_alignment(self) -> int | None:
+        return self.first.block_table_token_alignment
+
     def max_num_blocks_per_req(self, config: SimConfig, max_len: int) -> int:
-        return max(s.max_num_blocks_per_req(config, max_len) for s in self.kv_cache_specs.values())
+        """One block table serves every layer, so every layer must need the same width
+        (vLLM 0.33.0 asserts it; taking the max would size the table wider than the
+        per-layer metadata builders expect)."""
+        widths = {s.max_num_blocks_per_req(config, max_len) for s in self.kv_cache_specs.values()}
+        if len(widths) != 1:
+            raise ConfigError(
+                "UniformTypeKVCacheSpecs: the layers of one KV-cache group need different "
+                f"block-table widths {sorted(widths)} (layers {sorted(self.kv_cache_specs)})"
+            )
+        return widths.pop()
 
     def max_memory_usage_bytes(self, config: SimConfig) -> int:
-        return sum(s.max_memory_usage_bytes(config) for s in self.kv_cache_specs.values())
+        """Every layer gets the same number of pages (one block id addresses a page in
+        each): the most any layer needs, times the group page (vLLM 0.33.0's rule)."""
+        pages = max(
+            cdiv(s.max_memory_usage_bytes(config), s.page_size_bytes) for s in self.kv_cache_specs.values()
+        )
+        return pages * self.page_size_bytes
 
     def is_same_kind(self, kv_cache_specs) -> bool:
         return all(

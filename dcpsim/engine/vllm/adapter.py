@@ -14,7 +14,8 @@ which is which):
   classes in ``vllm/v1/kv_cache_interface.py``, built from the scenario's specs; a
   replicated spec becomes ``dcp_sharded=False``, or ``dcp_replicated=True`` on a fork that
   has that field), the manager block size that follows from it, and the block-table width
-  (the spec's ``max_num_blocks_per_req``); validation stays the reference's.
+  (the spec's ``max_num_blocks_per_req``, widened by vLLM's ``get_block_table_width``); validation
+  stays the reference's.
 * ``merge_across_ranks`` (``merge=True``: ``--vllm-merge``; with ``--attention``, the
   ``allgather`` variant): vLLM's DCP
   correction ``vllm/v1/attention/ops/dcp.py::CorrectAttnCPOutKernel.kernel``, launched
@@ -62,6 +63,8 @@ V1_MODULE, V1_KERNEL = "vllm.v1.worker.block_table", "ComputeSlotMappingKernel.k
 V1_ARGS = ("num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_ptr",
            "block_table_stride", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE", "TOTAL_CP_WORLD_SIZE", "TOTAL_CP_RANK",
            "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "BLOCK_SIZE")
+WIDTH_FUNCTION, WIDTH_ARGS = "get_block_table_width", ("max_num_blocks", "block_size")
+"""The worker's block-table row width: max_num_blocks_per_req aligned to the spec's tokens."""
 LENS_MODULE, LENS_FUNCTION = "vllm.v1.attention.backends.utils", "get_dcp_local_seq_lens"
 LENS_ARGS = ("seq_lens", "dcp_size", "dcp_rank", "cp_kv_cache_interleave_size")
 MERGE_MODULE, MERGE_KERNEL = "vllm.v1.attention.ops.dcp", "CorrectAttnCPOutKernel.kernel"
@@ -117,8 +120,8 @@ class VllmEngine(ReferenceEngine):
         self.tree = SourceTree(source_dir(vllm_source))
         self.version = self.tree.version
         if runner == "v2":
-            mods = self.tree.load(["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, LENS_MODULE, MERGE_MODULE,
-                                   KERNEL_TABLE_MODULE, *SPEC_MODULES])
+            mods = self.tree.load(["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, V1_MODULE, LENS_MODULE,
+                                   MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES])
             self._slot_kernel = self._function(mods, V2_MODULE, V2_KERNEL, V2_ARGS)
         else:
             mods = self.tree.load([V1_MODULE, LENS_MODULE, MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES])
@@ -127,6 +130,7 @@ class VllmEngine(ReferenceEngine):
         self._correct = self._function(mods, MERGE_MODULE, MERGE_KERNEL, MERGE_ARGS)
         self._kernel_table = self._function(mods, KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION, KERNEL_TABLE_ARGS)
         self._local_lens = self._function(mods, LENS_MODULE, LENS_FUNCTION, LENS_ARGS)
+        self._table_width = self._function(mods, V1_MODULE, WIDTH_FUNCTION, WIDTH_ARGS)
         slot = f"{(V2_MODULE if runner == 'v2' else V1_MODULE)}.{V2_KERNEL if runner == 'v2' else V1_KERNEL}"
         lens = f"{LENS_MODULE}.{LENS_FUNCTION}"
         self.decisions = {
@@ -208,6 +212,8 @@ class VllmEngine(ReferenceEngine):
         cls = f"{SPECS_MODULE}.{type(vspec).__name__}"
         width = self._call(f"{cls}.max_num_blocks_per_req", vspec.max_num_blocks_per_req, vllm_config,
                            config.max_model_len)
+        width = self._call(f"{V1_MODULE}.{WIDTH_FUNCTION}", self._table_width, width, vspec.block_size,
+                           token_alignment=vspec.block_table_token_alignment)
         memory = self._call(f"{cls}.max_memory_usage_bytes", vspec.max_memory_usage_bytes, vllm_config)
         return dataclasses.replace(
             g, sharded=sharded, block_table_width=int(width), page_size_bytes=int(vspec.page_size_bytes),

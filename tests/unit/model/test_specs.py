@@ -6,6 +6,7 @@ calling the code under test.
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 import pytest
@@ -22,6 +23,8 @@ from dcpsim.model.specs import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
+    cdiv,
+    get_block_table_width,
     is_dcp_replicated_spec,
     is_dcp_sharded_spec,
 )
@@ -530,3 +533,78 @@ def test_check_groups_for_dcp():
     # a group that is not an attention spec is not simulated
     with pytest.raises(ConfigError, match="KVCacheSpec is not simulated"):
         check_groups_for_dcp([KVCacheGroupSpec(("x",), KVCacheSpec(block_size=16))], CFG_W1)
+
+
+# --------------------------------------------------------------------------------------
+# UniformTypeKVCacheSpecs under vLLM 0.33.0's rules
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _OddMemorySpec(FullAttentionSpec):
+    """A layer whose worst case is not a whole number of pages (one byte over)."""
+
+    extra_pages: int = 0
+
+    def max_memory_usage_bytes(self, config):
+        return (10 + self.extra_pages) * self.page_size_bytes + 1
+
+
+def test_uniform_memory_is_the_most_pages_any_layer_needs_times_the_group_page():
+    a = _OddMemorySpec(block_size=16, num_kv_heads=8, head_size=128)            # page 65536: cdiv -> 11 pages
+    b = _OddMemorySpec(block_size=16, num_kv_heads=2, head_size=128, extra_pages=3)  # page 16384: 14 pages
+    group = UniformTypeKVCacheSpecs.from_specs({"a": a, "b": b})
+    assert group.page_size_bytes == 65536 + 16384
+    # max(11, 14) * 81920; the old sum(mem_i) would give 11 * 65536 + 14 * 16384 + 2
+    assert group.max_memory_usage_bytes(CFG_W4) == 14 * 81920
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _WidthSpec(FullAttentionSpec):
+    width: int = 4
+
+    def max_num_blocks_per_req(self, config, max_len):
+        return self.width
+
+
+def test_uniform_layers_must_need_one_block_table_width():
+    same = UniformTypeKVCacheSpecs.from_specs({"a": _WidthSpec(block_size=16, num_kv_heads=1, head_size=64),
+                                               "b": _WidthSpec(block_size=16, num_kv_heads=2, head_size=64)})
+    assert same.max_num_blocks_per_req(CFG_W4, 1000) == 4
+    mixed = UniformTypeKVCacheSpecs.from_specs({"a": _WidthSpec(block_size=16, num_kv_heads=1, head_size=64),
+                                                "b": _WidthSpec(block_size=16, num_kv_heads=1, head_size=64, width=8)})
+    with pytest.raises(ConfigError, match=r"different block-table widths \[4, 8\]"):
+        mixed.max_num_blocks_per_req(CFG_W4, 1000)
+
+
+@pytest.mark.parametrize("n, B, align, want", [
+    (63, 16, 128, 64),     # 128 tokens = 8 entries of 16: 63 -> 64
+    (8192, 64, 128, 8192),  # already a multiple of 2 entries
+    (5, 64, 128, 6),
+    (5, 256, 128, 5),      # an entry spans more than 128 tokens: no rounding
+    (5, 48, 128, 8),       # 128 / gcd(128, 48) = 8 entries
+    (5, 16, None, 5),      # rings and state caches: never widened
+])
+def test_get_block_table_width(n, B, align, want):
+    assert get_block_table_width(n, B, token_alignment=align) == want
+
+
+def test_block_table_width_is_aligned_for_attention_not_for_rings():
+    cfg = SimConfig(max_model_len=1000, max_num_batched_tokens=256, decode_context_parallel_size=4)
+    assert full().max_num_blocks_per_req(cfg, 1000) == 16   # cdiv(1000, 16 * 4)
+    assert full().block_table_width(cfg, 1000) == 16        # a multiple of 8 entries (128 tokens) already
+    assert full(rep=True).block_table_width(cfg, 1000) == 64  # 63 -> 64
+    ring = CircularBufferSpec(block_size=8, num_kv_heads=1, head_size=64, dcp_replicated=True)
+    assert ring.block_table_width(cfg, 1000) == 1
+
+
+def test_async_scheduling_doubles_the_in_flight_tokens_of_window_caps():
+    sync = SimConfig(max_model_len=8192, max_num_batched_tokens=256)
+    both = SimConfig(max_model_len=8192, max_num_batched_tokens=256, async_scheduling=True)
+    assert (sync.max_in_flight_tokens, both.max_in_flight_tokens) == (256, 512)
+    w = swa(rep=True, sliding_window=128)
+    # cdiv(127 + in-flight, 16) + 1 pages
+    assert w.max_memory_usage_bytes(sync) == (cdiv(127 + 256, 16) + 1) * w.page_size_bytes
+    assert w.max_memory_usage_bytes(both) == (cdiv(127 + 512, 16) + 1) * w.page_size_bytes
+    with pytest.raises(ConfigError, match="async_scheduling must be true or false"):
+        SimConfig(async_scheduling=1)
