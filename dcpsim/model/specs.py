@@ -235,6 +235,26 @@ class MLAAttentionSpec(FullAttentionSpec):
     num_kv_heads: int = 1
     head_size_v: int | None = 0
     cache_dtype_str: str | None = None
+    alignment: int | None = None
+    """Pad the page to a multiple of this many bytes (DeepSeek-V4: 576 for the
+    fp8_ds_mla layout, 512 otherwise); sets ``page_size_padded``."""
+
+    def __post_init__(self) -> None:
+        if self.alignment is not None:  # derived below (a rebuilt spec's old value is stale)
+            object.__setattr__(self, "page_size_padded", None)
+        super().__post_init__()
+        _apply_alignment_padding(self)
+
+
+def _apply_alignment_padding(spec) -> None:
+    """``page_size_padded = round_up(real page, alignment)`` (vLLM 0.33.0's MLA rule). With
+    ``alignment`` set the padded page is derived, so a spec rebuilt with another block size
+    (``dataclasses.replace``) gets its own; the scenario loader refuses both fields given."""
+    if spec.alignment is None:
+        return
+    _positive_int(type(spec).__name__, "alignment", spec.alignment)
+    padded = cdiv(spec.real_page_size_bytes, spec.alignment) * spec.alignment
+    object.__setattr__(spec, "page_size_padded", None if padded == spec.real_page_size_bytes else padded)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -287,6 +307,14 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
     num_kv_heads: int = 1
     head_size_v: int | None = 0
     cache_dtype_str: str | None = None
+    alignment: int | None = None
+    """As ``MLAAttentionSpec.alignment``."""
+
+    def __post_init__(self) -> None:
+        if self.alignment is not None:  # derived below (a rebuilt spec's old value is stale)
+            object.__setattr__(self, "page_size_padded", None)
+        super().__post_init__()
+        _apply_alignment_padding(self)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,8 @@ def _spec_dict(spec: KVCacheSpec) -> dict:
     fields = _non_default(spec)
     if fields.get("head_size_v") == getattr(spec, "head_size", None):
         fields.pop("head_size_v")  # the default: V as wide as K
+    if fields.get("alignment") is not None:
+        fields.pop("page_size_padded", None)  # derived from alignment when the spec is built
     if isinstance(fields.get("tokens_per_state"), Fraction):
         fields["tokens_per_state"] = str(fields["tokens_per_state"])
     return {"kind": _KIND_OF[type(spec)], **fields}

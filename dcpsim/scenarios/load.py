@@ -138,6 +138,8 @@ def _parse_layers(entries, problems: _Problems) -> dict:
         problems.unknown_keys(path, entry, allowed)
         fields = {k: v for k, v in entry.items() if k in _spec_fields(cls)}
         _upstream_sharded_flag(entry, fields, problems, path)
+        if fields.get("alignment") is not None and fields.get("page_size_padded") is not None:
+            problems.add(f"{path}.page_size_padded", "alignment derives the padded page; give one of the two")
         for f in dataclasses.fields(cls):
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in fields:
                 problems.add(f"{path}.{f.name}", f"is required for kind {kind!r}")

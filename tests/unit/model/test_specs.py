@@ -608,3 +608,17 @@ def test_async_scheduling_doubles_the_in_flight_tokens_of_window_caps():
     assert w.max_memory_usage_bytes(both) == (cdiv(127 + 512, 16) + 1) * w.page_size_bytes
     with pytest.raises(ConfigError, match="async_scheduling must be true or false"):
         SimConfig(async_scheduling=1)
+
+
+def test_alignment_pads_mla_pages_as_deepseek_v4_does():
+    # 64 states x 584 B = 37,376 B -> the next multiple of 576 is 37,440
+    main = MLAAttentionSpec(block_size=128, tokens_per_state=2, head_size=512, dtype="fp8_ds_mla",
+                            state_content_bytes=584, alignment=576)
+    assert (main.real_page_size_bytes, main.page_size_bytes) == (37376, 37440)
+    swa_ = SlidingWindowMLASpec(block_size=64, head_size=512, dtype="bfloat16", sliding_window=128, alignment=512)
+    assert swa_.real_page_size_bytes == 64 * 1024 and swa_.page_size_padded is None  # already aligned
+    # the padded page is derived: a spec rebuilt with another block size gets its own
+    half = dataclasses.replace(main, block_size=64)
+    assert (half.real_page_size_bytes, half.page_size_bytes) == (18688, 19008)  # 32 x 584 -> 33 x 576
+    with pytest.raises(ConfigError, match="alignment"):
+        MLAAttentionSpec(block_size=64, head_size=512, alignment=0)

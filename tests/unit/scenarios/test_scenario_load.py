@@ -553,3 +553,10 @@ def test_contradictory_dcp_flags_name_the_layer(flags):
 def test_dcp_sharded_must_be_a_bool():
     [(path, msg)] = problems(_one_layer(dcp_sharded="yes"))
     assert (path, msg) == ("layers[0].dcp_sharded", "must be true or false, got 'yes'")
+
+
+def test_alignment_and_page_size_padded_together_are_refused():
+    data = minimal(layers=[{"name": "l", "kind": "mla", "block_size": 16, "head_size": 64,
+                            "alignment": 576, "page_size_padded": 1 << 20}])
+    [(path, msg)] = problems(data)
+    assert path == "layers[0].page_size_padded" and "give one of the two" in msg
