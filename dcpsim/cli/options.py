@@ -26,6 +26,11 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                    help="states per page of every paged layer (B tokens, B*R for compressed layers)")
     p.add_argument("--kernel-block-size", type=int, metavar="Bk",
                    help="attention-kernel block size in states (must divide B)")
+    p.add_argument("--max-cudagraph-capture-size", type=int, metavar="N",
+                   help="pad uniform decode steps of at most N tokens to a captured CUDA-graph size "
+                        "(dummy requests that must write nothing; default: the scenario's, 0 = off)")
+    p.add_argument("--async-scheduling", action="store_true", default=None,
+                   help="two batches in flight: sliding-window and chunked-local caps reserve for both")
     p.add_argument("--seed", type=int, help="changes token contents and acceptance patterns")
     p.add_argument("--verify-every", type=int, metavar="N", help="verify every N steps (and at the end)")
     p.add_argument("--paranoid", action="store_true",
@@ -105,6 +110,8 @@ def resolve_scenario(args, world_size: int | None = None) -> Scenario:
             cp_kv_cache_interleave_size=args.interleave,
             block_size=args.block_size,
             kernel_block_size=args.kernel_block_size,
+            max_cudagraph_capture_size=getattr(args, "max_cudagraph_capture_size", None),
+            async_scheduling=getattr(args, "async_scheduling", None),
             seed=args.seed,
             verify_every=args.verify_every,
         )

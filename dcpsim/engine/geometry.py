@@ -50,6 +50,8 @@ class GroupGeometry:
     """Bytes of one page of one layer (the representative spec), as the engine counts them."""
     max_memory_usage_bytes: int | None = None
     """The worst-case bytes one request can use in one layer (the representative spec)."""
+    cudagraph_capture_sizes: tuple[int, ...] = ()
+    """Token counts a uniform decode step is padded up to (empty: no CUDA-graph padding)."""
 
     @property
     def replicated(self) -> bool:
@@ -112,5 +114,6 @@ def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -
         block_table_width=group.kv_cache_spec.block_table_width(config, config.max_model_len),
         page_size_bytes=spec.page_size_bytes,
         max_memory_usage_bytes=spec.max_memory_usage_bytes(config),
+        cudagraph_capture_sizes=config.cudagraph_capture_sizes,
     )
 

@@ -30,7 +30,7 @@ import torch
 from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import KVCacheGroupSpec
-from dcpsim.model.plan import ReqWrite
+from dcpsim.model.plan import AttentionMetadata, ReqWrite
 from dcpsim.model.specs import KVCacheSpec
 
 
@@ -117,7 +117,8 @@ class Engine:
 
     def query_local_bounds(self, geometry: GroupGeometry, start: int, stop: int, dcp_rank: int) -> np.ndarray:
         """Keys each query token at positions ``[start, stop)`` sees in this rank's shard
-        of a sharded group (token ``j`` sees global length ``start + j + 1``)."""
+        (token ``j`` sees global length ``start + j + 1``; a replicated group's shard is
+        the whole context)."""
         raise NotImplementedError
 
     def attention_metadata(self, geometry: GroupGeometry, start: int, stop: int, block_row: np.ndarray,
@@ -126,6 +127,16 @@ class Engine:
         ``(slots, mask, merged)``: the store slots of the keys it reads, the
         ``[len(rows), len(slots)]`` visibility mask, and whether its result is merged
         across ranks (sharded) or stands alone (replicated: attention as with ``W = 1``)."""
+        raise NotImplementedError
+
+    def build_attention_metadata(self, geometry: GroupGeometry, writes: list[ReqWrite],
+                                 block_rows: list[np.ndarray], dcp_rank: int) -> AttentionMetadata:
+        """The step's attention metadata for the group on rank ``dcp_rank``
+        (``dcpsim.model.plan.AttentionMetadata``): global and local lengths, query offsets
+        and per-token bounds, the paged plan over the rank's own kernel pages, the block
+        table width the builder expects, and, for a uniform decode step padded to a
+        captured CUDA-graph size (``geometry.cudagraph_capture_sizes``), the dummy
+        requests and the slots of their tokens (which the worker writes unless ``PAD``)."""
         raise NotImplementedError
 
     # --- the attention math ---------------------------------------------------------
@@ -157,7 +168,7 @@ class Engine:
 ENGINE_DECISIONS = (
     "kv_cache_groups", "group_geometry", "blocks_needed", "first_needed_position", "num_released_blocks",
     "prefix_hash_unit", "prefix_key_position", "write_slots", "kernel_block_table", "local_seq_lens",
-    "query_local_bounds", "attention_metadata", "shard_lse", "merge_lse", "merge_attention_states",
+    "query_local_bounds", "attention_metadata", "build_attention_metadata", "shard_lse", "merge_lse", "merge_attention_states",
     "merge_across_ranks",
 )
 """Every decision of the interface, in the order above (reports list who makes each)."""

@@ -29,7 +29,7 @@ from dcpsim.model.layout import (
     ring_states_to_write,
     slot_mapping,
 )
-from dcpsim.model.plan import ReqWrite
+from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ReqWrite
 from dcpsim.model.specs import cdiv
 
 
@@ -109,8 +109,9 @@ class ReferenceEngine(Engine):
                               interleave_size=geometry.interleave_size, dcp_rank=dcp_rank)
 
     def query_local_bounds(self, geometry: GroupGeometry, start: int, stop: int, dcp_rank: int) -> np.ndarray:
-        if geometry.storage is Storage.RECORDS:  # records emitted at positions <= p
-            lens = (np.arange(start, stop, dtype=np.int64) + 1) // geometry.tokens_per_state
+        if geometry.storage is Storage.RECORDS or not geometry.sharded:  # records emitted at positions <= p
+            tps = geometry.tokens_per_state if geometry.storage is Storage.RECORDS else 1
+            lens = (np.arange(start, stop, dtype=np.int64) + 1) // tps
             return self.local_seq_lens(geometry, lens, dcp_rank)
         return query_local_seq_lens(start, stop - start, dcp_size=geometry.dcp_size, dcp_rank=dcp_rank,
                                     interleave_size=geometry.interleave_size)
@@ -153,6 +154,53 @@ class ReferenceEngine(Engine):
         slots = np.full(len(local), PAD, dtype=np.int64)
         slots[inside] = kernel_ids[kblock[inside]] * bk + offset[inside]
         return slots
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        g = geometry
+        R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
+        q_lens = np.array([w.stop - w.start for w in writes], dtype=np.int64)
+        seq_lens = np.array([w.stop for w in writes], dtype=np.int64) // R
+        rows = [np.asarray(r, dtype=np.int64) for r in block_rows]
+        bounds = [np.asarray(self.query_local_bounds(g, w.start, w.stop, dcp_rank), dtype=np.int64) for w in writes]
+        dummies, q = self._cudagraph_dummies(g, q_lens)
+        if dummies:  # dummy requests: no blocks, a context of W * I so no shard is empty
+            dummy_len = g.dcp_size * g.interleave_size
+            q_lens = np.concatenate([q_lens, np.full(dummies, q, np.int64)])
+            seq_lens = np.concatenate([seq_lens, np.full(dummies, dummy_len, np.int64)])
+            dummy_local = int(self.local_seq_lens(g, np.array([dummy_len]), dcp_rank)[0])
+            rows += [np.zeros(0, np.int64)] * dummies
+            bounds += [np.full(q, dummy_local, np.int64)] * dummies
+        local = np.asarray(self.local_seq_lens(g, seq_lens, dcp_rank), dtype=np.int64)
+        kernel = g.kernel_block_size or g.states_per_page
+        pages = -(-local // kernel)
+        indices = [self.kernel_block_table(g, row)[:n] if len(row) else np.zeros(n, np.int64)
+                   for row, n in zip(rows, pages)]
+        return AttentionMetadata(
+            group=g.group_id,
+            request_ids=tuple(w.request_id for w in writes) + (PAD_REQUEST,) * dummies,
+            seq_lens=seq_lens,
+            query_start_loc=np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int64),
+            dcp_local_seq_lens=local,
+            query_local_bounds=np.concatenate(bounds) if bounds else np.zeros(0, np.int64),
+            kv_indptr=np.concatenate([[0], np.cumsum(pages)]).astype(np.int64),
+            kv_indices=np.concatenate(indices).astype(np.int64) if indices else np.zeros(0, np.int64),
+            kv_last_page_len=np.where(pages > 0, local - (pages - 1) * kernel, 0),
+            block_table_width=g.block_table_width * (g.states_per_page // kernel),
+            num_dummy_requests=dummies,
+            padded_slot_mapping=np.full(dummies * q, PAD, dtype=np.int64),
+        )
+
+    @staticmethod
+    def _cudagraph_dummies(g: GroupGeometry, q_lens: np.ndarray) -> tuple[int, int]:
+        """(dummy requests, tokens each) padding a uniform decode step (every request runs
+        the same ``q = 1 + k`` tokens) up to the smallest captured size that is a multiple
+        of ``q``; none for a mixed step or one above every captured size (runs eagerly)."""
+        q = 1 + g.num_speculative_tokens
+        if not g.cudagraph_capture_sizes or len(q_lens) == 0 or (q_lens != q).any():
+            return 0, q
+        tokens = len(q_lens) * q
+        size = next((c for c in g.cudagraph_capture_sizes if c >= tokens and c % q == 0), None)
+        return (0 if size is None else (size - tokens) // q), q
 
     # --- the attention math ---------------------------------------------------------
 

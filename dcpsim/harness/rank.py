@@ -111,7 +111,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunRe
     # the checker: its expectation from the scenario alone, the rank through a read-only view
     view = WorkerView(runner)
     groups = expected_groups(scenario)
-    checker = Checker(groups, coll, view, request_ids, paranoid=job.paranoid)
+    checker = Checker(groups, coll, view, request_ids, paranoid=job.paranoid, config=config)
     verifier = AttentionVerifier(cfg, groups, coll, view) if attention else None
 
     report = RunReport(

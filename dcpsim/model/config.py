@@ -26,6 +26,9 @@ class SimConfig:
     kernel_block_size: int | None = None
     max_num_seqs: int = 256
     enable_prefix_caching: bool = True
+    max_cudagraph_capture_size: int = 0
+    """vLLM's ``compilation_config.max_cudagraph_capture_size``: uniform decode steps of at
+    most this many tokens are padded to a captured size (0: no CUDA graphs, no padding)."""
     async_scheduling: bool = False
     """vLLM's ``scheduler_config.async_scheduling``: the next step is scheduled while the
     current one runs, so two batches are in flight (``max_concurrent_batches``)."""
@@ -37,6 +40,7 @@ class SimConfig:
         check_int("cp_kv_cache_interleave_size", self.cp_kv_cache_interleave_size, 1)
         check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
         check_int("max_num_seqs", self.max_num_seqs, 1)
+        check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 0)
         if self.kernel_block_size is not None:
             check_int("kernel_block_size", self.kernel_block_size, 1)
         for flag in ("enable_prefix_caching", "async_scheduling"):
@@ -48,6 +52,14 @@ class SimConfig:
                 f"(num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}), "
                 f"got {self.max_num_batched_tokens}"
             )
+
+    @property
+    def cudagraph_capture_sizes(self) -> tuple[int, ...]:
+        """vLLM's default capture sizes up to ``max_cudagraph_capture_size``:
+        1, 2, 4, then every 8 below 256, then every 16."""
+        top = self.max_cudagraph_capture_size
+        sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
+        return tuple(s for s in sizes if s <= top)
 
     @property
     def max_concurrent_batches(self) -> int:

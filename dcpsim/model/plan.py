@@ -66,6 +66,47 @@ class WriteRecord:
     index: np.ndarray
 
 
+PAD_REQUEST = "<cudagraph-pad>"
+"""The request id of a dummy request that pads a step to a captured CUDA-graph size."""
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """What one rank's attention-metadata builder hands the kernel for one KV-cache group
+    in one step (vLLM's ``CommonAttentionMetadata`` plus a FlashInfer-style paged plan).
+
+    Requests are in batch order; a step padded to a captured CUDA-graph size ends with
+    ``num_dummy_requests`` dummy requests (id ``PAD_REQUEST``) that own no blocks.
+    Lengths count the group's indices: positions, or records of a compressed cache.
+
+    * ``seq_lens``: global length of each request after the step (all ranks together);
+    * ``query_start_loc``: ``[num_reqs + 1]`` offsets of each request's query tokens;
+    * ``dcp_local_seq_lens``: keys of each request this rank stores (= ``seq_lens`` for a
+      replicated group);
+    * ``query_local_bounds``: keys each query token sees in this rank's shard;
+    * ``kv_indptr`` / ``kv_indices`` / ``kv_last_page_len``: the rank's own kernel pages
+      per request (CSR over ``kv_indices``) and the keys on each request's last page;
+    * ``block_table_width``: entries per row the builder expects of the block table;
+    * ``padded_slot_mapping``: the slots of the dummy tokens (every one must be ``PAD``).
+    """
+
+    group: int
+    request_ids: tuple[str, ...]
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray
+    dcp_local_seq_lens: np.ndarray
+    query_local_bounds: np.ndarray
+    kv_indptr: np.ndarray
+    kv_indices: np.ndarray
+    kv_last_page_len: np.ndarray
+    block_table_width: int
+    num_dummy_requests: int = 0
+    padded_slot_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    ARRAYS = ("seq_lens", "query_start_loc", "dcp_local_seq_lens", "query_local_bounds", "kv_indptr",
+              "kv_indices", "kv_last_page_len", "padded_slot_mapping")
+
+
 @dataclass
 class AttentionResult:
     """One (group, request) of a step's attention on one rank, as the engine reports it.

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from dcpsim.model.plan import WriteRecord
+from dcpsim.model.plan import AttentionMetadata, WriteRecord
 
 
 class RankView(Protocol):
@@ -27,6 +27,9 @@ class RankView(Protocol):
 
     def block_table_row(self, group: int, req_index: int) -> np.ndarray:
         """A copy of the request's block-table row in that group (0 = null block)."""
+
+    def block_table_width(self, group: int) -> int:
+        """Entries per row of the group's block table (its capacity, not a row's length)."""
 
     def store_shape(self, group: int) -> tuple[int, int]:
         """(blocks, states per block) of the group's KV store, block 0 included."""
@@ -43,3 +46,7 @@ class RankView(Protocol):
 
     def step_writes(self) -> list[WriteRecord]:
         """What the last applied step wrote, in order (the stores' change record)."""
+
+    def step_attention_metadata(self) -> list[AttentionMetadata] | None:
+        """The last applied step's attention metadata, one per attention group (copies);
+        None when the engine does not build any."""

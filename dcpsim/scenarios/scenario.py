@@ -114,6 +114,8 @@ class Scenario:
         kernel_block_size: int | None = None,
         seed: int | None = None,
         verify_every: int | None = None,
+        max_cudagraph_capture_size: int | None = None,
+        async_scheduling: bool | None = None,
     ) -> Scenario:
         """The same scenario with command-line overrides applied.
 
@@ -129,6 +131,10 @@ class Scenario:
             config_changes["cp_kv_cache_interleave_size"] = cp_kv_cache_interleave_size
         if kernel_block_size is not None:
             config_changes["kernel_block_size"] = kernel_block_size
+        if max_cudagraph_capture_size is not None:
+            config_changes["max_cudagraph_capture_size"] = max_cudagraph_capture_size
+        if async_scheduling is not None:
+            config_changes["async_scheduling"] = async_scheduling
         config = dataclasses.replace(self.config, **config_changes)
         layers = self.layers
         if block_size is not None:

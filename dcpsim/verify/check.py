@@ -29,6 +29,7 @@ from dcpsim.model.plan import RequestView, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
 from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.metadata import MetadataJudge
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask
 from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
@@ -45,7 +46,9 @@ _WHAT = {
 
 class Checker:
     def __init__(self, groups: list[ExpectedGroup], collectives: Collectives, view: RankView,
-                 request_ids: dict[int, str], paranoid: bool = False):
+                 request_ids: dict[int, str], paranoid: bool = False, config=None):
+        """``config``: the scenario's ``SimConfig`` (the metadata check reads
+        ``max_model_len`` and the CUDA-graph capture sizes of it; None: no metadata check)."""
         self.groups = groups
         self.coll = collectives
         self.view = view
@@ -58,6 +61,10 @@ class Checker:
         self.store_of = [view.group_of_layer(g.layer_names[0]) for g in groups]
         """The engine's store holding each expected group (found by its first layer)."""
         self.guard = WriteGuard(self.rank, {s: g.name for s, g in zip(self.store_of, groups)})
+        self.metadata = MetadataJudge(
+            self.rank, groups, self.store_of, config.max_model_len if config else 0,
+            config.cudagraph_capture_sizes if config else (), table_width=view.block_table_width,
+        ) if config is not None else None
 
     # --- every step: the write log ----------------------------------------------------
 
@@ -66,6 +73,8 @@ class Checker:
         writes = self.view.step_writes()
         shapes = {w.group: self.view.store_shape(w.group) for w in writes}
         self.guard.judge(plan, writes, shapes)
+        if self.metadata is not None:
+            self.metadata.judge(plan, self.view.step_attention_metadata())
 
     # --- phase 1 ------------------------------------------------------------------
 
@@ -95,12 +104,13 @@ class Checker:
                 as_int64(multiset_digest(got[:, INDEX], got[:, CONTENT])),
             )
         tables = [as_int64(self._table_digest(g, plan.views)) for g in range(len(self.groups))]
-        header = np.array([self.guard.count, len(tables)] + tables, dtype=np.int64)
+        meta_count = self.metadata.count if self.metadata is not None else 0
+        header = np.array([self.guard.count, meta_count, len(tables)] + tables, dtype=np.int64)
         mine = torch.from_numpy(np.concatenate([header, rows.reshape(-1)]))
         gathered = np.stack([t.numpy() for t in self.coll.all_gather_tensor(mine)])
         h = len(header)
-        violations = gathered[:, 0]
-        table_digests = gathered[:, 2:h]
+        violations, mismatches = gathered[:, 0], gathered[:, 1]
+        table_digests = gathered[:, 3:h]
         per_item = gathered[:, h:].reshape(self.world, len(items), 4)
         self.verified_indices += int(per_item[:, :, COUNT].sum())
 
@@ -110,6 +120,8 @@ class Checker:
                 return failure
         if violations.any():
             return self._violation_failure(plan, int(violations.sum()))
+        if mismatches.any():
+            return self._metadata_failure(plan, int(mismatches.sum()))
         if (table_digests != table_digests[0]).any():
             return self._table_failure(plan)
         for k, (g, view) in enumerate(items):
@@ -201,6 +213,19 @@ class Checker:
             index=first.index if first else None,
             violations=[dataclasses.asdict(v) for v in kept],
             details=lines[:10] + ([f"... and {len(lines) - 10} more runs of violations"] if len(lines) > 10 else []),
+        )
+
+    def _metadata_failure(self, plan, total: int) -> Failure:
+        kept = [m for per_rank in self.coll.all_gather_object(self.metadata.kept) for m in per_rank]
+        kept.sort(key=lambda m: (m.step, m.rank))
+        first = kept[0] if kept else None
+        return Failure(
+            kind=FailureKind.ATTENTION_METADATA,
+            step=first.step if first else plan.step,
+            message=f"{total} attention-metadata field(s) differ from what the scenario gives",
+            group=first.group if first else None,
+            request_id=first.request_id if first else None,
+            details=[str(m) for m in kept[:10]] + ([f"... and {total - 10} more"] if total > 10 else []),
         )
 
     def _table_failure(self, plan) -> Failure:

@@ -23,6 +23,9 @@ class FailureKind(enum.StrEnum):
     BLOCK_TABLE_MISMATCH = "block-table-mismatch"
     BLOCK_TABLE_OVERFLOW = "block-table-overflow"
     ATTENTION_MISMATCH = "attention-mismatch"
+    ATTENTION_METADATA = "attention-metadata"
+    """A rank's attention metadata (lengths, query bounds, paged plan, table width,
+    CUDA-graph padding) differs from what the scenario gives."""
     RANKS_DISAGREE = "ranks-disagree"
 
 

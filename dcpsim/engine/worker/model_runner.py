@@ -17,7 +17,7 @@ from dcpsim.engine.worker.kv_store import KVStore
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.model.layout import PAD
-from dcpsim.model.plan import StepPlan, WriteRecord
+from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, StepPlan, WriteRecord
 from dcpsim.model.vectors import kv_vectors
 
 
@@ -44,6 +44,9 @@ class ModelRunner:
         ]
         self.write_log: list[WriteRecord] = []
         """What the last applied step wrote (every group, every request, in order)."""
+        self.metadata_log: list[AttentionMetadata] = []
+        """The last applied step's attention metadata, one per attention group."""
+        self.builds_metadata = _implements(engine, "build_attention_metadata")
 
     def apply(self, plan: StepPlan, request_ids: dict[int, str], during_step=None) -> None:
         """Write the step. ``during_step(plan, runner)``, if given, runs after the writes with
@@ -51,10 +54,13 @@ class ModelRunner:
         for table, step_rows in zip(self.block_tables, plan.rows_before):
             table.sync(step_rows, request_ids)
         self.write_log = []
+        self.metadata_log = []
         for geometry, table, store in zip(self.geometries, self.block_tables, self.stores):
             tps = geometry.tokens_per_state
             rows = [table.row(w.req_index) for w in plan.writes]
             mapped = self.engine.step_write_slots(geometry, list(plan.writes), rows, self.rank)
+            if self.builds_metadata and geometry.storage is not Storage.RING:
+                self._build_metadata(plan, geometry, rows, store)
             for write, (slots, index) in zip(plan.writes, mapped):
                 slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
                 mine = slots != PAD
@@ -78,3 +84,22 @@ class ModelRunner:
             during_step(plan, self)
         for table, rows in zip(self.block_tables, plan.rows_after):
             table.sync(rows, request_ids)
+
+    def _build_metadata(self, plan: StepPlan, geometry: GroupGeometry, rows, store: KVStore) -> None:
+        """The engine's metadata for the step; the dummy tokens of CUDA-graph padding are
+        written where the engine mapped them (a correct engine maps them all to ``PAD``)."""
+        meta = self.engine.build_attention_metadata(geometry, list(plan.writes), rows, self.rank)
+        self.metadata_log.append(meta)
+        slots = np.asarray(meta.padded_slot_mapping, np.int64)
+        slots = slots[slots != PAD]
+        if len(slots):
+            self.write_log.append(WriteRecord(geometry.group_id, -1, PAD_REQUEST, slots, np.full(len(slots), -1)))
+            inside = slots[(slots >= 0) & (slots < store.num_slots)]
+            entries = np.zeros((len(inside), len(FIELDS)), dtype=np.int64)
+            entries[:, 0], entries[:, 1], entries[:, 3], entries[:, 4] = geometry.group_id, -1, -1, plan.step
+            store.write(inside, entries)
+
+
+def _implements(engine: Engine, name: str) -> bool:
+    """Whether the engine overrides the interface's ``name`` (a plugin may leave it out)."""
+    return getattr(type(engine), name) is not getattr(Engine, name)

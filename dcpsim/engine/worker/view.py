@@ -6,11 +6,13 @@ holds, and the checker reaches the worker only through these methods.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from dcpsim.engine.worker.model_runner import ModelRunner
-from dcpsim.model.plan import WriteRecord
+from dcpsim.model.plan import AttentionMetadata, WriteRecord
 
 
 class WorkerView:
@@ -24,6 +26,9 @@ class WorkerView:
 
     def block_table_row(self, group: int, req_index: int) -> np.ndarray:
         return self._runner.block_tables[group].row(req_index).copy()
+
+    def block_table_width(self, group: int) -> int:
+        return int(self._runner.block_tables[group].table.shape[1])
 
     def store_shape(self, group: int) -> tuple[int, int]:
         store = self._runner.stores[group]
@@ -40,6 +45,12 @@ class WorkerView:
 
     def step_writes(self) -> list[WriteRecord]:
         return list(self._runner.write_log)
+
+    def step_attention_metadata(self) -> list[AttentionMetadata] | None:
+        if not self._runner.builds_metadata:
+            return None
+        return [dataclasses.replace(m, **{a: np.array(getattr(m, a), dtype=np.int64) for a in m.ARRAYS})
+                for m in self._runner.metadata_log]
 
     @property
     def kv_store_bytes(self) -> int:

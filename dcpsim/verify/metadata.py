@@ -1,0 +1,197 @@
+"""The checker's judgement of a rank's attention metadata, every step.
+
+What the metadata of a (group, step) must be is derived from the step's plan (which
+requests run which positions, and the block-table rows the step ran with) and the
+checker's own geometry: global lengths are where the writes end; a sharded group's local
+length counts the rank's runs of ``I`` indices below the length (run ``k`` is rank
+``k % W``'s), one query token at a time for the bounds; the paged plan lists the kernel
+pages those local keys fill, read off the block-table row; the block-table width is the
+full context in the group's shard count, widened to 128 tokens. Nothing here calls the
+engine's layout math.
+
+CUDA-graph padding: a uniform decode step (every request runs ``1 + k`` tokens) of at most
+``max_cudagraph_capture_size`` tokens is padded to the smallest captured size that is a
+multiple of ``1 + k``, with dummy requests of context ``W * I`` that own no blocks and
+whose tokens map to no slot (a dummy token that writes is caught by the write guard too).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcpsim.model.kinds import Storage
+from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, StepPlan
+from dcpsim.verify.geometry import ExpectedGroup
+
+MAX_KEPT = 20
+TOKEN_ALIGNMENT = 128
+"""Block-table rows span a multiple of 128 tokens (vLLM 0.33.0's ``get_block_table_width``)."""
+
+
+def owned_below(length: np.ndarray, rank: int, group: ExpectedGroup) -> np.ndarray:
+    """Indices ``< length`` that rank ``rank`` holds: count its runs of ``I`` among the
+    ``cdiv(length, I)`` runs below the length (every run whole but the last)."""
+    length = np.asarray(length, dtype=np.int64)
+    if not group.sharded:
+        return length.copy()
+    W, I = group.dcp_size, group.interleave_size
+    runs = -(-length // I)  # runs started below the length; run k belongs to rank k % W
+    mine = np.where(runs > rank, (runs - 1 - rank) // W + 1, 0)  # runs r, r + W, ... < runs
+    last = runs - 1
+    partial = length - last * I  # keys of the last run
+    has_last = (runs > 0) & (last % W == rank)
+    return mine * I - np.where(has_last, I - partial, 0)
+
+
+def expected_width(group: ExpectedGroup, max_model_len: int) -> int:
+    """Kernel-block entries of a row: the context in the group's shard count, widened."""
+    if group.storage is Storage.RING:
+        return 1
+    shards = group.dcp_size if group.sharded else 1
+    entries = -(-max_model_len // (group.block_size * shards))
+    unit = TOKEN_ALIGNMENT // math.gcd(TOKEN_ALIGNMENT, group.block_size)
+    entries = -(-entries // unit) * unit
+    return entries * (group.page_states // kernel_states(group))
+
+
+def kernel_states(group: ExpectedGroup) -> int:
+    return group.kernel_block_size or group.page_states
+
+
+def uniform_decode_padding(group: ExpectedGroup, q_lens: list[int], capture_sizes: tuple[int, ...]) -> int:
+    """Dummy requests a step gets (see the module docstring)."""
+    q = 1 + group.num_speculative_tokens
+    if not capture_sizes or not q_lens or any(n != q for n in q_lens):
+        return 0
+    tokens = len(q_lens) * q
+    size = next((c for c in capture_sizes if c >= tokens and c % q == 0), None)
+    return 0 if size is None else (size - tokens) // q
+
+
+def expected_metadata(group: ExpectedGroup, plan: StepPlan, rows: dict[int, np.ndarray], rank: int,
+                      max_model_len: int, capture_sizes: tuple[int, ...]) -> dict:
+    """Every field of the metadata the rank must build for the group in this step."""
+    R = group.tokens_per_state if group.storage is Storage.RECORDS else 1
+    writes = plan.writes
+    q_lens = [w.stop - w.start for w in writes]
+    seq = [w.stop // R for w in writes]
+    bounds = [owned_below((np.arange(w.start, w.stop, dtype=np.int64) + 1) // R, rank, group) for w in writes]
+    held = [np.asarray(rows.get(w.req_index, np.zeros(0)), dtype=np.int64) for w in writes]
+    dummies = uniform_decode_padding(group, q_lens, capture_sizes)
+    q = 1 + group.num_speculative_tokens
+    dummy_len = group.dcp_size * group.interleave_size
+    seq += [dummy_len] * dummies
+    q_lens += [q] * dummies
+    local = owned_below(np.array(seq, dtype=np.int64), rank, group)
+    bounds += [np.full(q, local[-1] if dummies else 0, np.int64)] * dummies
+    held += [np.zeros(0, np.int64)] * dummies
+    kernel = kernel_states(group)
+    per_block = group.page_states // kernel
+    pages = -(-local // kernel)
+    indices = []
+    for row, n in zip(held, pages):
+        # kernel page t of a row lies in KV block row[t // per_block], part t % per_block
+        t = np.arange(n, dtype=np.int64)
+        indices.append(row[t // per_block] * per_block + t % per_block if len(row) else np.zeros(n, np.int64))
+    return dict(
+        request_ids=tuple(w.request_id for w in writes) + (PAD_REQUEST,) * dummies,
+        seq_lens=np.array(seq, dtype=np.int64),
+        query_start_loc=np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int64),
+        dcp_local_seq_lens=local,
+        query_local_bounds=np.concatenate(bounds) if bounds else np.zeros(0, np.int64),
+        kv_indptr=np.concatenate([[0], np.cumsum(pages)]).astype(np.int64),
+        kv_indices=np.concatenate(indices) if indices else np.zeros(0, np.int64),
+        kv_last_page_len=np.where(pages > 0, local - (pages - 1) * kernel, 0),
+        block_table_width=expected_width(group, max_model_len),
+        num_dummy_requests=dummies,
+        padded_slot_mapping=np.full(dummies * q, -1, dtype=np.int64),
+    )
+
+
+@dataclass(frozen=True)
+class MetadataMismatch:
+    rank: int
+    step: int
+    group: str
+    field: str
+    request_id: str | None
+    expected: str
+    actual: str
+
+    def __str__(self) -> str:
+        who = f" request {self.request_id}" if self.request_id else ""
+        return (f"rank {self.rank} step {self.step} group {self.group}{who}: attention metadata "
+                f"{self.field} is {self.actual}, expected {self.expected}")
+
+
+def _show(value) -> str:
+    if isinstance(value, np.ndarray):
+        text = np.array2string(value, threshold=12, separator=", ")
+        return text.replace("\n", "")
+    return repr(value)
+
+
+class MetadataJudge:
+    """Judges each step's metadata of every attention group; keeps the first mismatches."""
+
+    def __init__(self, rank: int, groups: list[ExpectedGroup], store_of: list[int], max_model_len: int,
+                 capture_sizes: tuple[int, ...], table_width=None):
+        self.rank = rank
+        self.groups = groups
+        self.store_of = store_of
+        self.max_model_len = max_model_len
+        self.capture_sizes = capture_sizes
+        self.table_width = table_width
+        """``group id -> entries`` of the worker's block table (the other consumer)."""
+        self.count = 0
+        self.checks = 0
+        self.kept: list[MetadataMismatch] = []
+
+    def judge(self, plan: StepPlan, metas: list[AttentionMetadata] | None) -> None:
+        if metas is None or not plan.writes:
+            return
+        by_group = {m.group: m for m in metas}
+        for g, group in enumerate(self.groups):
+            if group.storage is Storage.RING:
+                continue
+            store = self.store_of[g]
+            meta = by_group.get(store)
+            self.checks += 1
+            if meta is None:
+                self._add(plan, group, "presence", None, "built", "missing")
+                continue
+            want = expected_metadata(group, plan, plan.rows_before[store], self.rank, self.max_model_len,
+                                     self.capture_sizes)
+            self._compare(plan, group, meta, want)
+            if self.table_width is not None:
+                have = self.table_width(store) * (group.page_states // kernel_states(group))
+                if have != want["block_table_width"]:
+                    self._add(plan, group, "block table width (worker)", None, _show(want["block_table_width"]),
+                              _show(have))
+
+    def _compare(self, plan, group, meta: AttentionMetadata, want: dict) -> None:
+        if tuple(meta.request_ids) != want["request_ids"]:
+            self._add(plan, group, "request_ids", None, _show(want["request_ids"]), _show(tuple(meta.request_ids)))
+            return
+        for name in ("block_table_width", "num_dummy_requests"):
+            if getattr(meta, name) != want[name]:
+                self._add(plan, group, name, None, _show(want[name]), _show(getattr(meta, name)))
+        per_request = ("seq_lens", "dcp_local_seq_lens", "kv_last_page_len")
+        for name in (*per_request, "query_start_loc", "query_local_bounds", "kv_indptr", "kv_indices",
+                     "padded_slot_mapping"):
+            have, expect = np.asarray(getattr(meta, name)), want[name]
+            if have.shape == expect.shape and np.array_equal(have, expect):
+                continue
+            rid = None
+            if name in per_request and have.shape == expect.shape:
+                i = int(np.nonzero(have != expect)[0][0])
+                rid, have, expect = want["request_ids"][i], have[i], expect[i]
+            self._add(plan, group, name, rid, _show(expect), _show(have))
+
+    def _add(self, plan, group, field, request_id, expected, actual) -> None:
+        self.count += 1
+        if len(self.kept) < MAX_KEPT:
+            self.kept.append(MetadataMismatch(self.rank, plan.step, group.name, field, request_id, expected, actual))
