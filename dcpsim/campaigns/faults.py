@@ -436,6 +436,68 @@ class CudagraphPaddingWrites(Fault):
         return dataclasses.replace(meta, padded_slot_mapping=np.tile(np.arange(q, dtype=np.int64), n // q))
 
 
+# --- the attention merge and admission ------------------------------------------------
+
+
+class LseBaseMismatch(Fault):
+    name = "lse-base-mismatch"
+    bug_class = "16. LSEs of one base merged as the other (vllm#28840, vllm#43919, sglang#33064)"
+    description = (
+        "the backend returns base-2 LSEs (flash kernels: exp2/log2) but the DCP merge treats them "
+        "as natural logs (and the other way round), so every rank's weight is wrong"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "lse_base": "2"},
+               {"decode_context_parallel_size": 2, "lse_base": "e"})
+
+    def applies_to(self, geometries) -> bool:
+        return _has_sharded_attention(geometries)
+
+    def merge_across_ranks(self, out, lse, group, *, variant, base):
+        return super().merge_across_ranks(out, lse, group, variant=variant, base="e" if base == "2" else "2")
+
+
+class EmptyShardNanUnguarded(Fault):
+    name = "empty-shard-nan-unguarded"
+    bug_class = "17. an empty shard's NaN output times its zero merge weight (ROCm/ATOM#1832)"
+    description = (
+        "a kernel leaves 0/0 = NaN in the output rows of query tokens whose shard holds no key, "
+        "and the merge multiplies weight by output without the guard: 0 * NaN poisons the result"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "attention_merge": "alltoall"},)
+    """The all-to-all merge goes through ``merge_attention_states``, the unguarded one here."""
+
+    def applies_to(self, geometries) -> bool:
+        return _has_sharded_attention(geometries)
+
+    def shard_output(self, out, empty):
+        return out.masked_fill(empty[:, None, None], float("nan"))
+
+    def merge_attention_states(self, outputs, lses, base):
+        lse, factors = self.merge_lse(lses, base)
+        return (factors.unsqueeze(-1) * outputs).sum(dim=0), lse
+
+
+class AdmissionCapacityUnscaled(Fault):
+    name = "admission-capacity-unscaled"
+    bug_class = "18. a sharded group's capacity not scaled by W at admission (sglang#33448)"
+    description = (
+        "the scheduler counts a sharded group's blocks per B tokens instead of per B*W, so each "
+        "request takes W times the blocks it fills: the pool holds 1/W of its real context and "
+        "requests are rejected or stall"
+    )
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return _has_sharded_paged(geometries)
+
+    def blocks_needed(self, geometry, num_tokens):
+        if geometry.sharded and geometry.storage is not Storage.RING:
+            return cdiv(num_tokens, geometry.block_size)
+        return super().blocks_needed(geometry, num_tokens)
+
+
 # The registry, in the order of the bug classes (semantics section 8, then the write guard).
 FAULTS: dict[str, Fault] = {
     f.name: f
@@ -456,6 +518,9 @@ FAULTS: dict[str, Fault] = {
         LocalLensPlusOne(),
         BlockTableWidthUnsharded(),
         CudagraphPaddingWrites(),
+        LseBaseMismatch(),
+        EmptyShardNanUnguarded(),
+        AdmissionCapacityUnscaled(),
         ForeignBlock(),
     )
 }

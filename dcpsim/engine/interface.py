@@ -146,6 +146,12 @@ class Engine:
         no key for query token ``j``."""
         raise NotImplementedError
 
+    def shard_output(self, out: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+        """The ``[q, heads, D]`` output a rank reports to the merge; ``empty[j]``: its shard
+        holds no key for query token ``j`` (a kernel may leave ``0/0 = NaN`` in such a row;
+        its merge weight is exactly 0, and the merge must not let ``0 * NaN`` through)."""
+        raise NotImplementedError
+
     def merge_lse(self, lses: torch.Tensor, base: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Merged LSE ``[...]`` and each shard's weight ``[W, ...]`` from ``lses [W, ...]``."""
         raise NotImplementedError
@@ -168,7 +174,8 @@ class Engine:
 ENGINE_DECISIONS = (
     "kv_cache_groups", "group_geometry", "blocks_needed", "first_needed_position", "num_released_blocks",
     "prefix_hash_unit", "prefix_key_position", "write_slots", "kernel_block_table", "local_seq_lens",
-    "query_local_bounds", "attention_metadata", "build_attention_metadata", "shard_lse", "merge_lse", "merge_attention_states",
+    "query_local_bounds", "attention_metadata", "build_attention_metadata", "shard_lse",
+    "shard_output", "merge_lse", "merge_attention_states",
     "merge_across_ranks",
 )
 """Every decision of the interface, in the order above (reports list who makes each)."""

@@ -94,8 +94,14 @@ def expected_metadata(group: ExpectedGroup, plan: StepPlan, rows: dict[int, np.n
     indices = []
     for row, n in zip(held, pages):
         # kernel page t of a row lies in KV block row[t // per_block], part t % per_block
+        # (-1 past the row: the request holds too few blocks, which _blocks_held reports)
+        if not len(row):  # a dummy request: its pages are the null block's
+            indices.append(np.zeros(n, np.int64))
+            continue
         t = np.arange(n, dtype=np.int64)
-        indices.append(row[t // per_block] * per_block + t % per_block if len(row) else np.zeros(n, np.int64))
+        inside = t // per_block < len(row)
+        block = row[np.minimum(t // per_block, len(row) - 1)]
+        indices.append(np.where(inside, block * per_block + t % per_block, -1))
     return dict(
         request_ids=tuple(w.request_id for w in writes) + (PAD_REQUEST,) * dummies,
         seq_lens=np.array(seq, dtype=np.int64),
@@ -163,6 +169,7 @@ class MetadataJudge:
             if meta is None:
                 self._add(plan, group, "presence", None, "built", "missing")
                 continue
+            self._blocks_held(plan, group, plan.rows_before[store])
             want = expected_metadata(group, plan, plan.rows_before[store], self.rank, self.max_model_len,
                                      self.capture_sizes)
             self._compare(plan, group, meta, want)
@@ -171,6 +178,17 @@ class MetadataJudge:
                 if have != want["block_table_width"]:
                     self._add(plan, group, "block table width (worker)", None, _show(want["block_table_width"]),
                               _show(have))
+
+    def _blocks_held(self, plan, group: ExpectedGroup, rows: dict) -> None:
+        """A running request holds exactly the block-table entries its tokens fill: one per
+        ``B * W`` tokens of a sharded group, one per ``B`` of a replicated one (a released
+        window block stays as a null entry). More is capacity the pool never gets back."""
+        unit = group.block_size * (group.dcp_size if group.sharded else 1)
+        for w in plan.writes:
+            held = len(rows.get(w.req_index, ()))
+            need = -(-w.stop // unit)
+            if held != need:
+                self._add(plan, group, "blocks held", w.request_id, f"{need} (cdiv({w.stop}, {unit}))", str(held))
 
     def _compare(self, plan, group, meta: AttentionMetadata, want: dict) -> None:
         if tuple(meta.request_ids) != want["request_ids"]:

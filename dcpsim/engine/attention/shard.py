@@ -68,7 +68,9 @@ class ShardAttention:
                               scale=cfg.softmax_scale, base=cfg.lse_base)
             visible = mask.sum(axis=1)
             if merged:
-                lse = self.engine.shard_lse(lse, torch.from_numpy(visible == 0))
+                empty = torch.from_numpy(visible == 0)
+                lse = self.engine.shard_lse(lse, empty)
+                out = self.engine.shard_output(out, empty)
             items.append(_Local(g, w, rows, merged, h0, out, lse, visible))
         self._items = items
 
