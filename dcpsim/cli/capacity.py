@@ -150,6 +150,9 @@ def render(p: cap.CapacityPlan) -> str:
         ("concurrency at max_model_len", lambda c: fmt_ratio(c.concurrency)),
         ("context the DCP group holds (tokens)", lambda c: fmt_int(c.context_tokens)),
     ]
+    if budget:
+        totals += [("  concurrency without padding", lambda c: fmt_ratio(c.concurrency_without_padding)),
+                   ("  context without padding (tokens)", lambda c: fmt_int(c.context_tokens_without_padding))]
     for label, get in totals:
         rows.append((f"  {label}", [get(c) if c.valid else "-" for c in cols]))
     label_w = max(len(label) for label, _ in rows)

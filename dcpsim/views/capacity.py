@@ -59,6 +59,9 @@ NOTES_BUDGET = (
     "concurrency = num_blocks / sum over groups of blocks per request (the null block "
     "included, as vLLM counts it)",
     "a group's pool blocks = its share of the shared pool at that concurrency",
+    "'without padding': the budget over the bytes one request's blocks take at their own page "
+    "sizes; vLLM gets there when it can split the layers into groups of equal pages "
+    "(_get_kv_cache_groups_uniform_page_size), which these groups are not",
 )
 
 
@@ -127,6 +130,10 @@ class CapacityColumn:
     context_tokens: int = 0
     block_bytes: int | None = None
     num_blocks: int | None = None
+    concurrency_without_padding: float | None = None
+    """Budget mode: the budget over the blocks one request takes at their own page sizes,
+    what vLLM reaches when it can split the layers into groups of equal pages."""
+    context_tokens_without_padding: int | None = None
 
     @property
     def valid(self) -> bool:
@@ -262,8 +269,13 @@ def budget_column(scenario: Scenario, budget: Budget) -> CapacityColumn:
     # what a group holds is a share of the shared pool: every block costs block_bytes
     groups = tuple(dataclasses.replace(g, pool_bytes=g.pool_blocks * block_bytes, concurrency=concurrency)
                    for g in groups)
-    return _totals(scenario, groups, concurrency, block_bytes=block_bytes, num_blocks=num_blocks,
-                   pool_bytes=num_blocks * block_bytes)
+    unpadded = budget.bytes_per_rank / sum(c.blocks_per_request * c.page_size_bytes for c in first)
+    return dataclasses.replace(
+        _totals(scenario, groups, concurrency, block_bytes=block_bytes, num_blocks=num_blocks,
+                pool_bytes=num_blocks * block_bytes),
+        concurrency_without_padding=unpadded,
+        context_tokens_without_padding=int(unpadded * scenario.config.max_model_len),
+    )
 
 
 def _totals(scenario: Scenario, groups: tuple[GroupCapacity, ...], concurrency: float, *,

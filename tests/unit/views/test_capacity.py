@@ -89,6 +89,9 @@ def test_a_budget_is_one_shared_pool_of_blocks_as_large_as_the_largest_page():
     assert col.concurrency == col.num_blocks / (16 + 63)
     assert col.context_tokens == int(col.num_blocks / 79 * 1000)
     assert (mla.padding_bytes_per_block, rep.padding_bytes_per_block) == (0, 3 * 2048 - 512)
+    # without padding: the budget over 16 pages of 6 KiB and 63 of 512 bytes
+    assert col.concurrency_without_padding == (1 << 29) / (16 * 3 * 2048 + 63 * 512)
+    assert col.concurrency_without_padding > col.concurrency
     # each group's share of the pool at that concurrency
     assert mla.pool_blocks == col.num_blocks * 16 // 79 and rep.pool_blocks == col.num_blocks * 63 // 79
     # equal group pages (one MLA layer, four sliding-window layers) share the pool without padding
