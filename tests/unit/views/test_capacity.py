@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import pytest
 
+from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import pool_sizes
 from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.scenarios.registry import builtin_scenario_names
 from dcpsim.views import capacity as cap
-from helpers import builtin, full_rep_spec, geometries, make_scenario, mla_spec, request_spec, scheduler, swa_spec
+from helpers import (
+    builtin,
+    full_rep_spec,
+    geometries,
+    make_scenario,
+    mla_spec,
+    request_spec,
+    ring_spec,
+    scheduler,
+    swa_spec,
+)
 
 CELLS = [(name, W) for name in builtin_scenario_names() for W in (1, 2, 4, 8)]
 
@@ -113,3 +124,14 @@ def test_the_budget_column_of_dsv3_matches_bytes_per_token():
     assert g.padding_bytes_per_block == 0
     assert col.context_tokens == int(col.num_blocks / g.blocks_per_request * 4096)
     assert abs(col.context_tokens * g.bytes_per_token - 80 * 0.9 * (1 << 30)) < g.page_size_bytes
+
+
+@pytest.mark.parametrize("pool", [{"num_gpu_blocks": 40}, {"kv_cache_tokens": 300}, {}])
+def test_every_pool_setting_gives_the_run_pools(pool):
+    """num_gpu_blocks, kv_cache_tokens, or room for every request at once; a ring holds a block a request."""
+    layers = {"mla": mla_spec(16), "rep": full_rep_spec(16), "swa": swa_spec(B=16, window=32), "ring": ring_spec(8)}
+    requests = [request_spec(f"r{i}", 40 + 30 * i, 6) for i in range(3)]
+    sc = make_scenario(layers, requests, W=2, k=2, max_len=512, **pool)
+    col = cap.column(sc, None)
+    assert [g.pool_blocks for g in col.groups] == [m.pool.num_blocks for m in scheduler(sc).managers]
+    assert [g.pool_blocks for g in col.groups] == pool_sizes(sc, ReferenceEngine(), geometries(sc))
