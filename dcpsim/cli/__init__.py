@@ -35,6 +35,10 @@ COMMANDS = (
     ("selftest", "inject every known DCP bug where it applies; each must be caught, baselines must pass",
      "dcpsim.cli.selftest"),
     ("engine", "fetch vLLM's source, or show what an engine under test runs", "dcpsim.cli.engine"),
+    ("capacity", "per KV-cache group and rank: page bytes, pool tokens and concurrency for each DCP size",
+     "dcpsim.cli.capacity"),
+    ("interleave", "run a scenario's schedule at several interleave sizes and compare the ranks' loads",
+     "dcpsim.cli.interleave"),
 )
 
 

@@ -84,6 +84,8 @@ RULES = {
     "dcpsim.scenarios": ("dcpsim.engine", "dcpsim.verify", "dcpsim.harness", "dcpsim.campaigns", "dcpsim.cli"),
     # the engine under test never consults the checker
     "dcpsim.engine": ("dcpsim.verify", "dcpsim.campaigns", "dcpsim.cli"),
+    # read-only analyses: arithmetic over the pure model and data a run hands them
+    "dcpsim.views": ("dcpsim.engine", "dcpsim.verify", "dcpsim.harness", "dcpsim.campaigns", "dcpsim.cli"),
 }
 
 

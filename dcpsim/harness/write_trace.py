@@ -1,0 +1,77 @@
+"""The engine side of a run with every rank in this thread: the scheduler's plans applied
+by one ``ModelRunner`` per rank, each step's write logs handed out. No checker and no
+world (the ranks of the write path never talk to each other), so analyses can run a
+schedule many times cheaply.
+
+``interleave_stats`` feeds the sharded groups' steps to ``dcpsim.views.interleave``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from dcpsim.engine.geometry import GroupGeometry
+from dcpsim.engine.interface import Engine
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.scheduler.scheduler import Scheduler, pool_sizes
+from dcpsim.engine.worker.model_runner import ModelRunner
+from dcpsim.model.kinds import Storage
+from dcpsim.model.plan import StepPlan, WriteRecord
+from dcpsim.scenarios.scenario import Scenario
+from dcpsim.views.interleave import GroupStep, InterleaveStats
+
+
+class WriteTrace:
+    def __init__(self, scenario: Scenario, engine: Engine | None = None):
+        self.engine = engine or ReferenceEngine()
+        self.dcp_size = scenario.config.decode_context_parallel_size
+        self.geometries = self.engine.geometries(scenario.layers, scenario.config)
+        self.scheduler = Scheduler(scenario, self.engine, self.geometries)
+        self.request_ids = {r.index: r.request_id for r in self.scheduler.requests}
+        pools = pool_sizes(scenario, self.engine, self.geometries)
+        self.runners = [ModelRunner(self.engine, self.geometries, pools, rank, max_num_reqs=len(self.request_ids))
+                        for rank in range(self.dcp_size)]
+
+    def steps(self) -> Iterator[tuple[StepPlan, list[list[WriteRecord]]]]:
+        """Every step's plan and each rank's write log of it."""
+        for plan in self.scheduler.plans():
+            logs = []
+            for runner in self.runners:
+                runner.apply(plan, self.request_ids)
+                logs.append(runner.write_log)
+            yield plan, logs
+
+    def entries(self, geometry: GroupGeometry, lengths) -> np.ndarray:
+        """Entries (positions, or records emitted) of contexts of ``lengths`` tokens."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        return lengths // geometry.tokens_per_state if geometry.storage is Storage.RECORDS else lengths
+
+    def local_lens(self, geometry: GroupGeometry, lengths) -> np.ndarray:
+        """``[len(lengths), W]``: what each rank holds of contexts of ``lengths`` tokens."""
+        entries = self.entries(geometry, lengths)
+        return np.stack([np.asarray(self.engine.local_seq_lens(geometry, entries, r), dtype=np.int64).reshape(-1)
+                         for r in range(self.dcp_size)], axis=1)
+
+
+def interleave_stats(scenario: Scenario, engine: Engine | None = None) -> list[tuple[GroupGeometry, dict]]:
+    """Run the schedule once; the ``InterleaveStats`` result of every sharded group."""
+    trace = WriteTrace(scenario, engine)
+    sharded = [g for g in trace.geometries if g.sharded]
+    stats = {g.group_id: InterleaveStats(trace.dcp_size) for g in sharded}
+    for plan, logs in trace.steps():
+        for g in sharded:
+            records = tuple(tuple(rec for rec in log if rec.group == g.group_id) for log in logs)
+            stops = [w.stop for w in plan.writes]
+            local = trace.local_lens(g, stops) if stops else np.zeros((0, trace.dcp_size), dtype=np.int64)
+            stats[g.group_id].add(GroupStep(plan.writes, records, local))
+    requests = trace.scheduler.requests
+    out = []
+    for g in sharded:
+        final = trace.entries(g, [r.num_computed for r in requests])
+        local = trace.local_lens(g, [r.num_computed for r in requests])
+        result = stats[g.group_id].result({r.index: int(n) for r, n in zip(requests, final)},
+                                          {r.index: lens for r, lens in zip(requests, local)})
+        out.append((g, result))
+    return out
