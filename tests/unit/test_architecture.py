@@ -84,6 +84,9 @@ RULES = {
     "dcpsim.scenarios": ("dcpsim.engine", "dcpsim.verify", "dcpsim.harness", "dcpsim.campaigns", "dcpsim.cli"),
     # the engine under test never consults the checker
     "dcpsim.engine": ("dcpsim.verify", "dcpsim.campaigns", "dcpsim.cli"),
+    # views of a layout (text, pictures, a failure report) read the pure model only
+    "dcpsim.views": ("dcpsim.engine", "dcpsim.verify", "dcpsim.harness", "dcpsim.campaigns", "dcpsim.cli",
+                     "dcpsim.scenarios"),
 }
 
 
