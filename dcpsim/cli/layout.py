@@ -1,8 +1,10 @@
 """``python -m dcpsim layout``: show which DCP rank stores each position, and its slots.
 
 A read-only view of one request's KV layout: a grid, the local lengths and a per-position
-table (or one JSON document with ``--json``). The numbers come only from
-``dcpsim.model.layout`` (``dcpsim.views.layout_view``); this module parses the flags.
+table (or one JSON document with ``--json``), and with ``--png``/``--svg`` a picture
+(``dcpsim.views.layout_picture``). The numbers come only from ``dcpsim.model.layout``
+(``dcpsim.views.layout_view``); this module parses the flags and picks the outputs.
+matplotlib is imported only to draw.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import sys
 
 from dcpsim.errors import ConfigError
-from dcpsim.views.layout_text import render
+from dcpsim.views.layout_text import header, render
 from dcpsim.views.layout_view import LayoutQuery, compute, parse_block_table, public
 
 
@@ -45,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "block (default: 1..n, enough for the positions)")
     p.add_argument("--dcp-replicated", dest="replicated", action="store_true", default=None,
                    help="replicated group: every rank stores every position")
+    p.add_argument("--png", default=None, metavar="FILE", help="also draw the view as a PNG picture")
+    p.add_argument("--svg", default=None, metavar="FILE", help="also draw the view as an SVG picture")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
 
 
@@ -70,9 +74,29 @@ def _query(args: argparse.Namespace) -> LayoutQuery:
     )
 
 
+def _draw(d: dict, args: argparse.Namespace) -> list[str]:
+    outputs = [(path, fmt) for path, fmt in ((args.png, "png"), (args.svg, "svg")) if path]
+    if not outputs:
+        return []
+    from dcpsim.views.layout_picture import draw
+
+    for path, fmt in outputs:
+        draw(d, path, fmt)
+    return [path for path, _ in outputs]
+
+
 def run(args: argparse.Namespace) -> int:
     d = compute(_query(args))
-    text = json.dumps(public(d)) if args.json else render(d)
+    pictures = _draw(d, args)
+    if args.json:
+        doc = public(d)
+        if pictures:
+            doc["pictures"] = pictures
+        text = json.dumps(doc)
+    elif pictures:
+        text = "\n".join(header(d) + [f"wrote {path}" for path in pictures])
+    else:
+        text = render(d)
     try:
         print(text, flush=True)
     except BrokenPipeError:  # e.g. `| head`: the reader is gone, which is not an error

@@ -228,8 +228,7 @@ def compute(q: LayoutQuery) -> dict:
         "_x0": x0.tolist(),
         "_width": R,
         "_entry": (index // span_states).tolist(),
-        # the KV block and the kernel block each slot lies in (read off the slot numbers)
-        "_page": np.where(stored, slots // B, PAD).tolist(),
+        # the kernel block each slot lies in, read off the slot number (kernel id * Bk + offset)
         "_kernel": np.where(stored, slots // Bk, PAD).tolist(),
         "_around_col": _column_of(q.around, x0, R),
     })
