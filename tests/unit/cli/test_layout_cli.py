@@ -237,7 +237,7 @@ def test_missing_layout_flags_exit_2(capsys, argv, flag):
     assert main(["layout", *argv]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == f"dcpsim: error: {flag} is required\n"
+    assert err == f"dcpsim: error: {flag} is required (or --from-report REPORT.json)\n"
 
 
 def test_module_entry_point():
