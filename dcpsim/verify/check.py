@@ -198,6 +198,7 @@ class Checker:
             holdings=holdings,
             last_write_step=owner_holding.step if owner_holding.step >= 0 else None,
             further_bad=max(0, bad_total - 1),
+            block_table=self._row(g, view).tolist(),
         )
 
     def _violation_failure(self, plan, total: int) -> Failure:
@@ -213,6 +214,7 @@ class Checker:
             index=first.index if first else None,
             violations=[dataclasses.asdict(v) for v in kept],
             details=lines[:10] + ([f"... and {len(lines) - 10} more runs of violations"] if len(lines) > 10 else []),
+            block_table=self._first_row(plan, first.group, first.request_id) if first else None,
         )
 
     def _metadata_failure(self, plan, total: int) -> Failure:
@@ -227,6 +229,12 @@ class Checker:
             request_id=first.request_id if first else None,
             details=[str(m) for m in kept[:10]] + ([f"... and {total - 10} more"] if total > 10 else []),
         )
+
+    def _first_row(self, plan, group_name: str, request_id: str) -> list[int] | None:
+        """The block-table row of a request in a group, both named as in a violation."""
+        g = next((k for k, grp in enumerate(self.groups) if grp.name == group_name), None)
+        view = next((v for v in plan.views if v.request_id == request_id), None)
+        return None if g is None or view is None else self._row(g, view).tolist()
 
     def _table_failure(self, plan) -> Failure:
         mine = {group.name: {v.request_id: self._row(g, v).tolist() for v in plan.views}

@@ -87,6 +87,9 @@ class Failure:
     head: int | None = None
     error: float | None = None
     contributions: list[dict] = field(default_factory=list)
+    block_table: list[int] | None = None
+    """The request's block-table row in the failing group, as the checker read it (identical on
+    every rank): the block ids behind ``expected_slot``, so a layout view can show real slots."""
 
     def lines(self) -> list[str]:
         out = [f"FAIL at step {self.step}: {self.message}"]

@@ -1,6 +1,10 @@
-"""Read-only analyses of a scenario: pure arithmetic and statistics over the spec model and
-over what a run's schedule wrote, for the ``capacity`` and ``interleave`` commands.
+"""Read-only analyses and views for people, over the pure model and what a run hands them.
 
-Imports only the pure model (and the scenario data); the commands in ``dcpsim.cli`` feed
-it and print its results.
+* ``capacity``, ``interleave``, ``backend_rules``, ``interleave_plot``: the arithmetic and
+  statistics of the ``capacity`` and ``interleave`` commands;
+* ``layout_view`` computes what a layout view shows, only through ``dcpsim.model.layout``;
+  ``layout_text`` prints it, ``layout_picture`` draws it (matplotlib, imported lazily), and
+  ``failure`` turns the first failure of a run report into a view and its marks.
+
+The package never imports the engine, the checker, the harness or the commands.
 """

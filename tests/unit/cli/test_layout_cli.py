@@ -37,9 +37,9 @@ def test_doc_example_json(capsys):
     d = run_json(capsys, DOC)
     assert d["config"] == {
         "decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 4, "block_size": 16,
-        "kernel_block_size": 16, "replicated": False, "block_table": [5, 6],
+        "kernel_block_size": 16, "tokens_per_state": 1, "replicated": False, "block_table": [5, 6],
     }
-    assert d["positions"] == list(range(40))
+    assert d["positions"] == list(range(40)) and d["around"] is None and d["index_kind"] == "position"
     r0 = [*range(80, 84), *P4, *range(84, 88), *P4, *range(88, 92), *P4,
           *range(92, 96), *P4, *range(96, 100), *P4]
     r1 = [*P4, *range(80, 84), *P4, *range(84, 88), *P4, *range(88, 92),
@@ -132,6 +132,60 @@ def test_replicated(capsys):
     assert ["19", "all", "19", "99", "99"] in [ln.split() for ln in out.splitlines()]
 
 
+def test_records_doc_example(capsys):
+    # semantics section 4: 16-token pages of R = 2 (8 records), W = 2, I = 4; here B counts
+    # states (records) per page, as run --block-size does: B = 8
+    d = run_json(capsys, ["layout", "--dcp", "2", "--interleave", "4", "--block-size", "8",
+                          "--tokens-per-state", "2", "--positions", "0:40", "--block-table", "5,6"])
+    assert d["index_kind"] == "record" and d["config"]["tokens_per_state"] == 2
+    assert d["records"] == list(range(20))
+    assert d["record_emit_positions"] == [2 * c + 1 for c in range(20)]
+    rec = dict(zip(d["record_emit_positions"], zip(d["records"], d["owner"], d["local_index"])))
+    assert rec[7] == (3, 0, 3) and rec[9] == (4, 1, 0) and rec[39] == (19, 0, 11)
+    assert d["slots"]["0"][19] == 6 * 8 + 3 and d["slots"]["1"][19] == -1  # page 1 (block 6), in-page 3
+    assert d["slots"]["1"][4:8] == [40, 41, 42, 43]
+    assert d["local_seq_lens"] == [12, 8]  # 20 records emitted below L = 40
+
+
+def test_records_text_and_window(capsys):
+    argv = ["layout", "--dcp", "2", "--interleave", "2", "--block-size", "8", "--tokens-per-state", "4",
+            "--positions", "5:20"]
+    d = run_json(capsys, argv)
+    assert d["records"] == [1, 2, 3, 4] and d["record_emit_positions"] == [7, 11, 15, 19]
+    assert d["owner"] == [0, 1, 1, 0]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "R=4" in out.splitlines()[0]
+    assert "record c folds positions c*4..c*4+3 and is emitted at position (c+1)*4-1" in out
+    table = [ln.split() for ln in out.splitlines()]
+    assert ["record", "emitted", "owner", "local", "rank", "0", "rank", "1"] in table
+    assert ["3", "15", "1", "1", "-", "9"] in table  # record 3: rank 1's second record
+
+
+def test_around_centres_a_window(capsys):
+    argv = ["layout", "--dcp", "4", "--block-size", "16", "--around", "100", "--window", "24"]
+    d = run_json(capsys, argv)
+    assert d["positions"] == list(range(88, 112)) and d["around"] == 100
+    assert d["config"]["block_table"] == [1, 2]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "window of 24 positions 88..111 around position 100" in lines
+    grid = lines.index("rank 3  " + "...#" * 6)
+    assert lines[grid + 1] == " " * (8 + 12) + "^ position 100"  # column of 100 = 100 - 88
+
+
+@pytest.mark.parametrize("argv, positions", [
+    (["--dcp", "4", "--block-size", "16", "--around", "3"], range(0, 32)),  # default: 32, not below 0
+    (["--dcp", "2", "--interleave", "4", "--block-size", "16", "--around", "60", "--block-table", "5,6"],
+     range(32, 64)),  # 4 rounds of W*I = 32, moved left to stay inside the table
+    (["--dcp", "8", "--interleave", "64", "--block-size", "64", "--around", "5000"], range(4872, 5128)),  # 256 at most
+    (["--dcp", "2", "--interleave", "2", "--block-size", "8", "--tokens-per-state", "4", "--around", "100"],
+     range(68, 132)),  # 4 rounds of W*I*R = 16 positions
+])
+def test_around_default_windows(capsys, argv, positions):
+    assert run_json(capsys, ["layout", *argv])["positions"] == list(positions)
+
+
 @pytest.mark.parametrize(
     "extra, needle",
     [
@@ -149,6 +203,15 @@ def test_replicated(capsys):
         (["--block-size", "16", "--positions", "8:4"], "range '8:4' is empty"),
         (["--block-size", "16", "--positions", "100:"], "an open range ends at 64"),
         (["--block-size", "16", "--positions", "0:99999999"], "more than"),
+        (["--block-size", "16", "--block-table", "5,6", "--around", "64"],
+         "--around 64: position 64 needs block-table entry 2, but --block-table has 2 entries"),
+        (["--block-size", "16", "--around", "8", "--positions", "0:8"], "give one of them"),
+        (["--block-size", "16", "--window", "8"], "give --around P too"),
+        (["--block-size", "16", "--around", "-1"], "--around must be an integer >= 0, got -1"),
+        (["--block-size", "16", "--around", "8", "--window", "0"], "--window must be an integer >= 1, got 0"),
+        (["--block-size", "16", "--tokens-per-state", "0"], "--tokens-per-state must be an integer >= 1"),
+        (["--block-size", "8", "--tokens-per-state", "4", "--positions", "0:3"],
+         "no record is emitted at the positions shown (0..2)"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(capsys, extra, needle):
@@ -161,9 +224,20 @@ def test_usage_errors_exit_2_with_one_line(capsys, extra, needle):
 
 def test_argparse_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["layout", "--dcp", "2"])  # --block-size missing
+        main(["layout", "--dcp", "two", "--block-size", "16"])
     assert exc.value.code == 2
-    assert "--block-size" in capsys.readouterr().err
+    assert "--decode-context-parallel-size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--dcp", "2"], "--block-size B"),
+    (["--block-size", "16"], "--decode-context-parallel-size/--dcp W"),
+])
+def test_missing_layout_flags_exit_2(capsys, argv, flag):
+    assert main(["layout", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"dcpsim: error: {flag} is required (or --from-report REPORT.json)\n"
 
 
 def test_module_entry_point():

@@ -155,6 +155,7 @@ def test_break_dropped_position_is_wrong_content():
     _, plan = plan_at(sc, 1)
     row = plan.rows_after[0][0]
     assert f.expected_slot == int(row[2]) * 64 + 22 == slot_by_hand(expected_groups(sc)[0], row, 300, W=2, I=1)
+    assert f.block_table == [int(b) for b in row]  # the row behind expected_slot
     assert f.holdings[0].index == -1 and f.holdings[0].found_at == []
     assert f.holdings[1].index == 301  # rank 1's local 22 of that virtual block
     assert_named(f, 2)
@@ -310,6 +311,7 @@ def _replicated_owner_only(sc, f, W):
     _, plan = plan_at(sc, 0)
     row = plan.rows_after[g][0]
     assert list(row[:2]) == [0, 0]  # released: wholly below 129
+    assert f.block_table == [int(b) for b in row]
     assert f.expected_slot == slot_by_hand(group, row, 129, W=W, I=1) == int(row[2]) * 64 + 1
     for r in range(W):
         assert f.holdings[r].index == (129 if r == 129 % W else -1)  # -1: never written
@@ -370,6 +372,8 @@ def test_write_violation_failure_has_structured_fields(fault):
     assert f.kind == "write-violation"
     assert f.group is not None and f.request_id == "chat-0" and f.index is not None
     assert f.violations and {"rank", "slot", "reason", "count"} <= set(f.violations[0])
+    # the request's own row, which the violating slot's block is not in
+    assert f.block_table and f.violations[0]["slot"] // 64 not in f.block_table
 
 
 def test_paranoid_catches_a_break():
