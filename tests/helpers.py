@@ -127,17 +127,24 @@ TRACE_KEYS = {
 
 def trace_problems(doc) -> list[str]:
     """What is wrong with a trace document: a missing key for its ``ph``, a negative
-    timestamp or duration, slices of one thread that overlap without nesting (Perfetto
-    drops those), an event whose process or thread no metadata event names."""
+    timestamp or duration, slices of one thread that overlap without nesting or start
+    at the same time (Perfetto may drop or misnest those), an event whose process or
+    thread no metadata event names, a list among an event's top-level values (Perfetto's
+    JSON tokenizer refuses the whole file for one), a ``displayTimeUnit`` (Perfetto reads
+    it as the unit of ``ts``)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         return ["no traceEvents list"]
     problems, slices = [], {}
+    if "displayTimeUnit" in doc:
+        problems.append("a displayTimeUnit")
     processes, threads = trace_names(doc)
     for k, e in enumerate(doc["traceEvents"]):
         keys = TRACE_KEYS.get(e.get("ph"))
         if keys is None:
             problems.append(f"event {k}: unknown ph {e.get('ph')!r}")
             continue
+        if any(isinstance(v, list) for v in e.values()):
+            problems.append(f"event {k} ({e.get('name')}): a list at the top level")
         missing = [key for key in keys if key not in e]
         if missing:
             problems.append(f"event {k} ({e.get('name')}): no {missing}")
@@ -163,6 +170,9 @@ def trace_problems(doc) -> list[str]:
     slack = 0.002  # timestamps are rounded to the nanosecond
     for (pid, tid), events in slices.items():
         open_ends = []
+        starts = [e["ts"] for e in events]
+        if len(set(starts)) != len(starts):
+            problems.append(f"thread {tid} of {pid}: two slices start at the same ts")
         for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
             while open_ends and open_ends[-1][0] <= e["ts"] + slack:
                 open_ends.pop()

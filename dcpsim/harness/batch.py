@@ -55,21 +55,23 @@ def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
         raise ValueError("run_jobs: every job of one world must have the same decode_context_parallel_size")
     payload = (jobs, None if trace is None else trace.origin_ns)
     launcher = NULL_RECORDER if trace is None else trace.launcher(world)
-    with launcher.span(f"{'threads' if in_process else 'gloo world'} of {world} ranks", "launcher"):
-        if in_process:
-            per_rank = run_in_threads(rank_batch, payload, world)
-        else:
-            from dcpsim.harness.world import run_world
+    started = launcher.now()
+    if in_process:
+        per_rank = run_in_threads(rank_batch, payload, world)
+    else:
+        from dcpsim.harness.world import run_world
 
-            if deadline is None:
-                deadline = 2 * timeout + 30 + 10 * (len(jobs) - 1)
-            preload = ("dcpsim.harness.batch",)
-            if any(j.engine == "vllm" for j in jobs):  # import Triton once, in the forkserver
-                preload += ("dcpsim.engine.vllm.preload",)
-            per_rank = run_world(gloo_rank_batch, payload, world_size=world, pg_timeout_s=timeout,
-                                 deadline_s=deadline, preload=preload)
-    with launcher.span("merge reports", "launcher"):
-        merged = [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]
+        if deadline is None:
+            deadline = 2 * timeout + 30 + 10 * (len(jobs) - 1)
+        preload = ("dcpsim.harness.batch",)
+        if any(j.engine == "vllm" for j in jobs):  # import Triton once, in the forkserver
+            preload += ("dcpsim.engine.vllm.preload",)
+        per_rank = run_world(gloo_rank_batch, payload, world_size=world, pg_timeout_s=timeout,
+                             deadline_s=deadline, preload=preload)
+    launcher.complete(f"{'threads' if in_process else 'gloo world'} of {world} ranks", "launcher", started)
+    started = launcher.now()
+    merged = [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]
+    launcher.complete("merge reports", "launcher", started)
     for report in merged:
         if report.failure is not None and report.failure.kind == FailureKind.RANKS_DISAGREE:
             launcher.failure(report.failure)  # the parent's own finding

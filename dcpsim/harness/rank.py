@@ -140,8 +140,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     attention_bytes = 0
     scheduled = rec.now()  # the next step's scheduling starts
     for plan in scheduler.plans():
-        with rec.step(plan, scheduled):
-            rec.complete("schedule", "schedule", scheduled)
+        rec.complete("schedule", "schedule", scheduled, args={"step": plan.step})
+        with rec.step(plan):
             set_progress(plan.step, "write")
             simulate_rank_failure(job, coll.rank, plan.step)
             during_step = None

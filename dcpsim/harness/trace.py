@@ -5,8 +5,9 @@ Tracks (``trace_file`` names the processes):
 * one process per rank: pid ``R + 1``, since Perfetto's importer keeps pid and tid 0 for
   the idle task;
 * in it, the thread ``harness`` (tid ``1000 * pid``): a ``job`` slice around the run,
-  ``setup``, and one ``step N`` slice per scheduler step holding ``schedule``,
-  ``write (all groups)`` (the worker's step, with ``attention compute`` inside),
+  ``setup``, then per scheduler step a ``schedule`` slice (making the plan) and a
+  ``step N`` slice holding ``write (all groups)`` (the worker's step, with
+  ``attention compute`` inside),
   ``check writes``, ``verify``, ``attention merge`` and ``attention check``. Each
   collective is a slice inside them with its bytes (this rank's contribution, as
   ``Collectives`` counts it) and its phase; a counter follows the bytes sent. The first
@@ -150,8 +151,8 @@ class NullRecorder:
         adds args before it closes."""
         return _NULL_SPAN
 
-    def step(self, plan: StepPlan, start_ns: int):
-        """The slice of one scheduler step (from ``start_ns``, when its scheduling began)."""
+    def step(self, plan: StepPlan):
+        """The slice of one scheduler step (its args: what the plan holds)."""
         return _NULL_SPAN
 
     def complete(self, name: str, cat: str, start_ns: int, *, tid: int | None = None,
@@ -222,8 +223,8 @@ class TraceRecorder(NullRecorder):
     def span(self, name, cat, *, start_ns=None, args=None):
         return _Span(self, name, cat, start_ns, args)
 
-    def step(self, plan, start_ns):
-        return _Span(self, f"step {plan.step}", "step", start_ns, step_args(plan))
+    def step(self, plan):
+        return _Span(self, f"step {plan.step}", "step", None, step_args(plan))
 
     def complete(self, name, cat, start_ns, *, tid=None, args=None):
         self.events.append(dict(name=name, cat=cat, ph="X", ts=_us(start_ns), dur=_us(self.now() - start_ns),

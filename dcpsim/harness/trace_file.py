@@ -3,8 +3,9 @@ events into one Trace Event Format document (``{"traceEvents": [...]}``, timesta
 microseconds) that ui.perfetto.dev and chrome://tracing open.
 
 Processes: ``rank R`` (pid ``R + 1``) for every rank, recorded by the rank itself
-(``harness.trace``), and ``launcher`` (pid ``W + 1``), the parent: the world's start and
-the merge of the reports, on the same clock.
+(``harness.trace``), and ``launcher`` (pid ``W + 1``), the parent, on the same clock: the
+world (its start included) and the merge of the reports, where ranks that reached
+different verdicts are a failure event of the parent's own.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def merge_traces(per_rank: list[list[dict]], other: dict | None = None, launcher
             else:
                 events.append(e)
     events.sort(key=lambda e: (e["ts"], -e.get("dur", 0), e["pid"]))
-    return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": json_safe(other or {})}
+    # no "displayTimeUnit": Perfetto reads "ms" there as the unit of every ts
+    return {"traceEvents": meta + events, "otherData": json_safe(other or {})}
 
 
 class Trace:

@@ -53,7 +53,7 @@ def test_the_clock_is_the_parents_wall_clock_since_the_origin():
 
 def test_the_null_recorder_records_and_computes_nothing():
     rec = NULL_RECORDER
-    with rec.step(object(), 0) as span:  # never looks at the plan
+    with rec.step(object()) as span:  # never looks at the plan
         span.set(result="pass")
         rec.complete("write", "write", 0, args={"x": 1})
         rec.failure(object())
@@ -108,7 +108,7 @@ def test_the_merge_names_every_rank_and_orders_the_events():
         rec = TraceRecorder(rank, 0)
         rec.name_thread(group_tid(rank, 0), "group 0: G", 1)
         rec.name_thread(group_tid(rank, 0), "group 0: G", 1)  # named again by a second job
-        rec.events += [_x("inner", 5.0, 1.0, rank), _x("outer", 5.0, 9.0, rank), _x("write", 2.0, 1.0, rank, 1)]
+        rec.events += [_x("inner", 6.0, 1.0, rank), _x("outer", 5.0, 9.0, rank), _x("write", 2.0, 1.0, rank, 1)]
         recs.append(rec.events)
     launcher = TraceRecorder(2, 0, thread="launcher")
     launcher.events.append(_x("gloo world of 2 ranks", 0.0, 20.0, 2))
@@ -125,18 +125,23 @@ def test_the_merge_names_every_rank_and_orders_the_events():
     assert timed == [("gloo world of 2 ranks", 3), ("write", 1), ("write", 2),
                      ("outer", 1), ("outer", 2), ("inner", 1), ("inner", 2)]
     assert doc["otherData"] == {"scenario": "s", "lse": "-inf"}
+    assert list(doc) == ["traceEvents", "otherData"], "Perfetto would read a displayTimeUnit as the unit of ts"
     json.dumps(doc, allow_nan=False)
 
 
 def test_the_validator_catches_what_perfetto_would_drop():
     doc = merge_traces([[_x("a", 0.0, 5.0, 0), _x("b", 3.0, 5.0, 0), _x("c", 1.0, -1.0, 0),
-                         dict(name="e", ph="i", ts=1.0, pid=1, tid=1000),
-                         dict(name="x", cat="c", ph="X", ts=1.0, dur=1.0, pid=1, tid=1007)]])
+                         dict(name="e", ph="i", ts=1.5, pid=1, tid=1000, args=[1]),
+                         dict(name="x", cat="c", ph="X", ts=1.0, dur=1.0, pid=1, tid=1007),
+                         _x("d", 3.0, 1.0, 0, 1), _x("d2", 3.0, 0.5, 0, 1)]])
+    doc["displayTimeUnit"] = "ms"
     problems = "\n".join(trace_problems(doc))
     assert "b at 3.0 overlaps a" in problems
     assert "(c): dur -1.0" in problems
     assert "(e): no ['cat', 's']" in problems
     assert "thread 1007 of 1 has no thread_name" in problems
+    assert "(e): a list at the top level" in problems and "a displayTimeUnit" in problems
+    assert "thread 1001 of 1: two slices start at the same ts" in problems
 
 
 def test_a_bad_trace_path_is_a_config_error_naming_the_flag(tmp_path):
@@ -203,3 +208,23 @@ def test_write_slices_say_which_positions_each_rank_wrote():
     replicated = next(e for e in rank1 if e["tid"] == group_tid(1, 1) and e["args"]["step"] == 0)
     assert replicated["args"]["writes"] == [{"request": "a", "slots": 32, "positions": "0-31"}]
     assert replicated["args"]["slots_written"] == 32 and replicated["args"]["requests"] == ["a"]
+
+
+def test_ranks_that_disagree_are_the_launchers_failure_event(tmp_path, monkeypatch):
+    import dcpsim.harness.batch as batch
+    from dcpsim.verify.report import Failure, FailureKind
+
+    def disagree(reports):
+        merged = reports[0]
+        merged.passed, merged.failure = False, Failure(kind=FailureKind.RANKS_DISAGREE, step=3, message="differ")
+        return merged
+
+    monkeypatch.setattr(batch, "merge_rank_reports", disagree)
+    trace = Trace(str(tmp_path / "t.json"))
+    run_jobs([Job(_small_scenario())], in_process=True, trace=trace)
+    trace.write()
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert trace_problems(doc) == []
+    (event,) = [e for e in doc["traceEvents"] if e["ph"] == "i"]
+    assert event["name"] == "FAIL ranks-disagree" and event["pid"] == rank_pid(2) and event["args"]["step"] == 3
+    assert trace_names(doc)[0][event["pid"]] == "launcher"
