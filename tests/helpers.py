@@ -112,3 +112,84 @@ def make_scenario(layers, requests, *, W=1, I=1, k=0, budget=64, max_len=2048, p
     return Scenario(name=name, layers=dict(layers), config=cfg, requests=tuple(requests),
                     num_gpu_blocks=num_gpu_blocks, kv_cache_tokens=kv_cache_tokens, seed=seed,
                     max_steps=max_steps)
+
+
+# --- trace files (--trace) -------------------------------------------------------------------
+
+TRACE_KEYS = {
+    "X": ("name", "cat", "ts", "dur", "pid", "tid"),
+    "i": ("name", "cat", "ts", "pid", "tid", "s"),
+    "C": ("name", "ts", "pid", "args"),
+    "M": ("name", "pid", "tid", "args"),
+}
+"""The keys every event of a phase must have (Trace Event Format, as Perfetto reads it)."""
+
+
+def trace_problems(doc) -> list[str]:
+    """What is wrong with a trace document: a missing key for its ``ph``, a negative
+    timestamp or duration, slices of one thread that overlap without nesting or start
+    at the same time (Perfetto may drop or misnest those), an event whose process or
+    thread no metadata event names, a list among an event's top-level values (Perfetto's
+    JSON tokenizer refuses the whole file for one), a ``displayTimeUnit`` (Perfetto reads
+    it as the unit of ``ts``)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        return ["no traceEvents list"]
+    problems, slices = [], {}
+    if "displayTimeUnit" in doc:
+        problems.append("a displayTimeUnit")
+    processes, threads = trace_names(doc)
+    for k, e in enumerate(doc["traceEvents"]):
+        keys = TRACE_KEYS.get(e.get("ph"))
+        if keys is None:
+            problems.append(f"event {k}: unknown ph {e.get('ph')!r}")
+            continue
+        if any(isinstance(v, list) for v in e.values()):
+            problems.append(f"event {k} ({e.get('name')}): a list at the top level")
+        missing = [key for key in keys if key not in e]
+        if missing:
+            problems.append(f"event {k} ({e.get('name')}): no {missing}")
+            continue
+        if e["ph"] == "M":
+            if e["name"] in ("process_name", "thread_name") and not e["args"].get("name"):
+                problems.append(f"event {k}: {e['name']} without a name")
+            continue
+        if not (isinstance(e["ts"], (int, float)) and e["ts"] >= 0):
+            problems.append(f"event {k} ({e['name']}): ts {e['ts']!r}")
+        if e["ph"] == "X":
+            if not (isinstance(e["dur"], (int, float)) and e["dur"] >= 0):
+                problems.append(f"event {k} ({e['name']}): dur {e['dur']!r}")
+            slices.setdefault((e["pid"], e["tid"]), []).append(e)
+        if e["ph"] == "i" and e["s"] not in ("t", "p", "g"):
+            problems.append(f"event {k}: instant scope {e['s']!r}")
+        if e["ph"] == "C" and not all(isinstance(v, (int, float)) for v in e["args"].values()):
+            problems.append(f"event {k}: counter values {e['args']}")
+        if e["pid"] not in processes:
+            problems.append(f"event {k} ({e['name']}): process {e['pid']} has no process_name")
+        if (e["pid"], e["tid"]) not in threads:
+            problems.append(f"event {k} ({e['name']}): thread {e['tid']} of {e['pid']} has no thread_name")
+    slack = 0.002  # timestamps are rounded to the nanosecond
+    for (pid, tid), events in slices.items():
+        open_ends = []
+        starts = [e["ts"] for e in events]
+        if len(set(starts)) != len(starts):
+            problems.append(f"thread {tid} of {pid}: two slices start at the same ts")
+        for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+            while open_ends and open_ends[-1][0] <= e["ts"] + slack:
+                open_ends.pop()
+            end = e["ts"] + e["dur"]
+            if open_ends and end > open_ends[-1][0] + slack:
+                problems.append(f"thread {tid} of {pid}: {e['name']} at {e['ts']} overlaps {open_ends[-1][1]} "
+                                "without nesting in it")
+            open_ends.append((end, e["name"]))
+    return problems
+
+
+def trace_names(doc) -> tuple[dict, dict]:
+    """``({pid: process name}, {(pid, tid): thread name})`` from a trace's metadata events."""
+    processes, threads = {}, {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            processes[e["pid"]] = e["args"]["name"]
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e["pid"], e["tid"])] = e["args"]["name"]
+    return processes, threads

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 import time
 
-from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError, DcpsimError
+from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError, DcpsimError, HarnessError
 from dcpsim.scenarios.scenario import Scenario
 
 
@@ -91,6 +92,10 @@ def add_world_arguments(p: argparse.ArgumentParser, *, timeout: bool = False) ->
                    help="kill the world after S seconds (default: 2 * timeout + 30)")
     p.add_argument("--in-process", action="store_true",
                    help="run the ranks as threads of this process (no gloo; for quick debugging)")
+    p.add_argument("--trace", metavar="FILE",
+                   help="write a Chrome trace-event JSON timeline of every rank (steps, writes per group, "
+                        "verification, collectives and their bytes, the first failure) to FILE; open it in "
+                        "ui.perfetto.dev")
 
 
 def resolve_scenario(args, world_size: int | None = None) -> Scenario:
@@ -158,15 +163,33 @@ def run_job(job, args) -> int:
     from dcpsim.harness.batch import run_jobs
     from dcpsim.harness.rank import prepare
     from dcpsim.harness.replay import replay_record
+    from dcpsim.harness.trace_file import Trace, check_trace_path
 
     scenario = job.scenario
     with json_errors(args.json):
+        trace_path = check_trace_path(args.trace) if args.trace else None
         try:
             prepare(scenario)
         except ConfigError as exc:
             raise ConfigError(f"{scenario.source}: {exc}") from None
+        trace = Trace(trace_path) if trace_path else None
         start = time.perf_counter()
-        (report,) = run_jobs([job], in_process=args.in_process, timeout=args.timeout, deadline=args.deadline)
+        (report,) = run_jobs([job], in_process=args.in_process, timeout=args.timeout, deadline=args.deadline,
+                             trace=trace)
         report.wall_time_s = time.perf_counter() - start
         report.replay = replay_record(job)
-    return finish(report, args.json)
+    code = finish(report, args.json)
+    if trace is not None:
+        write_trace(trace, report)
+    return code
+
+
+def write_trace(trace, report) -> None:
+    """Write ``--trace``'s file after the report; a write that fails now is exit 3."""
+    try:
+        count = trace.write(dict(scenario=report.scenario, decode_context_parallel_size=report.dcp_size,
+                                 cp_kv_cache_interleave_size=report.interleave_size, passed=report.passed,
+                                 steps=report.steps))
+    except OSError as exc:
+        raise HarnessError(f"--trace {trace.path}: could not write the trace: {exc}") from None
+    print(f"dcpsim: trace of {count} events written to {trace.path} (open it in ui.perfetto.dev)", file=sys.stderr)

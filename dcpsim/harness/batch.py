@@ -1,6 +1,7 @@
 """Run a batch of jobs of one W in one world (gloo processes, or threads), and merge the
 ranks' reports. The one runner behind ``run``, ``replay``, ``matrix``, ``selftest`` and
 ``fuzz``; ``worker`` merges its ranks' reports with the same ``merge_rank_reports``.
+With a ``Trace`` (``--trace``), every rank records its events and the parent merges them.
 """
 
 from __future__ import annotations
@@ -11,22 +12,39 @@ from dataclasses import dataclass
 from dcpsim.harness.collectives import Collectives, GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
 from dcpsim.harness.rank import run_rank
+from dcpsim.harness.trace import NULL_RECORDER, NullRecorder, TracedCollectives, TraceRecorder
+from dcpsim.harness.trace_file import Trace
 from dcpsim.verify.report import Failure, FailureKind, RunReport
 
 
-def run_batch(jobs: list[Job], coll: Collectives) -> list[RunReport]:
+def run_batch(jobs: list[Job], coll: Collectives, recorder: NullRecorder = NULL_RECORDER) -> list[RunReport]:
     """What every rank runs: the jobs in turn, over one ``Collectives``."""
-    return [run_rank(job, coll) for job in jobs]
+    reports = []
+    for k, job in enumerate(jobs):
+        with recorder.span(f"job {k}: {job.scenario.name}", "job"):
+            reports.append(run_rank(job, coll, recorder=recorder))
+    return reports
 
 
-def gloo_rank_batch(jobs: list[Job], rank: int, world_size: int) -> list[RunReport]:
-    """``world.run_world`` target: ``run_batch`` over the rank's gloo process group."""
-    return run_batch(jobs, GlooCollectives(rank, world_size))
+def rank_batch(payload: tuple[list[Job], int | None], coll: Collectives) -> tuple[list[RunReport], list[dict]]:
+    """A rank's batch: ``payload`` is the jobs and the trace's clock origin (None: no
+    trace). Returns the reports and the rank's trace events."""
+    jobs, origin_ns = payload
+    if origin_ns is None:
+        return run_batch(jobs, coll), []
+    recorder = TraceRecorder(coll.rank, origin_ns)
+    return run_batch(jobs, TracedCollectives(coll, recorder), recorder), recorder.events
+
+
+def gloo_rank_batch(payload: tuple[list[Job], int | None], rank: int, world_size: int):
+    """``world.run_world`` target: ``rank_batch`` over the rank's gloo process group."""
+    return rank_batch(payload, GlooCollectives(rank, world_size))
 
 
 def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0,
-             deadline: float | None = None) -> list[RunReport]:
-    """Run jobs of one W in turn in one world; one merged report per job.
+             deadline: float | None = None, trace: Trace | None = None) -> list[RunReport]:
+    """Run jobs of one W in turn in one world; one merged report per job. With ``trace``,
+    the ranks record their events into it.
 
     The default deadline is a backstop (a hang ends at the process-group timeout):
     ``2 * timeout + 30`` s for one job, 10 s more per further job, so a long batch of
@@ -35,8 +53,11 @@ def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
     world = jobs[0].world_size
     if any(j.world_size != world for j in jobs):
         raise ValueError("run_jobs: every job of one world must have the same decode_context_parallel_size")
+    payload = (jobs, None if trace is None else trace.origin_ns)
+    launcher = NULL_RECORDER if trace is None else trace.launcher(world)
+    started = launcher.now()
     if in_process:
-        per_rank = run_in_threads(run_batch, jobs, world)
+        per_rank = run_in_threads(rank_batch, payload, world)
     else:
         from dcpsim.harness.world import run_world
 
@@ -45,9 +66,18 @@ def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
         preload = ("dcpsim.harness.batch",)
         if any(j.engine == "vllm" for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.vllm.preload",)
-        per_rank = run_world(gloo_rank_batch, jobs, world_size=world, pg_timeout_s=timeout,
+        per_rank = run_world(gloo_rank_batch, payload, world_size=world, pg_timeout_s=timeout,
                              deadline_s=deadline, preload=preload)
-    return [merge_rank_reports([reports[k] for reports in per_rank]) for k in range(len(jobs))]
+    launcher.complete(f"{'threads' if in_process else 'gloo world'} of {world} ranks", "launcher", started)
+    started = launcher.now()
+    merged = [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]
+    launcher.complete("merge reports", "launcher", started)
+    for report in merged:
+        if report.failure is not None and report.failure.kind == FailureKind.RANKS_DISAGREE:
+            launcher.failure(report.failure)  # the parent's own finding
+    if trace is not None:
+        trace.add_ranks([events for _, events in per_rank])
+    return merged
 
 
 @dataclass

@@ -9,6 +9,9 @@ starts. ``run_rank`` is what each rank executes, over any ``Collectives``:
 2. the checker, built from the scenario alone (``verify.geometry``), judges every step's
    write log, verifies the stores through the worker's read-only ``RankView``, and, with
    ``--attention``, judges the engine's attention against a full-context reference.
+
+A ``recorder`` (``harness.trace``, ``--trace``) marks the phases of every step; the
+default one records nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.engine.worker.view import WorkerView
 from dcpsim.harness.collectives import Collectives
 from dcpsim.harness.job import Job, simulate_rank_failure
+from dcpsim.harness.trace import NULL_RECORDER, NullRecorder
 from dcpsim.scenarios.scenario import Scenario
 from dcpsim.verify.attention import AttentionVerifier
 from dcpsim.verify.check import Checker
@@ -88,14 +92,17 @@ def group_info(groups: list[ExpectedGroup]) -> list[dict]:
     ]
 
 
-def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunReport:
+def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
+             recorder: NullRecorder = NULL_RECORDER) -> RunReport:
     """One rank's run of ``job``. ``engine`` replaces the job's engine under test (tests
     of the checker run hand-made engine variants this way)."""
     # Imported here: set_progress lives with the launcher; in-process runs use a no-op.
     from dcpsim.harness.world import set_progress
 
+    rec = recorder
     scenario, config = job.scenario, job.scenario.config
     bytes_before = coll.bytes_sent  # a Collectives may serve several jobs in turn
+    setup = rec.now()
     engine = job_engine(job) if engine is None else engine
     attention = attention_on(job, engine)
     cfg = job.attention_config
@@ -105,7 +112,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunRe
     scheduler = Scheduler(scenario, engine, geometries)
     request_ids = {r.index: r.request_id for r in scheduler.requests}
     runner = ModelRunner(engine, geometries, pool_sizes(scenario, engine, geometries), coll.rank,
-                         max_num_reqs=len(scheduler.requests), vector_width=cfg.kv_width if attention else 0)
+                         max_num_reqs=len(scheduler.requests), vector_width=cfg.kv_width if attention else 0,
+                         observer=rec.write_observer(geometries))
     shard_attention = ShardAttention(engine, cfg, coll) if attention else None
 
     # the checker: its expectation from the scenario alone, the rank through a read-only view
@@ -113,6 +121,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunRe
     groups = expected_groups(scenario)
     checker = Checker(groups, coll, view, request_ids, paranoid=job.paranoid, config=config)
     verifier = AttentionVerifier(cfg, groups, coll, view) if attention else None
+    rec.complete("setup", "setup", setup)
 
     report = RunReport(
         scenario=scenario.name,
@@ -129,35 +138,54 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunRe
     )
     failure: Failure | None = None
     attention_bytes = 0
+    scheduled = rec.now()  # the next step's scheduling starts
     for plan in scheduler.plans():
-        set_progress(plan.step, "write")
-        simulate_rank_failure(job, coll.rank, plan.step)
-        during_step = None
-        if attention:
-            queries = verifier.queries(plan)
+        rec.complete("schedule", "schedule", scheduled, args={"step": plan.step})
+        with rec.step(plan):
+            set_progress(plan.step, "write")
+            simulate_rank_failure(job, coll.rank, plan.step)
+            during_step = None
+            if attention:
+                queries = verifier.queries(plan)
 
-            def during_step(plan, runner, queries=queries):
-                shard_attention.compute(plan, runner, queries)
-        try:
-            runner.apply(plan, request_ids, during_step=during_step)
-        except BlockTableOverflow as exc:
-            failure = Failure(kind=FailureKind.BLOCK_TABLE_OVERFLOW, step=plan.step, message=str(exc),
-                              group=exc.group, request_id=exc.request_id)
-            break
-        checker.record_writes(plan)
-        if plan.step % scenario.verify_every == 0 or plan.last:
-            set_progress(plan.step, "verify")
-            failure = checker.verify(plan)
-            if failure:
+                def during_step(plan, runner, queries=queries):
+                    with rec.span("attention compute", "attention"):
+                        shard_attention.compute(plan, runner, queries)
+            try:
+                with rec.span("write (all groups)", "write"):
+                    runner.apply(plan, request_ids, during_step=during_step)
+            except BlockTableOverflow as exc:
+                failure = Failure(kind=FailureKind.BLOCK_TABLE_OVERFLOW, step=plan.step, message=str(exc),
+                                  group=exc.group, request_id=exc.request_id)
                 break
-        if attention:
-            set_progress(plan.step, "attention")
-            before = coll.bytes_sent
-            failure = verifier.judge(plan, shard_attention.finish(plan.step))
-            attention_bytes += coll.bytes_sent - before
-            if failure:
-                break
-            verifier.forget_finished(plan)
+            with rec.span("check writes", "verify"):
+                checker.record_writes(plan)
+            if plan.step % scenario.verify_every == 0 or plan.last:
+                set_progress(plan.step, "verify")
+                with rec.span("verify", "verify") as span:
+                    indices = checker.verified_indices
+                    failure = checker.verify(plan)
+                    span.set(step=plan.step, indices=checker.verified_indices - indices,
+                             result=failure.kind if failure else "pass")
+                if failure:
+                    break
+            if attention:
+                set_progress(plan.step, "attention")
+                before = coll.bytes_sent
+                with rec.span("attention merge", "attention"):
+                    results = shard_attention.finish(plan.step)
+                with rec.span("attention check", "attention") as span:
+                    checks = verifier.checks
+                    failure = verifier.judge(plan, results)
+                    span.set(step=plan.step, checks=verifier.checks - checks,
+                             result=failure.kind if failure else "pass")
+                attention_bytes += coll.bytes_sent - before
+                if failure:
+                    break
+                verifier.forget_finished(plan)
+        scheduled = rec.now()
+    if failure is not None and coll.rank == 0:  # rank 0's verdict is the report's
+        rec.failure(failure)
     report.steps = scheduler.step_index
     report.schedule = scheduler.summary
     report.verifications = checker.verifications

@@ -4,9 +4,14 @@ The engine decides every slot (``Engine.write_slots``); this module only syncs t
 tables to the plan, writes fingerprint rows (and, for the attention check, K/V vectors)
 where the engine said, and keeps the step's write log, which the checker judges. A slot
 outside a store, or an index the step does not compute, is logged but not written.
+
+An optional ``observer`` (a ``WriteObserver``; the harness's ``--trace`` recorder) hears
+when each group's writes of a step start and end; without one the write path is unchanged.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import numpy as np
 
@@ -21,6 +26,15 @@ from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, StepPlan, WriteRec
 from dcpsim.model.vectors import kv_vectors
 
 
+class WriteObserver(Protocol):
+    """Hears the write path group by group (``ModelRunner(observer=...)``)."""
+
+    def group_started(self, step: int, group_id: int) -> None: ...
+
+    def group_written(self, step: int, group_id: int, records: list[WriteRecord]) -> None:
+        """``records``: this group's entries of the step's write log."""
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -30,9 +44,11 @@ class ModelRunner:
         rank: int,
         max_num_reqs: int,
         vector_width: int = 0,
+        observer: WriteObserver | None = None,
     ):
         """``vector_width > 0``: also store K/V vectors of that width (the attention check)."""
         self.engine = engine
+        self.observer = observer
         self.geometries = geometries
         self.rank = rank
         self.vector_width = vector_width
@@ -55,7 +71,11 @@ class ModelRunner:
             table.sync(step_rows, request_ids)
         self.write_log = []
         self.metadata_log = []
+        observer = self.observer
         for geometry, table, store in zip(self.geometries, self.block_tables, self.stores):
+            if observer is not None:
+                observer.group_started(plan.step, geometry.group_id)
+                logged = len(self.write_log)
             tps = geometry.tokens_per_state
             rows = [table.row(w.req_index) for w in plan.writes]
             mapped = self.engine.step_write_slots(geometry, list(plan.writes), rows, self.rank)
@@ -80,6 +100,8 @@ class ModelRunner:
                 store.write(slots, entries)
                 if store.vectors is not None:
                     store.write_vectors(slots, kv_vectors(geometry.group_id, content, self.vector_width))
+            if observer is not None:
+                observer.group_written(plan.step, geometry.group_id, self.write_log[logged:])
         if during_step is not None:
             during_step(plan, self)
         for table, rows in zip(self.block_tables, plan.rows_after):
