@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
+from dcpsim.plural import plural
 from dcpsim.scenarios.scenario import Scenario
 
 DEFAULT_DCP = (1, 2, 3, 4, 8)
@@ -178,7 +179,7 @@ def table(results: list[CellResult]) -> str:
         lines.append(f"{r.cell.id:<{width}}  {r.status:<8} {steps!s:>5} {verified!s:>9} {secs:>6}  {r.reason}")
     counts = {s: sum(r.status == s for r in results) for s in (CellStatus.PASS, CellStatus.FAIL, CellStatus.ERROR, CellStatus.SKIPPED)}
     lines.append(
-        f"{len(results)} cells: {counts[CellStatus.PASS]} passed, {counts[CellStatus.FAIL]} failed, "
-        f"{counts[CellStatus.ERROR]} errors, {counts[CellStatus.SKIPPED]} skipped"
+        f"{plural(len(results), 'cell')}: {counts[CellStatus.PASS]} passed, {counts[CellStatus.FAIL]} failed, "
+        f"{plural(counts[CellStatus.ERROR], 'error')}, {counts[CellStatus.SKIPPED]} skipped"
     )
     return "\n".join(lines)

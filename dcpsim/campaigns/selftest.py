@@ -22,6 +22,7 @@ import inspect
 from dataclasses import dataclass, field
 
 from dcpsim.errors import ConfigError
+from dcpsim.plural import plural
 
 BASELINE = "none"
 """The fault name of a baseline case (``FAULTS["none"]``: the correct engine)."""
@@ -348,11 +349,11 @@ def verdict(rows: list[Row], faults: list[str]) -> tuple[bool, list[str]]:
     undetected = [n for n, s in status.items() if s in (MISSED, ERROR)]
     counts = {s: sum(v == s for v in status.values()) for s in (DETECTED, MISSED, ERROR, NOT_APPLICABLE)}
     lines = [
-        f"{len(faults)} faults: {counts[DETECTED]} detected, {counts[MISSED]} missed, "
-        f"{counts[ERROR]} errors, {counts[NOT_APPLICABLE]} not applicable; "
-        f"{len(baselines)} baselines: {sum(r.outcome == PASS for r in baselines)} passed, "
-        f"{sum(r.outcome == FALSE_POSITIVE for r in baselines)} false positives, "
-        f"{sum(r.outcome == ERROR for r in baselines)} errors"
+        f"{plural(len(faults), 'fault')}: {counts[DETECTED]} detected, {counts[MISSED]} missed, "
+        f"{plural(counts[ERROR], 'error')}, {counts[NOT_APPLICABLE]} not applicable; "
+        f"{plural(len(baselines), 'baseline')}: {sum(r.outcome == PASS for r in baselines)} passed, "
+        f"{plural(sum(r.outcome == FALSE_POSITIVE for r in baselines), 'false positive')}, "
+        f"{plural(sum(r.outcome == ERROR for r in baselines), 'error')}"
     ]
     passed = not undetected and not bad_baselines
     if passed:

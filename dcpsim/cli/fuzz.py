@@ -9,6 +9,7 @@ from pathlib import Path
 from dcpsim.cli.options import add_engine_arguments, engine_options
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.job import Job
+from dcpsim.plural import plural
 
 
 def add_arguments(p) -> None:
@@ -36,7 +37,7 @@ def run(args) -> int:
     found = find_failure(args.inject, max_examples=args.examples, seed=args.seed, engine=engine)
     searched = time.perf_counter() - start
     if found is None:
-        print(f"fuzz: no failing schedule in {args.examples} random examples ({searched:.1f} s)")
+        print(f"fuzz: no failing schedule in {plural(args.examples, 'random example')} ({searched:.1f} s)")
         return EXIT_OK
     name = f"fuzz-{args.inject or 'nofault'}-seed{args.seed}.toml"
     path = Path(args.out) / name

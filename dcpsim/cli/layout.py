@@ -19,6 +19,7 @@ import numpy as np
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.layout import PAD, local_seq_lens, owner_rank, slot_mapping, validate_layout
+from dcpsim.plural import plural
 
 GRID_WIDTH = 64  # positions per grid line
 RULER_EVERY = 8  # ruler labels on multiples of 8 (and run starts), where they fit
@@ -115,7 +116,7 @@ def compute(args: argparse.Namespace) -> dict:
     elif last >= len(bt) * span:
         raise ConfigError(
             f"position {last} needs block-table entry {last // span}, but --block-table has "
-            f"{len(bt)} {'entry' if len(bt) == 1 else 'entries'} (each covers {span} positions, "
+            f"{len(bt)} {'entry' if len(bt) == 1 else 'entries'} (each covers {plural(span, 'position')}, "
             f"so positions < {len(bt) * span})"
         )
 
@@ -188,8 +189,8 @@ def render(d: dict) -> str:
         f"DCP layout: W={W} I={c['cp_kv_cache_interleave_size']} B={c['block_size']} "
         f"Bk={c['kernel_block_size']} replicated={'yes' if c['replicated'] else 'no'} "
         f"block_table={c['block_table']}",
-        f"one block-table entry covers {d['_span']} positions"
-        + ("" if c["replicated"] or W == 1 else f" ({c['block_size']} slots on each rank)"),
+        f"one block-table entry covers {plural(d['_span'], 'position')}"
+        + ("" if c["replicated"] or W == 1 else f" ({plural(c['block_size'], 'slot')} on each rank)"),
     ]
     if c["replicated"]:
         out.append("replicated group: every rank stores every position (plain slot mapping)")

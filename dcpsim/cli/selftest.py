@@ -21,6 +21,7 @@ from dcpsim.campaigns.selftest import (
 from dcpsim.cli.options import add_engine_arguments, engine_options
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
 from dcpsim.harness.job import Job
+from dcpsim.plural import plural
 
 
 def add_arguments(p) -> None:
@@ -90,7 +91,7 @@ def run(args) -> int:
         print("bug classes (docs/dcp-semantics.md section 8):")
         print("\n".join(bug_class_legend(plan.faults)))
         if plan.skipped:
-            print(f"({len(plan.skipped)} combinations skipped: config invalid for the scenario; see --json)")
+            print(f"({plural(len(plan.skipped), 'combination')} skipped: config invalid for the scenario; see --json)")
         print()
         print("\n".join(summary) + f" ({seconds:.1f} s)")
     return EXIT_OK if passed else EXIT_CHECK_FAILED

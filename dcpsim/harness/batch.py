@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from dcpsim.harness.collectives import Collectives, GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
 from dcpsim.harness.rank import run_rank
+from dcpsim.plural import plural
 from dcpsim.verify.report import Failure, FailureKind, RunReport
 
 
@@ -95,6 +96,7 @@ def merge_rank_reports(reports: list[RunReport]) -> RunReport:
             kind=FailureKind.RANKS_DISAGREE,
             step=min(r.steps for r in reports),
             message="ranks reached different verdicts: "
-            + "; ".join(f"rank {i}: {'pass' if r.passed else r.failure.kind} after {r.steps} steps" for i, r in enumerate(reports)),
+            + "; ".join(f"rank {i}: {'pass' if r.passed else r.failure.kind} after {plural(r.steps, 'step')}"
+                        for i, r in enumerate(reports)),
         )
     return merged

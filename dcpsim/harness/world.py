@@ -38,6 +38,7 @@ from multiprocessing.connection import wait
 
 from dcpsim.errors import HarnessError
 from dcpsim.model.validate import check_int
+from dcpsim.plural import plural
 
 START_METHOD = "forkserver"
 BASE_PRELOAD = ("__main__", "torch", "torch.distributed", __name__)
@@ -263,7 +264,7 @@ def _supervise(procs, conns, deadline_s, grace_s) -> list:
 
     if running and not failures:
         raise HarnessError(
-            f"world of {world_size} ranks did not finish within deadline_s={deadline_s:g} s; "
+            f"world of {plural(world_size, 'rank')} did not finish within deadline_s={deadline_s:g} s; "
             "killed the ranks still running:\n"
             + "\n".join(f"  rank {r}, last progress: {_where(progress[r])}"
                         for r in sorted(running)))
@@ -321,7 +322,7 @@ def _failure_error(failed: list[RankFailure], killed: list[RankFailure],
     first = primary[0]
     rendezvous = any(f.step is None and f.what in ("", "rendezvous") for f in failed + killed)
     lines = [f"{'rendezvous failed' if rendezvous else 'rank failure'} in a world of "
-             f"{world_size} ranks: rank {first.rank} {first.exc_type}: "
+             f"{plural(world_size, 'rank')}: rank {first.rank} {first.exc_type}: "
              f"{_first_line(first.message)}"]
     for f in primary:
         lines.append(f"primary: rank {f.rank} at {f.where()}: {f.exc_type}: {f.message}")
