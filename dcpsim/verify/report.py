@@ -154,6 +154,14 @@ class RunReport:
         data["bytes_per_verified_index"] = round(self.bytes_per_verified_index, 4)
         return json.dumps(_json_safe(data), indent=2)
 
+    def pass_line(self) -> str:
+        """The verdict of a passing run, naming what was verified."""
+        writes = "every rank wrote exactly the right positions into the right slots"
+        if self.attention is None:
+            return f"PASS: writes verified: {writes}"
+        return (f"PASS: writes and attention verified: {writes}, and "
+                f"{plural(self.attention_checks, 'attention check')} matched the full-context reference")
+
     def text(self) -> str:
         head = (
             f"scenario {self.scenario} ({self.source}): decode_context_parallel_size={self.dcp_size} "
@@ -208,5 +216,5 @@ class RunReport:
         if self.failure:
             out.extend(self.failure.lines())
         else:
-            out.append("PASS: every rank wrote exactly the right positions into the right slots")
+            out.append(self.pass_line())
         return "\n".join(out)
