@@ -1,8 +1,9 @@
 """The correctness matrix: scenarios x DCP sizes x interleave sizes x block sizes.
 
-``expand`` lists every cell with its verdict-to-be: valid (to run), or
-skipped with the reason (an invalid DCP config, or a duplicate of another
-cell). ``run_cells`` runs the valid cells, several per world (every cell of
+``expand`` lists every cell once with its verdict-to-be: valid (to run), or
+skipped with the reason (an invalid DCP config, or a W = 1 cell that repeats
+another's layout); a combination asked for twice (``B`` equal to a listed
+interleave size, a scenario or block size given twice) is one cell. ``run_cells`` runs the valid cells, several per world (every cell of
 one scenario and one W shares a world), so world start-up does not dominate;
 a world that breaks is retried cell by cell so the failure is attributed.
 """
@@ -89,7 +90,7 @@ def expand(
     block_sizes=(None,),
     dry_run: bool = True,
 ) -> list[CellResult]:
-    """Every cell, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
+    """Every cell once, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
 
     ``dry_run`` also runs each valid cell's schedule in this process, which
     catches a workload that can never be admitted; without it only the layouts
@@ -101,6 +102,7 @@ def expand(
     from dcpsim.scenarios.load import load_scenario
 
     out: list[CellResult] = []
+    listed: set[str] = set()  # cell ids: a combination asked for twice is one cell
     for name in scenarios:
         base = load_scenario(name)
         for bs in block_sizes:
@@ -109,16 +111,18 @@ def expand(
                 b = page_states(sized)
             except ConfigError as exc:
                 cell = Cell(base.name, 0, 0, bs or 0, bs)
-                out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
+                if cell.id not in listed:
+                    listed.add(cell.id)
+                    out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
                 continue
             for w in dcps:
                 seen: dict[int, str] = {}
                 for token in interleaves:
                     i = _parse_interleave(str(token), b)
                     cell = Cell(base.name, w, i, b, bs)
-                    if i in seen:
-                        out.append(CellResult(cell, CellStatus.SKIPPED, f"duplicate of {seen[i]}"))
+                    if cell.id in listed:
                         continue
+                    listed.add(cell.id)
                     if w == 1 and seen:
                         first = next(iter(seen.values()))
                         out.append(CellResult(cell, CellStatus.SKIPPED, f"same layout as {first} (interleave has no effect when W = 1)"))
