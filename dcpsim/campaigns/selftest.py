@@ -223,6 +223,31 @@ def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True
                 valid[key] = str(exc).splitlines()[0]
         return valid[key]
 
+    def applies(name: str, scenario: str, options) -> bool:
+        """Does the fault apply to the scenario so configured (its layout valid)? No dry run."""
+        try:
+            sc, _, _ = resolve(scenario, options)
+            geometries = ReferenceEngine().geometries(sc.layers, sc.config)
+        except UnknownOption:
+            raise
+        except ConfigError:
+            return False
+        return FAULTS[name].applies_to_scenario(sc, geometries)
+
+    def why_not_applicable(name: str) -> str:
+        """The reason of a not-applicable row: true for the scenarios chosen, and saying
+        where else the fault applies when ``--scenario`` left those out."""
+        fault = FAULTS[name]
+        invalid = sorted({s["scenario"] for s in plan.skipped if s["fault"] == name})
+        tail = f"; its configs are invalid on {', '.join(invalid)}" if invalid else ""
+        if not scenario_names:
+            return "applies to no built-in scenario in its configs" + tail
+        options = [canonical_options({**cfg, **fault.needs}) for cfg in fault.configs or ({},)]
+        elsewhere = [s for s in (fault.scenarios or builtins)
+                     if s in builtins and s not in chosen and any(applies(name, s, o) for o in options)]
+        where = f"applies on: {', '.join(elsewhere)}" if elsewhere else "nor on any other built-in scenario"
+        return f"not on {', '.join(chosen)} ({where}){tail}"
+
     configs_used: list = []
     for name in faults:
         fault = FAULTS[name]
@@ -250,8 +275,7 @@ def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True
                     if options not in configs_used:
                         configs_used.append(options)
         if not cases and not any(r.fault == name for r in plan.rows):
-            plan.rows.append(Row(name, "-", "-", NOT_APPLICABLE,
-                                 report="applies_to is False on every built-in scenario (in its configs)"))
+            plan.rows.append(Row(name, "-", "-", NOT_APPLICABLE, report=why_not_applicable(name)))
         plan.cases.extend(cases)
     for options in [()] + [o for o in configs_used if o != ()]:
         for scenario in chosen:

@@ -51,7 +51,8 @@ def _list(plan: Plan, as_json: bool) -> int:
         entries.append(dict(name=name, bug_class=fault.bug_class, description=fault.description,
                             needs=dict(fault.needs), configs=[dict(c) for c in fault.configs],
                             scenarios=list(fault.scenarios) if fault.scenarios else None,
-                            runs=runs, applicable=bool(runs)))
+                            runs=runs, applicable=bool(runs),
+                            why_not=next((r.report for r in plan.rows if r.fault == name), None) if not runs else None))
     if as_json:
         print(json.dumps({"faults": entries}, indent=2, default=str))
         return EXIT_OK
@@ -61,8 +62,10 @@ def _list(plan: Plan, as_json: bool) -> int:
         print(f"  what:        {e['description']}")
         if e["needs"]:
             print(f"  needs:       {options_text(canonical_options(e['needs']))}")
-        where = ", ".join(f"{r['scenario']} ({r['config']})" for r in e["runs"]) or "not applicable"
+        where = ", ".join(f"{r['scenario']} ({r['config']})" for r in e["runs"]) or "-"
         print(f"  runs on:     {where}")
+        if e["why_not"]:
+            print(f"  not run:     {e['why_not']}")
     return EXIT_OK
 
 
