@@ -29,6 +29,7 @@ from dcpsim.model.specs import (
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
+from dcpsim.plural import plural
 from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
 FAMILIES = ("full", "compressed", "window", "chunked", "ring-hybrid")
@@ -130,6 +131,14 @@ def is_valid(scenario: Scenario) -> bool:
     except ConfigError:
         return False
     return True
+
+
+def describe(scenario: Scenario) -> str:
+    """One drawn scenario in a line: ``fuzz-window W=3 I=2 k=1: 2 requests, 143 tokens``."""
+    c = scenario.config
+    tokens = sum(r.prompt_len + r.output_len for r in scenario.requests)
+    return (f"{scenario.name} W={c.decode_context_parallel_size} I={c.cp_kv_cache_interleave_size} "
+            f"k={c.num_speculative_tokens}: {plural(len(scenario.requests), 'request')}, {plural(tokens, 'token')}")
 
 
 def check(scenario: Scenario, inject: str | None = None, engine: dict | None = None):

@@ -145,9 +145,11 @@ def expand(
 
 
 def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: float = 30.0, progress=None,
-              engine: dict | None = None) -> None:
-    """Run every pending cell (in place), one world per (scenario, W) group. ``engine``: the
-    engine ``Job`` fields (``engine``, ``vllm_source``, ``vllm_runner``); default reference."""
+              engine: dict | None = None, on_wait=None) -> None:
+    """Run every pending cell (in place), one world per (scenario, W) group. ``progress(res)``
+    is called as each cell ends (with the time its slowest rank took); ``on_wait(message)``
+    when a world keeps the parent waiting. ``engine``: the engine ``Job`` fields
+    (``engine``, ``vllm_source``, ``vllm_runner``); default reference."""
     from dcpsim.harness.batch import run_each
     from dcpsim.harness.job import Job
     from dcpsim.harness.replay import replay_record
@@ -158,19 +160,28 @@ def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: f
             groups.setdefault(res.cell.group, []).append(res)
     for members in groups.values():
         jobs = [Job(r.scenario, **(engine or {})) for r in members]
-        for res, job, outcome in zip(members, jobs, run_each(jobs, in_process=in_process, timeout=timeout)):
+
+        def settle(k, outcome, members=members, jobs=jobs):
+            res = members[k]
             res.seconds = outcome.seconds
             if outcome.error is not None:
                 res.status, res.reason = CellStatus.ERROR, str(outcome.error).splitlines()[0]
-                continue
-            report = outcome.report
-            report.replay = replay_record(job)
-            res.report = report
-            res.status = CellStatus.PASS if report.passed else CellStatus.FAIL
-            res.reason = "" if report.passed else report.failure.lines()[0]
-        if progress:
-            for res in members:
+            else:
+                report = outcome.report
+                report.replay = replay_record(jobs[k])
+                res.report = report
+                res.status = CellStatus.PASS if report.passed else CellStatus.FAIL
+                res.reason = "" if report.passed else report.failure.lines()[0]
+            if progress:
                 progress(res)
+
+        run_each(jobs, in_process=in_process, timeout=timeout, on_outcome=settle, on_wait=on_wait)
+
+
+def cell_line(res: CellResult) -> str:
+    """One finished cell for the progress display: ``dsv3-dcp2-il16-bs64 PASS (0.41 s)``,
+    and the reason when it failed."""
+    return f"{res.cell.id} {res.status.upper()} ({res.seconds:.2f} s)" + (f": {res.reason}" if res.reason else "")
 
 
 def table(results: list[CellResult]) -> str:

@@ -326,10 +326,12 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}"
 
 
-def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, engine: dict | None = None) -> list[Row]:
+def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, engine: dict | None = None,
+             progress=None, on_wait=None) -> list[Row]:
     """Run every case; rows in plan order (planning rows of a fault after its cases). The
     faults are variants of the reference engine; the baselines run ``engine`` (``Job``
-    fields), which must pass them all."""
+    fields), which must pass them all. ``progress(row)`` is called as each case ends (with
+    the time its slowest rank took); ``on_wait(message)`` when a world keeps the parent waiting."""
     from dcpsim.harness.batch import run_each
 
     by_world: dict[int, list[int]] = {}
@@ -339,11 +341,17 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, eng
     rows: list[Row | None] = [None] * len(plan.cases)
     for ks in by_world.values():
         cases = [plan.cases[k] for k in ks]
-        for k, case, outcome in zip(ks, cases, run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=timeout)):
+
+        def settle(j, outcome, ks=ks, cases=cases):
             if outcome.error is not None:
-                rows[k] = _row(plan, case, error=_first_line(outcome.error), seconds=outcome.seconds)
+                row = _row(plan, cases[j], error=_first_line(outcome.error), seconds=outcome.seconds)
             else:
-                rows[k] = _row(plan, case, report=outcome.report, seconds=outcome.seconds)
+                row = _row(plan, cases[j], report=outcome.report, seconds=outcome.seconds)
+            rows[ks[j]] = row
+            if progress:
+                progress(row)
+
+        run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=timeout, on_outcome=settle, on_wait=on_wait)
     out: list[Row] = []
     for name in plan.faults:
         out += [r for r, c in zip(rows, plan.cases) if c.fault == name]
@@ -388,6 +396,16 @@ def verdict(rows: list[Row], faults: list[str]) -> tuple[bool, list[str]]:
             why.append("baseline failures: " + ", ".join(f"{r.scenario} ({r.config})" for r in bad_baselines))
         lines.append("selftest FAILED: " + "; ".join(why))
     return passed, lines
+
+
+def row_line(row: Row) -> str:
+    """One finished run for the progress display:
+    ``interleave-off-by-one on dsv3 (W=2 I=1): detected [wrong-content] (0.52 s)``."""
+    who = "(baseline)" if row.baseline else row.fault
+    line = f"{who} on {row.scenario} ({row.config}): {row.outcome}" + (f" [{row.kind}]" if row.kind else "")
+    if row.outcome in (ERROR, FALSE_POSITIVE) and row.report:
+        line += f": {row.report}"
+    return line + f" ({row.seconds:.2f} s)"
 
 
 def format_table(rows: list[Row]) -> str:

@@ -148,6 +148,7 @@ def json_errors(as_json: bool):
 
 def run_job(job, args) -> int:
     """Validate, start a world (or threads), verify, print; the exit code of the verdict."""
+    from dcpsim.cli.progress import print_waiting
     from dcpsim.harness.batch import run_jobs
     from dcpsim.harness.rank import prepare
     from dcpsim.harness.replay import replay_record
@@ -159,7 +160,8 @@ def run_job(job, args) -> int:
         except ConfigError as exc:
             raise ConfigError(f"{scenario.source}: {exc}") from None
         start = time.perf_counter()
-        (report,) = run_jobs([job], in_process=args.in_process, timeout=args.timeout, deadline=args.deadline)
+        (report,) = run_jobs([job], in_process=args.in_process, timeout=args.timeout, deadline=args.deadline,
+                             on_wait=print_waiting)
         report.wall_time_s = time.perf_counter() - start
         report.replay = replay_record(job)
     return finish(report, args.json)

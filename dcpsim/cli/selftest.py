@@ -8,6 +8,8 @@ import json
 import time
 
 from dcpsim.campaigns.selftest import (
+    DETECTED,
+    PASS,
     Plan,
     bug_class_legend,
     canonical_options,
@@ -15,10 +17,12 @@ from dcpsim.campaigns.selftest import (
     format_table,
     options_text,
     plan_selftest,
+    row_line,
     run_plan,
     verdict,
 )
 from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.cli.progress import progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
 from dcpsim.harness.job import Job
 from dcpsim.plural import plural
@@ -76,7 +80,10 @@ def run(args) -> int:
     start = time.perf_counter()
     engine = engine_options(args)
     Job.validate_engine(**engine)
-    rows = run_plan(plan, in_process=args.in_process, timeout=args.timeout, engine=engine)
+    with progress_view("selftest", len(plan.cases)) as view:
+        rows = run_plan(plan, in_process=args.in_process, timeout=args.timeout, engine=engine,
+                        progress=lambda row: view.done(row_line(row), ok=row.outcome in (DETECTED, PASS)),
+                        on_wait=view.waiting)
     passed, summary = verdict(rows, plan.faults)
     seconds = time.perf_counter() - start
     if args.json:
