@@ -58,7 +58,7 @@ def cdiv(a, b):
 # ----------------------------------------------------------------------------- the auditor
 
 EMPTY = -1  # never a fingerprint in practice (the checker's stores use the same sentinel)
-_ADMIT = re.compile(r"^admitted (\S+)(?: with a prefix-cache hit of (\d+) tokens)?$")
+_ADMIT = re.compile(r"^admitted (\S+)(?: with a prefix-cache hit of (\d+) tokens?)?$")
 _PREEMPT = re.compile(r"^preempted (\S+) \((.*)\)$")
 _FINISH = re.compile(r"^finished (\S+)$")
 

@@ -16,6 +16,10 @@ reruns it on a real gloo world.
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
+from dcpsim.cache import cache_dir
 from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
 from dcpsim.model.specs import (
@@ -25,6 +29,7 @@ from dcpsim.model.specs import (
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
+from dcpsim.plural import plural
 from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
 FAMILIES = ("full", "compressed", "window", "chunked", "ring-hybrid")
@@ -128,6 +133,14 @@ def is_valid(scenario: Scenario) -> bool:
     return True
 
 
+def describe(scenario: Scenario) -> str:
+    """One drawn scenario in a line: ``fuzz-window W=3 I=2 k=1: 2 requests, 143 tokens``."""
+    c = scenario.config
+    tokens = sum(r.prompt_len + r.output_len for r in scenario.requests)
+    return (f"{scenario.name} W={c.decode_context_parallel_size} I={c.cp_kv_cache_interleave_size} "
+            f"k={c.num_speculative_tokens}: {plural(len(scenario.requests), 'request')}, {plural(tokens, 'token')}")
+
+
 def check(scenario: Scenario, inject: str | None = None, engine: dict | None = None):
     """Run the scenario in-process (ranks as threads); returns the merged report."""
     from dcpsim.harness.batch import run_jobs
@@ -137,26 +150,53 @@ def check(scenario: Scenario, inject: str | None = None, engine: dict | None = N
     return report
 
 
+@contextlib.contextmanager
+def hypothesis_storage(directory: Path):
+    """Hypothesis keeps its files (a cache of constants, even without an example database) in
+    ``directory`` instead of ``.hypothesis/`` in the working directory, until the block ends."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(directory)
+    try:
+        yield directory
+    finally:
+        set_hypothesis_home_dir(None)  # back to $HYPOTHESIS_STORAGE_DIRECTORY or ./.hypothesis
+
+
 def find_failure(inject: str | None = None, *, max_examples: int = 200, seed: int = 0,
-                 engine: dict | None = None) -> Scenario | None:
-    """The minimal scenario whose run fails (with ``inject`` on), or None if none was found."""
+                 engine: dict | None = None, storage: Path | None = None, on_example=None) -> Scenario | None:
+    """The minimal scenario whose run fails (with ``inject`` on), or None if none was found.
+
+    ``storage``: where Hypothesis keeps its files (default ``$DCPSIM_CACHE/hypothesis``).
+    ``on_example(scenario, report, seconds)`` is called after every example's run: the
+    search, then (after the first failure) each attempt to shrink it.
+    """
     _require_hypothesis()
     import random
+    import time
 
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 
-    try:
-        return find(
-            scenarios(),
-            lambda s: not check(s, inject, engine).passed,
-            settings=settings(
-                max_examples=max_examples,
-                database=None,
-                deadline=None,
-                suppress_health_check=list(HealthCheck),
-            ),
-            random=random.Random(seed),
-        )
-    except NoSuchExample:
-        return None
+    def fails(scenario: Scenario) -> bool:
+        start = time.perf_counter()
+        report = check(scenario, inject, engine)
+        if on_example is not None:
+            on_example(scenario, report, time.perf_counter() - start)
+        return not report.passed
+
+    with hypothesis_storage(storage or cache_dir("hypothesis")):
+        try:
+            return find(
+                scenarios(),
+                fails,
+                settings=settings(
+                    max_examples=max_examples,
+                    database=None,
+                    deadline=None,
+                    suppress_health_check=list(HealthCheck),
+                ),
+                random=random.Random(seed),
+            )
+        except NoSuchExample:
+            return None

@@ -1,8 +1,9 @@
 """The correctness matrix: scenarios x DCP sizes x interleave sizes x block sizes.
 
-``expand`` lists every cell with its verdict-to-be: valid (to run), or
-skipped with the reason (an invalid DCP config, or a duplicate of another
-cell). ``run_cells`` runs the valid cells, several per world (every cell of
+``expand`` lists every cell once with its verdict-to-be: valid (to run), or
+skipped with the reason (an invalid DCP config, or a W = 1 cell that repeats
+another's layout); a combination asked for twice (``B`` equal to a listed
+interleave size, a scenario or block size given twice) is one cell. ``run_cells`` runs the valid cells, several per world (every cell of
 one scenario and one W shares a world), so world start-up does not dominate;
 a world that breaks is retried cell by cell so the failure is attributed.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
+from dcpsim.plural import plural
 from dcpsim.scenarios.scenario import Scenario
 
 DEFAULT_DCP = (1, 2, 3, 4, 8)
@@ -88,7 +90,7 @@ def expand(
     block_sizes=(None,),
     dry_run: bool = True,
 ) -> list[CellResult]:
-    """Every cell, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
+    """Every cell once, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
 
     ``dry_run`` also runs each valid cell's schedule in this process, which
     catches a workload that can never be admitted; without it only the layouts
@@ -100,6 +102,7 @@ def expand(
     from dcpsim.scenarios.load import load_scenario
 
     out: list[CellResult] = []
+    listed: set[str] = set()  # cell ids: a combination asked for twice is one cell
     for name in scenarios:
         base = load_scenario(name)
         for bs in block_sizes:
@@ -108,16 +111,18 @@ def expand(
                 b = page_states(sized)
             except ConfigError as exc:
                 cell = Cell(base.name, 0, 0, bs or 0, bs)
-                out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
+                if cell.id not in listed:
+                    listed.add(cell.id)
+                    out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
                 continue
             for w in dcps:
                 seen: dict[int, str] = {}
                 for token in interleaves:
                     i = _parse_interleave(str(token), b)
                     cell = Cell(base.name, w, i, b, bs)
-                    if i in seen:
-                        out.append(CellResult(cell, CellStatus.SKIPPED, f"duplicate of {seen[i]}"))
+                    if cell.id in listed:
                         continue
+                    listed.add(cell.id)
                     if w == 1 and seen:
                         first = next(iter(seen.values()))
                         out.append(CellResult(cell, CellStatus.SKIPPED, f"same layout as {first} (interleave has no effect when W = 1)"))
@@ -140,9 +145,11 @@ def expand(
 
 
 def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: float = 30.0, progress=None,
-              engine: dict | None = None) -> None:
-    """Run every pending cell (in place), one world per (scenario, W) group. ``engine``: the
-    engine ``Job`` fields (``engine``, ``vllm_source``, ``vllm_runner``); default reference."""
+              engine: dict | None = None, on_wait=None) -> None:
+    """Run every pending cell (in place), one world per (scenario, W) group. ``progress(res)``
+    is called as each cell ends (with the time its slowest rank took); ``on_wait(message)``
+    when a world keeps the parent waiting. ``engine``: the engine ``Job`` fields
+    (``engine``, ``vllm_source``, ``vllm_runner``); default reference."""
     from dcpsim.harness.batch import run_each
     from dcpsim.harness.job import Job
     from dcpsim.harness.replay import replay_record
@@ -153,19 +160,28 @@ def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: f
             groups.setdefault(res.cell.group, []).append(res)
     for members in groups.values():
         jobs = [Job(r.scenario, **(engine or {})) for r in members]
-        for res, job, outcome in zip(members, jobs, run_each(jobs, in_process=in_process, timeout=timeout)):
+
+        def settle(k, outcome, members=members, jobs=jobs):
+            res = members[k]
             res.seconds = outcome.seconds
             if outcome.error is not None:
                 res.status, res.reason = CellStatus.ERROR, str(outcome.error).splitlines()[0]
-                continue
-            report = outcome.report
-            report.replay = replay_record(job)
-            res.report = report
-            res.status = CellStatus.PASS if report.passed else CellStatus.FAIL
-            res.reason = "" if report.passed else report.failure.lines()[0]
-        if progress:
-            for res in members:
+            else:
+                report = outcome.report
+                report.replay = replay_record(jobs[k])
+                res.report = report
+                res.status = CellStatus.PASS if report.passed else CellStatus.FAIL
+                res.reason = "" if report.passed else report.failure.lines()[0]
+            if progress:
                 progress(res)
+
+        run_each(jobs, in_process=in_process, timeout=timeout, on_outcome=settle, on_wait=on_wait)
+
+
+def cell_line(res: CellResult) -> str:
+    """One finished cell for the progress display: ``dsv3-dcp2-il16-bs64 PASS (0.41 s)``,
+    and the reason when it failed."""
+    return f"{res.cell.id} {res.status.upper()} ({res.seconds:.2f} s)" + (f": {res.reason}" if res.reason else "")
 
 
 def table(results: list[CellResult]) -> str:
@@ -178,7 +194,7 @@ def table(results: list[CellResult]) -> str:
         lines.append(f"{r.cell.id:<{width}}  {r.status:<8} {steps!s:>5} {verified!s:>9} {secs:>6}  {r.reason}")
     counts = {s: sum(r.status == s for r in results) for s in (CellStatus.PASS, CellStatus.FAIL, CellStatus.ERROR, CellStatus.SKIPPED)}
     lines.append(
-        f"{len(results)} cells: {counts[CellStatus.PASS]} passed, {counts[CellStatus.FAIL]} failed, "
-        f"{counts[CellStatus.ERROR]} errors, {counts[CellStatus.SKIPPED]} skipped"
+        f"{plural(len(results), 'cell')}: {counts[CellStatus.PASS]} passed, {counts[CellStatus.FAIL]} failed, "
+        f"{plural(counts[CellStatus.ERROR], 'error')}, {counts[CellStatus.SKIPPED]} skipped"
     )
     return "\n".join(lines)

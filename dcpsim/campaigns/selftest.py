@@ -22,6 +22,7 @@ import inspect
 from dataclasses import dataclass, field
 
 from dcpsim.errors import ConfigError
+from dcpsim.plural import plural
 
 BASELINE = "none"
 """The fault name of a baseline case (``FAULTS["none"]``: the correct engine)."""
@@ -222,6 +223,31 @@ def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True
                 valid[key] = str(exc).splitlines()[0]
         return valid[key]
 
+    def applies(name: str, scenario: str, options) -> bool:
+        """Does the fault apply to the scenario so configured (its layout valid)? No dry run."""
+        try:
+            sc, _, _ = resolve(scenario, options)
+            geometries = ReferenceEngine().geometries(sc.layers, sc.config)
+        except UnknownOption:
+            raise
+        except ConfigError:
+            return False
+        return FAULTS[name].applies_to_scenario(sc, geometries)
+
+    def why_not_applicable(name: str) -> str:
+        """The reason of a not-applicable row: true for the scenarios chosen, and saying
+        where else the fault applies when ``--scenario`` left those out."""
+        fault = FAULTS[name]
+        invalid = sorted({s["scenario"] for s in plan.skipped if s["fault"] == name})
+        tail = f"; its configs are invalid on {', '.join(invalid)}" if invalid else ""
+        if not scenario_names:
+            return "applies to no built-in scenario in its configs" + tail
+        options = [canonical_options({**cfg, **fault.needs}) for cfg in fault.configs or ({},)]
+        elsewhere = [s for s in (fault.scenarios or builtins)
+                     if s in builtins and s not in chosen and any(applies(name, s, o) for o in options)]
+        where = f"applies on: {', '.join(elsewhere)}" if elsewhere else "nor on any other built-in scenario"
+        return f"not on {', '.join(chosen)} ({where}){tail}"
+
     configs_used: list = []
     for name in faults:
         fault = FAULTS[name]
@@ -249,8 +275,7 @@ def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True
                     if options not in configs_used:
                         configs_used.append(options)
         if not cases and not any(r.fault == name for r in plan.rows):
-            plan.rows.append(Row(name, "-", "-", NOT_APPLICABLE,
-                                 report="applies_to is False on every built-in scenario (in its configs)"))
+            plan.rows.append(Row(name, "-", "-", NOT_APPLICABLE, report=why_not_applicable(name)))
         plan.cases.extend(cases)
     for options in [()] + [o for o in configs_used if o != ()]:
         for scenario in chosen:
@@ -301,10 +326,12 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}"
 
 
-def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, engine: dict | None = None) -> list[Row]:
+def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, engine: dict | None = None,
+             progress=None, on_wait=None) -> list[Row]:
     """Run every case; rows in plan order (planning rows of a fault after its cases). The
     faults are variants of the reference engine; the baselines run ``engine`` (``Job``
-    fields), which must pass them all."""
+    fields), which must pass them all. ``progress(row)`` is called as each case ends (with
+    the time its slowest rank took); ``on_wait(message)`` when a world keeps the parent waiting."""
     from dcpsim.harness.batch import run_each
 
     by_world: dict[int, list[int]] = {}
@@ -314,11 +341,17 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, eng
     rows: list[Row | None] = [None] * len(plan.cases)
     for ks in by_world.values():
         cases = [plan.cases[k] for k in ks]
-        for k, case, outcome in zip(ks, cases, run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=timeout)):
+
+        def settle(j, outcome, ks=ks, cases=cases):
             if outcome.error is not None:
-                rows[k] = _row(plan, case, error=_first_line(outcome.error), seconds=outcome.seconds)
+                row = _row(plan, cases[j], error=_first_line(outcome.error), seconds=outcome.seconds)
             else:
-                rows[k] = _row(plan, case, report=outcome.report, seconds=outcome.seconds)
+                row = _row(plan, cases[j], report=outcome.report, seconds=outcome.seconds)
+            rows[ks[j]] = row
+            if progress:
+                progress(row)
+
+        run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=timeout, on_outcome=settle, on_wait=on_wait)
     out: list[Row] = []
     for name in plan.faults:
         out += [r for r, c in zip(rows, plan.cases) if c.fault == name]
@@ -348,11 +381,11 @@ def verdict(rows: list[Row], faults: list[str]) -> tuple[bool, list[str]]:
     undetected = [n for n, s in status.items() if s in (MISSED, ERROR)]
     counts = {s: sum(v == s for v in status.values()) for s in (DETECTED, MISSED, ERROR, NOT_APPLICABLE)}
     lines = [
-        f"{len(faults)} faults: {counts[DETECTED]} detected, {counts[MISSED]} missed, "
-        f"{counts[ERROR]} errors, {counts[NOT_APPLICABLE]} not applicable; "
-        f"{len(baselines)} baselines: {sum(r.outcome == PASS for r in baselines)} passed, "
-        f"{sum(r.outcome == FALSE_POSITIVE for r in baselines)} false positives, "
-        f"{sum(r.outcome == ERROR for r in baselines)} errors"
+        f"{plural(len(faults), 'fault')}: {counts[DETECTED]} detected, {counts[MISSED]} missed, "
+        f"{plural(counts[ERROR], 'error')}, {counts[NOT_APPLICABLE]} not applicable; "
+        f"{plural(len(baselines), 'baseline')}: {sum(r.outcome == PASS for r in baselines)} passed, "
+        f"{plural(sum(r.outcome == FALSE_POSITIVE for r in baselines), 'false positive')}, "
+        f"{plural(sum(r.outcome == ERROR for r in baselines), 'error')}"
     ]
     passed = not undetected and not bad_baselines
     if passed:
@@ -363,6 +396,16 @@ def verdict(rows: list[Row], faults: list[str]) -> tuple[bool, list[str]]:
             why.append("baseline failures: " + ", ".join(f"{r.scenario} ({r.config})" for r in bad_baselines))
         lines.append("selftest FAILED: " + "; ".join(why))
     return passed, lines
+
+
+def row_line(row: Row) -> str:
+    """One finished run for the progress display:
+    ``interleave-off-by-one on dsv3 (W=2 I=1): detected [wrong-content] (0.52 s)``."""
+    who = "(baseline)" if row.baseline else row.fault
+    line = f"{who} on {row.scenario} ({row.config}): {row.outcome}" + (f" [{row.kind}]" if row.kind else "")
+    if row.outcome in (ERROR, FALSE_POSITIVE) and row.report:
+        line += f": {row.report}"
+    return line + f" ({row.seconds:.2f} s)"
 
 
 def format_table(rows: list[Row]) -> str:

@@ -42,8 +42,20 @@ COMMANDS = (
 )
 
 
+DESCRIPTION = """Simulate DCP (Decode Context Parallel) KV-cache layouts on CPU ranks joined by gloo,
+and verify every write. Flags follow vLLM's names."""
+EPILOG = """exit codes:
+  0  every check passed
+  1  a correctness check failed
+  2  usage, scenario or configuration error (reported before any rank starts)
+  3  harness failure (a rank crashed or hung, a timeout, or the rendezvous failed)
+
+Run 'python -m dcpsim COMMAND --help' for the flags of one command."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dcpsim", description=__doc__)
+    parser = _Parser(prog="dcpsim", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, help_text, module_name in COMMANDS:
         module = importlib.import_module(module_name)

@@ -7,6 +7,7 @@ import json
 
 from dcpsim.cli.options import add_engine_arguments, engine_options
 from dcpsim.errors import EXIT_OK
+from dcpsim.plural import plural
 
 
 def add_arguments(p) -> None:
@@ -50,7 +51,7 @@ def run(args) -> int:
     if tree is not None:
         print(f"  source: {info['source']}")
         print(f"  loaded: {', '.join(info['loaded'])}")
-        print(f"  stubbed: {len(info['stubbed'])} modules")
+        print(f"  stubbed: {plural(len(info['stubbed']), 'module')}")
     for decision, who in info["decisions"].items():
         print(f"  {decision}: {who}")
     return EXIT_OK

@@ -7,8 +7,10 @@ import time
 from pathlib import Path
 
 from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.cli.progress import print_waiting, progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.job import Job
+from dcpsim.plural import plural
 
 
 def add_arguments(p) -> None:
@@ -19,6 +21,34 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default=".", help="folder for the shrunk scenario (default: here)")
     p.add_argument("--in-process", action="store_true", help="rerun the shrunk scenario as threads, not gloo")
     p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout of the rerun")
+
+
+class _Watch:
+    """Progress of the search (one line per example) and of the shrinking (one line per
+    smaller failing schedule; the attempts in the status)."""
+
+    def __init__(self, view):
+        self.view = view
+        self.searched = self.attempts = 0
+        self.shrinking = False
+
+    def example(self, scenario, report, seconds: float) -> None:
+        from dcpsim.campaigns.fuzz import describe
+
+        verdict = "pass" if report.passed else "FAIL"
+        if not self.shrinking:
+            self.searched += 1
+            self.view.done(f"{describe(scenario)}: {verdict} ({seconds:.2f} s)", ok=report.passed)
+            if not report.passed:
+                self.shrinking = True
+                self.view.note(f"fuzz: example {self.searched} fails; shrinking it")
+                self.view.restart("fuzz: shrinking", None)
+            return
+        self.attempts += 1
+        if not report.passed:
+            self.view.done(f"shrunk to {describe(scenario)} (attempt {self.attempts})", ok=False)
+        else:
+            self.view.status(f"{plural(self.attempts, 'attempt')}")
 
 
 def run(args) -> int:
@@ -33,10 +63,13 @@ def run(args) -> int:
     Job.validate_engine(**engine)
     if args.inject and args.engine != "reference":
         raise ConfigError(f"--inject switches on a fault of the reference engine; not with --engine {args.engine}")
-    found = find_failure(args.inject, max_examples=args.examples, seed=args.seed, engine=engine)
+    with progress_view("fuzz: searching", args.examples) as view:
+        watch = _Watch(view)
+        found = find_failure(args.inject, max_examples=args.examples, seed=args.seed, engine=engine,
+                             on_example=watch.example)
     searched = time.perf_counter() - start
     if found is None:
-        print(f"fuzz: no failing schedule in {args.examples} random examples ({searched:.1f} s)")
+        print(f"fuzz: no failing schedule in {plural(watch.searched, 'random example')} ({searched:.1f} s)")
         return EXIT_OK
     name = f"fuzz-{args.inject or 'nofault'}-seed{args.seed}.toml"
     path = Path(args.out) / name
@@ -52,7 +85,9 @@ def run(args) -> int:
     )
     path.write_text(scenario_to_toml(found, header=header), encoding="utf-8")
     print(f"fuzz: shrunk failing schedule written to {path}", file=sys.stderr)
-    (report,) = run_jobs([Job(found, inject=args.inject, **engine)], in_process=args.in_process, timeout=args.timeout)
+    print(f"fuzz: rerunning it on {'threads' if args.in_process else 'a gloo world'}", file=sys.stderr)
+    (report,) = run_jobs([Job(found, inject=args.inject, **engine)], in_process=args.in_process, timeout=args.timeout,
+                         on_wait=print_waiting)
     print(report.text())
     print(f"rerun with: {rerun}")
     return EXIT_CHECK_FAILED

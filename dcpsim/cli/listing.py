@@ -1,13 +1,17 @@
-"""``dcpsim list``: the built-in scenarios."""
+"""``dcpsim list``: the built-in scenarios, one line each (``--verbose``: with their layers,
+requests and KV-cache groups)."""
 
 from __future__ import annotations
 
 import json
 
 from dcpsim.errors import EXIT_OK
+from dcpsim.plural import plural
 
 
 def add_arguments(p) -> None:
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="also print each scenario's layers, requests and KV-cache groups")
     p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
 
 
@@ -32,5 +36,6 @@ def run(args) -> int:
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         print(f"{r['name']:<{width}}  {r['description']}")
-        print(f"{'':<{width}}  {r['layers']} layers, {r['requests']} requests; groups: {r['groups']}")
+        if args.verbose:
+            print(f"{'':<{width}}  {plural(r['layers'], 'layer')}, {plural(r['requests'], 'request')}; groups: {r['groups']}")
     return EXIT_OK

@@ -6,8 +6,10 @@ import json
 import sys
 
 from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.cli.progress import progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.job import Job
+from dcpsim.plural import plural
 
 
 def add_arguments(p) -> None:
@@ -40,17 +42,12 @@ def run(args) -> int:
     block_sizes = _int_list(args.block_size, "--block-size") or [None]
     results = mx.expand(scenarios, dcps, interleaves, block_sizes)
     pending = sum(r.status == mx.CellStatus.PENDING for r in results)
-    done = 0
-    print(f"matrix: {len(results)} cells, {pending} to run, {len(results) - pending} skipped", file=sys.stderr)
-
-    def progress(res):
-        nonlocal done
-        done += 1
-        print(f"[{done}/{pending}] {res.cell.id} {res.status.upper()} ({res.seconds:.2f} s)", file=sys.stderr)
-
     engine = engine_options(args)
     Job.validate_engine(**engine)
-    mx.run_cells(results, in_process=args.in_process, timeout=args.timeout, progress=progress, engine=engine)
+    print(f"matrix: {plural(len(results), 'cell')}, {pending} to run, {len(results) - pending} skipped", file=sys.stderr)
+    with progress_view("matrix", pending) as view:
+        mx.run_cells(results, in_process=args.in_process, timeout=args.timeout, engine=engine,
+                     progress=lambda res: view.done(mx.cell_line(res), ok=not res.status.bad), on_wait=view.waiting)
     if args.json:
         print(json.dumps([
             {"cell": r.cell.id, "status": r.status, "reason": r.reason, "seconds": round(r.seconds, 3),

@@ -160,6 +160,7 @@ def json_errors(as_json: bool):
 
 def run_job(job, args) -> int:
     """Validate, start a world (or threads), verify, print; the exit code of the verdict."""
+    from dcpsim.cli.progress import print_waiting
     from dcpsim.harness.batch import run_jobs
     from dcpsim.harness.rank import prepare
     from dcpsim.harness.replay import replay_record
@@ -175,7 +176,7 @@ def run_job(job, args) -> int:
         trace = Trace(trace_path) if trace_path else None
         start = time.perf_counter()
         (report,) = run_jobs([job], in_process=args.in_process, timeout=args.timeout, deadline=args.deadline,
-                             trace=trace)
+                             trace=trace, on_wait=print_waiting)
         report.wall_time_s = time.perf_counter() - start
         report.replay = replay_record(job)
     code = finish(report, args.json)

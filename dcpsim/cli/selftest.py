@@ -8,6 +8,8 @@ import json
 import time
 
 from dcpsim.campaigns.selftest import (
+    DETECTED,
+    PASS,
     Plan,
     bug_class_legend,
     canonical_options,
@@ -15,12 +17,15 @@ from dcpsim.campaigns.selftest import (
     format_table,
     options_text,
     plan_selftest,
+    row_line,
     run_plan,
     verdict,
 )
 from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.cli.progress import progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
 from dcpsim.harness.job import Job
+from dcpsim.plural import plural
 
 
 def add_arguments(p) -> None:
@@ -50,7 +55,8 @@ def _list(plan: Plan, as_json: bool) -> int:
         entries.append(dict(name=name, bug_class=fault.bug_class, description=fault.description,
                             needs=dict(fault.needs), configs=[dict(c) for c in fault.configs],
                             scenarios=list(fault.scenarios) if fault.scenarios else None,
-                            runs=runs, applicable=bool(runs)))
+                            runs=runs, applicable=bool(runs),
+                            why_not=next((r.report for r in plan.rows if r.fault == name), None) if not runs else None))
     if as_json:
         print(json.dumps({"faults": entries}, indent=2, default=str))
         return EXIT_OK
@@ -60,8 +66,10 @@ def _list(plan: Plan, as_json: bool) -> int:
         print(f"  what:        {e['description']}")
         if e["needs"]:
             print(f"  needs:       {options_text(canonical_options(e['needs']))}")
-        where = ", ".join(f"{r['scenario']} ({r['config']})" for r in e["runs"]) or "not applicable"
+        where = ", ".join(f"{r['scenario']} ({r['config']})" for r in e["runs"]) or "-"
         print(f"  runs on:     {where}")
+        if e["why_not"]:
+            print(f"  not run:     {e['why_not']}")
     return EXIT_OK
 
 
@@ -72,7 +80,10 @@ def run(args) -> int:
     start = time.perf_counter()
     engine = engine_options(args)
     Job.validate_engine(**engine)
-    rows = run_plan(plan, in_process=args.in_process, timeout=args.timeout, engine=engine)
+    with progress_view("selftest", len(plan.cases)) as view:
+        rows = run_plan(plan, in_process=args.in_process, timeout=args.timeout, engine=engine,
+                        progress=lambda row: view.done(row_line(row), ok=row.outcome in (DETECTED, PASS)),
+                        on_wait=view.waiting)
     passed, summary = verdict(rows, plan.faults)
     seconds = time.perf_counter() - start
     if args.json:
@@ -90,7 +101,7 @@ def run(args) -> int:
         print("bug classes (docs/dcp-semantics.md section 8):")
         print("\n".join(bug_class_legend(plan.faults)))
         if plan.skipped:
-            print(f"({len(plan.skipped)} combinations skipped: config invalid for the scenario; see --json)")
+            print(f"({plural(len(plan.skipped), 'combination')} skipped: config invalid for the scenario; see --json)")
         print()
         print("\n".join(summary) + f" ({seconds:.1f} s)")
     return EXIT_OK if passed else EXIT_CHECK_FAILED

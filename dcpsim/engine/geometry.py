@@ -17,6 +17,7 @@ from dcpsim.model.grouping import KVCacheGroupSpec
 from dcpsim.model.kinds import Retention, Storage, records_per_state, retention_of, storage_of
 from dcpsim.model.layout import validate_layout
 from dcpsim.model.specs import KVCacheSpec
+from dcpsim.plural import plural
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -
         if spec.block_size < k + 2:
             raise ConfigError(
                 f"{what}: ring capacity block_size={spec.block_size} must hold the "
-                f"{k} drafts, the bonus token and the previous row (>= {k + 2})"
+                f"{plural(k, 'draft')}, the bonus token and the previous row (>= {k + 2})"
             )
     else:
         validate_layout(

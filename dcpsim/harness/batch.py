@@ -1,11 +1,18 @@
 """Run a batch of jobs of one W in one world (gloo processes, or threads), and merge the
 ranks' reports. The one runner behind ``run``, ``replay``, ``matrix``, ``selftest`` and
 ``fuzz``; ``worker`` merges its ranks' reports with the same ``merge_rank_reports``.
+
+Each rank times every job it runs and tells the parent (``world.send_event``, or a call
+across threads) as soon as the job ends, so a caller hears of each job when the last rank
+finishes it (``on_job``), with the time the slowest rank took, long before the world ends.
 With a ``Trace`` (``--trace``), every rank records its events and the parent merges them.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import threading
 import time
 from dataclasses import dataclass
 
@@ -14,50 +21,95 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.rank import run_rank
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder, TracedCollectives, TraceRecorder
 from dcpsim.harness.trace_file import Trace
+from dcpsim.plural import plural
 from dcpsim.verify.report import Failure, FailureKind, RunReport
 
 
-def run_batch(jobs: list[Job], coll: Collectives, recorder: NullRecorder = NULL_RECORDER) -> list[RunReport]:
-    """What every rank runs: the jobs in turn, over one ``Collectives``."""
+def run_batch(jobs: list[Job], coll: Collectives, on_job=None, recorder: NullRecorder = NULL_RECORDER) -> list[RunReport]:
+    """What every rank runs: the jobs in turn, over one ``Collectives``; ``on_job(k, report,
+    seconds)`` after each, with this rank's report and the time it took."""
     reports = []
     for k, job in enumerate(jobs):
+        start = time.perf_counter()
         with recorder.span(f"job {k}: {job.scenario.name}", "job"):
             reports.append(run_rank(job, coll, recorder=recorder))
+        if on_job is not None:
+            on_job(k, reports[-1], time.perf_counter() - start)
     return reports
 
 
-def rank_batch(payload: tuple[list[Job], int | None], coll: Collectives) -> tuple[list[RunReport], list[dict]]:
+def rank_batch(payload: tuple[list[Job], int | None], coll: Collectives, on_job=None) -> tuple[list[RunReport], list[dict]]:
     """A rank's batch: ``payload`` is the jobs and the trace's clock origin (None: no
     trace). Returns the reports and the rank's trace events."""
     jobs, origin_ns = payload
     if origin_ns is None:
-        return run_batch(jobs, coll), []
+        return run_batch(jobs, coll, on_job), []
     recorder = TraceRecorder(coll.rank, origin_ns)
-    return run_batch(jobs, TracedCollectives(coll, recorder), recorder), recorder.events
+    return run_batch(jobs, TracedCollectives(coll, recorder), on_job, recorder), recorder.events
+
+
+def _tell_parent(k: int, report: RunReport, seconds: float) -> None:
+    from dcpsim.harness.world import send_event
+
+    send_event(("job", k, report, seconds))
 
 
 def gloo_rank_batch(payload: tuple[list[Job], int | None], rank: int, world_size: int):
-    """``world.run_world`` target: ``rank_batch`` over the rank's gloo process group."""
-    return rank_batch(payload, GlooCollectives(rank, world_size))
+    """``world.run_world`` target: ``rank_batch`` over the rank's gloo process group, telling
+    the parent as each job ends."""
+    return rank_batch(payload, GlooCollectives(rank, world_size), on_job=_tell_parent)
+
+
+def _thread_rank_batch(payload, coll: Collectives, tally: JobTally):
+    """``run_in_threads`` target: ``rank_batch``, telling the tally as each job ends."""
+    return rank_batch(payload, coll, on_job=functools.partial(tally.add, coll.rank))
+
+
+class JobTally:
+    """Gathers each job's rank reports as they arrive (from any thread); once every rank has
+    reported job ``k``, calls ``on_job(k, merged_report, seconds)`` (the slowest rank's time)."""
+
+    def __init__(self, world_size: int, on_job):
+        self.world_size = world_size
+        self.on_job = on_job
+        self._parts: dict[int, dict[int, tuple[RunReport, float]]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, rank: int, k: int, report: RunReport, seconds: float) -> None:
+        with self._lock:  # held through on_job too: one job's news at a time, in order
+            parts = self._parts.setdefault(k, {})
+            parts[rank] = (report, seconds)
+            if len(parts) == self.world_size:
+                del self._parts[k]
+                merged = merge_rank_reports([parts[r][0] for r in range(self.world_size)])
+                self.on_job(k, merged, max(s for _, s in parts.values()))
+
+    def on_event(self, rank: int, payload) -> None:
+        """``world.run_world``'s ``on_event``: a rank's ``("job", k, report, seconds)``."""
+        if payload[0] == "job":
+            self.add(rank, *payload[1:])
 
 
 def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0,
-             deadline: float | None = None, trace: Trace | None = None) -> list[RunReport]:
-    """Run jobs of one W in turn in one world; one merged report per job. With ``trace``,
-    the ranks record their events into it.
+             deadline: float | None = None, on_job=None, on_wait=None, trace: Trace | None = None) -> list[RunReport]:
+    """Run jobs of one W in turn in one world; one merged report per job.
 
-    The default deadline is a backstop (a hang ends at the process-group timeout):
+    ``on_job(k, report, seconds)`` is called as job ``k`` ends on every rank (the merged
+    report, the slowest rank's time); ``on_wait(message)`` when a gloo world keeps the
+    parent waiting (``world.run_world``). With ``trace``, the ranks record their events
+    into it. The default deadline is a backstop (a hang ends at the process-group timeout):
     ``2 * timeout + 30`` s for one job, 10 s more per further job, so a long batch of
     healthy runs is never cut short.
     """
     world = jobs[0].world_size
     if any(j.world_size != world for j in jobs):
         raise ValueError("run_jobs: every job of one world must have the same decode_context_parallel_size")
+    tally = JobTally(world, on_job or (lambda k, report, seconds: None))
     payload = (jobs, None if trace is None else trace.origin_ns)
     launcher = NULL_RECORDER if trace is None else trace.launcher(world)
     started = launcher.now()
     if in_process:
-        per_rank = run_in_threads(rank_batch, payload, world)
+        per_rank = run_in_threads(functools.partial(_thread_rank_batch, tally=tally), payload, world)
     else:
         from dcpsim.harness.world import run_world
 
@@ -67,7 +119,7 @@ def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
         if any(j.engine == "vllm" for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.vllm.preload",)
         per_rank = run_world(gloo_rank_batch, payload, world_size=world, pg_timeout_s=timeout,
-                             deadline_s=deadline, preload=preload)
+                             deadline_s=deadline, preload=preload, on_event=tally.on_event, on_wait=on_wait)
     launcher.complete(f"{'threads' if in_process else 'gloo world'} of {world} ranks", "launcher", started)
     started = launcher.now()
     merged = [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]
@@ -87,36 +139,48 @@ class JobOutcome:
     report: RunReport | None
     error: Exception | None
     seconds: float
-    """Wall time of the job (a batch's time shared equally among its jobs)."""
+    """Time of the job: the slowest rank's, measured on the ranks; for a job that broke its
+    world, the wall time of the world it ran alone in."""
 
 
-def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0) -> list[JobOutcome]:
-    """Run jobs of one W in one world; if that world breaks, rerun each job in a world of
-    its own, so that the breakage is attributed to the job(s) that cause it. The one batch
+def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0,
+             on_outcome=None, on_wait=None) -> list[JobOutcome]:
+    """Run jobs of one W in one world; if that world breaks, rerun each job it did not
+    finish in a world of its own, so that the breakage is attributed to the job(s) that
+    cause it. ``on_outcome(k, outcome)`` is called once per job, as it ends. The one batch
     runner of ``matrix`` and ``selftest``."""
-    start = time.perf_counter()
+    outcomes: dict[int, JobOutcome] = {}
+
+    def settle(k: int, outcome: JobOutcome) -> None:
+        outcomes[k] = outcome
+        if on_outcome is not None:
+            on_outcome(k, outcome)
+
+    def done(k: int, report: RunReport, seconds: float) -> None:
+        settle(k, JobOutcome(report, None, seconds))
+
     try:
-        reports = run_jobs(jobs, in_process=in_process, timeout=timeout)
-    except Exception:  # noqa: BLE001 - rerun one by one to attribute the breakage
-        reports = None
-    if reports is not None:
-        each = (time.perf_counter() - start) / len(jobs)
-        return [JobOutcome(report, None, each) for report in reports]
-    out = []
-    for job in jobs:
-        one = time.perf_counter()
+        run_jobs(jobs, in_process=in_process, timeout=timeout, on_job=done, on_wait=on_wait)
+    except Exception:  # noqa: BLE001 - rerun the unfinished jobs one by one to attribute the breakage
+        pass
+    for k, job in enumerate(jobs):
+        if k in outcomes:
+            continue
+        start = time.perf_counter()
         try:
-            (report,) = run_jobs([job], in_process=in_process, timeout=timeout)
-            out.append(JobOutcome(report, None, time.perf_counter() - one))
+            run_jobs([job], in_process=in_process, timeout=timeout, on_wait=on_wait,
+                     on_job=lambda _, report, seconds, k=k: done(k, report, seconds))
         except Exception as exc:  # noqa: BLE001 - reported in the outcome
-            out.append(JobOutcome(None, exc, time.perf_counter() - one))
-    return out
+            if k not in outcomes:
+                settle(k, JobOutcome(None, exc, time.perf_counter() - start))
+    return [outcomes[k] for k in range(len(jobs))]
 
 
 def merge_rank_reports(reports: list[RunReport]) -> RunReport:
     """Rank 0's verdict (all ranks judged the same gathered data) with every rank's
-    figures; a ``ranks-disagree`` failure if any rank reached another verdict."""
-    merged = reports[0]
+    figures; a ``ranks-disagree`` failure if any rank reached another verdict. The rank
+    reports are left as they are."""
+    merged = copy.copy(reports[0])
     merged.ranks = [r.ranks[0] for r in reports]
     verdicts = {(r.passed, r.failure.kind if r.failure else None, r.steps) for r in reports}
     if len(verdicts) != 1:
@@ -125,6 +189,7 @@ def merge_rank_reports(reports: list[RunReport]) -> RunReport:
             kind=FailureKind.RANKS_DISAGREE,
             step=min(r.steps for r in reports),
             message="ranks reached different verdicts: "
-            + "; ".join(f"rank {i}: {'pass' if r.passed else r.failure.kind} after {r.steps} steps" for i, r in enumerate(reports)),
+            + "; ".join(f"rank {i}: {'pass' if r.passed else r.failure.kind} after {plural(r.steps, 'step')}"
+                        for i, r in enumerate(reports)),
         )
     return merged

@@ -8,9 +8,12 @@ processes and returns the per-rank results in rank order. The parent only superv
   the forkserver first starts (the first ``run_world`` call of the process).
 * Rendezvous goes through a ``FileStore`` in a fresh temp dir: no ports, so worlds
   in parallel threads or pytest-xdist workers never collide.
-* Every rank reports over its own pipe: progress (``set_progress``), then either its
+* Every rank reports over its own pipe: progress (``set_progress``), events for the
+  caller (``send_event``, e.g. a job of a batch done: ``on_event``), then either its
   result or its failure (exception type, message, traceback, last progress). The
   parent reads all pipes as messages arrive, so large results never deadlock.
+* While it waits, the parent says which ranks it still waits for and where they are
+  (``on_wait``), every ``wait_report_s`` seconds without an event.
 * On the first failure the other ranks get a short grace period to report their own
   (typically secondary: a collective that lost its peer), then the rest are killed
   and ``RankFailureError`` tells the whole story. Past ``deadline_s`` everything is
@@ -38,10 +41,13 @@ from multiprocessing.connection import wait
 
 from dcpsim.errors import HarnessError
 from dcpsim.model.validate import check_int
+from dcpsim.plural import plural
 
 START_METHOD = "forkserver"
 BASE_PRELOAD = ("__main__", "torch", "torch.distributed", __name__)
 MAX_GRACE_S = 2.0
+WAIT_REPORT_S = 5.0
+"""How long the parent waits without news (an event) before saying what it waits for."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -86,6 +92,13 @@ def set_progress(step: int | None, what: str = "") -> None:
     _progress = (step, what)
     if _conn is not None:
         _send(("progress", step, what))
+
+
+def send_event(payload) -> None:
+    """Send a picklable ``payload`` to the parent's ``on_event(rank, payload)`` now (no-op
+    outside ``run_world`` ranks)."""
+    if _conn is not None:
+        _send(("event", payload))
 
 
 def _send(msg) -> None:
@@ -184,13 +197,17 @@ def _new_store_dir() -> str:
 
 
 def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
-              deadline_s: float | None = None, preload: tuple[str, ...] = ()) -> list:
+              deadline_s: float | None = None, preload: tuple[str, ...] = (),
+              on_event=None, on_wait=None, wait_report_s: float = WAIT_REPORT_S) -> list:
     """Run rank_fn(payload, rank, world_size) in world_size processes joined by a gloo
     process group; return the per-rank return values (index = rank).
 
     rank_fn must be a module-level function; payload and results must be picklable.
     Raises RankFailureError if a rank fails (or rendezvous fails), HarnessError if
     the world is still running after deadline_s (default pg_timeout_s * 2 + 30).
+    ``on_event(rank, payload)`` gets each ``send_event`` of a rank as it arrives;
+    ``on_wait(message)`` says which ranks are still running and where, after every
+    ``wait_report_s`` seconds without an event.
     """
     check_int("world_size", world_size)
     if deadline_s is None:
@@ -210,7 +227,8 @@ def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
             proc.start()
             procs.append(proc)
             send_end.close()
-        return _supervise(procs, conns, deadline_s, min(MAX_GRACE_S, pg_timeout_s))
+        return _supervise(procs, conns, deadline_s, min(MAX_GRACE_S, pg_timeout_s),
+                          on_event=on_event, on_wait=on_wait, wait_report_s=wait_report_s)
     finally:
         _kill(procs)
         for conn in conns:
@@ -218,7 +236,8 @@ def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
         shutil.rmtree(store_dir, ignore_errors=True)
 
 
-def _supervise(procs, conns, deadline_s, grace_s) -> list:
+def _supervise(procs, conns, deadline_s, grace_s, *, on_event=None, on_wait=None,
+               wait_report_s: float = WAIT_REPORT_S) -> list:
     world_size = len(procs)
     progress: list[tuple[int | None, str]] = [(None, "")] * world_size
     results: dict[int, object] = {}
@@ -235,16 +254,27 @@ def _supervise(procs, conns, deadline_s, grace_s) -> list:
         if msg[0] == "progress":
             progress[rank] = msg[1:]
             return
+        if msg[0] == "event":
+            nonlocal quiet_since
+            quiet_since = time.monotonic()
+            if on_event is not None:
+                on_event(rank, msg[1])
+            return
         (results if msg[0] == "ok" else failures)[rank] = msg[1]
         running.discard(rank)  # reported: done, whether or not it has exited yet
         del reading[rank]
 
     deadline = time.monotonic() + deadline_s
     stop_at = deadline
+    quiet_since = reported = time.monotonic()  # the last event, the last wait report
     while running:
-        timeout = stop_at - time.monotonic()
-        if timeout <= 0:
+        now = time.monotonic()
+        if stop_at - now <= 0:
             break
+        if on_wait is not None and now - max(quiet_since, reported) >= wait_report_s:
+            reported = now
+            on_wait(waiting_message(now - quiet_since, sorted(running), progress, world_size))
+        timeout = min(stop_at - now, max(quiet_since, reported) + wait_report_s - now) if on_wait else stop_at - now
         by_handle = {conn: r for r, conn in reading.items()}
         by_handle.update((procs[r].sentinel, r) for r in running)
         for handle in wait(list(by_handle), timeout):
@@ -263,7 +293,7 @@ def _supervise(procs, conns, deadline_s, grace_s) -> list:
 
     if running and not failures:
         raise HarnessError(
-            f"world of {world_size} ranks did not finish within deadline_s={deadline_s:g} s; "
+            f"world of {plural(world_size, 'rank')} did not finish within deadline_s={deadline_s:g} s; "
             "killed the ranks still running:\n"
             + "\n".join(f"  rank {r}, last progress: {_where(progress[r])}"
                         for r in sorted(running)))
@@ -276,6 +306,18 @@ def _supervise(procs, conns, deadline_s, grace_s) -> list:
     for proc in procs:
         proc.join(max(0.0, exit_by - time.monotonic()))
     return [results[r] for r in range(world_size)]
+
+
+def waiting_message(seconds: float, running: list[int], progress, world_size: int) -> str:
+    """``waiting 5.0 s for 3 of 3 ranks: ranks 0, 1 at step 3 (verify); rank 2 at step 3 (write)``:
+    how long since the last event (or the start), and where each rank still running is."""
+    where: dict[str, list[int]] = {}
+    for rank in running:
+        where.setdefault(_where(progress[rank]), []).append(rank)
+    parts = [f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} at {at}"
+             for at, ranks in where.items()]
+    took = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
+    return f"waiting {took} s for {len(running)} of {plural(world_size, 'rank')}: " + "; ".join(parts)
 
 
 def _kill(procs) -> None:
@@ -321,7 +363,7 @@ def _failure_error(failed: list[RankFailure], killed: list[RankFailure],
     first = primary[0]
     rendezvous = any(f.step is None and f.what in ("", "rendezvous") for f in failed + killed)
     lines = [f"{'rendezvous failed' if rendezvous else 'rank failure'} in a world of "
-             f"{world_size} ranks: rank {first.rank} {first.exc_type}: "
+             f"{plural(world_size, 'rank')}: rank {first.rank} {first.exc_type}: "
              f"{_first_line(first.message)}"]
     for f in primary:
         lines.append(f"primary: rank {f.rank} at {f.where()}: {f.exc_type}: {f.message}")

@@ -22,6 +22,7 @@ import numpy as np
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.validate import check_int
+from dcpsim.plural import plural
 
 PAD = -1
 
@@ -124,7 +125,7 @@ def _check_span(lo: int, hi: int, span: int, num_blocks: int) -> None:
     if needed > num_blocks:
         raise ValueError(
             f"position {hi} needs block-table entry {needed - 1}, but the block table "
-            f"has {num_blocks} entries (each covers {span} positions)"
+            f"has {plural(num_blocks, 'entry', 'entries')} (each covers {plural(span, 'position')})"
         )
 
 

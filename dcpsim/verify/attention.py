@@ -22,6 +22,7 @@ from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import AttentionResult, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.model.vectors import kv_vectors, query_vectors
+from dcpsim.plural import plural
 from dcpsim.verify.attention_reference import (
     context_keys,
     reference_attention,
@@ -135,7 +136,7 @@ class AttentionVerifier:
         if res.merged:
             details.append(f"merge variant: {self.cfg.variant_for_step(plan.step)}")
         details += [
-            f"rank {c['rank']}: {c['keys']} keys visible, "
+            f"rank {c['rank']}: {plural(c['keys'], 'key')} visible, "
             + (f"lse {c['lse']:.6g}" if c["lse"] is not None else f"(computes other heads than {h})")
             for c in contributions
         ]

@@ -27,6 +27,7 @@ from dcpsim.harness.collectives import Collectives
 from dcpsim.model.kv_entry import CONTENT, GROUP, INDEX, STEP, WRITER
 from dcpsim.model.plan import RequestView, StepPlan
 from dcpsim.model.rank_view import RankView
+from dcpsim.plural import plural
 from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.metadata import MetadataJudge
@@ -208,7 +209,7 @@ class Checker:
         return Failure(
             kind=FailureKind.WRITE_VIOLATION,
             step=plan.step,
-            message=f"{total} write violation(s) in the write path",
+            message=f"{plural(total, 'write violation')} in the write path",
             group=first.group if first else None,
             request_id=first.request_id if first else None,
             index=first.index if first else None,

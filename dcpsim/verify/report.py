@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from dcpsim.model.kinds import Storage
+from dcpsim.plural import plural
 
 
 class FailureKind(enum.StrEnum):
@@ -159,6 +160,14 @@ class RunReport:
         data["bytes_per_verified_index"] = round(self.bytes_per_verified_index, 4)
         return json.dumps(_json_safe(data), indent=2)
 
+    def pass_line(self) -> str:
+        """The verdict of a passing run, naming what was verified."""
+        writes = "every rank wrote exactly the right positions into the right slots"
+        if self.attention is None:
+            return f"PASS: writes verified: {writes}"
+        return (f"PASS: writes and attention verified: {writes}, and "
+                f"{plural(self.attention_checks, 'attention check')} matched the full-context reference")
+
     def text(self) -> str:
         head = (
             f"scenario {self.scenario} ({self.source}): decode_context_parallel_size={self.dcp_size} "
@@ -175,21 +184,22 @@ class RunReport:
             out.append("    (every other decision: the reference engine)")
         for g in self.groups:
             out.append(
-                f"  group {g['name']}: {g['layers']} layers, {g['storage']}, "
+                f"  group {g['name']}: {plural(g['layers'], 'layer')}, {g['storage']}, "
                 f"block_size={g['block_size']} ({g['states_per_page']} states/page), "
                 f"{'sharded' if g['sharded'] else 'replicated'}, "
-                + ("one ring block per request" if g["storage"] == Storage.RING else f"manager block {g['manager_block_size']} tokens")
+                + ("one ring block per request" if g["storage"] == Storage.RING
+                   else f"manager block {plural(g['manager_block_size'], 'token')}")
             )
         s = self.schedule
         if s:
             out.append(
-                f"  schedule: {s.get('steps', 0)} steps, {s.get('requests', 0)} requests, "
-                f"{s.get('finished', 0)} finished, {s.get('preemptions', 0)} preemptions, "
-                f"{s.get('prefix_hit_tokens', 0)} prefix-hit tokens, {s.get('reused_blocks', 0)} reused blocks"
+                f"  schedule: {plural(s.get('steps', 0), 'step')}, {plural(s.get('requests', 0), 'request')}, "
+                f"{s.get('finished', 0)} finished, {plural(s.get('preemptions', 0), 'preemption')}, "
+                f"{plural(s.get('prefix_hit_tokens', 0), 'prefix-hit token')}, {plural(s.get('reused_blocks', 0), 'reused block')}"
             )
         out.append(
-            f"  verified: {self.verifications} checks, {self.verified_indices} indices, "
-            f"{self.bytes_gathered} bytes gathered per rank ({self.bytes_per_verified_index:.3f} B/index)"
+            f"  verified: {plural(self.verifications, 'check')}, {plural(self.verified_indices, 'index', 'indices')}, "
+            f"{plural(self.bytes_gathered, 'byte')} gathered per rank ({self.bytes_per_verified_index:.3f} B/index)"
         )
         for r in self.ranks:
             out.append(
@@ -200,17 +210,17 @@ class RunReport:
             merges = ", ".join(f"{n} {v}" for v, n in self.attention_merges.items() if n) or "none (no sharded group)"
             err = "n/a" if self.attention_max_error is None else f"{self.attention_max_error:.2e}"
             out.append(
-                f"  attention: {self.attention_checks} checks ({self.attention_query_tokens} query tokens"
-                + (f", {self.attention_sampled_checks} checks sampled" if self.attention_sampled_checks else "")
+                f"  attention: {plural(self.attention_checks, 'check')} ({plural(self.attention_query_tokens, 'query token')}"
+                + (f", {plural(self.attention_sampled_checks, 'check')} sampled" if self.attention_sampled_checks else "")
                 + ", "
-                f"{a['heads']} heads, K/V dims {a['head_dim']}/{a['value_dim']}), max error {err} "
+                f"{plural(a['heads'], 'head')}, K/V dims {a['head_dim']}/{a['value_dim']}), max error {err} "
                 f"(tolerance {a['tolerance']:g}), lse base {a['lse_base']}, merges: {merges}, "
-                f"{self.attention_bytes} bytes per rank"
+                f"{plural(self.attention_bytes, 'byte')} per rank"
             )
         if self.wall_time_s is not None:
             out.append(f"  wall time: {self.wall_time_s:.2f} s")
         if self.failure:
             out.extend(self.failure.lines())
         else:
-            out.append("PASS: every rank wrote exactly the right positions into the right slots")
+            out.append(self.pass_line())
         return "\n".join(out)

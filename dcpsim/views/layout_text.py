@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dcpsim.model.layout import PAD
+from dcpsim.plural import plural
 
 GRID_WIDTH = 64  # columns per grid line
 RULER_EVERY = 8  # ruler labels on multiples of 8 (and run starts), where they fit
@@ -46,8 +47,8 @@ def header(d: dict) -> list[str]:
     ]
     sharded = not c["replicated"] and W > 1
     if R == 1:
-        out.append(f"one block-table entry covers {d['_span']} positions"
-                   + (f" ({c['block_size']} slots on each rank)" if sharded else ""))
+        out.append(f"one block-table entry covers {plural(d['_span'], 'position')}"
+                   + (f" ({plural(c['block_size'], 'slot')} on each rank)" if sharded else ""))
     else:
         out.append(f"one block-table entry covers {d['_span']} positions = {d['_span_states']} records"
                    + (f" ({c['block_size']} records on each rank)" if sharded else ""))
@@ -57,7 +58,7 @@ def header(d: dict) -> list[str]:
         out.append(f"replicated group: every rank stores every {d['index_kind']} (plain slot mapping)")
     if d["around"] is not None:
         pos = d["positions"]
-        out.append(f"window of {len(pos)} positions {pos[0]}..{pos[-1]} around position {d['around']}")
+        out.append(f"window of {plural(len(pos), 'position')} {pos[0]}..{pos[-1]} around position {d['around']}")
     return out
 
 

@@ -64,6 +64,15 @@ def hang_in_rank1(payload, rank, world_size):
     dist.barrier()
 
 
+def events_then_rank1_lingers(payload, rank, world_size):
+    for k in range(3):
+        launch.send_event(("tick", k))
+    if rank == 1:
+        set_progress(9, "lingering")
+        time.sleep(payload)
+    return rank
+
+
 def sleep_forever(payload, rank, world_size):
     set_progress(rank * 10, "sleeping")
     if payload:  # tell the test this rank is up
@@ -204,6 +213,19 @@ def test_deadline_kills_everything_and_names_progress():
     assert "deadline_s=4" in msg
     assert "rank 0, last progress: step 0 (sleeping)" in msg
     assert "rank 1, last progress: step 10 (sleeping)" in msg
+
+
+def test_events_arrive_as_sent_and_a_wait_names_the_ranks_still_running():
+    events, waits = [], []
+    out = run_world(events_then_rank1_lingers, 1.5, world_size=2, on_event=lambda r, e: events.append((r, e)),
+                    on_wait=waits.append, wait_report_s=0.3)
+    assert out == [0, 1]
+    assert sorted(events) == [(r, ("tick", k)) for r in range(2) for k in range(3)]
+    assert [e for r, e in events if r == 1] == [("tick", 0), ("tick", 1), ("tick", 2)]  # in order
+    lingering = [k for k, w in enumerate(waits) if w.endswith("for 1 of 2 ranks: rank 1 at step 9 (lingering)")]
+    assert lingering, f"a 1.5 s wait with reports every 0.3 s says what it waits for: {waits}"
+    assert lingering == list(range(lingering[0], len(waits))), waits
+    assert all(w.startswith("waiting ") for w in waits)
 
 
 def test_rank_exiting_without_report_names_exit_code():

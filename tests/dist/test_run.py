@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -159,6 +160,22 @@ def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process
     time.sleep(0.5)
     alive = [p for p in helpers + ranks if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
     assert not alive, f"left-over processes {alive}"
+
+
+def test_a_waiting_run_says_which_ranks_it_waits_for_and_where():
+    # rank 2 hangs at step 3; ranks 0 and 1 wait for it in step 3's verification until the
+    # 6 s process-group timeout: after 5 s without news the parent says so on stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--timeout", "6",
+         "--simulate-rank-failure", "hang:2:3"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 3, proc.stderr
+    waits = [line for line in proc.stderr.splitlines() if line.startswith("dcpsim: waiting")]
+    assert waits, proc.stderr
+    assert re.fullmatch(r"dcpsim: waiting [\d.]+ s for 3 of 3 ranks: ranks 0, 1 at step 3 \(verify\); "
+                        r"rank 2 at step 3 \(write\)", waits[0]), waits
+    assert proc.stdout == ""
 
 
 def _state(pid: int) -> str:

@@ -33,6 +33,7 @@ from dcpsim.errors import ConfigError
 from dcpsim.model.content import random_tokens, stable_seed
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import RequestView, ReqWrite, StepPlan
+from dcpsim.plural import plural
 from dcpsim.scenarios.scenario import Scenario
 
 
@@ -87,7 +88,7 @@ class Scheduler:
                 need = self.engine.blocks_needed(m.geometry, total)
                 if need > m.pool.num_blocks:
                     raise ConfigError(
-                        f"request {req.request_id!r} needs {need} blocks in group "
+                        f"request {req.request_id!r} needs {plural(need, 'block')} in group "
                         f"{m.geometry.name} but its pool has {m.pool.num_blocks} "
                         "(raise num_gpu_blocks)"
                     )
@@ -195,7 +196,7 @@ class Scheduler:
             budget -= n
             if hit:
                 self.stats["prefix_hit_tokens"] += hit
-                events.append(f"admitted {req.request_id} with a prefix-cache hit of {hit} tokens")
+                events.append(f"admitted {req.request_id} with a prefix-cache hit of {plural(hit, 'token')}")
             else:
                 events.append(f"admitted {req.request_id}")
 

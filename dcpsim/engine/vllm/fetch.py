@@ -17,6 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from dcpsim.cache import cache_dir
 from dcpsim.errors import ConfigError, HarnessError
 
 DEFAULT_REQUIREMENT = "vllm==0.33.0"
@@ -25,8 +26,7 @@ DEFAULT_REQUIREMENT = "vllm==0.33.0"
 def default_dest(requirement: str) -> Path:
     """``$DCPSIM_CACHE`` (or ``~/.cache/dcpsim``) ``/vllm-VERSION``."""
     version = requirement.split("==", 1)[1] if "==" in requirement else "latest"
-    root = Path(os.environ.get("DCPSIM_CACHE", Path.home() / ".cache" / "dcpsim"))
-    return root / f"vllm-{version}"
+    return cache_dir(f"vllm-{version}")
 
 
 def _version_of(dest: Path) -> str | None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from dcpsim.plural import plural
+
 
 class BlockTableOverflow(Exception):
     def __init__(self, group: str, request_id: str, needed: int, width: int):
         super().__init__(
-            f"group {group}: request {request_id} needs {needed} block-table entries but "
+            f"group {group}: request {request_id} needs {plural(needed, 'block-table entry', 'block-table entries')} but "
             f"the block table has {width} (max_num_blocks_per_req)"
         )
         self.group, self.request_id, self.needed, self.width = group, request_id, needed, width

@@ -109,6 +109,30 @@ def test_a_fault_that_applies_nowhere_is_listed_not_applicable(monkeypatch):
     assert verdict(rows, ["nowhere"])[0]
 
 
+def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
+    plan = plan_selftest(None, ["dsv3"], dry_run=False)
+    why = {r.fault: r.report for r in plan.rows if r.outcome == NOT_APPLICABLE}
+    assert why["merge-drops-dcp-replicated"] == "not on dsv3 (applies on: llama-draft)"
+    assert why["ring-rejected-overwrite"] == "not on dsv3 (applies on: dsv41-hybrid, heavy-rejection)"
+    assert all(" on every built-in scenario" not in text for text in why.values())
+    assert set(why) == {"replicated-scaled-by-w", "merge-drops-dcp-replicated", "replicated-owner-only",
+                        "sliding-window-early-release", "ring-rejected-overwrite"}
+
+
+def test_a_fault_that_applies_nowhere_says_so_with_or_without_scenario(monkeypatch):
+    monkeypatch.setitem(FAULTS, "nowhere", _Nowhere())
+    (row,) = plan_selftest(["nowhere"], ["dsv3", "llama-gqa"], dry_run=False).rows
+    assert row.report == "not on dsv3, llama-gqa (nor on any other built-in scenario)"
+    (row,) = plan_selftest(["nowhere"], dry_run=False).rows
+    assert row.report == "applies to no built-in scenario in its configs"
+
+
+def test_list_says_why_a_fault_does_not_run(capsys):
+    assert main(["selftest", "--list", "--scenario", "dsv3", "--fault", "merge-drops-dcp-replicated"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == ["  runs on:     -", "  not run:     not on dsv3 (applies on: llama-draft)"]
+
+
 def test_an_unknown_run_option_is_an_error_row(monkeypatch):
     monkeypatch.setitem(FAULTS, "odd-option", _OddOption())
     plan = plan_selftest(["odd-option"], ["dsv3"], dry_run=False)

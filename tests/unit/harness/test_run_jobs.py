@@ -14,3 +14,18 @@ def test_traffic_is_counted_per_job_when_one_world_runs_several():
     gathered = [r.bytes_gathered for r in reports]
     assert gathered[0] > 0 and gathered == [gathered[0]] * 3
     assert [r.ranks[0]["bytes_sent"] for r in reports] == [reports[0].ranks[0]["bytes_sent"]] * 3
+
+
+def test_each_job_is_reported_as_it_ends_with_its_own_time(monkeypatch):
+    import dcpsim.harness.batch as batch
+
+    long_job, short_job = Job(builtin("dsv3", 1)), Job(builtin("dsv3", 1), inject="foreign-block")  # fails at step 0
+    events = []
+    run_rank = batch.run_rank
+    monkeypatch.setattr(batch, "run_rank", lambda job, coll: (events.append(("run", job is short_job)), run_rank(job, coll))[1])
+    outcomes = batch.run_each([long_job, short_job, long_job], in_process=True,
+                              on_outcome=lambda k, outcome: events.append(("done", k)))
+    assert events == [("run", False), ("done", 0), ("run", True), ("done", 1), ("run", False), ("done", 2)]
+    assert [o.report.passed for o in outcomes] == [True, False, True]
+    # measured per job, not the batch's average: one step against 35
+    assert outcomes[1].seconds < outcomes[0].seconds / 5 and outcomes[1].seconds < outcomes[2].seconds / 5
