@@ -158,10 +158,14 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None) -> RunRe
             if failure:
                 break
             verifier.forget_finished(plan)
+        failure = checker.metadata_verdict(plan)
+        if failure:
+            break
     report.steps = scheduler.step_index
     report.schedule = scheduler.summary
     report.verifications = checker.verifications
     report.verified_indices = checker.verified_indices
+    report.metadata_checks = checker.metadata.checks if checker.metadata is not None else 0
     bytes_sent = coll.bytes_sent - bytes_before
     report.bytes_gathered = bytes_sent - attention_bytes
     if attention:
