@@ -171,23 +171,14 @@ class ReplicatedScaledByW(Fault):
     name = "replicated-scaled-by-w"
     bug_class = "5. a replicated state (Mamba, sliding window) scaled by W as if sharded"
     description = (
-        "replicated groups get block tables of cdiv(max_model_len, B*W) entries, as if sharded, "
-        "so a request longer than max_model_len / W overflows its row"
+        "replicated groups get block tables of cdiv(max_model_len, B*W) entries, as if sharded: "
+        "narrower than the attention-metadata builder expects, and a request longer than "
+        "max_model_len / W overflows its row"
     )
     configs = ({"decode_context_parallel_size": 4},)
 
     def applies_to(self, geometries) -> bool:
         return any(_is_replicated_paged(g) for g in geometries)
-
-    def applies_to_scenario(self, scenario, geometries) -> bool:
-        """Only where some request outgrows the narrow table (else the bug cannot show)."""
-        cfg = scenario.config
-        longest = max(r.prompt_len + r.output_len for r in scenario.requests) + cfg.num_speculative_tokens
-        return any(
-            _is_replicated_paged(g)
-            and self.blocks_needed(g, longest) > self._narrow_width(g, cfg)
-            for g in geometries
-        )
 
     @staticmethod
     def _narrow_width(g: GroupGeometry, config) -> int:

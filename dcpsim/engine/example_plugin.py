@@ -44,13 +44,16 @@ class ExampleEngine(Engine):
             raise ConfigError(f"group {group.name}: a page of {spec.block_size // tps} states is not a multiple of I={I}")
         per_entry = spec.block_size * (W if sharded else 1)
         width = 1 if storage is Storage.RING else -(-config.max_model_len // per_entry)
+        if storage is not Storage.RING:  # rows span a multiple of 128 tokens
+            unit = 128 // math.gcd(128, spec.block_size)
+            width = -(-width // unit) * unit
         return GroupGeometry(
             group_id=group_id, name=group.name, layer_names=group.layer_names, spec=spec,
             group_spec=group.kv_cache_spec, storage=storage, retention=retention_of(spec),
             block_size=spec.block_size, tokens_per_state=tps, sharded=sharded, dcp_size=W, interleave_size=I,
             kernel_block_size=None if storage is Storage.RING else config.kernel_block_size,
             num_speculative_tokens=config.num_speculative_tokens, manager_block_size=per_entry,
-            block_table_width=width)
+            block_table_width=width, cudagraph_capture_sizes=config.cudagraph_capture_sizes)
 
     # --- scheduler ------------------------------------------------------------------
 
@@ -138,6 +141,42 @@ class ExampleEngine(Engine):
         kernel = self.kernel_block_table(g, block_row)
         slots = np.array([kernel[i // bk] * bk + i % bk if i // bk < len(kernel) else PAD for i in local], np.int64)
         return slots, mask, g.sharded
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        g = geometry
+        R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
+        q = 1 + g.num_speculative_tokens
+        reqs = [(w.request_id, w.stop // R, w.stop - w.start, list(self.query_local_bounds(g, w.start, w.stop, dcp_rank)),
+                 np.asarray(row, np.int64)) for w, row in zip(writes, block_rows)]
+        dummies = 0
+        if writes and g.cudagraph_capture_sizes and all(w.stop - w.start == q for w in writes):
+            fits = [c for c in g.cudagraph_capture_sizes if c >= len(writes) * q and c % q == 0]
+            dummies = (fits[0] - len(writes) * q) // q if fits else 0
+        for _ in range(dummies):
+            n = g.dcp_size * g.interleave_size
+            reqs.append(("<cudagraph-pad>", n, q, [int(self.local_seq_lens(g, [n], dcp_rank)[0])] * q, np.zeros(0, np.int64)))
+        bk = g.kernel_block_size or g.states_per_page
+        local, indptr, indices, last = [], [0], [], []
+        for _, n, _, _, row in reqs:
+            keys = int(self.local_seq_lens(g, [n], dcp_rank)[0])
+            pages = -(-keys // bk)
+            kernel = self.kernel_block_table(g, row) if len(row) else np.zeros(pages, np.int64)
+            local.append(keys)
+            indptr.append(indptr[-1] + pages)
+            indices.extend(int(k) for k in kernel[:pages])
+            last.append(keys - (pages - 1) * bk if pages else 0)
+        from dcpsim.model.plan import AttentionMetadata  # a value type of the interface
+
+        starts = [0]
+        for r in reqs:
+            starts.append(starts[-1] + r[2])
+        return AttentionMetadata(
+            group=g.group_id, request_ids=tuple(r[0] for r in reqs), seq_lens=np.array([r[1] for r in reqs], np.int64),
+            query_start_loc=np.array(starts, np.int64), dcp_local_seq_lens=np.array(local, np.int64),
+            query_local_bounds=np.array([b for r in reqs for b in r[3]], np.int64),
+            kv_indptr=np.array(indptr, np.int64), kv_indices=np.array(indices, np.int64),
+            kv_last_page_len=np.array(last, np.int64), block_table_width=g.block_table_width * (g.states_per_page // bk),
+            num_dummy_requests=dummies, padded_slot_mapping=np.full(dummies * q, PAD, np.int64))
 
     # --- attention math -------------------------------------------------------------
 

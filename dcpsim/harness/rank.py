@@ -183,6 +183,10 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                 if failure:
                     break
                 verifier.forget_finished(plan)
+            with rec.span("check metadata", "verify"):
+                failure = checker.metadata_verdict(plan)
+            if failure:
+                break
         scheduled = rec.now()
     if failure is not None and coll.rank == 0:  # rank 0's verdict is the report's
         rec.failure(failure)
@@ -190,6 +194,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     report.schedule = scheduler.summary
     report.verifications = checker.verifications
     report.verified_indices = checker.verified_indices
+    report.metadata_checks = checker.metadata.checks if checker.metadata is not None else 0
     bytes_sent = coll.bytes_sent - bytes_before
     report.bytes_gathered = bytes_sent - attention_bytes
     if attention:

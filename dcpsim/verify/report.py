@@ -125,6 +125,8 @@ class RunReport:
     steps: int = 0
     verifications: int = 0
     verified_indices: int = 0
+    metadata_checks: int = 0
+    """(group, step) attention-metadata records judged (0: the engine builds none)."""
     bytes_gathered: int = 0
     """Bytes this rank contributed to verification all-gathers."""
     schedule: dict = field(default_factory=dict)
@@ -200,6 +202,8 @@ class RunReport:
         out.append(
             f"  verified: {plural(self.verifications, 'check')}, {plural(self.verified_indices, 'index', 'indices')}, "
             f"{plural(self.bytes_gathered, 'byte')} gathered per rank ({self.bytes_per_verified_index:.3f} B/index)"
+            + (f"; attention metadata of {plural(self.metadata_checks, '(group, step) pair')}" if self.metadata_checks
+               else "; no attention metadata (the engine builds none)")
         )
         for r in self.ranks:
             out.append(

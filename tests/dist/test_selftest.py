@@ -54,8 +54,8 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
     assert "dsv41-hybrid" in {s for s, _ in by_fault["sliding-window-early-release"]}
     assert "dsv41-hybrid" in {s for s, _ in by_fault["ring-rejected-overwrite"]}
     assert {c for _, c in by_fault["kernel-virtual-block"]} == {"W=2 I=64 B=64 Bk=16"}
-    overflow = [r for r in faults if r[0] == "replicated-scaled-by-w"]
-    assert all(r[4].startswith("[block-table-overflow]") for r in overflow)
+    narrow = [r for r in faults if r[0] == "replicated-scaled-by-w"]  # the worker's table is too narrow
+    assert all(r[4].startswith("[attention-metadata]") for r in narrow)
     # baselines: every scenario in every config a fault ran in, all passing
     configs = {r[2] for r in faults}
     assert {r[1] for r in baselines} == set(builtin_scenario_names())

@@ -215,8 +215,10 @@ CASES = [
     ("prefix-hash-unit-B", "llama-draft", {}, "wrong-content"),
     ("kernel-virtual-block", "dsv3", {"block_size": 64, "I": 64, "Bk": 16}, "write-violation"),
     ("kernel-virtual-block", "dsv41-hybrid", {"block_size": 64, "I": 64, "Bk": 16}, "write-violation"),
-    ("replicated-scaled-by-w", "dsv41-hybrid", {"W": 4}, "block-table-overflow"),
-    ("replicated-scaled-by-w", "llama-draft", {"W": 4}, "block-table-overflow"),
+    # the worker's table is narrower than the metadata builder's: caught at step 0, before
+    # a long request overflows it
+    ("replicated-scaled-by-w", "dsv41-hybrid", {"W": 4}, "attention-metadata"),
+    ("replicated-scaled-by-w", "llama-draft", {"W": 4}, "attention-metadata"),
     ("merge-drops-dcp-replicated", "llama-draft", {}, "wrong-content"),
     ("merge-drops-dcp-replicated", "llama-draft", {"W": 4, "I": 16}, "wrong-content"),
     ("sliding-window-early-release", "dsv41-hybrid", {}, "wrong-content"),
@@ -240,7 +242,7 @@ def test_fault_is_detected_and_the_same_config_passes_without_it(fault, name, op
     if fault in ("merge-drops-dcp-replicated", "replicated-owner-only"):
         assert "draft" in f.group and f.expected_owner == "all"
     if fault == "replicated-scaled-by-w":
-        assert "long" in f.request_id and "block table has" in f.message
+        assert any("block table width (worker)" in d for d in f.details), f.details
         assert not next(g for g in report.groups if g["name"] == f.group)["sharded"]
     if fault == "sliding-window-early-release":
         assert f.group.startswith("SlidingWindow")
@@ -249,12 +251,13 @@ def test_fault_is_detected_and_the_same_config_passes_without_it(fault, name, op
         assert f.step > 0  # the first speculative step, not the prefill
 
 
-def test_replicated_scaled_by_w_does_not_apply_where_no_request_outgrows_the_table():
+def test_replicated_scaled_by_w_is_caught_even_where_no_request_outgrows_the_table():
     fault = FAULTS["replicated-scaled-by-w"]
-    at2 = scenario("llama-draft")  # W=2: the draft table holds 2048 tokens, long-doc needs 1435
-    assert fault.applies_to(geometries(at2))  # the geometry has a replicated group...
-    assert not fault.applies_to_scenario(at2, geometries(at2))  # ...but no request outgrows it
-    assert run(at2, "replicated-scaled-by-w").passed  # and indeed nothing overflows
+    at2 = scenario("llama-draft")  # W=2: the narrow draft table holds 2048 tokens, long-doc needs 1435
+    assert fault.applies_to_scenario(at2, geometries(at2))
+    report = run(at2, "replicated-scaled-by-w")  # nothing overflows, yet the table is too narrow
+    assert report.failure.kind == "attention-metadata"
+    assert any("block table width (worker)" in d for d in report.failure.details)
 
 
 def test_llama_draft_has_a_sharded_target_and_a_replicated_draft_group():

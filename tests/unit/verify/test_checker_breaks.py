@@ -27,7 +27,7 @@ from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.model.kinds import Retention
 from dcpsim.model.layout import PAD
-from dcpsim.model.specs import MLAAttentionSpec, SlidingWindowMLASpec, cdiv
+from dcpsim.model.specs import MLAAttentionSpec, SlidingWindowMLASpec
 from dcpsim.verify.geometry import expected_groups
 from helpers import builtin, geometries, run, scheduler
 
@@ -188,11 +188,13 @@ def test_break_stale_rejected_draft_in_replicated_and_ring_groups():
 
 
 def test_break_block_table_too_narrow():
-    # dsv3 W=2: 2 entries of 128 tokens; chat-0 needs 4 at step 1 ([256, 512)).
+    # dsv3 W=2: 2 entries of 128 tokens where the builder expects 32; chat-0 would overflow at
+    # step 1 ([256, 512)), but the worker's table width is judged at step 0 already
     rep = run(builtin("dsv3", 2, 1), engine=NarrowMLATable())
     f = rep.failure
-    assert not rep.passed and f.kind == "block-table-overflow"
-    assert (f.step, f.request_id) == (1, "chat-0") and f.group.startswith("MLAAttention[")
+    assert not rep.passed and f.kind == "attention-metadata" and f.step == 0
+    assert f.group.startswith("MLAAttention[")
+    assert any("block table width (worker) is 2, expected 32" in d for d in f.details), f.details
 
 
 # ----------------------------------------------------------------------------- worker breaks
@@ -329,15 +331,11 @@ def _foreign_block(sc, f, W):
 
 
 def _replicated_scaled_by_w(sc, f, W):
-    # dsv41-hybrid W=4: the window group's table gets cdiv(4096, 64*4) = 16 entries; long-doc
-    # (1400 prompt tokens) needs up to cdiv(1424, 64) = 23 (released entries still count).
-    assert f.kind == "block-table-overflow"
-    assert f.group.startswith("SlidingWindowMLA[") and f.request_id == "long-doc"
-    _, plan = plan_at(sc, f.step)
-    stop = next(w.stop for w in plan.writes if w.request_id == "long-doc")
-    need = cdiv(stop, 64)
-    assert need > 16
-    assert f"needs {need} block-table entries" in f.message and "has 16" in f.message
+    # dsv41-hybrid W=4: the window group's table gets cdiv(4096, 64*4) = 16 entries where the
+    # builder expects cdiv(4096, 64) = 64 (long-doc would overflow it later): caught at step 0
+    assert f.kind == "attention-metadata" and f.step == 0
+    assert f.group.startswith("SlidingWindowMLA[")
+    assert any("block table width (worker) is 16, expected 64" in d for d in f.details), f.details
 
 
 REPORT_CHECKS = {
