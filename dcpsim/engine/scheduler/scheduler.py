@@ -54,6 +54,13 @@ def pool_sizes(scenario: Scenario, engine: Engine, geometries: list[GroupGeometr
 
 
 class Scheduler:
+    block_pool_class = BlockPool
+    prefix_cache_class = PrefixCache
+    """The parts the scheduler builds. Their prefix-cache decisions are methods
+    (``PrefixCache.computed_units``: when a unit becomes findable; ``BlockPool.evict``: when
+    a reallocated block's old key stops being found), so that a test can swap in a part
+    with one of them changed (``tests/scheduler_mutations.py``)."""
+
     def __init__(self, scenario: Scenario, engine: Engine, geometries: list[GroupGeometry]):
         """The engine's scheduler: its managers and prefix cache ask ``engine`` for every
         decision (block counts, releases, prefix keys)."""
@@ -62,7 +69,7 @@ class Scheduler:
         self.engine = engine
         self.geometries = geometries
         sizes = pool_sizes(scenario, engine, geometries)
-        self.managers = [GroupManager(g, BlockPool(n), engine) for g, n in zip(geometries, sizes)]
+        self.managers = [GroupManager(g, self.block_pool_class(n), engine) for g, n in zip(geometries, sizes)]
         prefixes: dict[str, np.ndarray] = {}
         for r in scenario.requests:
             if r.prefix:
@@ -74,7 +81,7 @@ class Scheduler:
         ]
         self._check_fits()
         use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in geometries)
-        self.prefix_cache = PrefixCache(self.managers, engine) if use_prefix else None
+        self.prefix_cache = self.prefix_cache_class(self.managers, engine) if use_prefix else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.step_index = 0
