@@ -5,7 +5,8 @@ copy and obtain the same plans (the checker proves it by comparing block-table
 digests across ranks). Simplified from vLLM v1's scheduler:
 
 * running requests first, in order; each gets ``num_known - num_computed``
-  tokens (plus ``k`` drafts when decoding), capped by the step's token budget;
+  tokens (plus ``k`` drafts when decoding), capped by the step's token budget and by
+  ``long_prefill_token_threshold`` (if set);
 * if a running request cannot get its blocks, the last running request is
   preempted (all blocks freed, recomputed later) until it fits;
 * waiting requests are admitted in order while budget, blocks and
@@ -133,12 +134,15 @@ class Scheduler:
 
     def _tokens_for(self, req: Request, budget: int) -> tuple[int, int]:
         """(tokens to schedule, of which drafts) for a running or admitted request."""
+        cap = budget
+        if self.config.long_prefill_token_threshold:
+            cap = min(cap, self.config.long_prefill_token_threshold)
         todo = req.num_known - req.num_computed
         drafts = 0
         if todo == 1 and self.config.num_speculative_tokens:
             drafts = min(self.config.num_speculative_tokens, req.remaining_output - 1)
-            drafts = max(0, min(drafts, budget - 1))
-        return min(todo + drafts, budget), drafts
+            drafts = max(0, min(drafts, cap - 1))
+        return min(todo + drafts, cap), drafts
 
     def step(self) -> StepPlan:
         s = self.step_index
