@@ -13,7 +13,8 @@ from the semantics doc (section 5) and the scheduler's documented contract
 * row lengths follow the manager block size (``B*W`` sharded, ``B``
   replicated, one block for a ring);
 * each request is written contiguously from its committed length; prefill
-  chunks and decode steps respect the token budget; a decode step writes
+  chunks and decode steps respect the token budget (and the per-request
+  long_prefill_token_threshold); a decode step writes
   ``1 + drafts``; accepted drafts carry the true fingerprint, rejected ones
   differ and are rewritten later (with the true content);
 * a logical KV model (manager block, offset) -> content, fed by the writes,
@@ -255,12 +256,13 @@ class Auditor:
             known = st.known
             todo = known - w.start
             assert todo >= 1
+            cap = min(left, self.cfg.long_prefill_token_threshold or left)  # 0: no per-request cap
             drafts = 0
             if todo == 1 and self.k:
                 remaining = st.spec.output_len - st.num_output
-                drafts = max(0, min(self.k, remaining - 1, left - 1))
-            assert n == min(todo + drafts, left), (
-                f"{where}: {n} tokens, expected min({todo} + {drafts}, {left})")
+                drafts = max(0, min(self.k, remaining - 1, cap - 1))
+            assert n == min(todo + drafts, cap), (
+                f"{where}: {n} tokens, expected min({todo} + {drafts}, {cap})")
             if todo == 1:
                 assert n == 1 + drafts, f"{where}: a decode step writes 1 + drafts tokens"
             left -= n

@@ -3,9 +3,15 @@
 ``scenarios()`` draws small but complete scenarios: a layout family (full
 attention, MLA with compressed records, a replicated sliding window beside
 sharded full attention, replicated chunked local, the V4.1-like ring hybrid),
-W, B, I and a kernel block size, speculative tokens, a token budget, a pool
+W, B, I and a kernel block size, speculative tokens, a token budget (and often a
+``long_prefill_token_threshold`` cutting prefills into short chunks), a pool
 tight enough to preempt, and requests with shared prefixes, acceptance
-patterns, late arrivals and forced preemptions.
+patterns, late arrivals and forced preemptions a few steps after arrival (so
+often inside a prefill, inside a prefix hash unit). Every other example with
+three requests or more is a *revisit*: the first request computes the shared
+prefix and leaves, the middle ones fill a pool hardly larger than the longest
+request (so its cached blocks are handed out again), and the last one comes
+back late for the prefix.
 
 Each example runs through the same write and check code as the real harness,
 with the ranks as threads of this process (``run_in_threads``) because that
@@ -33,6 +39,8 @@ from dcpsim.plural import plural
 from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
 FAMILIES = ("full", "compressed", "window", "chunked", "ring-hybrid")
+PREFIX_CACHED_FAMILIES = ("full", "compressed")
+"""The families whose groups all keep every position, so the prefix cache is on."""
 
 
 def _require_hypothesis():
@@ -75,39 +83,53 @@ def scenarios(max_requests: int = 5):
 
     @st.composite
     def build(draw) -> Scenario:
-        family = draw(st.sampled_from(FAMILIES))
+        n = draw(st.integers(1, max_requests))
+        # revisit: the first request computes the shared prefix and leaves, the middle ones
+        # fill a tight pool (reallocating its cached blocks), the last asks for it again
+        revisit = n >= 3 and draw(st.booleans())
+        family = draw(st.sampled_from(PREFIX_CACHED_FAMILIES if revisit else FAMILIES))
         W = draw(st.sampled_from([1, 2, 3, 4, 5, 6, 8]))
         B = draw(st.sampled_from([4, 8, 16]))
         I = draw(st.sampled_from([i for i in (1, 2, 4, 8, 16) if i <= B]))
         k = draw(st.integers(0, 3))
         bk = draw(st.sampled_from([None] + [d for d in (2, 4) if d < B and family != "ring-hybrid"]))
         budget = draw(st.integers(max(k + 1, 4), 96))
-        n = draw(st.integers(1, max_requests))
-        prefix_len = draw(st.integers(0, 3 * B * W))
+        # short chunks (below the hash unit) admit sharers beside a prefill inside a unit
+        threshold = draw(st.integers(max(k + 1, 4), budget)) if draw(st.booleans()) else 0
+        unit = B * W * (2 if family == "compressed" else 1)  # the prefix hash unit
+        prefix_len = draw(st.integers(unit, 2 * unit) if revisit else st.integers(0, 3 * B * W))
         requests = []
         for j in range(n):
-            prompt = draw(st.integers(1, 160))
-            shared = min(prompt, prefix_len) if draw(st.booleans()) else 0
+            returning = revisit and j in (0, n - 1)
+            prompt = prefix_len + draw(st.integers(1, 16)) if returning else draw(st.integers(1, 160))
+            shared = min(prompt, prefix_len) if returning or draw(st.booleans()) else 0
+            arrival = draw(st.integers(7, 24)) if revisit and j == n - 1 else 0 if returning else draw(st.integers(0, 6))
+            # preemptions a few steps after arrival land inside the prefill more often than not
+            preempt = draw(st.lists(st.integers(1, 24), max_size=2))
             requests.append(RequestSpec(
                 request_id=f"r{j}",
                 prompt_len=prompt,
                 output_len=draw(st.integers(1, 24)),
-                arrival_step=draw(st.integers(0, 6)),
+                arrival_step=arrival,
                 prefix="shared" if shared else None,
                 shared_prefix_len=shared,
                 acceptance=tuple(draw(st.lists(st.integers(0, k), max_size=4))),
-                preempt_at_steps=tuple(sorted(set(draw(st.lists(st.integers(1, 30), max_size=2))))),
+                preempt_at_steps=tuple(sorted({arrival + d for d in preempt})),
             ))
         longest = max(r.prompt_len + r.output_len for r in requests)
-        pool_tokens = draw(st.integers(longest + k + 2 * B * W, 4 * longest + 4 * B * W))
+        if revisit:  # hardly more than the longest request: the middle ones must evict
+            pool_tokens = draw(st.integers(longest + k, longest + k + 2 * B * W))
+        else:
+            pool_tokens = draw(st.integers(longest + k + 2 * B * W, 4 * longest + 4 * B * W))
         config = SimConfig(
             max_model_len=longest + k + 1,
             max_num_batched_tokens=budget,
+            long_prefill_token_threshold=threshold,
             decode_context_parallel_size=W,
             cp_kv_cache_interleave_size=I,
             num_speculative_tokens=k,
             kernel_block_size=bk,
-            enable_prefix_caching=draw(st.booleans()),
+            enable_prefix_caching=revisit or draw(st.booleans()),
         )
         return Scenario(
             name=f"fuzz-{family}",

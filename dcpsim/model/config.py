@@ -16,10 +16,15 @@ class SimConfig:
     ``kernel_block_size`` is the attention kernel's block size ``Bk``; ``None``
     means ``Bk == B`` for every group (a group whose ``B`` it does not divide
     is rejected when the layout is validated).
+
+    ``long_prefill_token_threshold`` caps the tokens one request gets in one step (0: no
+    cap, as in vLLM), so a long prefill runs in short chunks while the rest of the budget
+    admits other requests beside it.
     """
 
     max_model_len: int = 8192
     max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
     decode_context_parallel_size: int = 1
     cp_kv_cache_interleave_size: int = 1
     num_speculative_tokens: int = 0
@@ -36,6 +41,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         check_int("max_model_len", self.max_model_len, 1)
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         check_int("decode_context_parallel_size", self.decode_context_parallel_size, 1)
         check_int("cp_kv_cache_interleave_size", self.cp_kv_cache_interleave_size, 1)
         check_int("num_speculative_tokens", self.num_speculative_tokens, 0)

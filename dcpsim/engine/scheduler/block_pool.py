@@ -37,14 +37,24 @@ class BlockPool:
         out = []
         for _ in range(n):
             block, _ = self._free.popitem(last=False)
-            key = self._key_of.pop(block, None)
-            if key is not None:
-                del self._by_key[key]
+            self.evict(block)
             self._ref[block] = 1
             self.num_reused += self._ever_used[block]
             self._ever_used[block] = True
             out.append(block)
         return out
+
+    def evict(self, block: int) -> None:
+        """A free block is handed out again: its content is about to be overwritten, so it
+        loses its cache key and the key stops being findable (``uncache``). The seam that
+        decides when a freed block's key is dropped."""
+        key = self._key_of.pop(block, None)
+        if key is not None:
+            self.uncache(key)
+
+    def uncache(self, key: object) -> None:
+        """Remove ``key`` from the cache index: its prefix is no longer found."""
+        del self._by_key[key]
 
     def touch(self, blocks: list[int]) -> None:
         """Take another reference (a prefix-cache hit)."""

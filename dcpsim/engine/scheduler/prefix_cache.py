@@ -49,10 +49,16 @@ class PrefixCache:
             break
         return units * self.unit, hit_blocks
 
+    def computed_units(self, req: Request) -> int:
+        """Leading units of ``req`` whose KV is written: every position of the unit, its
+        last one included, committed by a step that has run. Only these may be registered
+        (the seam that decides when a unit becomes findable)."""
+        return req.num_computed // self.unit
+
     def register(self, req: Request) -> None:
         """Make the request's fully computed units findable."""
         done = self._registered.get(req.index, 0)
-        full = req.num_computed // self.unit
+        full = self.computed_units(req)
         for u in range(done, full):
             key = self._key(req, u)
             for m in self.managers:

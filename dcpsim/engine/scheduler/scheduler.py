@@ -5,7 +5,8 @@ copy and obtain the same plans (the checker proves it by comparing block-table
 digests across ranks). Simplified from vLLM v1's scheduler:
 
 * running requests first, in order; each gets ``num_known - num_computed``
-  tokens (plus ``k`` drafts when decoding), capped by the step's token budget;
+  tokens (plus ``k`` drafts when decoding), capped by the step's token budget and by
+  ``long_prefill_token_threshold`` (if set);
 * if a running request cannot get its blocks, the last running request is
   preempted (all blocks freed, recomputed later) until it fits;
 * waiting requests are admitted in order while budget, blocks and
@@ -55,6 +56,13 @@ def pool_sizes(scenario: Scenario, engine: Engine, geometries: list[GroupGeometr
 
 
 class Scheduler:
+    block_pool_class = BlockPool
+    prefix_cache_class = PrefixCache
+    """The parts the scheduler builds. Their prefix-cache decisions are methods
+    (``PrefixCache.computed_units``: when a unit becomes findable; ``BlockPool.evict``: when
+    a reallocated block's old key stops being found), so that a test can swap in a part
+    with one of them changed (``tests/scheduler_mutations.py``)."""
+
     def __init__(self, scenario: Scenario, engine: Engine, geometries: list[GroupGeometry]):
         """The engine's scheduler: its managers and prefix cache ask ``engine`` for every
         decision (block counts, releases, prefix keys)."""
@@ -63,7 +71,7 @@ class Scheduler:
         self.engine = engine
         self.geometries = geometries
         sizes = pool_sizes(scenario, engine, geometries)
-        self.managers = [GroupManager(g, BlockPool(n), engine) for g, n in zip(geometries, sizes)]
+        self.managers = [GroupManager(g, self.block_pool_class(n), engine) for g, n in zip(geometries, sizes)]
         prefixes: dict[str, np.ndarray] = {}
         for r in scenario.requests:
             if r.prefix:
@@ -75,7 +83,7 @@ class Scheduler:
         ]
         self._check_fits()
         use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in geometries)
-        self.prefix_cache = PrefixCache(self.managers, engine) if use_prefix else None
+        self.prefix_cache = self.prefix_cache_class(self.managers, engine) if use_prefix else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.step_index = 0
@@ -127,12 +135,15 @@ class Scheduler:
 
     def _tokens_for(self, req: Request, budget: int) -> tuple[int, int]:
         """(tokens to schedule, of which drafts) for a running or admitted request."""
+        cap = budget
+        if self.config.long_prefill_token_threshold:
+            cap = min(cap, self.config.long_prefill_token_threshold)
         todo = req.num_known - req.num_computed
         drafts = 0
         if todo == 1 and self.config.num_speculative_tokens:
             drafts = min(self.config.num_speculative_tokens, req.remaining_output - 1)
-            drafts = max(0, min(drafts, budget - 1))
-        return min(todo + drafts, budget), drafts
+            drafts = max(0, min(drafts, cap - 1))
+        return min(todo + drafts, cap), drafts
 
     def step(self) -> StepPlan:
         s = self.step_index

@@ -229,6 +229,7 @@ def test_missing_required_fields(data, path, text):
     (minimal(config=[1]), "config", "must be a table"),
     (minimal(config={"max_model_len": "big"}), "config.max_model_len", "integer"),
     (minimal(config={"kernel_block_size": 1.5}), "config.kernel_block_size", "integer"),
+    (minimal(config={"long_prefill_token_threshold": -1}), "config.long_prefill_token_threshold", ">= 0"),
     (minimal(layers="mla"), "layers", "at least one"),
     (minimal(layers=[3]), "layers[0]", "must be a table"),
     (minimal(layers=[{"name": "l", "kind": "mla", "block_size": "16", "head_size": 64}]),

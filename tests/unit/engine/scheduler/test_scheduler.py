@@ -4,6 +4,8 @@ that go through the auditor (``tests/schedule_auditor.py``) are checked step by 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -29,6 +31,19 @@ def test_chunked_prefill_splits_under_budget():
     sched = scheduler(sc)
     sizes = [[(w.start, len(w.contents)) for w in p.writes] for p in sched.plans()]
     assert sizes == [[(0, 40)], [(40, 40)], [(80, 20)], [(100, 1)], [(101, 1)]]
+
+
+def test_long_prefill_token_threshold_caps_each_request_and_admits_beside_it():
+    # budget 64, threshold 24: "a" (prompt 60) gets 24, 24, 12 tokens; "b" (prompt 30)
+    # arrives at step 1 and is admitted beside a's chunk with 24 (the budget had 40 left),
+    # then 6. Decode steps (1 + k drafts, k = 2) stay under the threshold.
+    # (Acceptance is seeded: only the first decode step's size is fixed.)
+    sc = scenario({"mla.0": mla(16)}, [R("a", 60, 4), R("b", 30, 4, arrival_step=1)], W=2, k=2, budget=64,
+                  prefix=False)
+    sc = dataclasses.replace(sc, config=dataclasses.replace(sc.config, long_prefill_token_threshold=24))
+    sizes = [[(w.request_id, w.start, len(w.contents)) for w in p.writes] for p in scheduler(sc).plans()]
+    assert sizes[:3] == [[("a", 0, 24)], [("a", 24, 24), ("b", 0, 24)], [("a", 48, 12), ("b", 24, 6)]]
+    assert sizes[3] == [("a", 60, 3), ("b", 30, 3)]  # decode: 1 true token + 2 drafts
 
 
 def test_decode_writes_one_plus_drafts_and_rejection_rewrites():
