@@ -39,7 +39,7 @@ class ModelRunner:
         self.block_tables = [BlockTable(g.name, max_num_reqs, g.block_table_width) for g in geometries]
         self.stores = [
             KVStore(g.group_id, n + 1, g.states_per_page,
-                    vector_dim=vector_width if g.storage is not Storage.RING else 0)
+                    vector_dim=vector_width if g.storage not in (Storage.RING, Storage.STATE) else 0)
             for g, n in zip(geometries, pool_sizes)
         ]
         self.write_log: list[WriteRecord] = []
