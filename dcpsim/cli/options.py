@@ -26,6 +26,9 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                    help="states per page of every paged layer (B tokens, B*R for compressed layers)")
     p.add_argument("--kernel-block-size", type=int, metavar="Bk",
                    help="attention-kernel block size in states (must divide B)")
+    p.add_argument("--mamba-cache-mode", choices=("none", "align"),
+                   help="every Mamba layer's state layout: none (one block holds the state) or align "
+                        "(position-indexed state blocks of the cache block size)")
     p.add_argument("--seed", type=int, help="changes token contents and acceptance patterns")
     p.add_argument("--verify-every", type=int, metavar="N", help="verify every N steps (and at the end)")
     p.add_argument("--paranoid", action="store_true",
@@ -105,6 +108,7 @@ def resolve_scenario(args, world_size: int | None = None) -> Scenario:
             cp_kv_cache_interleave_size=args.interleave,
             block_size=args.block_size,
             kernel_block_size=args.kernel_block_size,
+            mamba_cache_mode=getattr(args, "mamba_cache_mode", None),
             seed=args.seed,
             verify_every=args.verify_every,
         )
