@@ -252,13 +252,20 @@ def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True
             plan.rows.append(Row(name, "-", "-", NOT_APPLICABLE,
                                  report="applies_to is False on every built-in scenario (in its configs)"))
         plan.cases.extend(cases)
+    runs: list = []  # the baseline runs planned: (scenario, job fields, options)
     for options in [()] + [o for o in configs_used if o != ()]:
         for scenario in chosen:
             why = check(scenario, options)
             if why is None:
-                plan.cases.append(Case(BASELINE, scenario, options))
-            else:
-                plan.skipped.append(dict(fault=BASELINE, scenario=scenario, options=dict(options), reason=why))
+                sc, job, _ = plan.resolved[(scenario, options)]
+                same = next((o for s, j, o in runs if s == sc and j == job), None)
+                if same is not None:  # options the scenario has nothing for (a Mamba mode)
+                    why = f"the same run as its baseline in config {options_text(same)}"
+                else:
+                    runs.append((sc, job, options))
+                    plan.cases.append(Case(BASELINE, scenario, options))
+                    continue
+            plan.skipped.append(dict(fault=BASELINE, scenario=scenario, options=dict(options), reason=why))
     return plan
 
 
