@@ -128,7 +128,7 @@ def _mamba_defaults(fields: dict, config: SimConfig | None) -> None:
     ``num_speculative_blocks`` is ``num_speculative_tokens``."""
     if config is None:
         return
-    if fields.get("mamba_cache_mode", "none") == "none":
+    if fields.get("mamba_cache_mode", "none") != "align":
         fields.setdefault("block_size", config.max_model_len)
     fields.setdefault("num_speculative_blocks", config.num_speculative_tokens)
 
