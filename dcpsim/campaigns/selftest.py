@@ -5,7 +5,8 @@ built-in scenario (``Fault.scenarios``, default all) and run config
 (``Fault.configs``, each with ``Fault.needs`` merged in) on which the fault
 applies (``Fault.applies_to_scenario``, judged on the scenario so
 configured). Each distinct config used by some fault case is also run without
-a fault on every built-in scenario: a *baseline*, which must pass.
+a fault on every built-in scenario: a *baseline*, which must pass (a baseline
+whose scenario and job equal an earlier one's is skipped: its run is that one).
 
 Cases of one DCP size share one world (a gloo world by default, threads with
 ``--in-process``), run one after another, so world start-up does not
