@@ -92,6 +92,15 @@ def ring_spec(C=8):
     return CircularBufferSpec(block_size=C, num_kv_heads=1, head_size=8, dcp_replicated=True)
 
 
+def mamba_spec(B=2048, k=0, mode="none"):
+    """A Mamba state layer (replicated by nature): ``B`` tokens a block (``max_model_len`` in
+    ``none`` mode), ``k`` speculative state blocks, ``mode`` none or align."""
+    from dcpsim.model.specs import MambaSpec
+
+    return MambaSpec(block_size=B, shapes=((3, 16), (2, 4, 4)), dtypes=("bfloat16", "float32"),
+                     mamba_cache_mode=mode, num_speculative_blocks=k)
+
+
 def request_spec(rid, P, O, **kw):
     """A request of ``P`` prompt and ``O`` output tokens (``RequestSpec`` fields in ``kw``)."""
     from dcpsim.scenarios.scenario import RequestSpec

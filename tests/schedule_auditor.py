@@ -11,7 +11,8 @@ from the semantics doc (section 5) and the scheduler's documented contract
   same table index, over a common prefix (a prefix-cache hit), and is never
   written while shared;
 * row lengths follow the manager block size (``B*W`` sharded, ``B``
-  replicated, one block for a ring);
+  replicated, one block for a ring; a Mamba state: ``cdiv(reach, B) + k`` entries of which
+  only the last ``1 + k`` must hold blocks);
 * each request is written contiguously from its committed length; prefill
   chunks and decode steps respect the token budget (and the per-request
   long_prefill_token_threshold); a decode step writes
@@ -39,6 +40,7 @@ from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     FullAttentionSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from dcpsim.scenarios.scenario import RequestSpec, Scenario
@@ -129,6 +131,7 @@ class Auditor:
         self.events: list[str] = []
         self.reused_seen = 0
         self.ever_held: list[dict[int, set[int]]] = [{} for _ in self.geometries]  # block -> holders
+        self.state_col: list[dict[int, int]] = [{} for _ in self.geometries]  # Mamba: req -> committed state column
 
     # --- retention from the doc (section 4), written out here ---------------------
     def first_needed(self, g: int, n: int) -> int:
@@ -139,18 +142,24 @@ class Auditor:
             return max(0, n - spec.sliding_window + 1 - spec.extra_retained_tokens)
         if isinstance(spec, ChunkedLocalAttentionSpec):
             return (n // spec.attention_chunk_size) * spec.attention_chunk_size
+        if isinstance(spec, MambaSpec):
+            return max(0, n - 1)  # the state after the last committed token
         return 0
 
     def kind(self, g):
         spec = self.geometries[g].spec
         if isinstance(spec, CircularBufferSpec):
             return "ring"
+        if isinstance(spec, MambaSpec):
+            return "state"
         if isinstance(spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec)):
             return "released"
         return "full"
 
     def span(self, g):
-        """Positions one block-table entry stands for (ring: its capacity)."""
+        """Positions one block-table entry stands for (ring: its capacity; a Mamba state: one state)."""
+        if self.kind(g) == "state":
+            return 1
         return self.geometries[g].spec.block_size if self.kind(g) == "ring" else self.mbs[g]
 
     def slots(self, g, row, positions: np.ndarray):
@@ -173,10 +182,21 @@ class Auditor:
                 row = [int(b) for b in row]
                 if kind == "ring":
                     assert len(row) == 1 and row[0] != 0, f"{where}: ring row {row}"
+                elif kind == "state":
+                    window = 1 + self.k
+                    assert len(row) == cdiv(st.reach, mbs) + self.k, (
+                        f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry + {self.k}")
+                    assert 0 not in row[-window:], f"{where}: a state block of the window is null: {row}"
+                    if when == "after":  # released below the committed state
+                        first = self.first_needed(g, committed_of(ri))
+                        assert all(b == 0 for j, b in enumerate(row) if (j + 1) * mbs <= first), (
+                            f"{where}: {row} keeps a block below position {first}")
                 else:
                     assert len(row) == cdiv(st.reach, mbs), (
                         f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry")
-                if kind == "released":
+                if kind in ("ring", "state"):
+                    pass
+                elif kind == "released":
                     first = self.first_needed(g, committed_of(ri))
                     for j, b in enumerate(row):
                         below = (j + 1) * mbs <= first
@@ -306,6 +326,9 @@ class Auditor:
                 assert views[w.req_index].num_committed == new_committed, where
             # the logical store: written into blocks the request holds, never shared ones
             for g, table in enumerate(plan.rows_before):
+                if self.kind(g) == "state":
+                    self.write_states(g, table, w, contents, where)
+                    continue
                 lo = w.start
                 if self.kind(g) == "ring":  # a ring keeps the last C rows of a chunk
                     lo = max(w.start, w.stop - self.span(g))
@@ -328,6 +351,13 @@ class Auditor:
             st = self.req[ri]
             n = st.committed
             for g, table in enumerate(plan.rows_after):
+                if self.kind(g) == "state":
+                    col = self.state_col[g][ri]
+                    got = self.store[g][table[ri][col], 0]
+                    assert got == st.fp[n - 1], (
+                        f"step {step} group {self.geometries[g].name} request {st.spec.request_id}: the "
+                        f"state in column {col} holds {got}, want the state after position {n - 1}")
+                    continue
                 positions = np.arange(self.first_needed(g, n), n)
                 blk, off = self.slots(g, table[ri], positions)
                 got = self.store[g][blk, off]
@@ -357,6 +387,26 @@ class Auditor:
 
     def req_index(self, st):
         return self.by_id[st.spec.request_id]
+
+    def write_states(self, g, table, w, contents, where) -> None:
+        """Semantics section 4 (MambaSpec): a prefill chunk leaves the state after its last
+        token in the window's first block; a decode step the state after its token ``j`` in
+        the ``j``-th; the window starts at entry 0 (none) or at the last token's block (align)."""
+        spec = self.geometries[g].spec
+        row = np.asarray(table[w.req_index], dtype=np.int64)
+        first = (w.stop - 1) // spec.block_size if spec.mamba_cache_mode == "align" else 0
+        if w.stop - w.start - w.num_drafts > 1:
+            cols, states = [first], [int(contents[-1])]
+        else:
+            cols, states = [first + j for j in range(len(contents))], [int(c) for c in contents]
+        others = {int(b) for r, rr in table.items() if r != w.req_index for b in rr if b}
+        for c, state in zip(cols, states):
+            assert c < len(row) and row[c] != 0, f"{where}: state column {c} of {row.tolist()} holds no block"
+            assert int(row[c]) not in others, f"{where}: state block {row[c]} held by another request"
+            self.store[g][row[c], 0] = state
+        # the committed state: the chunk's one state, or the one after a decode step's accepted end
+        n = self.req[w.req_index].committed
+        self.state_col[g][w.req_index] = cols[0] if len(cols) == 1 else first + (n - 1 - w.start)
 
     def check_hit(self, st: ReqState, hit: int, step: int) -> None:
         unit = math.lcm(*self.mbs)

@@ -65,11 +65,12 @@ class CellResult:
 
 
 def page_states(scenario: Scenario) -> int:
-    """The scenario's ``B`` for the matrix: the smallest page (in states) of its paged groups."""
+    """The scenario's ``B`` for the matrix: the smallest page (in states) of its paged groups
+    (rings and Mamba states excluded)."""
     from dcpsim.engine.reference import ReferenceEngine
 
     geometries = ReferenceEngine().geometries(scenario.layers, scenario.config)  # validates too
-    pages = [g.states_per_page for g in geometries if g.storage is not Storage.RING]
+    pages = [g.states_per_page for g in geometries if g.storage not in (Storage.RING, Storage.STATE)]
     return min(pages) if pages else 1
 
 

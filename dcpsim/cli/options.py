@@ -32,6 +32,9 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                         "(dummy requests that must write nothing; default: the scenario's, 0 = off)")
     p.add_argument("--async-scheduling", action="store_true", default=None,
                    help="two batches in flight: sliding-window and chunked-local caps reserve for both")
+    p.add_argument("--mamba-cache-mode", choices=("none", "align"),
+                   help="every Mamba layer's state layout: none (one block holds the state) or align "
+                        "(position-indexed state blocks of the cache block size)")
     p.add_argument("--seed", type=int, help="changes token contents and acceptance patterns")
     p.add_argument("--verify-every", type=int, metavar="N", help="verify every N steps (and at the end)")
     p.add_argument("--paranoid", action="store_true",
@@ -117,6 +120,7 @@ def resolve_scenario(args, world_size: int | None = None) -> Scenario:
             kernel_block_size=args.kernel_block_size,
             max_cudagraph_capture_size=getattr(args, "max_cudagraph_capture_size", None),
             async_scheduling=getattr(args, "async_scheduling", None),
+            mamba_cache_mode=getattr(args, "mamba_cache_mode", None),
             seed=args.seed,
             verify_every=args.verify_every,
         )

@@ -101,7 +101,8 @@ def run(args) -> int:
         print("bug classes (docs/dcp-semantics.md section 8):")
         print("\n".join(bug_class_legend(plan.faults)))
         if plan.skipped:
-            print(f"({plural(len(plan.skipped), 'combination')} skipped: config invalid for the scenario; see --json)")
+            print(f"({plural(len(plan.skipped), 'combination')} skipped: config invalid for the scenario, or a "
+                  "baseline identical to another one; see --json)")
         print()
         print("\n".join(summary) + f" ({seconds:.1f} s)")
     return EXIT_OK if passed else EXIT_CHECK_FAILED

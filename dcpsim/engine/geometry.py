@@ -31,7 +31,8 @@ class GroupGeometry:
     storage: Storage
     retention: Retention
     block_size: int
-    """Tokens per page (``B``), or the ring capacity (``C``)."""
+    """Tokens per page (``B``), the ring capacity (``C``), or the tokens a Mamba state
+    block stands for (vLLM's ``mamba_block_size``)."""
     tokens_per_state: int
     """``R`` for compressed records, else 1."""
     sharded: bool
@@ -43,7 +44,8 @@ class GroupGeometry:
     """States per attention-kernel block (None: one kernel block per page)."""
     num_speculative_tokens: int
     manager_block_size: int
-    """Tokens one block-table entry covers: ``B * W`` when sharded, else ``B``."""
+    """Tokens one block-table entry covers: ``B * W`` when sharded, else ``B`` (Mamba
+    states included: never scaled by ``W``)."""
     block_table_width: int
     """Entries of a worker block-table row: ``max_num_blocks_per_req`` rounded up to a
     multiple of 128 tokens where the spec asks (``get_block_table_width``)."""
@@ -60,6 +62,8 @@ class GroupGeometry:
 
     @property
     def states_per_page(self) -> int:
+        if self.storage is Storage.STATE:
+            return 1  # a page is one recurrent state, whatever block_size tokens it stands for
         return self.block_size // self.tokens_per_state
 
     @property
@@ -79,7 +83,9 @@ def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -
         if tps > 1 else ""
     )
     kbs = config.kernel_block_size
-    if storage is Storage.RING:
+    if storage is Storage.STATE:
+        kbs = None  # read whole, as recurrent state indices: no kernel blocks, no interleave
+    elif storage is Storage.RING:
         kbs = None
         k = config.num_speculative_tokens
         if spec.block_size < k + 2:

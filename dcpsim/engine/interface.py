@@ -131,7 +131,7 @@ class Engine:
 
     def build_attention_metadata(self, geometry: GroupGeometry, writes: list[ReqWrite],
                                  block_rows: list[np.ndarray], dcp_rank: int) -> AttentionMetadata:
-        """The step's attention metadata for the group on rank ``dcp_rank``
+        """The step's attention metadata for a paged or compressed (attention) group on rank ``dcp_rank``
         (``dcpsim.model.plan.AttentionMetadata``): global and local lengths, query offsets
         and per-token bounds, the paged plan over the rank's own kernel pages, the block
         table width the builder expects, and, for a uniform decode step padded to a

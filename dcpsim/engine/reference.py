@@ -28,6 +28,8 @@ from dcpsim.model.layout import (
     ring_slot_mapping,
     ring_states_to_write,
     slot_mapping,
+    state_slot_mapping,
+    state_writes,
 )
 from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ReqWrite
 from dcpsim.model.specs import cdiv
@@ -51,6 +53,10 @@ class ReferenceEngine(Engine):
     def blocks_needed(self, geometry: GroupGeometry, num_tokens: int) -> int:
         if geometry.storage is Storage.RING:
             return 1
+        if geometry.storage is Storage.STATE:
+            # vLLM's MambaManager: one entry per block of tokens plus one per speculative
+            # token (1 + k in 'none' mode, where a block covers max_model_len tokens)
+            return cdiv(num_tokens, geometry.manager_block_size) + geometry.spec.num_speculative_blocks
         return cdiv(num_tokens, geometry.manager_block_size)
 
     def first_needed_position(self, geometry: GroupGeometry, num_committed: int) -> int:
@@ -60,6 +66,8 @@ class ReferenceEngine(Engine):
             # A step writes k + 1 rows; with every draft rejected only C - k committed rows
             # survive, which must include the previous row.
             return max(0, num_committed - (geometry.block_size - geometry.num_speculative_tokens))
+        if geometry.retention is Retention.STATE:
+            return max(0, num_committed - 1)  # only the state after the last committed token
         return 0
 
     def num_released_blocks(self, geometry: GroupGeometry, first_needed: int) -> int:
@@ -76,6 +84,10 @@ class ReferenceEngine(Engine):
     def write_slots(self, geometry: GroupGeometry, write: ReqWrite, block_row: np.ndarray,
                     dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
         g, start, stop = geometry, write.start, write.stop
+        if g.storage is Storage.STATE:
+            positions, columns = state_writes(start, stop, write.num_drafts, block_size=g.block_size,
+                                              align=g.spec.mamba_cache_mode == "align")
+            return state_slot_mapping(columns, block_row), positions
         if g.storage is Storage.RING:
             states = ring_states_to_write(start, stop, g.block_size)
             return ring_slot_mapping(states, int(block_row[0]), g.block_size), states
@@ -122,8 +134,8 @@ class ReferenceEngine(Engine):
 
     def _attention_keys(self, g: GroupGeometry, start: int, stop: int, dcp_rank: int, rows: np.ndarray):
         """(local indices read, visibility mask, merged) of query tokens ``start + rows``."""
-        if g.storage is Storage.RING:
-            raise ValueError("a ring is compressor state, not attention KV")
+        if g.storage in (Storage.RING, Storage.STATE):
+            raise ValueError(f"a {g.storage} group holds recurrent state, not attention KV")
         rows = np.asarray(rows, dtype=np.int64)
         if g.sharded:
             bounds = np.asarray(self.query_local_bounds(g, start, stop, dcp_rank), dtype=np.int64)[rows]

@@ -2,7 +2,8 @@
 
 Layers that may share a block table (same spec kind, block size, compression
 and ``dcp_replicated``) form one group; replicated and sharded layers never
-share a group. A group of identical specs gets the merged spec; a group of
+share a group, and Mamba states form groups of their own (equal specs only),
+never mixed with attention. A group of identical specs gets the merged spec; a group of
 one kind with differing page geometry gets ``UniformTypeKVCacheSpecs``.
 """
 
@@ -15,6 +16,7 @@ from dcpsim.model.config import SimConfig
 from dcpsim.model.specs import (
     AttentionSpec,
     KVCacheSpec,
+    MambaSpec,
     UniformTypeKVCacheSpecs,
     is_dcp_replicated_spec,
     is_dcp_sharded_spec,
@@ -53,6 +55,8 @@ def _group_key(spec: KVCacheSpec) -> tuple:
     """Layers with equal keys may share a group (and its block table)."""
     if isinstance(spec, UniformTypeKVCacheSpecs):
         raise ConfigError("group_layer_specs takes layer specs, not a UniformTypeKVCacheSpecs")
+    if isinstance(spec, MambaSpec):
+        return ("MambaSpec", spec)  # one state layout, one mode: equal specs only
     kind_fields = tuple(
         getattr(spec, name, None)
         for name in ("sliding_window", "extra_retained_tokens", "attention_chunk_size")
@@ -90,13 +94,17 @@ def check_groups_for_dcp(groups: list[KVCacheGroupSpec], config: SimConfig) -> N
     """Every group must be either DCP-sharded or DCP-replicated when ``W > 1``.
 
     Also evaluates each spec's memory bound, which refuses a sharded sliding
-    window under DCP with the message telling the user to mark it replicated.
+    window under DCP with the message telling the user to mark it replicated, and
+    what the config fixes of a Mamba spec (``MambaSpec.check_config``).
     """
     for group in groups:
         for spec in iter_layer_specs(group.kv_cache_spec):
-            if not isinstance(spec, AttentionSpec):
+            if not isinstance(spec, (AttentionSpec, MambaSpec)):
                 raise ConfigError(f"group {group.name}: {type(spec).__name__} is not simulated")
         try:
+            for spec in iter_layer_specs(group.kv_cache_spec):
+                if isinstance(spec, MambaSpec):
+                    spec.check_config(config)
             group.kv_cache_spec.max_memory_usage_bytes(config)
         except ConfigError as exc:
             raise ConfigError(f"group {group.name} (layers {', '.join(group.layer_names)}): {exc}") from None

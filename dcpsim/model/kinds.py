@@ -1,10 +1,13 @@
 """How a spec's cache is stored and what it retains: facts of the spec type, named once.
 
 ``Storage``: ``paged`` (one state per token), ``records`` (compressed: one record per
-``tokens_per_state = R`` tokens) or ``ring`` (a compressor ring, ``CircularBufferSpec``).
+``tokens_per_state = R`` tokens), ``ring`` (a compressor ring, ``CircularBufferSpec``) or
+``state`` (a Mamba / linear-attention recurrent state, ``MambaSpec``: one state per block,
+overwritten every step).
 ``Retention``: ``full`` (every position), ``window`` (sliding window), ``chunk``
-(chunked local) or ``ring``. Both sides of the harness classify specs with these two
-functions; neither derives any geometry here.
+(chunked local), ``ring`` or ``state`` (only the state after the last committed token).
+Both sides of the harness classify specs with these two functions; neither derives any
+geometry here.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 
@@ -24,6 +28,7 @@ class Storage(enum.StrEnum):
     PAGED = "paged"
     RECORDS = "records"
     RING = "ring"
+    STATE = "state"
 
 
 class Retention(enum.StrEnum):
@@ -31,12 +36,15 @@ class Retention(enum.StrEnum):
     WINDOW = "window"
     CHUNK = "chunk"
     RING = "ring"
+    STATE = "state"
 
 
 def storage_of(spec: KVCacheSpec) -> Storage:
     """How a layer spec's cache is stored; refuses what the harness does not simulate."""
     if isinstance(spec, CircularBufferSpec):
         return Storage.RING
+    if isinstance(spec, MambaSpec):
+        return Storage.STATE
     tps = spec.tokens_per_state
     if not isinstance(tps, int):
         raise ConfigError(
@@ -51,6 +59,8 @@ def storage_of(spec: KVCacheSpec) -> Storage:
 def retention_of(spec: KVCacheSpec) -> Retention:
     if isinstance(spec, CircularBufferSpec):
         return Retention.RING
+    if isinstance(spec, MambaSpec):
+        return Retention.STATE
     if isinstance(spec, SlidingWindowSpec):
         return Retention.WINDOW
     if isinstance(spec, ChunkedLocalAttentionSpec):

@@ -39,6 +39,8 @@ __all__ = [
     "record_slot_mapping",
     "ring_states_to_write",
     "ring_slot_mapping",
+    "state_writes",
+    "state_slot_mapping",
 ]
 
 
@@ -349,3 +351,33 @@ def ring_slot_mapping(states, block_id: int, capacity: int) -> np.ndarray:
     if capacity < 1:
         raise ConfigError(f"ring capacity must be >= 1, got {capacity}")
     return block_id * capacity + np.asarray(states, dtype=np.int64) % capacity
+
+
+# --- Mamba / linear-attention recurrent state (MambaSpec) -------------------------------
+
+
+def state_writes(start: int, stop: int, num_drafts: int, *, block_size: int,
+                 align: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(positions, columns)`` of the states a step of ``[start, stop)`` writes: the state
+    after ``positions[i]`` goes to block-table column ``columns[i]``.
+
+    A prefill chunk (more than one true token) writes one state, after its last token, at
+    the base column; a decode step (one true token and ``num_drafts`` drafts) writes the
+    state after each of its tokens, token ``j`` at ``base + j`` (vLLM's speculative state
+    blocks). The base column is 0 in ``none`` mode and ``(stop - 1) // block_size`` (the
+    block holding the step's last token) in ``align`` mode.
+    """
+    base = (stop - 1) // block_size if align else 0
+    if stop - start - num_drafts > 1:
+        return np.array([stop - 1], dtype=np.int64), np.array([base], dtype=np.int64)
+    positions = np.arange(start, stop, dtype=np.int64)
+    return positions, base + positions - start
+
+
+def state_slot_mapping(columns, block_table) -> np.ndarray:
+    """A state page holds one state: the slot of column ``c`` is ``block_table[c]``;
+    a column past the row reads the null block 0, as vLLM's zero-padded table does."""
+    bt = np.asarray(block_table, dtype=np.int64)
+    cols = np.asarray(columns, dtype=np.int64)
+    short = max(0, int(cols.max(initial=-1)) + 1 - len(bt))
+    return np.concatenate([bt, np.zeros(short, dtype=np.int64)])[cols]

@@ -464,10 +464,11 @@ def iter_layer_specs(kv_cache_spec: KVCacheSpec) -> list[KVCacheSpec]:
 
 
 def is_dcp_replicated_spec(kv_cache_spec: KVCacheSpec) -> bool:
-    """Every layer is an attention spec marked ``dcp_replicated``."""
+    """Every layer is an attention spec marked ``dcp_replicated``, or a Mamba state
+    (replicated by nature)."""
     layers = iter_layer_specs(kv_cache_spec)
     return bool(layers) and all(
-        isinstance(s, AttentionSpec) and s.dcp_replicated for s in layers
+        (isinstance(s, AttentionSpec) and s.dcp_replicated) or isinstance(s, MambaSpec) for s in layers
     )
 
 
@@ -477,3 +478,132 @@ def is_dcp_sharded_spec(kv_cache_spec: KVCacheSpec) -> bool:
     return bool(layers) and all(
         isinstance(s, FullAttentionSpec) and not s.dcp_replicated for s in layers
     )
+
+
+MAMBA_CACHE_MODES = ("none", "align")
+"""vLLM's ``mamba_cache_mode``: ``none`` (no prefix caching of the state; one block holds
+a request's whole state) or ``align`` (state blocks indexed by position, ``block_size``
+tokens each, for prefix-cache checkpoints at block boundaries)."""
+
+MAMBA_TYPES = ("mamba1", "mamba2", "short_conv", "linear", "gdn_attn")
+"""vLLM's ``MambaAttentionBackendEnum`` members, lower case (metadata only)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MambaSpec(KVCacheSpec):
+    """The recurrent state of a Mamba or linear-attention (Gated DeltaNet) layer.
+
+    A page is one state: the layer's state tensors (``shapes`` with ``dtypes``, e.g. a
+    conv state and an SSM state), ``page_size_padded`` bytes when set. The state
+    summarises the whole prefix, so it is replicated on every DCP rank and never sharded;
+    the manager block size is never scaled by ``W``. A request holds one state block plus
+    ``num_speculative_blocks`` (one per speculative token); in ``align`` mode the block
+    table is indexed by position (``cdiv(max_len, block_size)`` entries, only the last
+    ``1 + num_speculative_blocks`` of them holding blocks). ``block_size`` is vLLM's
+    ``mamba_block_size``: ``max_model_len`` in ``none`` mode.
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    page_size_padded: int | None = None
+    mamba_type: str = "mamba2"
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        shapes = self.shapes
+        if not isinstance(shapes, (list, tuple)) or not shapes or not all(
+            isinstance(s, (list, tuple)) and s and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                                       for d in s)
+            for s in shapes
+        ):
+            raise ConfigError(
+                f"{name}.shapes must be a non-empty list of state shapes, each a non-empty list of "
+                f"integers >= 1 (e.g. [[3, 8192], [32, 128, 128]]), got {shapes!r}"
+            )
+        object.__setattr__(self, "shapes", tuple(tuple(s) for s in shapes))
+        dtypes = self.dtypes
+        if not isinstance(dtypes, (list, tuple)) or len(dtypes) != len(self.shapes):
+            raise ConfigError(
+                f"{name}.dtypes must list one dtype per state shape ({len(self.shapes)}), got {dtypes!r}"
+            )
+        for d in dtypes:
+            if not isinstance(d, str) or d not in DTYPE_BYTES:
+                raise ConfigError(f"{name}.dtypes entry {d!r} is not known; use one of {sorted(DTYPE_BYTES)}")
+        object.__setattr__(self, "dtypes", tuple(dtypes))
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise ConfigError(
+                f"{name}.mamba_cache_mode must be one of {list(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}"
+            )
+        if self.mamba_type not in MAMBA_TYPES:
+            raise ConfigError(f"{name}.mamba_type must be one of {list(MAMBA_TYPES)}, got {self.mamba_type!r}")
+        check_int(f"{name}.num_speculative_blocks", self.num_speculative_blocks, 0)
+        if self.page_size_padded is not None:
+            _positive_int(name, "page_size_padded", self.page_size_padded)
+            if self.page_size_padded < self.real_page_size_bytes:
+                raise ConfigError(
+                    f"{name}.page_size_padded ({self.page_size_padded}) must be >= the real "
+                    f"page size ({self.real_page_size_bytes})"
+                )
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """Bytes of the state tensors (vLLM's ``state_content_size_bytes``)."""
+        total = 0
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            n = 1
+            for d in shape:
+                n *= d
+            total += n * DTYPE_BYTES[dtype]
+        return total
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.page_size_padded or self.real_page_size_bytes
+
+    @property
+    def dcp_replicated(self) -> bool:
+        """Always: a recurrent state summarises the whole prefix and cannot be split."""
+        return True
+
+    @property
+    def num_state_blocks(self) -> int:
+        """Blocks holding states at once: the running state and the speculative ones."""
+        return 1 + self.num_speculative_blocks
+
+    def check_config(self, config: SimConfig) -> None:
+        """What vLLM fixes about a Mamba spec from the engine config."""
+        name = type(self).__name__
+        if self.mamba_cache_mode == "none" and self.block_size < config.max_model_len:
+            raise ConfigError(
+                f"{name}.block_size ({self.block_size}) must be >= max_model_len ({config.max_model_len}) "
+                "in mamba_cache_mode 'none': one block holds a request's whole state (vLLM sets "
+                "mamba_block_size = max_model_len); leave block_size out"
+            )
+        if self.num_speculative_blocks != config.num_speculative_tokens:
+            raise ConfigError(
+                f"{name}.num_speculative_blocks ({self.num_speculative_blocks}) must equal "
+                f"num_speculative_tokens ({config.num_speculative_tokens}): vLLM gives a Mamba layer one "
+                "state block per speculative token; leave it out"
+            )
+
+    def max_memory_usage_bytes(self, config: SimConfig) -> int:
+        # align: the state being read (the previous step's) and the new one, plus drafts
+        resident = self.num_state_blocks + (self.mamba_cache_mode == "align")
+        return resident * self.page_size_bytes
+
+    def max_num_blocks_per_req(self, config: SimConfig, max_len: int) -> int:
+        # never scaled by W: the state is replicated on every DCP rank
+        if self.mamba_cache_mode == "align":
+            return cdiv(max_len, self.block_size) + self.num_speculative_blocks
+        return cdiv(self.max_memory_usage_bytes(config), self.page_size_bytes)
+
+    def is_same_kind(self, kv_cache_specs) -> bool:
+        return all(
+            isinstance(s, MambaSpec)
+            and (s.block_size, s.mamba_cache_mode, s.num_speculative_blocks)
+            == (self.block_size, self.mamba_cache_mode, self.num_speculative_blocks)
+            for s in kv_cache_specs.values()
+        )

@@ -29,7 +29,7 @@ def _non_default(obj) -> dict:
 
 def _spec_dict(spec: KVCacheSpec) -> dict:
     fields = _non_default(spec)
-    if fields.get("head_size_v") == getattr(spec, "head_size", None):
+    if "head_size_v" in fields and fields["head_size_v"] == getattr(spec, "head_size", None):
         fields.pop("head_size_v")  # the default: V as wide as K
     if fields.get("alignment") is not None:
         fields.pop("page_size_padded", None)  # derived from alignment when the spec is built

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dcpsim.errors import ConfigError, ScenarioError
 from dcpsim.model.config import SimConfig
+from dcpsim.model.specs import MambaSpec
 from dcpsim.model.validate import is_int
 from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_path
 from dcpsim.scenarios.scenario import RequestSpec, Scenario
@@ -121,7 +122,18 @@ def _tables(entries, table: str, problems: _Problems, required: bool = True):
             problems.add(f"{table}[{n}]", "must be a table")
 
 
-def _parse_layers(entries, problems: _Problems) -> dict:
+def _mamba_defaults(fields: dict, config: SimConfig | None) -> None:
+    """What vLLM derives for a Mamba layer from the engine config, when the file leaves it
+    out: ``block_size`` (``mamba_block_size``) is ``max_model_len`` in ``none`` mode, and
+    ``num_speculative_blocks`` is ``num_speculative_tokens``."""
+    if config is None:
+        return
+    if fields.get("mamba_cache_mode", "none") != "align":
+        fields.setdefault("block_size", config.max_model_len)
+    fields.setdefault("num_speculative_blocks", config.num_speculative_tokens)
+
+
+def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None) -> dict:
     layers: dict = {}
     for _, path, entry in _tables(entries, "layers", problems):
         kind = entry.get("kind")
@@ -140,6 +152,8 @@ def _parse_layers(entries, problems: _Problems) -> dict:
         _upstream_sharded_flag(entry, fields, problems, path)
         if fields.get("alignment") is not None and fields.get("page_size_padded") is not None:
             problems.add(f"{path}.page_size_padded", "alignment derives the padded page; give one of the two")
+        if cls is MambaSpec:
+            _mamba_defaults(fields, config)
         for f in dataclasses.fields(cls):
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in fields:
                 problems.add(f"{path}.{f.name}", f"is required for kind {kind!r}")
@@ -154,6 +168,8 @@ def _parse_layers(entries, problems: _Problems) -> dict:
             continue
         try:
             spec = cls(**fields)
+            if isinstance(spec, MambaSpec) and config is not None:
+                spec.check_config(config)
         except ConfigError as exc:
             message = str(exc)
             field = message.split(" ", 1)[0].removeprefix(cls.__name__ + ".")
@@ -333,7 +349,7 @@ def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario
     problems = _Problems(source)
     problems.unknown_keys("", data, TOP_KEYS)
     config = _parse_config(data.get("config", {}), problems)
-    layers = _parse_layers(data.get("layers"), problems)
+    layers = _parse_layers(data.get("layers"), problems, config)
     aliases = _parse_aliases(data.get("aliases"), layers, problems)
     stamped = _parse_requests(data.get("requests"), problems)
     requests = [r for _, r in stamped]

@@ -8,6 +8,7 @@ from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     FullAttentionSpec,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
@@ -20,6 +21,7 @@ SPEC_KINDS = {
     "sliding_window_mla": SlidingWindowMLASpec,
     "chunked_local": ChunkedLocalAttentionSpec,
     "ring": CircularBufferSpec,
+    "mamba": MambaSpec,
 }
 
 _BUILTIN_DIR = Path(__file__).parent / "builtin"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
-from dcpsim.model.specs import CircularBufferSpec, KVCacheSpec
+from dcpsim.model.specs import MAMBA_CACHE_MODES, CircularBufferSpec, KVCacheSpec, MambaSpec
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ class Scenario:
         verify_every: int | None = None,
         max_cudagraph_capture_size: int | None = None,
         async_scheduling: bool | None = None,
+        mamba_cache_mode: str | None = None,
     ) -> Scenario:
         """The same scenario with command-line overrides applied.
 
@@ -123,6 +124,10 @@ class Scenario:
         ``B`` tokens for plain layers, ``B * R`` tokens for a compressed layer
         (``tokens_per_state = R``), so that one interleave size fits every
         group. Ring capacities are a property of the model and stay.
+        ``mamba_cache_mode`` switches every Mamba layer to ``none`` or ``align``
+        (see ``with_mamba_cache_mode``); an ``align``-mode Mamba layer's block size
+        follows ``block_size``, as vLLM's ``mamba_block_size`` follows the cache block
+        size, and a ``none``-mode one keeps ``max_model_len``.
         """
         config_changes = {}
         if decode_context_parallel_size is not None:
@@ -137,12 +142,15 @@ class Scenario:
             config_changes["async_scheduling"] = async_scheduling
         config = dataclasses.replace(self.config, **config_changes)
         layers = self.layers
+        if mamba_cache_mode is not None:
+            layers = with_mamba_cache_mode(layers, mamba_cache_mode, config)
         if block_size is not None:
             layers = {
                 name: spec
                 if isinstance(spec, CircularBufferSpec)
+                or (isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align")
                 else dataclasses.replace(spec, block_size=block_size * _compression(spec))
-                for name, spec in self.layers.items()
+                for name, spec in layers.items()
             }
         changes = {"config": config, "layers": layers}
         if seed is not None:
@@ -156,3 +164,21 @@ def _compression(spec: KVCacheSpec) -> int:
     """Tokens per stored record: ``R`` for a compressed cache, else 1."""
     tps = getattr(spec, "tokens_per_state", 1)
     return tps if isinstance(tps, int) and tps > 1 else 1
+
+
+def with_mamba_cache_mode(layers: dict[str, KVCacheSpec], mode: str, config: SimConfig) -> dict[str, KVCacheSpec]:
+    """Every Mamba layer switched to ``mamba_cache_mode = mode`` with the block size vLLM
+    gives that mode: ``max_model_len`` for ``none``; for ``align`` the cache block size,
+    here the smallest block size of the model's uncompressed attention layers (a Mamba
+    layer already in ``align`` mode keeps its own)."""
+    if mode not in MAMBA_CACHE_MODES:
+        raise ConfigError(f"mamba_cache_mode must be one of {list(MAMBA_CACHE_MODES)}, got {mode!r}")
+    attention = [s.block_size for s in layers.values()
+                 if not isinstance(s, (MambaSpec, CircularBufferSpec)) and _compression(s) == 1]
+    out = {}
+    for name, spec in layers.items():
+        if isinstance(spec, MambaSpec) and spec.mamba_cache_mode != mode:
+            size = config.max_model_len if mode == "none" else min(attention, default=spec.block_size)
+            spec = dataclasses.replace(spec, mamba_cache_mode=mode, block_size=size)
+        out[name] = spec
+    return out

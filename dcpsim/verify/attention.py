@@ -41,7 +41,8 @@ class AttentionVerifier:
         self.cfg = config
         self.coll = collectives
         self.rank, self.world = collectives.rank, collectives.world_size
-        self.groups = {view.group_of_layer(g.layer_names[0]): g for g in groups if g.storage is not Storage.RING}
+        self.groups = {view.group_of_layer(g.layer_names[0]): g for g in groups
+                       if g.storage not in (Storage.RING, Storage.STATE)}
         """The engine's store of each attention group -> the checker's geometry of it."""
         self.checks = 0
         self.query_tokens = 0

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from dcpsim.harness.collectives import Collectives
+from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import CONTENT, GROUP, INDEX, STEP, WRITER
 from dcpsim.model.plan import RequestView, StepPlan
 from dcpsim.model.rank_view import RankView
@@ -31,7 +32,7 @@ from dcpsim.plural import plural
 from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.metadata import MetadataJudge
-from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask
+from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
 from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.write_guard import WriteGuard
@@ -67,6 +68,8 @@ class Checker:
             self.rank, groups, self.store_of, config.max_model_len if config else 0,
             config.cudagraph_capture_sizes if config else (), table_width=view.block_table_width,
         ) if config is not None else None
+        self._last_write: dict[int, tuple[int, int, int]] = {}
+        """Each request's last write (start, stop, drafts): where its Mamba states went."""
 
     # --- every step: the write log ----------------------------------------------------
 
@@ -77,16 +80,27 @@ class Checker:
         self.guard.judge(plan, writes, shapes)
         if self.metadata is not None:
             self.metadata.judge(plan, self.view.step_attention_metadata())
+        for w in plan.writes:
+            self._last_write[w.req_index] = (w.start, w.stop, w.num_drafts)
 
     # --- phase 1 ------------------------------------------------------------------
 
     def _row(self, g: int, view: RequestView) -> np.ndarray:
         return self.view.block_table_row(self.store_of[g], view.req_index)
 
+    def _local(self, g: int, view: RequestView, index: np.ndarray) -> np.ndarray:
+        """What the read path looks up for ``index`` (this rank's expected indices, in order):
+        local indices of a sharded group, positions of a replicated one, the state's column."""
+        group = self.groups[g]
+        if group.storage is Storage.STATE:
+            column = state_column(group, *self._last_write[view.req_index], view.num_committed)
+            return np.full(len(index), column, dtype=np.int64)
+        return np.arange(len(index), dtype=np.int64) if group.sharded else index
+
     def _local_read(self, g: int, view: RequestView):
         group = self.groups[g]
         index, content = expected_on_rank(group, view, self.rank)
-        local = np.arange(len(index), dtype=np.int64) if group.sharded else index
+        local = self._local(g, view, index)
         got = self.view.read_entries(self.store_of[g], read_slots(group, self._row(g, view), local))
         bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != self.store_of[g])
         return index, got, bad
@@ -179,7 +193,7 @@ class Checker:
             owned = full_index[owned_mask(group, full_index, owner)]
             local = int(np.searchsorted(owned, target))
         else:
-            local = target
+            local = int(self._local(g, view, np.array([target]))[0])
         slot = int(read_slots(group, self._row(g, view), np.array([local]))[0])
         entry = self.view.read_entries(store, np.array([slot]))[0]
         found = self.view.find_entries(store, target, writer=view.req_index).tolist()

@@ -4,7 +4,8 @@ Derived from the scenario's layer specs and config alone, with the naive rules o
 ``docs/dcp-semantics.md`` (sections 2-4): a group is sharded when all its layers are
 non-replicated full attention and ``W > 1``; a sharded group spreads its positions (or,
 for compressed caches, its records) over the ranks ``I`` at a time; a page holds
-``B // R`` states; the kernel reads ``Bk`` states per kernel block. Nothing here comes
+``B // R`` states; the kernel reads ``Bk`` states per kernel block; a Mamba state group is
+replicated and its page is one state. Nothing here comes
 from the engine: a geometry the engine gets wrong (an interleave it rescales, a flag a
 merge drops) shows as a difference between what it wrote and what this expects.
 """
@@ -37,14 +38,20 @@ class ExpectedGroup:
     extra_retained_tokens: int = 0
     attention_chunk_size: int = 0
     num_speculative_tokens: int = 0
+    mamba_cache_mode: str = ""
+    """A Mamba state group: ``none`` (the state blocks are the row's first entries) or
+    ``align`` (the row is indexed by position, ``block_size`` tokens an entry)."""
 
     @property
     def page_states(self) -> int:
+        if self.storage is Storage.STATE:
+            return 1
         return self.block_size // self.tokens_per_state
 
     @property
     def index_kind(self) -> str:
-        return {Storage.RECORDS: "record", Storage.RING: "ring row"}.get(self.storage, "position")
+        kinds = {Storage.RECORDS: "record", Storage.RING: "ring row", Storage.STATE: "state after position"}
+        return kinds.get(self.storage, "position")
 
 
 def expected_groups(scenario) -> list[ExpectedGroup]:
@@ -64,10 +71,11 @@ def expected_groups(scenario) -> list[ExpectedGroup]:
             interleave_size=cfg.cp_kv_cache_interleave_size,
             tokens_per_state=records_per_state(spec),
             block_size=spec.block_size,
-            kernel_block_size=None if storage is Storage.RING else cfg.kernel_block_size,
+            kernel_block_size=None if storage in (Storage.RING, Storage.STATE) else cfg.kernel_block_size,
             sliding_window=getattr(spec, "sliding_window", 0),
             extra_retained_tokens=getattr(spec, "extra_retained_tokens", 0),
             attention_chunk_size=getattr(spec, "attention_chunk_size", 0),
             num_speculative_tokens=cfg.num_speculative_tokens,
+            mamba_cache_mode=getattr(spec, "mamba_cache_mode", ""),
         ))
     return out

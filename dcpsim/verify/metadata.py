@@ -161,7 +161,7 @@ class MetadataJudge:
             return
         by_group = {m.group: m for m in metas}
         for g, group in enumerate(self.groups):
-            if group.storage is Storage.RING:
+            if group.storage not in (Storage.PAGED, Storage.RECORDS):  # rings and Mamba state: no attention
                 continue
             store = self.store_of[g]
             meta = by_group.get(store)

@@ -3,7 +3,9 @@
 Derived from the request's committed length and true token fingerprints (the plan
 history) and the checker's own geometry (``verify.geometry``), by naive enumeration: an
 index ``i`` (position, or record) of a sharded group belongs to rank ``(i // I) % W``,
-and a rank's local sequence is its owned indices in increasing order. Nothing here calls
+and a rank's local sequence is its owned indices in increasing order. A Mamba state group
+holds one entry per request, on every rank: the state after the last committed token, in the
+block-table column the request's last write put it (``state_column``). Nothing here calls
 the layout math or the engine.
 """
 
@@ -32,6 +34,9 @@ def retained_start(group: ExpectedGroup, num_committed: int) -> int:
 def expected_full(group: ExpectedGroup, view: RequestView) -> tuple[np.ndarray, np.ndarray]:
     """Every index (position, or record) the group must hold, with its content."""
     n = view.num_committed
+    if group.storage is Storage.STATE:  # one state, summarising the whole committed prefix
+        last = np.array([n - 1], dtype=np.int64)
+        return last, view.fingerprints[last]
     if group.storage is Storage.RECORDS:
         R = group.tokens_per_state
         records = np.arange(n // R, dtype=np.int64)
@@ -59,3 +64,19 @@ def expected_on_rank(group: ExpectedGroup, view: RequestView, rank: int) -> tupl
     index, content = expected_full(group, view)
     mine = owned_mask(group, index, rank)
     return index[mine], content[mine]
+
+
+def state_column(group: ExpectedGroup, start: int, stop: int, num_drafts: int, num_committed: int) -> int:
+    """The block-table column of a Mamba group holding the state after the last committed
+    token, given the request's last write ``[start, stop)`` with ``num_drafts`` drafts.
+
+    vLLM's kernels keep a request's states in its last ``1 + k`` state blocks (``none``
+    mode: the row's first ``1 + k`` entries; ``align`` mode: from the entry of the write's
+    last token, ``(stop - 1) // B``, on). A prefill chunk leaves one state, after its last
+    token, in the first of them; a decode step leaves the state after each of its tokens,
+    token ``j``'s in the ``j``-th, so the committed one is where the accepted tokens end.
+    """
+    first = (stop - 1) // group.block_size if group.mamba_cache_mode == "align" else 0
+    if stop - start - num_drafts > 1:
+        return first
+    return first + (num_committed - 1 - start)

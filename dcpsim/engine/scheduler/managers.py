@@ -2,9 +2,9 @@
 
 One manager per group, each over its own ``BlockPool``. The engine says how many
 block-table entries a request needs (``B * W`` tokens an entry when sharded, ``B`` when
-replicated, a single block for a ring) and which positions stop being needed (sliding
-window, chunked local, ring): the leading blocks it releases go back to the pool and
-their entries become the null block.
+replicated, a single block for a ring, ``1 + k`` for a Mamba state) and which positions
+stop being needed (sliding window, chunked local, ring, state): the leading blocks it
+releases go back to the pool and their entries become the null block.
 """
 
 from __future__ import annotations
@@ -54,3 +54,53 @@ class GroupManager:
     def free(self, req: int) -> None:
         # Free in reverse so the tail of a request is evicted first (like vLLM).
         self.pool.free(list(reversed(self.blocks.pop(req, []))))
+
+
+class StateManager(GroupManager):
+    """A Mamba (recurrent state) group, after vLLM's ``MambaManager``.
+
+    The row has ``Engine.blocks_needed`` entries (``1 + k`` in ``none`` mode; in ``align``
+    mode one per ``block_size`` tokens plus ``k``), but only its last ``1 + k`` entries,
+    the state window, get blocks: new entries below the window are the null block, as
+    vLLM pads them. The engine's ``first_needed_position`` (the last committed token) then
+    releases the entries below the committed state. vLLM also moves leftover speculative
+    blocks to the end of the row instead of allocating new ones; here they are released
+    and new ones allocated, so a request can hold up to ``2 * (1 + k) + 1`` blocks at once
+    in ``align`` mode (vLLM: ``2 + k``).
+    """
+
+    @property
+    def window(self) -> int:
+        return self.geometry.spec.num_state_blocks
+
+    def _new_entries(self, req: int, num_tokens: int) -> tuple[int, int]:
+        """(null entries, block entries) to append for a row of ``num_tokens`` tokens."""
+        have = len(self.held(req))
+        need = self.engine.blocks_needed(self.geometry, num_tokens)
+        first_real = max(have, need - self.window)
+        return max(0, first_real - have), max(0, need - first_real)
+
+    def num_new_blocks(self, req: int, num_tokens: int) -> int:
+        return self._new_entries(req, num_tokens)[1]
+
+    def allocate(self, req: int, num_tokens: int) -> None:
+        nulls, real = self._new_entries(req, num_tokens)
+        if nulls or real:
+            self.blocks.setdefault(req, []).extend([NULL_BLOCK] * nulls + self.pool.allocate(real))
+
+    def blocks_per_request(self) -> int:
+        return state_blocks_per_request(self.geometry)
+
+
+def state_blocks_per_request(geometry: GroupGeometry) -> int:
+    """The most blocks one request holds at once in a Mamba group (what its pool must offer)."""
+    window = geometry.spec.num_state_blocks
+    if geometry.spec.mamba_cache_mode == "align":
+        return 2 * window + 1  # the old window, the new one, a block the committed state left behind
+    return window
+
+
+def make_manager(geometry: GroupGeometry, pool: BlockPool, engine: Engine) -> GroupManager:
+    """The manager of one group: a ``StateManager`` for a Mamba group, else a ``GroupManager``."""
+    cls = StateManager if geometry.storage is Storage.STATE else GroupManager
+    return cls(geometry, pool, engine)

@@ -27,7 +27,7 @@ import numpy as np
 from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.scheduler.block_pool import BlockPool
-from dcpsim.engine.scheduler.managers import GroupManager
+from dcpsim.engine.scheduler.managers import StateManager, make_manager, state_blocks_per_request
 from dcpsim.engine.scheduler.prefix_cache import PrefixCache
 from dcpsim.engine.scheduler.request import Request, Status
 from dcpsim.errors import ConfigError
@@ -48,6 +48,8 @@ def pool_sizes(scenario: Scenario, engine: Engine, geometries: list[GroupGeometr
         needs = [engine.blocks_needed(geometry, r.prompt_len + r.output_len + k) for r in scenario.requests]
         if geometry.storage is Storage.RING:
             out.append(len(needs))
+        elif geometry.storage is Storage.STATE:  # a few state blocks per request, however long
+            out.append(len(needs) * state_blocks_per_request(geometry))
         elif scenario.kv_cache_tokens is not None:
             out.append(max(max(needs), engine.blocks_needed(geometry, scenario.kv_cache_tokens)))
         else:  # every request fits at once
@@ -71,7 +73,7 @@ class Scheduler:
         self.engine = engine
         self.geometries = geometries
         sizes = pool_sizes(scenario, engine, geometries)
-        self.managers = [GroupManager(g, self.block_pool_class(n), engine) for g, n in zip(geometries, sizes)]
+        self.managers = [make_manager(g, self.block_pool_class(n), engine) for g, n in zip(geometries, sizes)]
         prefixes: dict[str, np.ndarray] = {}
         for r in scenario.requests:
             if r.prefix:
@@ -94,6 +96,8 @@ class Scheduler:
             total = req.spec.prompt_len + req.spec.output_len + self.config.num_speculative_tokens
             for m in self.managers:
                 need = self.engine.blocks_needed(m.geometry, total)
+                if isinstance(m, StateManager):
+                    need = m.blocks_per_request()
                 if need > m.pool.num_blocks:
                     raise ConfigError(
                         f"request {req.request_id!r} needs {plural(need, 'block')} in group "

@@ -51,6 +51,7 @@ from dcpsim.engine.vllm.loader import SourceTree
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import PAD
+from dcpsim.model.specs import MambaSpec
 
 SUPPORTED_VERSIONS = ("0.33.0",)
 PAD_ID = -1
@@ -137,7 +138,7 @@ class VllmEngine(ReferenceEngine):
             "group_geometry": f"vllm {SPECS_MODULE} spec classes (dcp_sharded, max_num_blocks_per_req, "
                               "page_size_bytes, max_memory_usage_bytes); "
                               "validation: reference",
-            "write_slots": f"vllm {slot} (rings: reference)",
+            "write_slots": f"vllm {slot} (rings and Mamba states: reference)",
             "local_seq_lens": f"vllm {lens}",
             "query_local_bounds": f"vllm {lens}",
             "kernel_block_table": f"vllm {KERNEL_TABLE_MODULE}.{KERNEL_TABLE_FUNCTION} (when Bk < B)",
@@ -184,12 +185,17 @@ class VllmEngine(ReferenceEngine):
             raise ConfigError(self._where(SPECS_MODULE, type(spec).__name__, "is missing"))
         names = {f.name for f in dataclasses.fields(cls)}
         values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
-                  if f.name in names and f.name not in ("dtype", "dcp_replicated")}
-        values["dtype"] = _TORCH_DTYPES.get(spec.dtype, torch.uint8)  # fp8 caches: one byte
-        if "dcp_replicated" in names:  # a fork with the seed's flag
-            values["dcp_replicated"] = spec.dcp_replicated
+                  if f.name in names and f.name not in ("dtype", "dtypes", "mamba_type", "dcp_replicated")}
+        if isinstance(spec, MambaSpec):
+            # torch dtypes; mamba_type (a backend enum the loader stubs) keeps vLLM's default,
+            # which no geometry reads; dcp_sharded keeps vLLM's default for a state (False)
+            values["dtypes"] = tuple(_TORCH_DTYPES.get(d, torch.uint8) for d in spec.dtypes)
         else:
-            values["dcp_sharded"] = not spec.dcp_replicated
+            values["dtype"] = _TORCH_DTYPES.get(spec.dtype, torch.uint8)  # fp8 caches: one byte
+            if "dcp_replicated" in names:  # a fork with the seed's flag
+                values["dcp_replicated"] = spec.dcp_replicated
+            else:
+                values["dcp_sharded"] = not spec.dcp_replicated
         try:
             return cls(**values)
         except Exception as exc:  # noqa: BLE001 - a spec class vLLM changed
@@ -208,6 +214,7 @@ class VllmEngine(ReferenceEngine):
         vllm_config = types.SimpleNamespace(  # what the spec methods read of a VllmConfig
             parallel_config=types.SimpleNamespace(decode_context_parallel_size=config.decode_context_parallel_size),
             model_config=types.SimpleNamespace(max_model_len=config.max_model_len),
+            cache_config=types.SimpleNamespace(mamba_cache_mode=getattr(group.representative, "mamba_cache_mode", "none")),
             max_in_flight_tokens=config.max_in_flight_tokens)
         cls = f"{SPECS_MODULE}.{type(vspec).__name__}"
         width = self._call(f"{cls}.max_num_blocks_per_req", vspec.max_num_blocks_per_req, vllm_config,
@@ -226,7 +233,9 @@ class VllmEngine(ReferenceEngine):
         return self.step_write_slots(geometry, [write], [block_row], dcp_rank)[0]
 
     def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
-        if geometry.storage is Storage.RING or not writes:
+        # rings: no vLLM kernel here; Mamba states: vLLM maps none (SlotMappingMode.NONE, the
+        # block table is the state index)
+        if geometry.storage in (Storage.RING, Storage.STATE) or not writes:
             return [super(VllmEngine, self).write_slots(geometry, w, r, dcp_rank) for w, r in zip(writes, block_rows)]
         if geometry.storage is Storage.RECORDS:
             R = geometry.tokens_per_state

@@ -55,7 +55,7 @@ class ModelRunner:
         self.block_tables = [BlockTable(g.name, max_num_reqs, g.block_table_width) for g in geometries]
         self.stores = [
             KVStore(g.group_id, n + 1, g.states_per_page,
-                    vector_dim=vector_width if g.storage is not Storage.RING else 0)
+                    vector_dim=vector_width if g.storage not in (Storage.RING, Storage.STATE) else 0)
             for g, n in zip(geometries, pool_sizes)
         ]
         self.write_log: list[WriteRecord] = []
@@ -79,7 +79,7 @@ class ModelRunner:
             tps = geometry.tokens_per_state
             rows = [table.row(w.req_index) for w in plan.writes]
             mapped = self.engine.step_write_slots(geometry, list(plan.writes), rows, self.rank)
-            if self.builds_metadata and geometry.storage is not Storage.RING:
+            if self.builds_metadata and geometry.storage in (Storage.PAGED, Storage.RECORDS):  # attention KV
                 self._build_metadata(plan, geometry, rows, store)
             for write, (slots, index) in zip(plan.writes, mapped):
                 slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
