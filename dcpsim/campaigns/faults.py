@@ -427,6 +427,26 @@ class CudagraphPaddingWrites(Fault):
         return dataclasses.replace(meta, padded_slot_mapping=np.tile(np.arange(q, dtype=np.int64), n // q))
 
 
+class KvEventsHashUnitB(Fault):
+    name = "kv-events-hash-unit-b"
+    bug_class = ("21. KV events hashed at another unit than the lookups (vllm#49971, sglang#35298, "
+                 "ai-dynamo/dynamo#12765: a router's hit rate silently exactly 0)")
+    description = (
+        "the engine advertises its prefix-cache blocks (BlockStored events) per B tokens of the "
+        "spec while its lookups, and a router's hashes, use the manager block of B*W tokens"
+    )
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return any(g.sharded for g in geometries) and all(g.prefix_cacheable for g in geometries)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return scenario.config.enable_prefix_caching and self.applies_to(geometries)
+
+    def prefix_hash_block_size(self, geometries) -> int:
+        return math.gcd(*(g.block_size for g in geometries))
+
+
 # --- the attention merge and admission ------------------------------------------------
 
 
@@ -582,6 +602,7 @@ FAULTS: dict[str, Fault] = {
         LseBaseMismatch(),
         EmptyShardNanUnguarded(),
         AdmissionCapacityUnscaled(),
+        KvEventsHashUnitB(),
         MambaBlockSizeScaledByW(),
         DcpTransformOnReplicated(),
         ForeignBlock(),

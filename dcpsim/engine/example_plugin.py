@@ -76,6 +76,9 @@ class ExampleEngine(Engine):
     def prefix_hash_unit(self, geometries):
         return math.lcm(*(g.manager_block_size for g in geometries))
 
+    def prefix_hash_block_size(self, geometries):
+        return math.gcd(*(g.manager_block_size for g in geometries))
+
     def prefix_key_position(self, geometries, unit):
         return (unit + 1) * self.prefix_hash_unit(geometries) - 1
 

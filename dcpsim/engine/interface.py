@@ -80,6 +80,11 @@ class Engine:
         """Tokens per prefix-cache hash unit (a hit covers whole units in every group)."""
         raise NotImplementedError
 
+    def prefix_hash_block_size(self, geometries: list[GroupGeometry]) -> int:
+        """Tokens per hash block of the prefix-cache events the engine advertises (KV
+        events); a router matches them against its own hashes of prompts at that unit."""
+        raise NotImplementedError
+
     def prefix_key_position(self, geometries: list[GroupGeometry], unit: int) -> int:
         """The position whose prefix fingerprint keys hash unit ``unit`` (0-based). A key
         must cover the whole unit: a hit then never runs past the true common prefix."""
@@ -173,7 +178,7 @@ class Engine:
 
 ENGINE_DECISIONS = (
     "kv_cache_groups", "group_geometry", "blocks_needed", "first_needed_position", "num_released_blocks",
-    "prefix_hash_unit", "prefix_key_position", "write_slots", "kernel_block_table", "local_seq_lens",
+    "prefix_hash_unit", "prefix_hash_block_size", "prefix_key_position", "write_slots", "kernel_block_table", "local_seq_lens",
     "query_local_bounds", "attention_metadata", "build_attention_metadata", "shard_lse",
     "shard_output", "merge_lse", "merge_attention_states",
     "merge_across_ranks",

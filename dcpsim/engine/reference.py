@@ -76,6 +76,10 @@ class ReferenceEngine(Engine):
     def prefix_hash_unit(self, geometries) -> int:
         return math.lcm(*(g.manager_block_size for g in geometries))
 
+    def prefix_hash_block_size(self, geometries) -> int:
+        # upstream 0.33.0: hash at the GCD of the manager block sizes, hit at their LCM
+        return math.gcd(*(g.manager_block_size for g in geometries))
+
     def prefix_key_position(self, geometries, unit: int) -> int:
         return (unit + 1) * self.prefix_hash_unit(geometries) - 1
 

@@ -38,6 +38,18 @@ class RequestView:
 
 
 @dataclass(frozen=True)
+class KVEvent:
+    """A ``BlockStored`` event the engine advertises (vLLM's KV events): the hash block
+    ``[start, stop)`` of a request became findable under ``key``, the fingerprint of the
+    prefix ending at ``stop - 1``."""
+
+    request_id: str
+    start: int
+    stop: int
+    key: int
+
+
+@dataclass(frozen=True)
 class StepPlan:
     step: int
     writes: tuple[ReqWrite, ...]
@@ -47,6 +59,8 @@ class StepPlan:
     rows_after: tuple[dict[int, np.ndarray], ...]
     """Per group: rows after the step's releases (what attention reads next)."""
     events: tuple[str, ...] = field(default_factory=tuple)
+    kv_events: tuple[KVEvent, ...] = field(default_factory=tuple)
+    """The prefix-cache blocks the step made findable, as the engine advertises them."""
     last: bool = False
 
 

@@ -31,6 +31,7 @@ from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
 from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
 from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
 from dcpsim.verify.read import read_slots
@@ -64,6 +65,9 @@ class Checker:
         """The engine's store holding each expected group (found by its first layer)."""
         self.guard = WriteGuard(self.rank, {s: g.name for s, g in zip(self.store_of, groups)})
         self._metadata_total = 0
+        self._events_total = 0
+        self.router = KVEventRouter(self.rank, groups) if groups and prefix_cacheable(groups) else None
+        """The checker as a router reading the engine's KV events (prefix-cacheable models)."""
         self.metadata = MetadataJudge(
             self.rank, groups, self.store_of, config.max_model_len if config else 0,
             config.cudagraph_capture_sizes if config else (), table_width=view.block_table_width,
@@ -80,6 +84,8 @@ class Checker:
         self.guard.judge(plan, writes, shapes)
         if self.metadata is not None:
             self.metadata.judge(plan, self.view.step_attention_metadata())
+        if self.router is not None:
+            self.router.judge(plan)
         for w in plan.writes:
             self._last_write[w.req_index] = (w.start, w.stop, w.num_drafts)
 
@@ -121,12 +127,13 @@ class Checker:
             )
         tables = [as_int64(self._table_digest(g, plan.views)) for g in range(len(self.groups))]
         meta_count = self.metadata.count if self.metadata is not None else 0
-        header = np.array([self.guard.count, meta_count, len(tables)] + tables, dtype=np.int64)
+        event_count = self.router.count if self.router is not None else 0
+        header = np.array([self.guard.count, meta_count, event_count, len(tables)] + tables, dtype=np.int64)
         mine = torch.from_numpy(np.concatenate([header, rows.reshape(-1)]))
         gathered = np.stack([t.numpy() for t in self.coll.all_gather_tensor(mine)])
         h = len(header)
-        violations, mismatches = gathered[:, 0], gathered[:, 1]
-        table_digests = gathered[:, 3:h]
+        violations, mismatches, event_errors = gathered[:, 0], gathered[:, 1], gathered[:, 2]
+        table_digests = gathered[:, 4:h]
         per_item = gathered[:, h:].reshape(self.world, len(items), 4)
         self.verified_indices += int(per_item[:, :, COUNT].sum())
 
@@ -153,6 +160,7 @@ class Checker:
                     kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REPLICAS_DIFFER
                     return self._item_failure(plan, g, view, reads[k], bad_total, kind)
         self._metadata_total = int(mismatches.sum())  # reported by metadata_verdict, last
+        self._events_total = int(event_errors.sum())
         return None
 
     def metadata_verdict(self, plan: StepPlan) -> Failure | None:
@@ -160,7 +168,22 @@ class Checker:
         gathered total). Asked for after the KV and attention checks: wrong KV or a wrong
         attention output is the more telling report when both show."""
         total, self._metadata_total = self._metadata_total, 0
-        return self._metadata_failure(plan, total) if total else None
+        if total:
+            return self._metadata_failure(plan, total)
+        total, self._events_total = self._events_total, 0
+        return self._events_failure(plan, total) if total else None
+
+    def _events_failure(self, plan, total: int) -> Failure:
+        kept = [m for per_rank in self.coll.all_gather_object(self.router.kept) for m in per_rank]
+        kept.sort(key=lambda m: (m.step, m.rank))
+        first = kept[0] if kept else None
+        return Failure(
+            kind=FailureKind.KV_EVENTS,
+            step=first.step if first else plan.step,
+            message=f"{total} advertised prefix-cache event(s) a router cannot match",
+            request_id=first.request_id if first else None,
+            details=[str(m) for m in kept[:10]] + ([f"... and {total - 10} more"] if total > 10 else []),
+        )
 
     def _table_digest(self, g: int, views) -> int:
         parts = []

@@ -24,6 +24,8 @@ class FailureKind(enum.StrEnum):
     BLOCK_TABLE_MISMATCH = "block-table-mismatch"
     BLOCK_TABLE_OVERFLOW = "block-table-overflow"
     ATTENTION_MISMATCH = "attention-mismatch"
+    KV_EVENTS = "kv-events"
+    """The prefix-cache events the engine advertises do not match what a router hashes."""
     ATTENTION_METADATA = "attention-metadata"
     """A rank's attention metadata (lengths, query bounds, paged plan, table width,
     CUDA-graph padding) differs from what the scenario gives."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.scheduler.managers import GroupManager
 from dcpsim.engine.scheduler.request import Request
+from dcpsim.model.plan import KVEvent
 
 
 class PrefixCache:
@@ -21,7 +22,10 @@ class PrefixCache:
         self.engine = engine
         self.geometries = [m.geometry for m in managers]
         self.unit = engine.prefix_hash_unit(self.geometries)
+        self.hash_block = engine.prefix_hash_block_size(self.geometries)
         self._registered: dict[int, int] = {}
+        self.events: list[KVEvent] = []
+        """The KV events of the units registered since the scheduler last took them."""
 
     def _key(self, req: Request, unit: int) -> tuple:
         end = self.engine.prefix_key_position(self.geometries, unit)
@@ -66,7 +70,19 @@ class PrefixCache:
                 table = m.held(req.index)
                 for j in range(per_unit):
                     m.pool.cache((key, j), table[u * per_unit + j])
+            self._advertise(req, u)
         self._registered[req.index] = max(done, full)
+
+    def _advertise(self, req: Request, unit: int) -> None:
+        """One ``BlockStored`` event per hash block of a newly findable unit."""
+        hb = max(1, self.hash_block)
+        for start in range(unit * self.unit, (unit + 1) * self.unit, hb):
+            stop = start + hb
+            self.events.append(KVEvent(req.request_id, start, stop, int(req.fingerprints[stop - 1])))
+
+    def take_events(self) -> tuple[KVEvent, ...]:
+        events, self.events = tuple(self.events), []
+        return events
 
     def forget(self, req: Request) -> None:
         self._registered.pop(req.index, None)

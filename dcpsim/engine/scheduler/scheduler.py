@@ -251,6 +251,7 @@ class Scheduler:
             views=views,
             rows_after=rows_after,
             events=tuple(events),
+            kv_events=self.prefix_cache.take_events() if self.prefix_cache else (),
             last=self.done,
         )
 

@@ -1,0 +1,59 @@
+"""The checker as a KV-aware router: the engine's advertised prefix-cache events must be
+hashed at the GCD of the manager block sizes, key the true prefix, and end on whole hit
+units (the LCM); a unit mismatch (a router's hit rate silently 0) is caught."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dcpsim.model.kinds import Retention, Storage
+from dcpsim.model.plan import KVEvent, RequestView, StepPlan
+from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.kv_events import KVEventRouter, hash_block_size, hit_alignment
+from helpers import builtin, run, scheduler
+
+
+def group(B, W, sharded):
+    return ExpectedGroup(name=f"g{B}", layer_names=("l",), storage=Storage.PAGED, retention=Retention.FULL,
+                         sharded=sharded, dcp_size=W, interleave_size=1, tokens_per_state=1, block_size=B,
+                         kernel_block_size=None)
+
+
+def test_hash_unit_is_the_gcd_and_hits_the_lcm():
+    # llama-draft at W = 2: sharded target B = 32 (64 tokens an entry), replicated draft B = 32
+    groups = [group(32, 2, True), group(32, 2, False)]
+    assert (hash_block_size(groups), hit_alignment(groups)) == (32, 64)
+
+
+def _plan(events, fingerprints):
+    view = RequestView(req_index=0, request_id="a", num_committed=len(fingerprints), fingerprints=fingerprints)
+    return StepPlan(step=3, writes=(), rows_before=(), views=(view,), rows_after=(), kv_events=tuple(events))
+
+
+def test_router_accepts_right_events_and_names_wrong_ones():
+    fp = np.arange(100, 400, dtype=np.int64)
+    router = KVEventRouter(0, [group(32, 2, True), group(32, 2, False)])
+    good = [KVEvent("a", 0, 32, int(fp[31])), KVEvent("a", 32, 64, int(fp[63]))]
+    router.judge(_plan(good, fp))
+    assert router.count == 0 and router.events == 2
+    router.judge(_plan([KVEvent("a", 64, 80, int(fp[79]))], fp))  # B-sized (16), not 32
+    assert router.count == 1 and "not one hash block of 32 tokens" in str(router.kept[-1])
+    router.judge(_plan([KVEvent("a", 64, 96, 7), KVEvent("a", 96, 128, int(fp[127]))], fp))  # a wrong key
+    assert "not the fingerprint of the prefix ending at position 95" in str(router.kept[-2])
+    router.judge(_plan([KVEvent("a", 128, 160, int(fp[159]))], fp))  # ends inside a 64-token hit unit
+    assert "events end at 160, not on a whole hit unit of 64" in str(router.kept[-1])
+    router.judge(_plan([KVEvent("a", 224, 256, int(fp[255]))], fp))  # skips [160, 224)
+    assert "leaves a gap after the 160 tokens" in str(router.kept[-1])
+
+
+def test_the_reference_advertises_what_a_router_expects():
+    s = builtin("llama-draft", 2)
+    events = [e for plan in scheduler(s).plans() for e in plan.kv_events]
+    assert events and {e.stop - e.start for e in events} == {32}
+    assert run(s).passed
+
+
+def test_events_at_the_spec_block_size_are_caught():
+    report = run(builtin("dsv3", 2), inject="kv-events-hash-unit-b")
+    assert report.failure.kind == "kv-events"
+    assert any("not one hash block" in d for d in report.failure.details)
