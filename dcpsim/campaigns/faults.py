@@ -278,8 +278,8 @@ class RingRejectedOverwrite(Fault):
 class InterleaveOffByOne(Fault):
     name = "interleave-off-by-one"
     bug_class = (
-        "10. draft model running with W = 1 against a sharded cache (family: a writer whose "
-        "rank ownership disagrees with the sharded cache's readers)"
+        "10 (family). a writer whose rank ownership disagrees with the sharded cache's readers "
+        "(the draft at W = 1 itself is draft-drops-dcp)"
     )
     description = (
         "sharded groups place each run of I positions on the next rank (owner ((p // I) + 1) % W "
@@ -337,6 +337,9 @@ class PlanPagesFromGlobalLen(Fault):
         meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
         if not geometry.sharded:
             return meta
+        return self._from_global(geometry, meta, block_rows)
+
+    def _from_global(self, geometry, meta, block_rows):
         kernel = geometry.kernel_block_size or geometry.states_per_page
         pages = -(-meta.seq_lens // kernel)
         table = [self.kernel_block_table(geometry, np.asarray(r, np.int64)) for r in block_rows]
@@ -445,6 +448,56 @@ class KvEventsHashUnitB(Fault):
 
     def prefix_hash_block_size(self, geometries) -> int:
         return math.gcd(*(g.block_size for g in geometries))
+
+
+# --- draft models (MTP / EAGLE) -------------------------------------------------------
+
+
+def _sharded_draft(g: GroupGeometry) -> bool:
+    return g.draft and g.sharded and g.storage in (Storage.PAGED, Storage.RECORDS)
+
+
+class DraftDropsDcp(Fault):
+    name = "draft-drops-dcp"
+    bug_class = (
+        "10. draft model running with W = 1 against a sharded cache (local-inference-lab/vllm#72: "
+        "acceptance collapse, three of four ranks attend to nothing)"
+    )
+    description = (
+        "the draft model's parallel config silently drops decode_context_parallel_size, so its "
+        "drafter builds attention metadata for W = 1 (every key local, a plain block table) over "
+        "a cache the target shards across W ranks"
+    )
+    configs = ({"decode_context_parallel_size": 4},)
+
+    def applies_to(self, geometries) -> bool:
+        return any(_sharded_draft(g) for g in geometries)
+
+    def draft_geometry(self, geometry):
+        draft = super().draft_geometry(geometry)
+        if not _sharded_draft(geometry):
+            return draft
+        return dataclasses.replace(draft, dcp_size=1, sharded=False, manager_block_size=geometry.block_size,
+                                   block_table_width=geometry.block_table_width * geometry.dcp_size)
+
+
+class DraftIndptrFromGlobalLens(Fault):
+    name = "draft-indptr-global"
+    bug_class = "22. a draft's kv_indptr built from the global lengths (ROCm/ATOM#1746)"
+    description = (
+        "the drafter of a sharded draft builds its paged plan (kv_indptr, kv_indices, "
+        "kv_last_page_len) from the global sequence lengths while the target's uses the local ones"
+    )
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return any(_sharded_draft(g) for g in geometries)
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
+        if geometry.model != "draft" or not _sharded_draft(geometry):
+            return meta
+        return PlanPagesFromGlobalLen._from_global(self, geometry, meta, block_rows)
 
 
 # --- the attention merge and admission ------------------------------------------------
@@ -594,6 +647,7 @@ FAULTS: dict[str, Fault] = {
         SlidingWindowEarlyRelease(),
         RingRejectedOverwrite(),
         InterleaveOffByOne(),
+        DraftDropsDcp(),
         PlanPagesFromGlobalLen(),
         GlobalSeqLensOverwritten(),
         LocalLensPlusOne(),
@@ -603,6 +657,7 @@ FAULTS: dict[str, Fault] = {
         EmptyShardNanUnguarded(),
         AdmissionCapacityUnscaled(),
         KvEventsHashUnitB(),
+        DraftIndptrFromGlobalLens(),
         MambaBlockSizeScaledByW(),
         DcpTransformOnReplicated(),
         ForeignBlock(),

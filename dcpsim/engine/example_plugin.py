@@ -53,7 +53,8 @@ class ExampleEngine(Engine):
             block_size=spec.block_size, tokens_per_state=tps, sharded=sharded, dcp_size=W, interleave_size=I,
             kernel_block_size=None if storage is Storage.RING else config.kernel_block_size,
             num_speculative_tokens=config.num_speculative_tokens, manager_block_size=per_entry,
-            block_table_width=width, cudagraph_capture_sizes=config.cudagraph_capture_sizes)
+            block_table_width=width, cudagraph_capture_sizes=config.cudagraph_capture_sizes,
+            draft=any(n in config.draft_layers for n in group.layer_names))
 
     # --- scheduler ------------------------------------------------------------------
 
@@ -179,7 +180,12 @@ class ExampleEngine(Engine):
             query_local_bounds=np.array([b for r in reqs for b in r[3]], np.int64),
             kv_indptr=np.array(indptr, np.int64), kv_indices=np.array(indices, np.int64),
             kv_last_page_len=np.array(last, np.int64), block_table_width=g.block_table_width * (g.states_per_page // bk),
-            num_dummy_requests=dummies, padded_slot_mapping=np.full(dummies * q, PAD, np.int64))
+            num_dummy_requests=dummies, model=g.model, padded_slot_mapping=np.full(dummies * q, PAD, np.int64))
+
+    def draft_geometry(self, geometry):
+        import dataclasses
+
+        return dataclasses.replace(geometry, model="draft")
 
     # --- attention math -------------------------------------------------------------
 

@@ -53,6 +53,10 @@ class GroupGeometry:
     """Bytes of one page of one layer (the representative spec), as the engine counts them."""
     max_memory_usage_bytes: int | None = None
     """The worst-case bytes one request can use in one layer (the representative spec)."""
+    draft: bool = False
+    """The group holds layers of the draft model (whose drafter builds its own metadata)."""
+    model: str = "target"
+    """Whose attention this geometry describes: ``target``, or ``draft`` (``Engine.draft_geometry``)."""
     cudagraph_capture_sizes: tuple[int, ...] = ()
     """Token counts a uniform decode step is padded up to (empty: no CUDA-graph padding)."""
 
@@ -122,5 +126,6 @@ def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -
         page_size_bytes=spec.page_size_bytes,
         max_memory_usage_bytes=spec.max_memory_usage_bytes(config),
         cudagraph_capture_sizes=config.cudagraph_capture_sizes,
+        draft=any(n in config.draft_layers for n in group.layer_names),
     )
 

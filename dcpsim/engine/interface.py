@@ -144,6 +144,13 @@ class Engine:
         requests and the slots of their tokens (which the worker writes unless ``PAD``)."""
         raise NotImplementedError
 
+    def draft_geometry(self, geometry: GroupGeometry) -> GroupGeometry:
+        """The geometry the drafter's attention (MTP / EAGLE) runs with over a group that
+        holds draft layers (``geometry.draft``): the draft model's own parallel config
+        applied to the group's cache, with ``model = "draft"``. The worker builds the
+        drafter's metadata with it (``build_attention_metadata``) beside the target's."""
+        raise NotImplementedError
+
     # --- the attention math ---------------------------------------------------------
 
     def shard_lse(self, lse: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
@@ -179,7 +186,7 @@ class Engine:
 ENGINE_DECISIONS = (
     "kv_cache_groups", "group_geometry", "blocks_needed", "first_needed_position", "num_released_blocks",
     "prefix_hash_unit", "prefix_hash_block_size", "prefix_key_position", "write_slots", "kernel_block_table", "local_seq_lens",
-    "query_local_bounds", "attention_metadata", "build_attention_metadata", "shard_lse",
+    "query_local_bounds", "attention_metadata", "build_attention_metadata", "draft_geometry", "shard_lse",
     "shard_output", "merge_lse", "merge_attention_states",
     "merge_across_ranks",
 )

@@ -7,6 +7,7 @@ decision; the checker never calls it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -203,8 +204,14 @@ class ReferenceEngine(Engine):
             kv_last_page_len=np.where(pages > 0, local - (pages - 1) * kernel, 0),
             block_table_width=g.block_table_width * (g.states_per_page // kernel),
             num_dummy_requests=dummies,
+            model=g.model,
             padded_slot_mapping=np.full(dummies * q, PAD, dtype=np.int64),
         )
+
+    def draft_geometry(self, geometry):
+        # a draft shares the target's layout (sharded, at the target's W) or reads a replicated
+        # cache, which any W reads whole: either way the group's own geometry
+        return dataclasses.replace(geometry, model="draft")
 
     @staticmethod
     def _cudagraph_dummies(g: GroupGeometry, q_lens: np.ndarray) -> tuple[int, int]:

@@ -31,6 +31,12 @@ class SimConfig:
     kernel_block_size: int | None = None
     max_num_seqs: int = 256
     enable_prefix_caching: bool = True
+    draft_decode_context_parallel_size: int | None = None
+    """The draft model's own ``decode_context_parallel_size`` (its ParallelConfig under
+    speculative decoding): the target's (None), or 1 for a draft whose cache is
+    replicated. A draft at 1 against a sharded cache is refused."""
+    draft_layers: tuple[str, ...] = ()
+    """The layers of the draft model (MTP / EAGLE); scenario files mark them ``draft = true``."""
     max_cudagraph_capture_size: int = 0
     """vLLM's ``compilation_config.max_cudagraph_capture_size``: uniform decode steps of at
     most this many tokens are padded to a captured size (0: no CUDA graphs, no padding)."""
@@ -47,6 +53,14 @@ class SimConfig:
         check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
         check_int("max_num_seqs", self.max_num_seqs, 1)
         check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 0)
+        if self.draft_decode_context_parallel_size is not None:
+            check_int("draft_decode_context_parallel_size", self.draft_decode_context_parallel_size, 1)
+            if self.draft_decode_context_parallel_size not in (1, self.decode_context_parallel_size):
+                raise ConfigError(
+                    f"draft_decode_context_parallel_size {self.draft_decode_context_parallel_size}: a draft "
+                    f"runs at the target's decode_context_parallel_size ({self.decode_context_parallel_size}, "
+                    "sharing its KV layout) or at 1 (with a replicated cache)"
+                )
         if self.kernel_block_size is not None:
             check_int("kernel_block_size", self.kernel_block_size, 1)
         for flag in ("enable_prefix_caching", "async_scheduling"):
@@ -58,6 +72,12 @@ class SimConfig:
                 f"(num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}), "
                 f"got {self.max_num_batched_tokens}"
             )
+
+    @property
+    def draft_dcp_size(self) -> int:
+        """The draft model's DCP size (the target's unless set)."""
+        d = self.draft_decode_context_parallel_size
+        return self.decode_context_parallel_size if d is None else d
 
     @property
     def cudagraph_capture_sizes(self) -> tuple[int, ...]:

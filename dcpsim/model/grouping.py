@@ -90,6 +90,23 @@ def group_layer_specs(layer_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupS
     return groups
 
 
+def check_draft_layout(groups: list[KVCacheGroupSpec], config: SimConfig) -> None:
+    """A draft model at ``decode_context_parallel_size`` 1 writes and reads every position
+    on every rank: its cache must be replicated. Against a sharded cache three of four ranks
+    would attend to nothing (local-inference-lab/vllm#72)."""
+    if config.draft_dcp_size != 1 or config.decode_context_parallel_size == 1:
+        return
+    draft = set(config.draft_layers)
+    for group in groups:
+        names = [n for n in group.layer_names if n in draft]
+        if names and not group.replicated:
+            raise ConfigError(
+                f"group {group.name}: the draft runs at draft_decode_context_parallel_size 1 but its layer "
+                f"{names[0]!r} is sharded over {config.decode_context_parallel_size} ranks; mark the draft's "
+                "layers dcp_replicated (dcp_sharded = false), or run the draft at the target's size"
+            )
+
+
 def check_groups_for_dcp(groups: list[KVCacheGroupSpec], config: SimConfig) -> None:
     """Every group must be either DCP-sharded or DCP-replicated when ``W > 1``.
 
@@ -114,3 +131,4 @@ def check_groups_for_dcp(groups: list[KVCacheGroupSpec], config: SimConfig) -> N
                 f"(decode_context_parallel_size={config.decode_context_parallel_size}) only "
                 "full attention can be sharded; mark the spec dcp_replicated"
             )
+    check_draft_layout(groups, config)

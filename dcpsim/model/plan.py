@@ -115,6 +115,8 @@ class AttentionMetadata:
     kv_last_page_len: np.ndarray
     block_table_width: int
     num_dummy_requests: int = 0
+    model: str = "target"
+    """``target``, or ``draft``: the drafter's own metadata of a group holding draft layers."""
     padded_slot_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     ARRAYS = ("seq_lens", "query_start_loc", "dcp_local_seq_lens", "query_local_bounds", "kv_indptr",

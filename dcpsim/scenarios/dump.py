@@ -49,12 +49,14 @@ def _request_dict(r: RequestSpec) -> dict:
 
 def scenario_to_dict(s: Scenario) -> dict:
     layers: list[dict] = []
-    by_spec: dict[KVCacheSpec, dict] = {}
+    by_spec: dict[tuple[KVCacheSpec, bool], dict] = {}
+    drafts = set(s.config.draft_layers)
     for name, spec in s.layers.items():
-        entry = by_spec.get(spec)
+        key = (spec, name in drafts)
+        entry = by_spec.get(key)
         if entry is None:
-            entry = {"names": [], **_spec_dict(spec)}
-            by_spec[spec] = entry
+            entry = {"names": [], **_spec_dict(spec), **({"draft": True} if key[1] else {})}
+            by_spec[key] = entry
             layers.append(entry)
         entry["names"].append(name)
     out = {"name": s.name}
@@ -67,7 +69,8 @@ def scenario_to_dict(s: Scenario) -> dict:
             out[key] = getattr(s, key)
     if s.max_steps != Scenario.__dataclass_fields__["max_steps"].default:
         out["max_steps"] = s.max_steps
-    out["config"] = {k: v for k, v in dataclasses.asdict(s.config).items() if v is not None}
+    out["config"] = {k: v for k, v in dataclasses.asdict(s.config).items()
+                     if v is not None and k != "draft_layers"}  # layers carry draft = true
     out["layers"] = layers
     if s.aliases:
         out["aliases"] = [{"names": [n], "target": t} for n, t in s.aliases.items()]

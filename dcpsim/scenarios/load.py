@@ -28,7 +28,8 @@ from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
 TOP_KEYS = {"name", "description", "seed", "verify_every", "num_gpu_blocks", "kv_cache_tokens", "max_steps",
             "config", "layers", "aliases", "requests"}
-CONFIG_KEYS = {f.name for f in dataclasses.fields(SimConfig)}
+CONFIG_KEYS = {f.name for f in dataclasses.fields(SimConfig)} - {"draft_layers"}
+"""``draft_layers`` is not written in [config]: layers say ``draft = true`` themselves."""
 REQUEST_KEYS = {"id", "count", "prompt_len", "output_len", "arrival_step", "prefix",
                 "shared_prefix_len", "acceptance", "preempt_at_steps"}
 
@@ -133,7 +134,10 @@ def _mamba_defaults(fields: dict, config: SimConfig | None) -> None:
     fields.setdefault("num_speculative_blocks", config.num_speculative_tokens)
 
 
-def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None) -> dict:
+def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None,
+                  draft_layers: list[str] | None = None) -> dict:
+    """The named layer specs; the names of ``draft = true`` entries go to ``draft_layers``."""
+    draft_layers = [] if draft_layers is None else draft_layers
     layers: dict = {}
     for _, path, entry in _tables(entries, "layers", problems):
         kind = entry.get("kind")
@@ -143,7 +147,7 @@ def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None)
             problems.add(f"{path}.kind", f"unknown kind {kind!r}{hint}; one of {sorted(SPEC_KINDS)}")
             continue
         cls = SPEC_KINDS[kind]
-        allowed = _spec_fields(cls) | {"kind", "name", "names", "layers"}
+        allowed = _spec_fields(cls) | {"kind", "name", "names", "layers", "draft"}
         if "dcp_replicated" in _spec_fields(cls):
             allowed.add("dcp_sharded")
         before = len(problems.items)
@@ -178,10 +182,15 @@ def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None)
         except (TypeError, ValueError) as exc:  # a value of the wrong type deep inside a check
             problems.add(path, f"invalid field value: {exc}")
             continue
+        draft = entry.get("draft", False)
+        if not isinstance(draft, bool):
+            problems.add(f"{path}.draft", f"must be true or false, got {draft!r}")
         for nm in names:
             if nm in layers:
                 problems.add(f"{path}.name", f"layer {nm!r} is defined twice")
             layers[nm] = spec
+            if draft is True:
+                draft_layers.append(nm)
     return layers
 
 
@@ -349,7 +358,12 @@ def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario
     problems = _Problems(source)
     problems.unknown_keys("", data, TOP_KEYS)
     config = _parse_config(data.get("config", {}), problems)
-    layers = _parse_layers(data.get("layers"), problems, config)
+    draft_layers: list[str] = []
+    layers = _parse_layers(data.get("layers"), problems, config, draft_layers)
+    if config is not None and draft_layers:
+        config = dataclasses.replace(config, draft_layers=tuple(draft_layers))
+    elif config is not None and config.draft_decode_context_parallel_size is not None:
+        problems.add("config.draft_decode_context_parallel_size", "is set but no layer says draft = true")
     aliases = _parse_aliases(data.get("aliases"), layers, problems)
     stamped = _parse_requests(data.get("requests"), problems)
     requests = [r for _, r in stamped]

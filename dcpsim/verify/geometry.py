@@ -38,6 +38,8 @@ class ExpectedGroup:
     extra_retained_tokens: int = 0
     attention_chunk_size: int = 0
     num_speculative_tokens: int = 0
+    draft: bool = False
+    """Holds layers of the draft model: the drafter's attention metadata is judged too."""
     mamba_cache_mode: str = ""
     """A Mamba state group: ``none`` (the state blocks are the row's first entries) or
     ``align`` (the row is indexed by position, ``block_size`` tokens an entry)."""
@@ -76,6 +78,7 @@ def expected_groups(scenario) -> list[ExpectedGroup]:
             extra_retained_tokens=getattr(spec, "extra_retained_tokens", 0),
             attention_chunk_size=getattr(spec, "attention_chunk_size", 0),
             num_speculative_tokens=cfg.num_speculative_tokens,
+            draft=any(n in cfg.draft_layers for n in group.layer_names),
             mamba_cache_mode=getattr(spec, "mamba_cache_mode", ""),
         ))
     return out

@@ -159,20 +159,22 @@ class MetadataJudge:
     def judge(self, plan: StepPlan, metas: list[AttentionMetadata] | None) -> None:
         if metas is None or not plan.writes:
             return
-        by_group = {m.group: m for m in metas}
+        by_group = {(m.group, getattr(m, "model", "target")): m for m in metas}
         for g, group in enumerate(self.groups):
             if group.storage not in (Storage.PAGED, Storage.RECORDS):  # rings and Mamba state: no attention
                 continue
             store = self.store_of[g]
-            meta = by_group.get(store)
-            self.checks += 1
-            if meta is None:
-                self._add(plan, group, "presence", None, "built", "missing")
-                continue
             self._blocks_held(plan, group, plan.rows_before[store])
             want = expected_metadata(group, plan, plan.rows_before[store], self.rank, self.max_model_len,
                                      self.capture_sizes)
-            self._compare(plan, group, meta, want)
+            # the drafter reads the same cache: the same lengths, plan and width as the target
+            for model in ("target", "draft") if group.draft else ("target",):
+                meta = by_group.get((store, model))
+                self.checks += 1
+                if meta is None:
+                    self._add(plan, group, f"{model} metadata", None, "built", "missing")
+                    continue
+                self._compare(plan, group, meta, want, model)
             if self.table_width is not None:
                 have = self.table_width(store) * (group.page_states // kernel_states(group))
                 if have != want["block_table_width"]:
@@ -190,13 +192,15 @@ class MetadataJudge:
             if held != need:
                 self._add(plan, group, "blocks held", w.request_id, f"{need} (cdiv({w.stop}, {unit}))", str(held))
 
-    def _compare(self, plan, group, meta: AttentionMetadata, want: dict) -> None:
+    def _compare(self, plan, group, meta: AttentionMetadata, want: dict, model: str = "target") -> None:
+        who = "" if model == "target" else f"{model} "
         if tuple(meta.request_ids) != want["request_ids"]:
-            self._add(plan, group, "request_ids", None, _show(want["request_ids"]), _show(tuple(meta.request_ids)))
+            self._add(plan, group, f"{who}request_ids", None, _show(want["request_ids"]),
+                      _show(tuple(meta.request_ids)))
             return
         for name in ("block_table_width", "num_dummy_requests"):
             if getattr(meta, name) != want[name]:
-                self._add(plan, group, name, None, _show(want[name]), _show(getattr(meta, name)))
+                self._add(plan, group, f"{who}{name}", None, _show(want[name]), _show(getattr(meta, name)))
         per_request = ("seq_lens", "dcp_local_seq_lens", "kv_last_page_len")
         for name in (*per_request, "query_start_loc", "query_local_bounds", "kv_indptr", "kv_indices",
                      "padded_slot_mapping"):
@@ -207,7 +211,7 @@ class MetadataJudge:
             if name in per_request and have.shape == expect.shape:
                 i = int(np.nonzero(have != expect)[0][0])
                 rid, have, expect = want["request_ids"][i], have[i], expect[i]
-            self._add(plan, group, name, rid, _show(expect), _show(have))
+            self._add(plan, group, f"{who}{name}", rid, _show(expect), _show(have))
 
     def _add(self, plan, group, field, request_id, expected, actual) -> None:
         self.count += 1

@@ -81,6 +81,8 @@ class ModelRunner:
             mapped = self.engine.step_write_slots(geometry, list(plan.writes), rows, self.rank)
             if self.builds_metadata and geometry.storage in (Storage.PAGED, Storage.RECORDS):  # attention KV
                 self._build_metadata(plan, geometry, rows, store)
+                if geometry.draft:  # the drafter builds its own over the same block table
+                    self._build_metadata(plan, self.engine.draft_geometry(geometry), rows, store)
             for write, (slots, index) in zip(plan.writes, mapped):
                 slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
                 mine = slots != PAD
