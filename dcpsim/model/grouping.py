@@ -131,4 +131,3 @@ def check_groups_for_dcp(groups: list[KVCacheGroupSpec], config: SimConfig) -> N
                 f"(decode_context_parallel_size={config.decode_context_parallel_size}) only "
                 "full attention can be sharded; mark the spec dcp_replicated"
             )
-    check_draft_layout(groups, config)

@@ -594,6 +594,10 @@ class MambaSpec(KVCacheSpec):
         resident = self.num_state_blocks + (self.mamba_cache_mode == "align")
         return resident * self.page_size_bytes
 
+    @property
+    def block_table_token_alignment(self) -> int | None:
+        return None  # no slot mapping: rows are never widened (vLLM 0.33.0)
+
     def max_num_blocks_per_req(self, config: SimConfig, max_len: int) -> int:
         # never scaled by W: the state is replicated on every DCP rank
         if self.mamba_cache_mode == "align":

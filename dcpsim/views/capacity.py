@@ -174,6 +174,10 @@ def scenario_pool_blocks(scenario: Scenario, group: KVCacheGroupSpec) -> int:
         return scenario.num_gpu_blocks
     if ring:
         return len(needs)
+    if storage_of(group.representative) is Storage.STATE:  # a few state blocks a request, however long
+        spec = group.representative
+        window = spec.num_state_blocks
+        return len(needs) * (2 * window + 1 if spec.mamba_cache_mode == "align" else window)
     if scenario.kv_cache_tokens is not None:
         return max(max(needs), cdiv(scenario.kv_cache_tokens, span))
     return sum(needs)
@@ -206,7 +210,7 @@ def group_capacity(scenario: Scenario, group: KVCacheGroupSpec, pool_blocks: int
     """One group of ``scenario`` (at its own DCP size) with a pool of ``pool_blocks``."""
     config = scenario.config
     rep = group.representative
-    ring = storage_of(rep) is Storage.RING
+    ring = storage_of(rep) in (Storage.RING, Storage.STATE)  # no token capacity: blocks a request
     shards = _shards(group, config.decode_context_parallel_size)
     layers = layer_specs(group)
     page = sum(s.page_size_bytes for s in layers)
@@ -221,7 +225,7 @@ def group_capacity(scenario: Scenario, group: KVCacheGroupSpec, pool_blocks: int
         sharded=shards > 1,
         dcp_replicated=group.replicated,
         block_size=rep.block_size,
-        states_per_page=rep.block_size // records_per_state(rep),
+        states_per_page=1 if storage_of(rep) is Storage.STATE else rep.block_size // records_per_state(rep),
         tokens_per_block_entry=span,
         layer_page_size_bytes=rep.page_size_bytes,
         layer_max_memory_usage_bytes=rep.max_memory_usage_bytes(config),

@@ -33,7 +33,7 @@ def test_the_ranks_report_each_job_before_the_world_ends(monkeypatch):
 def test_a_broken_world_reruns_only_the_jobs_it_did_not_finish(monkeypatch):
     worlds = []
     run_world = world.run_world
-    monkeypatch.setattr(world, "run_world", lambda *a, **kw: (worlds.append(len(a[1])), run_world(*a, **kw))[1])
+    monkeypatch.setattr(world, "run_world", lambda *a, **kw: (worlds.append(len(a[1][0])), run_world(*a, **kw))[1])  # a[1]: (jobs, trace origin)
     ok = Job(builtin("dsv3", 2))
     broken = Job(builtin("dsv3", 2), rank_failure=("raise", 1, 2))
     order = []

@@ -59,7 +59,10 @@ def test_plan_runs_each_fault_where_it_applies():
     # every config a fault runs in is also a baseline config on every scenario
     fault_cfgs = {c.options for c in plan.cases if c.fault != BASELINE}
     base = {(c.scenario, c.options) for c in plan.cases if c.fault == BASELINE}
-    assert {(s, o) for s in SMALL for o in fault_cfgs | {()}} == base
+    same = {(s["scenario"], tuple(sorted(s["options"].items()))) for s in plan.skipped
+            if s["fault"] == BASELINE and s["reason"].startswith("the same run as its baseline")}
+    assert {(s, o) for s in SMALL for o in fault_cfgs | {()}} == base | same
+    assert ("dsv3", (("decode_context_parallel_size", 2),)) in same  # dsv3's own W: its () baseline
     kv = next(c for c in plan.cases if c.fault == "kernel-virtual-block")
     assert dict(kv.options) == {"block_size": 64, "cp_kv_cache_interleave_size": 64, "kernel_block_size": 16}
     assert plan.resolved[("dsv3", kv.options)][2] == "W=2 I=64 B=64 Bk=16"
@@ -115,8 +118,10 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
     assert why["merge-drops-dcp-replicated"] == "not on dsv3 (applies on: llama-draft)"
     assert why["ring-rejected-overwrite"] == "not on dsv3 (applies on: dsv41-hybrid, heavy-rejection)"
     assert all(" on every built-in scenario" not in text for text in why.values())
+    assert why["draft-drops-dcp"] == "not on dsv3 (applies on: dsv3-mtp)"
     assert set(why) == {"replicated-scaled-by-w", "merge-drops-dcp-replicated", "replicated-owner-only",
-                        "sliding-window-early-release", "ring-rejected-overwrite"}
+                        "sliding-window-early-release", "ring-rejected-overwrite", "draft-drops-dcp",
+                        "draft-indptr-global", "dcp-transform-on-replicated", "mamba-block-size-scaled-by-w"}
 
 
 def test_a_fault_that_applies_nowhere_says_so_with_or_without_scenario(monkeypatch):

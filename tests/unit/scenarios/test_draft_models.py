@@ -4,6 +4,8 @@ drafter's attention metadata judged beside the target's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dcpsim.errors import ConfigError, ScenarioError
@@ -38,9 +40,12 @@ def test_draft_layers_and_their_parallel_config_load():
 
 
 def test_a_draft_at_w1_against_a_sharded_cache_is_refused_naming_the_layer():
-    s = scenario_from_dict(draft_scenario(draft_w=1), source="f.toml")
-    with pytest.raises(ConfigError, match=r"layer 'mtp' is sharded over 4 ranks; mark the draft's layers dcp_replicated"):
-        geometries(s)
+    with pytest.raises(ScenarioError, match=r"f.toml: .*layer 'mtp' is sharded over 4 ranks; mark the draft's layers "
+                                            "dcp_replicated"):
+        scenario_from_dict(draft_scenario(draft_w=1), source="f.toml")
+    ok = scenario_from_dict(draft_scenario(draft_w=1, replicated=True), source="f.toml")
+    with pytest.raises(ConfigError, match="is sharded over 4 ranks"):  # also when an override makes it so
+        dataclasses.replace(ok, layers={n: dataclasses.replace(s, dcp_replicated=False) for n, s in ok.layers.items()})
 
 
 @pytest.mark.parametrize("bad, where", [

@@ -107,7 +107,7 @@ def test_reference_metadata_matches_the_checker_on_every_builtin(name, W, I, ext
     checked = 0
     for plan in sched.plans():
         for gi, (geo, grp) in enumerate(zip(geos, groups)):
-            if geo.storage is Storage.RING or not plan.writes:
+            if geo.storage not in (Storage.PAGED, Storage.RECORDS) or not plan.writes:
                 continue
             rows = [plan.rows_before[gi].get(w.req_index, np.zeros(0, np.int64)) for w in plan.writes]
             for rank in range(W):
