@@ -77,6 +77,9 @@ class PrefixHashUnitB(Fault):
     )
     configs = ({"block_size": 16},)
     """Small pages: the 520-token prefix of dsv3 then ends inside a unit that the bug still hits."""
+    scenarios = ("dsv3", "dsv3-mtp", "llama-draft", "prefix-eviction", "prefix-sharing")
+    """Not prefix-preemption: its sharers look their prefix up before the first request has
+    computed the unit the prefix ends in, so the early key is never there to be hit."""
 
     def applies_to(self, geometries) -> bool:
         return any(g.sharded and g.dcp_size > 1 for g in geometries) and all(
@@ -84,9 +87,13 @@ class PrefixHashUnitB(Fault):
         )
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Where two requests share a prefix that ends inside a hash unit: a prefix of whole
+        units never lets the early key run past it."""
+        unit = math.lcm(*(g.manager_block_size for g in geometries))
         prefixes = [r.prefix for r in scenario.requests if r.prefix and r.shared_prefix_len]
-        shared = len(prefixes) > len(set(prefixes))  # two requests share a prefix
-        return scenario.config.enable_prefix_caching and shared and self.applies_to(geometries)
+        shared = {p for p in prefixes if prefixes.count(p) > 1}  # two requests share it
+        ragged = any(r.prefix in shared and r.shared_prefix_len % unit for r in scenario.requests)
+        return scenario.config.enable_prefix_caching and ragged and self.applies_to(geometries)
 
     def prefix_key_position(self, geometries, unit: int) -> int:
         hash_block = math.gcd(*(g.block_size for g in geometries))
@@ -441,7 +448,9 @@ class KvEventsHashUnitB(Fault):
     configs = ({"decode_context_parallel_size": 2},)
 
     def applies_to(self, geometries) -> bool:
-        return any(g.sharded for g in geometries) and all(g.prefix_cacheable for g in geometries)
+        """Where the two units differ (a replicated group of the same B keeps the GCD at B)."""
+        return all(g.prefix_cacheable for g in geometries) and (
+            math.gcd(*(g.block_size for g in geometries)) != math.gcd(*(g.manager_block_size for g in geometries)))
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
         return scenario.config.enable_prefix_caching and self.applies_to(geometries)

@@ -50,6 +50,17 @@ def get_block_table_width(max_num_blocks: int, block_size: int, *, token_alignme
     return cdiv(max_num_blocks, unit) * unit
 
 
+def _check_padded_page(spec, name: str) -> None:
+    """``page_size_padded``, when set, is positive and at least the real page."""
+    if spec.page_size_padded is not None:
+        _positive_int(name, "page_size_padded", spec.page_size_padded)
+        if spec.page_size_padded < spec.real_page_size_bytes:
+            raise ConfigError(
+                f"{name}.page_size_padded ({spec.page_size_padded}) must be >= the real "
+                f"page size ({spec.real_page_size_bytes})"
+            )
+
+
 def _positive_int(owner: str, name: str, value) -> None:
     check_int(f"{owner}.{name}", value)
 
@@ -170,13 +181,7 @@ class AttentionSpec(KVCacheSpec):
                 f"{name}: block_size ({self.block_size}) must hold a whole number of states "
                 f"(tokens_per_state={self.tokens_per_state})"
             )
-        if self.page_size_padded is not None:
-            _positive_int(name, "page_size_padded", self.page_size_padded)
-            if self.page_size_padded < self.real_page_size_bytes:
-                raise ConfigError(
-                    f"{name}.page_size_padded ({self.page_size_padded}) must be >= the real "
-                    f"page size ({self.real_page_size_bytes})"
-                )
+        _check_padded_page(self, name)
 
     @property
     def states_per_block(self) -> int:
@@ -540,13 +545,7 @@ class MambaSpec(KVCacheSpec):
         if self.mamba_type not in MAMBA_TYPES:
             raise ConfigError(f"{name}.mamba_type must be one of {list(MAMBA_TYPES)}, got {self.mamba_type!r}")
         check_int(f"{name}.num_speculative_blocks", self.num_speculative_blocks, 0)
-        if self.page_size_padded is not None:
-            _positive_int(name, "page_size_padded", self.page_size_padded)
-            if self.page_size_padded < self.real_page_size_bytes:
-                raise ConfigError(
-                    f"{name}.page_size_padded ({self.page_size_padded}) must be >= the real "
-                    f"page size ({self.real_page_size_bytes})"
-                )
+        _check_padded_page(self, name)
 
     @property
     def real_page_size_bytes(self) -> int:

@@ -174,13 +174,19 @@ class Checker:
         return self._events_failure(plan, total) if total else None
 
     def _events_failure(self, plan, total: int) -> Failure:
-        kept = [m for per_rank in self.coll.all_gather_object(self.router.kept) for m in per_rank]
-        kept.sort(key=lambda m: (m.step, m.rank))
+        return self._kept_failure(plan, total, self.router.kept, FailureKind.KV_EVENTS,
+                                  f"{total} advertised prefix-cache event(s) a router cannot match")
+
+    def _kept_failure(self, plan, total: int, mine: list, kind: FailureKind, message: str) -> Failure:
+        """A failure from what every rank's judge kept (gathered), the earliest first."""
+        kept = sorted((m for per_rank in self.coll.all_gather_object(mine) for m in per_rank),
+                      key=lambda m: (m.step, m.rank))
         first = kept[0] if kept else None
         return Failure(
-            kind=FailureKind.KV_EVENTS,
+            kind=kind,
             step=first.step if first else plan.step,
-            message=f"{total} advertised prefix-cache event(s) a router cannot match",
+            message=message,
+            group=getattr(first, "group", None),
             request_id=first.request_id if first else None,
             details=[str(m) for m in kept[:10]] + ([f"... and {total - 10} more"] if total > 10 else []),
         )
@@ -263,17 +269,8 @@ class Checker:
         )
 
     def _metadata_failure(self, plan, total: int) -> Failure:
-        kept = [m for per_rank in self.coll.all_gather_object(self.metadata.kept) for m in per_rank]
-        kept.sort(key=lambda m: (m.step, m.rank))
-        first = kept[0] if kept else None
-        return Failure(
-            kind=FailureKind.ATTENTION_METADATA,
-            step=first.step if first else plan.step,
-            message=f"{total} attention-metadata field(s) differ from what the scenario gives",
-            group=first.group if first else None,
-            request_id=first.request_id if first else None,
-            details=[str(m) for m in kept[:10]] + ([f"... and {total - 10} more"] if total > 10 else []),
-        )
+        return self._kept_failure(plan, total, self.metadata.kept, FailureKind.ATTENTION_METADATA,
+                                  f"{total} attention-metadata field(s) differ from what the scenario gives")
 
     def _first_row(self, plan, group_name: str, request_id: str) -> list[int] | None:
         """The block-table row of a request in a group, both named as in a violation."""

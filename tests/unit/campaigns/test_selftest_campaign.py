@@ -232,9 +232,10 @@ def test_unknown_fault_or_scenario_is_a_usage_error(capsys):
 
 def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenarios(capsys):
     """Every registered fault (the attention ones too, once registered) on dsv3, dsv41-hybrid,
-    llama-draft and qwen3-next-hybrid (the Mamba faults need its state group): each is
-    detected wherever it runs, and every baseline passes."""
-    names = SMALL + ["qwen3-next-hybrid"]
+    llama-draft, qwen3-next-hybrid (the Mamba faults need its state group) and dsv3-mtp (the
+    draft faults need a sharded draft): each is detected wherever it runs, and every
+    baseline passes."""
+    names = SMALL + ["qwen3-next-hybrid", "dsv3-mtp"]
     args = ["selftest", "--in-process", "--json"] + [a for s in names for a in ("--scenario", s)]
     code = main(args)
     doc = json.loads(capsys.readouterr().out)
