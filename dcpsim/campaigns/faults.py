@@ -323,11 +323,37 @@ class ForeignBlock(Fault):
 # --- attention metadata (checked every step against the scenario) ----------------------
 
 
-def _has_sharded_paged(geometries) -> bool:
-    return any(g.sharded and g.storage is not Storage.RING for g in geometries)
+def _plan_from_global_lens(engine, geometry, meta, block_rows):
+    """``meta`` with its paged plan counted from the global lengths instead of the local ones."""
+    kernel = geometry.kernel_block_size or geometry.states_per_page
+    pages = -(-meta.seq_lens // kernel)
+    table = [engine.kernel_block_table(geometry, np.asarray(r, np.int64)) for r in block_rows]
+    table += [np.zeros(0, np.int64)] * meta.num_dummy_requests
+    indices = [np.resize(t, n) if len(t) else np.zeros(n, np.int64) for t, n in zip(table, pages)]
+    return dataclasses.replace(
+        meta, kv_indptr=np.concatenate([[0], np.cumsum(pages)]),
+        kv_indices=np.concatenate(indices) if indices else np.zeros(0, np.int64),
+        kv_last_page_len=np.where(pages > 0, meta.seq_lens - (pages - 1) * kernel, 0))
 
 
-class PlanPagesFromGlobalLen(Fault):
+class _ShardedMetadataFault(Fault):
+    """A bug in the metadata builder of sharded groups: ``corrupt`` changes what the
+    reference builds for a sharded group (replicated groups keep theirs)."""
+
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return _has_sharded_attention(geometries)
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
+        return self.corrupt(geometry, meta, block_rows) if geometry.sharded else meta
+
+    def corrupt(self, geometry, meta, block_rows):
+        raise NotImplementedError
+
+
+class PlanPagesFromGlobalLen(_ShardedMetadataFault):
     name = "plan-pages-from-global-len"
     bug_class = "11. paged-attention plan counting pages from the global length (vllm#48003)"
     description = (
@@ -335,45 +361,20 @@ class PlanPagesFromGlobalLen(Fault):
         "counts cdiv(L, Bk) pages of the global length L instead of the rank's local length, so "
         "the kernel reads pages the rank never filled (gibberish from the first token)"
     )
-    configs = ({"decode_context_parallel_size": 2},)
 
-    def applies_to(self, geometries) -> bool:
-        return _has_sharded_paged(geometries)
-
-    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
-        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
-        if not geometry.sharded:
-            return meta
-        return self._from_global(geometry, meta, block_rows)
-
-    def _from_global(self, geometry, meta, block_rows):
-        kernel = geometry.kernel_block_size or geometry.states_per_page
-        pages = -(-meta.seq_lens // kernel)
-        table = [self.kernel_block_table(geometry, np.asarray(r, np.int64)) for r in block_rows]
-        table += [np.zeros(0, np.int64)] * meta.num_dummy_requests
-        indices = [np.resize(t, n) if len(t) else np.zeros(n, np.int64) for t, n in zip(table, pages)]
-        return dataclasses.replace(
-            meta, kv_indptr=np.concatenate([[0], np.cumsum(pages)]),
-            kv_indices=np.concatenate(indices) if indices else np.zeros(0, np.int64),
-            kv_last_page_len=np.where(pages > 0, meta.seq_lens - (pages - 1) * kernel, 0))
+    def corrupt(self, geometry, meta, block_rows):
+        return _plan_from_global_lens(self, geometry, meta, block_rows)
 
 
-class GlobalSeqLensOverwritten(Fault):
+class GlobalSeqLensOverwritten(_ShardedMetadataFault):
     name = "global-seq-lens-overwritten"
     bug_class = "12. global sequence lengths read after being overwritten with local ones (vllm#28990)"
     description = (
         "a sharded group's builder overwrites seq_lens in place with the DCP-local lengths and a "
         "later consumer reads them as the global lengths"
     )
-    configs = ({"decode_context_parallel_size": 2},)
 
-    def applies_to(self, geometries) -> bool:
-        return _has_sharded_paged(geometries)
-
-    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
-        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
-        if not geometry.sharded:
-            return meta
+    def corrupt(self, geometry, meta, block_rows):
         return dataclasses.replace(meta, seq_lens=meta.dcp_local_seq_lens.copy())
 
 
@@ -388,7 +389,7 @@ class LocalLensPlusOne(Fault):
     configs = ({"decode_context_parallel_size": 2},)
 
     def applies_to(self, geometries) -> bool:
-        return _has_sharded_paged(geometries)
+        return _has_sharded_attention(geometries)
 
     def local_seq_lens(self, geometry, seq_lens, dcp_rank):
         lens = super().local_seq_lens(geometry, seq_lens, dcp_rank)
@@ -398,7 +399,7 @@ class LocalLensPlusOne(Fault):
         return np.where((seq > 0) & (seq % geometry.dcp_size == 0), lens + 1, lens)
 
 
-class BlockTableWidthUnsharded(Fault):
+class BlockTableWidthUnsharded(_ShardedMetadataFault):
     name = "block-table-width-unsharded"
     bug_class = "14. two consumers of one block table sized differently (vllm#50302, '16384 vs 8192')"
     description = (
@@ -406,15 +407,8 @@ class BlockTableWidthUnsharded(Fault):
         "context (cdiv(max_model_len, B)) while the worker's table holds cdiv(max_model_len, B*W) "
         "entries: W times too wide"
     )
-    configs = ({"decode_context_parallel_size": 2},)
 
-    def applies_to(self, geometries) -> bool:
-        return _has_sharded_paged(geometries)
-
-    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
-        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
-        if not geometry.sharded:
-            return meta
+    def corrupt(self, geometry, meta, block_rows):
         return dataclasses.replace(meta, block_table_width=meta.block_table_width * geometry.dcp_size)
 
 
@@ -506,7 +500,7 @@ class DraftIndptrFromGlobalLens(Fault):
         meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
         if geometry.model != "draft" or not _sharded_draft(geometry):
             return meta
-        return PlanPagesFromGlobalLen._from_global(self, geometry, meta, block_rows)
+        return _plan_from_global_lens(self, geometry, meta, block_rows)
 
 
 # --- the attention merge and admission ------------------------------------------------
@@ -563,7 +557,7 @@ class AdmissionCapacityUnscaled(Fault):
     configs = ({"decode_context_parallel_size": 2},)
 
     def applies_to(self, geometries) -> bool:
-        return _has_sharded_paged(geometries)
+        return _has_sharded_attention(geometries)
 
     def blocks_needed(self, geometry, num_tokens):
         if geometry.sharded and geometry.storage is not Storage.RING:

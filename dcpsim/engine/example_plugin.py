@@ -12,6 +12,7 @@ A plugin of your own: a module on ``sys.path`` with an ``Engine`` subclass (or i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -22,6 +23,7 @@ from dcpsim.engine.interface import Engine
 from dcpsim.errors import ConfigError
 from dcpsim.model.grouping import check_groups_for_dcp, group_layer_specs
 from dcpsim.model.kinds import Retention, Storage, records_per_state, retention_of, storage_of
+from dcpsim.model.plan import AttentionMetadata
 
 PAD = -1
 
@@ -169,8 +171,6 @@ class ExampleEngine(Engine):
             indptr.append(indptr[-1] + pages)
             indices.extend(int(k) for k in kernel[:pages])
             last.append(keys - (pages - 1) * bk if pages else 0)
-        from dcpsim.model.plan import AttentionMetadata  # a value type of the interface
-
         starts = [0]
         for r in reqs:
             starts.append(starts[-1] + r[2])
@@ -183,8 +183,6 @@ class ExampleEngine(Engine):
             num_dummy_requests=dummies, model=g.model, padded_slot_mapping=np.full(dummies * q, PAD, np.int64))
 
     def draft_geometry(self, geometry):
-        import dataclasses
-
         return dataclasses.replace(geometry, model="draft")
 
     # --- attention math -------------------------------------------------------------

@@ -85,9 +85,6 @@ class KVEventRouter:
                 self._add(plan, rid, f"events end at {end}, not on a whole hit unit of {self.align} tokens "
                                      "(the LCM of the groups' manager block sizes)")
 
-    def forget(self, request_id: str) -> None:
-        self._covered.pop(request_id, None)
-
     def _add(self, plan, request_id, what) -> None:
         self.count += 1
         if len(self.kept) < MAX_KEPT:

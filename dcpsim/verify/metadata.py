@@ -159,7 +159,7 @@ class MetadataJudge:
     def judge(self, plan: StepPlan, metas: list[AttentionMetadata] | None) -> None:
         if metas is None or not plan.writes:
             return
-        by_group = {(m.group, getattr(m, "model", "target")): m for m in metas}
+        by_group = {(m.group, m.model): m for m in metas}
         for g, group in enumerate(self.groups):
             if group.storage not in (Storage.PAGED, Storage.RECORDS):  # rings and Mamba state: no attention
                 continue
