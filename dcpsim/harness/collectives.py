@@ -37,10 +37,13 @@ class Collectives:
 
 
 class GlooCollectives(Collectives):
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, rank: int, world_size: int, group=None):
+        """``group``: a subgroup of the default process group (``rank`` and ``world_size``
+        are then within it); None: the default group."""
         self.rank = rank
         self.world_size = world_size
         self.bytes_sent = 0
+        self.group = group
 
     def all_gather_tensor(self, tensor):
         import torch.distributed as dist
@@ -48,7 +51,7 @@ class GlooCollectives(Collectives):
         tensor = tensor.contiguous()
         self.bytes_sent += tensor.numel() * tensor.element_size()
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor)
+        dist.all_gather(out, tensor, group=self.group)
         return out
 
     def all_gather_object(self, obj):
@@ -56,7 +59,7 @@ class GlooCollectives(Collectives):
 
         self.bytes_sent += len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         out = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def all_to_all_tensor(self, tensor):
@@ -66,7 +69,7 @@ class GlooCollectives(Collectives):
         self.bytes_sent += tensor.numel() * tensor.element_size()
         out = torch.empty_like(tensor)
         # gloo implements all_to_all_single (equal splits along dim 0) natively
-        dist.all_to_all_single(out, tensor)
+        dist.all_to_all_single(out, tensor, group=self.group)
         return out
 
     def reduce_scatter_tensor(self, tensor):
@@ -80,10 +83,10 @@ class GlooCollectives(Collectives):
         native = getattr(dist, "reduce_scatter_single", None)
         if native is None:
             chunks = torch.empty_like(tensor)
-            dist.all_to_all_single(chunks, tensor)
+            dist.all_to_all_single(chunks, tensor, group=self.group)
             return chunks.sum(dim=0)
         out = torch.empty_like(tensor[0])
-        native(out.view(-1), tensor.view(-1))  # gloo wants input length == W * output length
+        native(out.view(-1), tensor.view(-1), group=self.group)  # gloo wants input length == W * output length
         return out
 
 

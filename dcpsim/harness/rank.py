@@ -93,9 +93,12 @@ def group_info(groups: list[ExpectedGroup]) -> list[dict]:
 
 
 def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
-             recorder: NullRecorder = NULL_RECORDER) -> RunReport:
+             recorder: NullRecorder = NULL_RECORDER, instance=None) -> RunReport:
     """One rank's run of ``job``. ``engine`` replaces the job's engine under test (tests
-    of the checker run hand-made engine variants this way)."""
+    of the checker run hand-made engine variants this way). ``instance`` (an instance of a
+    disaggregated run, ``harness.disagg``) gives the scheduler class and hears each step
+    before its writes (``before_write(plan, runner)``) and after its checks
+    (``after_step(plan, runner, scheduler)``)."""
     # Imported here: set_progress lives with the launcher; in-process runs use a no-op.
     from dcpsim.harness.world import set_progress
 
@@ -109,7 +112,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
 
     # the engine under test
     geometries = engine.geometries(scenario.layers, config)
-    scheduler = Scheduler(scenario, engine, geometries)
+    scheduler = (instance.scheduler_class if instance else Scheduler)(scenario, engine, geometries)
     request_ids = {r.index: r.request_id for r in scheduler.requests}
     runner = ModelRunner(engine, geometries, pool_sizes(scenario, engine, geometries), coll.rank,
                          max_num_reqs=len(scheduler.requests), vector_width=cfg.kv_width if attention else 0,
@@ -153,6 +156,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                         shard_attention.compute(plan, runner, queries)
             try:
                 with rec.span("write (all groups)", "write"):
+                    if instance is not None:
+                        instance.before_write(plan, runner)
                     runner.apply(plan, request_ids, during_step=during_step)
             except BlockTableOverflow as exc:
                 failure = Failure(kind=FailureKind.BLOCK_TABLE_OVERFLOW, step=plan.step, message=str(exc),
@@ -187,6 +192,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                 failure = checker.metadata_verdict(plan)
             if failure:
                 break
+            if instance is not None:
+                instance.after_step(plan, runner, scheduler)
         scheduled = rec.now()
     if failure is not None and coll.rank == 0:  # rank 0's verdict is the report's
         rec.failure(failure)

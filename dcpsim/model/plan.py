@@ -62,6 +62,9 @@ class StepPlan:
     kv_events: tuple[KVEvent, ...] = field(default_factory=tuple)
     """The prefix-cache blocks the step made findable, as the engine advertises them."""
     last: bool = False
+    loaded: tuple[tuple[int, int], ...] = ()
+    """(request index, tokens) of each request admitted this step with KV a connector
+    loads (disaggregated decode): its first ``tokens`` positions are not written by the step."""
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,12 @@ from dcpsim.errors import ConfigError, ScenarioError
 from dcpsim.model.config import SimConfig
 from dcpsim.model.specs import MambaSpec
 from dcpsim.model.validate import is_int
+from dcpsim.scenarios.disagg import check_disaggregation, parse_disaggregated
 from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_path
 from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
 TOP_KEYS = {"name", "description", "seed", "verify_every", "num_gpu_blocks", "kv_cache_tokens", "max_steps",
-            "config", "layers", "aliases", "requests"}
+            "config", "layers", "aliases", "requests", "disaggregated"}
 CONFIG_KEYS = {f.name for f in dataclasses.fields(SimConfig)} - {"draft_layers"}
 """``draft_layers`` is not written in [config]: layers say ``draft = true`` themselves."""
 REQUEST_KEYS = {"id", "count", "prompt_len", "output_len", "arrival_step", "prefix",
@@ -379,9 +380,11 @@ def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario
     if "num_gpu_blocks" in top and "kv_cache_tokens" in top:
         problems.add("kv_cache_tokens", "set num_gpu_blocks or kv_cache_tokens, not both")
     _check_requests(stamped, config, problems)
+    if "disaggregated" in data:
+        top["disaggregated"] = parse_disaggregated(data["disaggregated"], problems.add)
     problems.raise_if_any()
     try:
-        return Scenario(
+        scenario = Scenario(
             name=str(data.get("name", default_name)),
             description=str(data.get("description", "")),
             source=source,
@@ -393,3 +396,9 @@ def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario
         )
     except ConfigError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
+    if scenario.disaggregated is not None:
+        try:
+            check_disaggregation(scenario)
+        except ConfigError as exc:
+            raise ScenarioError(f"{source}: {exc}") from None
+    return scenario

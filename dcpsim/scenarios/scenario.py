@@ -78,6 +78,9 @@ class Scenario:
     Metadata: a reader has no cache of its own, so it adds no group, store or write. The
     loader checks that every target is a layer with a cache, and reports and replays
     carry the aliases; nothing else reads them."""
+    disaggregated: object = None
+    """A ``scenarios.disagg.Disaggregation`` (the ``[disaggregated]`` table): a prefill and a
+    decode instance joined by a KV connector; None: one instance (``run`` runs it as given)."""
 
     def __post_init__(self) -> None:
         if self.config.draft_layers:  # a draft at W = 1 needs a replicated cache

@@ -105,6 +105,11 @@ class Scheduler:
                         "(raise num_gpu_blocks)"
                     )
 
+    def external_tokens(self, req: Request) -> int:
+        """Tokens of ``req`` whose KV a connector loads on admission (vLLM's
+        ``get_num_new_matched_tokens``); 0 here, a disaggregated decode instance says more."""
+        return 0
+
     # --- allocation helpers -------------------------------------------------------
 
     def _can_allocate(self, req: Request, num_tokens: int) -> bool:
@@ -164,6 +169,7 @@ class Scheduler:
 
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int, int]] = []
+        loaded: list[tuple[int, int]] = []
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -190,7 +196,10 @@ class Scheduler:
         ):
             req = self.waiting[0]
             hit, hit_blocks = (0, None)
-            if self.prefix_cache and req.num_computed == 0:
+            external = self.external_tokens(req) if req.num_computed == 0 else 0
+            if external:
+                req.num_computed = external
+            elif self.prefix_cache and req.num_computed == 0:
                 hit, hit_blocks = self.prefix_cache.lookup(req)
             if hit:
                 for m, blocks in zip(self.managers, hit_blocks):
@@ -201,7 +210,7 @@ class Scheduler:
             if not self._can_allocate(req, req.num_computed + n):
                 if hit:
                     self._free(req)
-                    req.num_computed = 0
+                req.num_computed = 0
                 break
             self._allocate(req, req.num_computed + n)
             self.waiting.popleft()
@@ -209,7 +218,10 @@ class Scheduler:
             self.running.append(req)
             scheduled.append((req, n, drafts))
             budget -= n
-            if hit:
+            if external:
+                loaded.append((req.index, external))
+                events.append(f"admitted {req.request_id} with {plural(external, 'token')} from the kv connector")
+            elif hit:
                 self.stats["prefix_hit_tokens"] += hit
                 events.append(f"admitted {req.request_id} with a prefix-cache hit of {plural(hit, 'token')}")
             else:
@@ -253,6 +265,7 @@ class Scheduler:
             events=tuple(events),
             kv_events=self.prefix_cache.take_events() if self.prefix_cache else (),
             last=self.done,
+            loaded=tuple(loaded),
         )
 
     def _execute(self, req: Request, n: int, drafts: int, step: int, events: list[str]) -> ReqWrite:

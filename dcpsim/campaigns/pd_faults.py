@@ -1,0 +1,99 @@
+"""Known disaggregated prefill/decode bugs: a connector or an instance engine changed in one decision.
+
+Each ``PDFault`` gives the connector the run uses (``connector``, None: the correct one)
+and each instance's engine (``engine``, None: the reference engine). ``--inject NAME`` on
+a scenario with a ``[disaggregated]`` table runs one; ``selftest`` runs them all on the P/D
+built-in (``dcpsim.campaigns.pd_selftest``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dcpsim.campaigns.faults import Fault
+from dcpsim.engine.connector import NixlConnector, ReshardingConnector
+from dcpsim.errors import ConfigError
+from dcpsim.model.connector import block_matches, token_routes
+
+
+class PDFault:
+    name = "none"
+    bug_class = ""
+    description = "no fault: the correct connector and engines"
+    needs_pcp = False
+    """The bug shows only with PCP > 1: selftest judges its routes (``routes_cover``)
+    rather than a run, until the PCP runtime exists."""
+    kv_connector = "nixl"
+    """The connector the fault lives in (selftest runs it on a scenario using it)."""
+
+    def connector(self, kind: str):
+        return None
+
+    def engine(self, role: str):
+        return None
+
+
+class _StrideByDcp(NixlConnector):
+    def routes(self, num_tokens, src, dst):
+        return block_matches(num_tokens, src, dst, src_stride=src.decode_context_parallel_size)
+
+
+class NixlStrideByDcp(PDFault):
+    name = "nixl-stride-by-dcp"
+    bug_class = "P/D 1. NIXL block matching strides by dcp instead of pcp * dcp (vllm#38433, novitalabs/pegaflow#428)"
+    description = ("the prefill rank's blocks are taken as rank, rank + dcp, ... instead of rank, rank + pcp * dcp, ...: "
+                   "with pcp = dcp = 2 a rank's blocks 0, 2, 4 are loaded where it holds 0, 4, 8")
+    needs_pcp = True
+
+    def connector(self, kind):
+        return _StrideByDcp()
+
+
+class _ParallelDefaultInterleave(Fault):
+    """The reference engine with ``cp_kv_cache_interleave_size`` left at vLLM's
+    ``ParallelConfig`` default (1), not the NIXL-resolved block size."""
+
+    name = "nixl-interleave-not-block-size"
+
+    def group_geometry(self, group_id, group, config):
+        return super().group_geometry(group_id, group, dataclasses.replace(config, cp_kv_cache_interleave_size=1))
+
+
+class NixlInterleaveNotBlockSize(PDFault):
+    name = "nixl-interleave-not-block-size"
+    bug_class = ("P/D 2. under NIXL the interleave is not the smallest group block size "
+                 "(vllm#54457: forcing it elsewhere breaks block-level matching)")
+    description = ("both instances shard with cp_kv_cache_interleave_size = 1 (ParallelConfig's default) while the "
+                   "NIXL connector matches whole blocks, as if I = B")
+
+    def engine(self, role):
+        return _ParallelDefaultInterleave()
+
+
+class _IgnoresDecodeInterleave(ReshardingConnector):
+    def routes(self, num_tokens, src, dst):
+        believed = dataclasses.replace(dst, cp_kv_cache_interleave_size=src.cp_kv_cache_interleave_size)
+        return token_routes(num_tokens, src, dst, dst_as=believed)
+
+
+class ReshardIgnoresInterleave(PDFault):
+    name = "reshard-ignores-interleave"
+    bug_class = "P/D 3. a transfer that places entries with the prefill instance's interleave on the decode instance"
+    description = "the re-sharding connector computes decode owners and local indices with the prefill's I"
+    kv_connector = "resharding"
+
+    def connector(self, kind):
+        return _IgnoresDecodeInterleave()
+
+
+PD_FAULTS = {f.name: f for f in (PDFault(), NixlStrideByDcp(), NixlInterleaveNotBlockSize(), ReshardIgnoresInterleave())}
+
+
+def get_pd_fault(name: str | None) -> PDFault:
+    if name is None:
+        return PD_FAULTS["none"]
+    try:
+        return PD_FAULTS[name]
+    except KeyError:
+        raise ConfigError(f"--inject: {name!r} is not a P/D fault; P/D faults: "
+                          f"{', '.join(n for n in PD_FAULTS if n != 'none')}") from None
