@@ -1,0 +1,79 @@
+"""The [disaggregated] table: parsing, the NIXL interleave default, validation messages naming the field."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from dcpsim.cli import main
+from dcpsim.errors import ConfigError, ScenarioError
+from dcpsim.harness.disagg import PDJob, prepare_pd
+from dcpsim.scenarios.disagg import instance_layout, instance_scenario
+from dcpsim.scenarios.load import load_scenario, scenario_from_dict
+from dcpsim.scenarios.registry import builtin_scenario_path
+
+
+def pd_data(**tables):
+    data = tomllib.loads(builtin_scenario_path("pd-dsv3").read_text())
+    for role, fields in tables.items():
+        if role == "kv_connector":
+            data["disaggregated"]["kv_connector"] = fields
+        else:
+            data["disaggregated"][role] = fields
+    return data
+
+
+def test_the_builtin_resolves_the_nixl_interleave_to_the_block_size():
+    s = load_scenario("pd-dsv3")
+    assert s.disaggregated.kv_connector == "nixl"
+    assert instance_layout(s, "prefill").cp_kv_cache_interleave_size == 64
+    decode = instance_scenario(s, "decode")
+    assert decode.config.decode_context_parallel_size == 4 and decode.config.cp_kv_cache_interleave_size == 64
+    prefill = instance_scenario(s, "prefill")
+    assert {r.output_len for r in prefill.requests} == {1}
+    assert [r.output_len for r in decode.requests] == [r.output_len for r in s.requests]
+
+
+def test_resharding_keeps_the_scenario_interleave_and_takes_any_sizes():
+    s = scenario_from_dict(pd_data(kv_connector="resharding", decode={"decode_context_parallel_size": 3, "block_size": 32,
+                                                                      "cp_kv_cache_interleave_size": 4}), source="f.toml")
+    assert instance_layout(s, "prefill").cp_kv_cache_interleave_size == 64  # [config]'s
+    lay = instance_layout(s, "decode")
+    assert (lay.decode_context_parallel_size, lay.cp_kv_cache_interleave_size, lay.block_size) == (3, 4, 32)
+
+
+@pytest.mark.parametrize("tables, message", [
+    (dict(decode={"decode_context_parallel_size": 0}), "f.toml: disaggregated.decode.decode_context_parallel_size: must be an integer >= 1"),
+    (dict(decode={"dcp": 2}), "f.toml: disaggregated.decode.dcp: unknown field"),
+    (dict(kv_connector="mooncake"), "f.toml: disaggregated.kv_connector: must be one of nixl, resharding"),
+    (dict(decode={"decode_context_parallel_size": 4, "cp_kv_cache_interleave_size": 16}),
+     "decode instance's cp_kv_cache_interleave_size \\(16\\) equal to its block_size \\(64\\)"),
+    (dict(decode={"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2}),
+     "disaggregated.decode.prefill_context_parallel_size: the NIXL connector supports PCP on the prefill"),
+    (dict(decode={"decode_context_parallel_size": 3}), "must divide one another, got prefill 2 and decode 3"),
+])
+def test_a_bad_table_names_the_field(tables, message):
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from_dict(pd_data(**tables), source="f.toml")
+
+
+def test_pcp_above_1_is_refused_before_any_rank_starts(capsys):
+    s = scenario_from_dict(pd_data(prefill={"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2}),
+                           source="f.toml")
+    with pytest.raises(ConfigError, match="prefill_context_parallel_size = 2: P/D runs with PCP > 1 are not supported yet"):
+        prepare_pd(PDJob(s))
+    assert main(["run", "pd-dsv3", "--prefill-pcp", "2"]) == 2
+    assert "not supported yet" in capsys.readouterr().err
+
+
+def test_unsupported_groups_and_flags_are_exit_2(capsys, tmp_path):
+    data = tomllib.loads(builtin_scenario_path("dsv41-hybrid").read_text())
+    data["disaggregated"] = {"kv_connector": "resharding", "prefill": {}, "decode": {"decode_context_parallel_size": 2}}
+    with pytest.raises(ConfigError, match="is not supported in P/D runs yet"):
+        prepare_pd(PDJob(scenario_from_dict(data, source="f.toml")))
+    assert main(["run", "dsv3", "--decode-dcp", "2"]) == 2
+    assert "need a scenario with a [disaggregated] table" in capsys.readouterr().err
+    assert main(["run", "pd-dsv3", "--in-process"]) == 2
+    assert main(["run", "pd-dsv3", "--inject", "no-such-fault"]) == 2
+    assert "P/D faults: nixl-stride-by-dcp" in capsys.readouterr().err
