@@ -21,6 +21,7 @@ from dcpsim.campaigns.selftest import (
     run_plan,
     verdict,
 )
+from dcpsim.campaigns.pd_selftest import PD_SCENARIO, pd_fault_names, run_pd_selftest
 from dcpsim.cli.options import add_engine_arguments, engine_options
 from dcpsim.cli.progress import progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
@@ -73,23 +74,61 @@ def _list(plan: Plan, as_json: bool) -> int:
     return EXIT_OK
 
 
+def _list_pd(names: list[str]) -> None:
+    from dcpsim.campaigns.pd_faults import PD_FAULTS
+
+    for name in names:
+        fault = PD_FAULTS[name]
+        print(name)
+        print(f"  bug class:   {fault.bug_class}")
+        print(f"  what:        {fault.description}")
+        print(f"  runs on:     {PD_SCENARIO} ({'route audit at PCP = 2' if fault.needs_pcp else fault.kv_connector + ' P/D run'})")
+
+
+def pd_bug_class_legend(names: list[str]) -> list[str]:
+    from dcpsim.campaigns.pd_faults import PD_FAULTS
+
+    width = max(len(n) for n in names)
+    return [f"  {n:<{width}}  {PD_FAULTS[n].bug_class}" for n in names]
+
+
+def _split_faults(args) -> tuple[list[str] | None, list[str]]:
+    """(the engine faults to plan, None: all; the P/D faults to run). The P/D half runs on
+    its built-in (always in gloo worlds) unless ``--fault`` or ``--scenario`` leave it out."""
+    names = pd_fault_names()
+    pd_chosen = names if args.fault is None else [n for n in args.fault if n in names]
+    if args.scenario is not None and PD_SCENARIO not in args.scenario:
+        pd_chosen = []
+    plain = None if args.fault is None else [n for n in args.fault if n not in names]
+    return plain, pd_chosen
+
+
 def run(args) -> int:
-    plan = plan_selftest(args.fault, args.scenario, dry_run=not args.list)
+    plain, pd_chosen = _split_faults(args)
+    run_plain = plain is None or bool(plain) or not pd_chosen
+    plan = plan_selftest(plain, args.scenario, dry_run=not args.list) if run_plain else Plan(cases=[])
     if args.list:
-        return _list(plan, args.json)
+        code = _list(plan, args.json) if run_plain else EXIT_OK
+        if not args.json:
+            _list_pd(pd_chosen)
+        return code
     start = time.perf_counter()
     engine = engine_options(args)
     Job.validate_engine(**engine)
-    with progress_view("selftest", len(plan.cases)) as view:
+    pd_runs = len(pd_chosen) + 3 if pd_chosen else 0
+    with progress_view("selftest", len(plan.cases) + pd_runs) as view:
+        def progress(row):
+            view.done(row_line(row), ok=row.outcome in (DETECTED, PASS))
         rows = run_plan(plan, in_process=args.in_process, timeout=args.timeout, engine=engine,
-                        progress=lambda row: view.done(row_line(row), ok=row.outcome in (DETECTED, PASS)),
-                        on_wait=view.waiting)
-    passed, summary = verdict(rows, plan.faults)
+                        progress=progress, on_wait=view.waiting) if plan.cases or plan.rows else []
+        if pd_chosen:
+            rows += run_pd_selftest(pd_chosen, timeout=args.timeout, progress=progress, on_wait=view.waiting)
+    passed, summary = verdict(rows, plan.faults + pd_chosen)
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps({
             "passed": passed,
-            "faults": {n: fault_status(rows, n) for n in plan.faults},
+            "faults": {n: fault_status(rows, n) for n in plan.faults + pd_chosen},
             "rows": [dataclasses.asdict(r) for r in rows],
             "skipped": plan.skipped,
             "summary": summary,
@@ -100,6 +139,8 @@ def run(args) -> int:
         print()
         print("bug classes (docs/dcp-semantics.md section 8):")
         print("\n".join(bug_class_legend(plan.faults)))
+        if pd_chosen:
+            print("\n".join(pd_bug_class_legend(pd_chosen)))
         if plan.skipped:
             print(f"({plural(len(plan.skipped), 'combination')} skipped: config invalid for the scenario, or a "
                   "baseline identical to another one; see --json)")

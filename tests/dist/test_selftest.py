@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from dcpsim.campaigns.faults import FAULTS
+from dcpsim.campaigns.pd_faults import PD_FAULTS
 from dcpsim.scenarios.registry import builtin_scenario_names
 
 pytestmark = pytest.mark.dist
@@ -40,10 +41,14 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
     faults = [r for r in rows if r[0] != "(baseline)"]
     baselines = [r for r in rows if r[0] == "(baseline)"]
     # every registered fault has rows, and every fault row says detected, with the report's first line
-    assert {r[0] for r in faults} == set(FAULTS) - {"none"}
+    # (a P/D row says which instance failed, or which requests a route audit found misrouted)
+    assert {r[0] for r in faults} == (set(FAULTS) | set(PD_FAULTS)) - {"none"}
     for r in faults:
         assert r[3] == "detected", r
-        assert re.match(r"\[[a-z-]+\] FAIL at step \d+: ", r[4]), r
+        assert re.match(r"\[[a-z-]+\] ((prefill|decode) instance: )?FAIL at step \d+: |\[routes\] requests ", r[4]), r
+    pd_baselines = [r for r in baselines if r[2].startswith(("nixl ", "resharding ", "route audit"))]
+    assert len(pd_baselines) == 3 and all(r[1] == "pd-dsv3" and r[3] == "pass" for r in pd_baselines), pd_baselines
+    baselines = [r for r in baselines if r not in pd_baselines]
     by_fault = {}
     for r in faults:
         by_fault.setdefault(r[0], set()).add((r[1], r[2]))
@@ -66,7 +71,7 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
     assert {(r[1], r[2]) for r in baselines if r[1] in SCENARIOS} == {(s, c) for s in SCENARIOS for c in configs}
     assert all(r[3] == "pass" for r in baselines), [r for r in baselines if r[3] != "pass"]
     # the legend names each fault's bug class; the verdict is the last line
-    for name, fault in FAULTS.items():
+    for name, fault in {**FAULTS, **PD_FAULTS}.items():
         if name != "none":
             assert fault.bug_class in proc.stdout
     assert "selftest PASSED" in proc.stdout.strip().splitlines()[-1]
