@@ -40,6 +40,9 @@ from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.request import Status
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
+from dcpsim.harness.collectives import GlooCollectives
+from dcpsim.harness.job import Job
+from dcpsim.harness.rank import run_rank
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.scenarios.disagg import ROLES, check_disaggregation, instance_layout, instance_scenario
@@ -116,7 +119,7 @@ def prepare_pd(job: PDJob) -> dict:
         engine = ReferenceEngine()
         geometries = engine.geometries(sc.layers, sc.config)
         for g in geometries:
-            if g.storage is not Storage.PAGED or g.tokens_per_state != 1 or g.draft or not g.sharded:
+            if g.storage is not Storage.PAGED or g.tokens_per_state != 1 or g.draft or not (g.sharded or g.dcp_size == 1):
                 raise ConfigError(
                     f"disaggregated: group {g.name} ({g.storage}, {'sharded' if g.sharded else 'replicated'}) "
                     "is not supported in P/D runs yet: every KV-cache group must be a sharded, paged, "
@@ -210,18 +213,18 @@ def _receive_prompts(pairs, rank: int) -> dict:
                 for g, chunks in by_group.items()} for i, by_group in parts.items()}
 
 
-def pd_rank(job: PDJob, rank: int, world_size: int):
-    """``world.run_world`` target: one rank of either instance."""
+def pd_rank(job: PDJob, rank: int):
+    """One rank of either instance of ``job`` (world ranks past ``job.world_size`` only
+    take part in creating the subgroups, which every rank of the world must)."""
     import torch.distributed as dist
 
-    from dcpsim.harness.collectives import GlooCollectives
-    from dcpsim.harness.job import Job
-    from dcpsim.harness.rank import run_rank
     from dcpsim.harness.world import set_progress
 
     prefill_size, decode_size = job.sizes
     subgroups = [dist.new_group(list(range(prefill_size))),
-                 dist.new_group(list(range(prefill_size, world_size)))]
+                 dist.new_group(list(range(prefill_size, job.world_size)))]
+    if rank >= job.world_size:
+        return None
     pairs = job.pairs()
     fault = job.fault()
     if rank < prefill_size:
@@ -236,6 +239,17 @@ def pd_rank(job: PDJob, rank: int, world_size: int):
     coll = GlooCollectives(rank - prefill_size, decode_size, group=subgroups[1])
     report = run_rank(Job(job.instance("decode")), coll, engine=fault.engine("decode"), instance=instance)
     return "decode", report, instance.written
+
+
+def pd_world(jobs: list[PDJob], rank: int, world_size: int) -> list:
+    """``world.run_world`` target: the jobs in turn, each on the world's first ranks."""
+    import torch.distributed as dist
+
+    out = []
+    for job in jobs:
+        out.append(pd_rank(job, rank))
+        dist.barrier()  # the next job's groups start from a quiet world
+    return out
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -284,21 +298,35 @@ class PDReport:
 
 def run_pd(job: PDJob, *, timeout: float = 30.0, deadline: float | None = None, on_wait=None) -> PDReport:
     """Validate, run the world of both instances, merge each instance's rank reports."""
+    return run_pd_batch([job], timeout=timeout, deadline=deadline, on_wait=on_wait)[0]
+
+
+def run_pd_batch(jobs: list[PDJob], *, timeout: float = 30.0, deadline: float | None = None,
+                 on_wait=None) -> list[PDReport]:
+    """Several P/D runs in turn in one world of the largest ``P + D`` (world start-up and
+    forks once); each validated first."""
     import time
 
     from dcpsim.harness.batch import merge_rank_reports
     from dcpsim.harness.world import run_world
 
-    prepare_pd(job)
+    for job in jobs:
+        prepare_pd(job)
     start = time.perf_counter()
-    results = run_world(pd_rank, job, world_size=job.world_size, pg_timeout_s=timeout,
-                        deadline_s=deadline if deadline is not None else 2 * timeout + 30,
-                        preload=("dcpsim.harness.disagg",), on_wait=on_wait)
-    by_role = {role: [r for r in results if r[0] == role] for role in ROLES}
-    layouts = {role: dataclasses.asdict(instance_layout(job.scenario, role)) for role in ROLES}
-    return PDReport(
-        scenario=job.scenario.name, kv_connector=job.scenario.disaggregated.kv_connector,
-        prefill=merge_rank_reports([r[1] for r in by_role["prefill"]]),
-        decode=merge_rank_reports([r[1] for r in by_role["decode"]]),
-        entries_sent=sum(r[2] for r in by_role["prefill"]), entries_written=sum(r[2] for r in by_role["decode"]),
-        inject=job.inject, wall_time_s=time.perf_counter() - start, layouts=layouts)
+    if deadline is None:
+        deadline = 2 * timeout + 30 + 10 * (len(jobs) - 1)
+    per_rank = run_world(pd_world, jobs, world_size=max(j.world_size for j in jobs), pg_timeout_s=timeout,
+                         deadline_s=deadline, preload=("dcpsim.harness.disagg",), on_wait=on_wait)
+    seconds = (time.perf_counter() - start) / len(jobs)
+    reports = []
+    for k, job in enumerate(jobs):
+        results = [ranks[k] for ranks in per_rank if ranks[k] is not None]
+        by_role = {role: [r for r in results if r[0] == role] for role in ROLES}
+        layouts = {role: dataclasses.asdict(instance_layout(job.scenario, role)) for role in ROLES}
+        reports.append(PDReport(
+            scenario=job.scenario.name, kv_connector=job.scenario.disaggregated.kv_connector,
+            prefill=merge_rank_reports([r[1] for r in by_role["prefill"]]),
+            decode=merge_rank_reports([r[1] for r in by_role["decode"]]),
+            entries_sent=sum(r[2] for r in by_role["prefill"]), entries_written=sum(r[2] for r in by_role["decode"]),
+            inject=job.inject, wall_time_s=seconds, layouts=layouts))
+    return reports
