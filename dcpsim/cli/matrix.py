@@ -23,6 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--in-process", action="store_true", help="run ranks as threads (no gloo)")
     p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout in seconds")
     p.add_argument("--json", action="store_true", help="print every cell as JSON")
+    p.add_argument("--pd", metavar="P:D,...",
+                   help="P/D cells instead: each scenario with a [disaggregated] table at these (prefill W, decode W) "
+                        "pairs, e.g. 1:2,2:4,4:2 (default scenarios: the built-ins with a [disaggregated] table)")
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -32,10 +35,29 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag}: expected a comma list of integers, got {text!r}") from None
 
 
+def _run_pd(args) -> int:
+    from dcpsim.campaigns.pd_matrix import parse_pairs, pd_table, run_pd_matrix
+    from dcpsim.cli.progress import print_waiting
+    from dcpsim.scenarios.load import load_scenario
+    from dcpsim.scenarios.registry import builtin_scenario_names
+
+    pairs = parse_pairs(args.pd)
+    names = args.scenarios or [n for n in builtin_scenario_names() if load_scenario(n).disaggregated is not None]
+    cells = run_pd_matrix(names, pairs, timeout=args.timeout, on_wait=print_waiting)
+    if args.json:
+        print(json.dumps([{"cell": c.id, "status": c.status, "reason": c.reason, "seconds": round(c.seconds, 3),
+                           "report": c.report.to_dict() if c.report else None} for c in cells], indent=2, default=str))
+    else:
+        print(pd_table(cells))
+    return EXIT_CHECK_FAILED if any(c.status == "FAIL" for c in cells) else EXIT_OK
+
+
 def run(args) -> int:
     from dcpsim.campaigns import matrix as mx
     from dcpsim.scenarios.registry import builtin_scenario_names
 
+    if args.pd:
+        return _run_pd(args)
     scenarios = args.scenarios or builtin_scenario_names()
     dcps = _int_list(args.dcp, "--dcp")
     interleaves = [x.strip() for x in args.interleave.split(",") if x.strip()]

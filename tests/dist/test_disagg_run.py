@@ -84,3 +84,11 @@ def test_the_cli_reports_both_instances(capsys):
     assert main(["run", "pd-dsv3", "--kv-connector", "resharding", "--decode-interleave", "8",
                  "--inject", "reshard-ignores-interleave"]) == 1
     assert "P/D FAILED" in capsys.readouterr().out
+
+
+def test_the_matrix_runs_pd_pairs_and_skips_what_nixl_cannot_pair(capsys):
+    assert main(["matrix", "--pd", "1:2,2:3", "--json"]) == 0
+    cells = {c["cell"]: c for c in json.loads(capsys.readouterr().out)}
+    assert cells["pd-dsv3-pd1:2"]["status"] == "pass"
+    assert cells["pd-dsv3-pd1:2"]["report"]["layouts"]["decode"]["decode_context_parallel_size"] == 2
+    assert cells["pd-dsv3-pd2:3"]["status"] == "skipped" and "divide one another" in cells["pd-dsv3-pd2:3"]["reason"]
