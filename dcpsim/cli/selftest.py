@@ -7,6 +7,7 @@ import dataclasses
 import json
 import time
 
+from dcpsim.campaigns.pd_selftest import PD_SCENARIO, pd_fault_names, run_pd_selftest
 from dcpsim.campaigns.selftest import (
     DETECTED,
     PASS,
@@ -21,7 +22,6 @@ from dcpsim.campaigns.selftest import (
     run_plan,
     verdict,
 )
-from dcpsim.campaigns.pd_selftest import PD_SCENARIO, pd_fault_names, run_pd_selftest
 from dcpsim.cli.options import add_engine_arguments, engine_options
 from dcpsim.cli.progress import progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK

@@ -44,7 +44,8 @@ def test_resharding_keeps_the_scenario_interleave_and_takes_any_sizes():
 
 
 @pytest.mark.parametrize("tables, message", [
-    (dict(decode={"decode_context_parallel_size": 0}), "f.toml: disaggregated.decode.decode_context_parallel_size: must be an integer >= 1"),
+    (dict(decode={"decode_context_parallel_size": 0}),
+     "f.toml: disaggregated.decode.decode_context_parallel_size: must be an integer >= 1"),
     (dict(decode={"dcp": 2}), "f.toml: disaggregated.decode.dcp: unknown field"),
     (dict(kv_connector="mooncake"), "f.toml: disaggregated.kv_connector: must be one of nixl, resharding"),
     (dict(decode={"decode_context_parallel_size": 4, "cp_kv_cache_interleave_size": 16}),
