@@ -80,6 +80,9 @@ def run_disaggregated(args, scenario) -> int:
     from dcpsim.harness.disagg import PDJob, prepare_pd, run_pd
 
     with json_errors(args.json):
+        if getattr(args, "dcp", None) is not None:
+            raise ConfigError("--decode-context-parallel-size sizes one instance; a P/D scenario's instances take "
+                              "--prefill-dcp and --decode-dcp")
         for flag in ("in_process", "trace", "attention", "simulate_rank_failure"):
             if getattr(args, flag, None):
                 raise ConfigError(f"--{flag.replace('_', '-')} is not supported for P/D runs yet")

@@ -76,5 +76,7 @@ def test_unsupported_groups_and_flags_are_exit_2(capsys, tmp_path):
     assert main(["run", "dsv3", "--decode-dcp", "2"]) == 2
     assert "need a scenario with a [disaggregated] table" in capsys.readouterr().err
     assert main(["run", "pd-dsv3", "--in-process"]) == 2
+    assert main(["run", "pd-dsv3", "--dcp", "4"]) == 2
+    assert "take --prefill-dcp and --decode-dcp" in capsys.readouterr().err
     assert main(["run", "pd-dsv3", "--inject", "no-such-fault"]) == 2
     assert "P/D faults: nixl-stride-by-dcp" in capsys.readouterr().err
