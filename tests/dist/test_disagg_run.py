@@ -92,3 +92,22 @@ def test_the_matrix_runs_pd_pairs_and_skips_what_nixl_cannot_pair(capsys):
     assert cells["pd-dsv3-pd1:2"]["status"] == "pass"
     assert cells["pd-dsv3-pd1:2"]["report"]["layouts"]["decode"]["decode_context_parallel_size"] == 2
     assert cells["pd-dsv3-pd2:3"]["status"] == "skipped" and "divide one another" in cells["pd-dsv3-pd2:3"]["reason"]
+
+
+def test_decode_prefix_hits_and_a_decode_preemption_recompute_from_the_loaded_blocks():
+    """A request preempted on the decode instance recomputes locally and hits the prefix cache
+    the loaded blocks filled; the checker judges the result as any run."""
+    import copy
+
+    data = copy.deepcopy(TINY)
+    data["config"]["enable_prefix_caching"] = True
+    for r in data["requests"][:2]:
+        r.update(prefix="sys", shared_prefix_len=36)
+    data["requests"].append({"id": "d", "prompt_len": 200, "output_len": 4, "arrival_step": 6, "prefix": "sys",
+                             "shared_prefix_len": 36, "preempt_at_steps": [8]})
+    data["disaggregated"] = {"kv_connector": "resharding", "prefill": {"decode_context_parallel_size": 1},
+                             "decode": {"decode_context_parallel_size": 3, "cp_kv_cache_interleave_size": 2}}
+    (report,) = run_pd_batch([PDJob(scenario_from_dict(data, source="pd-prefix.toml"))], timeout=60)
+    assert report.passed, report.failure
+    assert report.decode.schedule["preemptions"] == 1 and report.decode.schedule["prefix_hit_tokens"] > 0
+    assert report.entries_written == 150 + 37 + 260 + 200
