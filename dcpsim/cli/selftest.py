@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
-def _list(plan: Plan, as_json: bool) -> int:
+def _list(plan: Plan, as_json: bool, pd_names: list[str]) -> int:
     from dcpsim.campaigns.faults import FAULTS
 
     entries = []
@@ -58,6 +58,7 @@ def _list(plan: Plan, as_json: bool) -> int:
                             scenarios=list(fault.scenarios) if fault.scenarios else None,
                             runs=runs, applicable=bool(runs),
                             why_not=next((r.report for r in plan.rows if r.fault == name), None) if not runs else None))
+    entries += _pd_entries(pd_names)
     if as_json:
         print(json.dumps({"faults": entries}, indent=2, default=str))
         return EXIT_OK
@@ -74,15 +75,18 @@ def _list(plan: Plan, as_json: bool) -> int:
     return EXIT_OK
 
 
-def _list_pd(names: list[str]) -> None:
+def _pd_entries(names: list[str]) -> list[dict]:
+    """``--list`` entries of the P/D faults: where selftest runs each (``campaigns.pd_selftest``)."""
     from dcpsim.campaigns.pd_faults import PD_FAULTS
 
+    out = []
     for name in names:
         fault = PD_FAULTS[name]
-        print(name)
-        print(f"  bug class:   {fault.bug_class}")
-        print(f"  what:        {fault.description}")
-        print(f"  runs on:     {PD_SCENARIO} ({'route audit at PCP = 2' if fault.needs_pcp else fault.kv_connector + ' P/D run'})")
+        how = "route audit at prefill PCP = 2" if fault.needs_pcp else f"{fault.kv_connector} P/D run"
+        out.append(dict(name=name, bug_class=fault.bug_class, description=fault.description, needs={}, configs=[],
+                        scenarios=[PD_SCENARIO], runs=[dict(scenario=PD_SCENARIO, config=how)], applicable=True,
+                        why_not=None))
+    return out
 
 
 def pd_bug_class_legend(names: list[str]) -> list[str]:
@@ -108,10 +112,7 @@ def run(args) -> int:
     run_plain = plain is None or bool(plain) or not pd_chosen
     plan = plan_selftest(plain, args.scenario, dry_run=not args.list) if run_plain else Plan(cases=[])
     if args.list:
-        code = _list(plan, args.json) if run_plain else EXIT_OK
-        if not args.json:
-            _list_pd(pd_chosen)
-        return code
+        return _list(plan, args.json, pd_chosen)
     start = time.perf_counter()
     engine = engine_options(args)
     Job.validate_engine(**engine)

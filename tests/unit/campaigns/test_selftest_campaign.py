@@ -11,6 +11,7 @@ import json
 import pytest
 
 from dcpsim.campaigns.faults import FAULTS, Fault
+from dcpsim.campaigns.pd_faults import PD_FAULTS
 from dcpsim.campaigns.selftest import (
     BASELINE,
     DETECTED,
@@ -218,7 +219,8 @@ def test_list_shows_every_registered_fault_with_its_bug_class(capsys):
     assert main(["selftest", "--list", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     by_name = {e["name"]: e for e in doc["faults"]}
-    assert set(by_name) == set(FAULTS) - {BASELINE}
+    assert set(by_name) == (set(FAULTS) | set(PD_FAULTS)) - {BASELINE}  # the P/D faults run on pd-dsv3
+    assert by_name["nixl-stride-by-dcp"]["runs"] == [{"scenario": "pd-dsv3", "config": "route audit at prefill PCP = 2"}]
     assert by_name["merge-drops-dcp-replicated"]["runs"] == [{"scenario": "llama-draft", "config": "W=2 I=1"}]
     assert by_name["kernel-virtual-block"]["needs"] == {"kernel_block_size": 16}
 
