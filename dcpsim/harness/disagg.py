@@ -71,7 +71,11 @@ class PDJob:
 
         if self.scenario.disaggregated is None:
             raise ConfigError(f"scenario {self.scenario.name!r} has no [disaggregated] table")
-        get_pd_fault(self.inject)
+        fault = get_pd_fault(self.inject)
+        kind = self.scenario.disaggregated.kv_connector
+        if self.inject and fault.connector(kind) is not None and fault.kv_connector != kind:
+            raise ConfigError(f"--inject {self.inject}: the fault is in the {fault.kv_connector} connector; this run uses "
+                              f"kv_connector = {kind} (--kv-connector {fault.kv_connector})")
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -171,7 +175,7 @@ class DecodeInstance:
         pass
 
 
-def _send_prompts(job: PDJob, pairs, pages, rank: int, prefill_size: int) -> int:
+def _send_prompts(pairs, pages, rank: int, prefill_size: int) -> int:
     import torch
     import torch.distributed as dist
 
@@ -232,7 +236,7 @@ def pd_rank(job: PDJob, rank: int):
         coll = GlooCollectives(rank, prefill_size, group=subgroups[0])
         report = run_rank(Job(job.instance("prefill")), coll, engine=fault.engine("prefill"), instance=instance)
         set_progress(report.steps, "kv transfer (send)")
-        sent = _send_prompts(job, pairs, instance.pages, rank, prefill_size)
+        sent = _send_prompts(pairs, instance.pages, rank, prefill_size)
         return "prefill", report, sent
     set_progress(None, "kv transfer (receive)")
     instance = DecodeInstance(_receive_prompts(pairs, rank - prefill_size))

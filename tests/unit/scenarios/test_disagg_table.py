@@ -80,3 +80,5 @@ def test_unsupported_groups_and_flags_are_exit_2(capsys, tmp_path):
     assert "take --prefill-dcp and --decode-dcp" in capsys.readouterr().err
     assert main(["run", "pd-dsv3", "--inject", "no-such-fault"]) == 2
     assert "P/D faults: nixl-stride-by-dcp" in capsys.readouterr().err
+    assert main(["run", "pd-dsv3", "--inject", "reshard-ignores-interleave"]) == 2
+    assert "the fault is in the resharding connector; this run uses kv_connector = nixl" in capsys.readouterr().err
