@@ -30,7 +30,6 @@ import dataclasses
 from dataclasses import dataclass
 
 from dcpsim.errors import ConfigError
-from dcpsim.model.connector import InstanceLayout, check_block_matching
 from dcpsim.model.specs import CircularBufferSpec, MambaSpec
 from dcpsim.model.validate import is_int
 
@@ -126,8 +125,11 @@ def instance_scenario(scenario, role: str):
     return out
 
 
-def instance_layout(scenario, role: str) -> InstanceLayout:
-    """The layout of an instance's (one) sharded group, as the connector sees it."""
+def instance_layout(scenario, role: str):
+    """The layout of an instance's (one) sharded group, as the connector sees it
+    (``model.connector.InstanceLayout``; imported here: loading a scenario needs no numpy)."""
+    from dcpsim.model.connector import InstanceLayout
+
     sc = instance_scenario(scenario, role)
     inst = scenario.disaggregated.instance(role)
     return InstanceLayout(decode_context_parallel_size=inst.decode_context_parallel_size,
@@ -139,6 +141,8 @@ def instance_layout(scenario, role: str) -> InstanceLayout:
 def check_disaggregation(scenario) -> None:
     """The connector's own rules (exit 2, naming the field): NIXL consumers have no PCP,
     and NIXL matches whole blocks."""
+    from dcpsim.model.connector import check_block_matching
+
     pd: Disaggregation = scenario.disaggregated
     if pd.kv_connector != "nixl":
         return
