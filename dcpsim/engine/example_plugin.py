@@ -76,14 +76,17 @@ class ExampleEngine(Engine):
     def num_released_blocks(self, geometry, first_needed):
         return first_needed // geometry.manager_block_size
 
+    def prefix_block_tokens(self, geometry):
+        return geometry.manager_block_size
+
     def prefix_hash_unit(self, geometries):
         return math.lcm(*(g.manager_block_size for g in geometries))
 
     def prefix_hash_block_size(self, geometries):
         return math.gcd(*(g.manager_block_size for g in geometries))
 
-    def prefix_key_position(self, geometries, unit):
-        return (unit + 1) * self.prefix_hash_unit(geometries) - 1
+    def prefix_key_position(self, geometries, block):
+        return (block + 1) * self.prefix_hash_block_size(geometries) - 1
 
     # --- worker ---------------------------------------------------------------------
 
