@@ -77,14 +77,15 @@ class PrefixHashUnitB(Fault):
     )
     configs = ({"block_size": 16},)
     """Small pages: the 520-token prefix of dsv3 then ends inside a unit that the bug still hits."""
-    scenarios = ("dsv3", "dsv3-mtp", "llama-draft", "prefix-eviction", "prefix-sharing")
+    scenarios = ("dsv3", "dsv3-mtp", "prefix-eviction", "prefix-sharing")
     """Not prefix-preemption: its sharers look their prefix up before the first request has
     computed the unit the prefix ends in, so the early key is never there to be hit."""
 
     def applies_to(self, geometries) -> bool:
-        return any(g.sharded and g.dcp_size > 1 for g in geometries) and all(
-            g.prefix_cacheable for g in geometries
-        )
+        """Where the hash block (the GCD of the block spans) is not ``B`` itself: beside a
+        replicated group of the same ``B`` (llama-draft) hashing per ``B`` is right."""
+        return all(g.prefix_cacheable for g in geometries) and (
+            math.gcd(*(g.block_size for g in geometries)) != math.gcd(*(g.manager_block_size for g in geometries)))
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
         """Where two requests share a prefix that ends inside a hash unit: a prefix of whole
@@ -95,9 +96,8 @@ class PrefixHashUnitB(Fault):
         ragged = any(r.prefix in shared and r.shared_prefix_len % unit for r in scenario.requests)
         return scenario.config.enable_prefix_caching and ragged and self.applies_to(geometries)
 
-    def prefix_key_position(self, geometries, unit: int) -> int:
-        hash_block = math.gcd(*(g.block_size for g in geometries))
-        return (unit + 1) * hash_block - 1
+    def prefix_key_position(self, geometries, block: int) -> int:
+        return (block + 1) * math.gcd(*(g.block_size for g in geometries)) - 1
 
 
 class KernelVirtualBlock(Fault):
@@ -453,6 +453,34 @@ class KvEventsHashUnitB(Fault):
         return math.gcd(*(g.block_size for g in geometries))
 
 
+
+def _compressed(g: GroupGeometry) -> bool:
+    return g.storage is Storage.RECORDS and g.tokens_per_state > 1
+
+
+class CompressedHitDropsR(Fault):
+    name = "compressed-hit-drops-r"
+    bug_class = "23. a compressed cache's prefix-hit length counted without its compression ratio (vllm-ascend#13330)"
+    description = (
+        "a compressed group's cached block is credited with B*W tokens, its records per page times W, "
+        "instead of the B*R*W tokens it covers, and hits are aligned to that: a hit stops inside a "
+        "compressed block, which the group drops (whole blocks only), so records below the hit are "
+        "never computed"
+    )
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return all(g.prefix_cacheable for g in geometries) and any(_compressed(g) for g in geometries)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return scenario.config.enable_prefix_caching and self.applies_to(geometries)
+
+    def prefix_block_tokens(self, geometry) -> int:
+        if _compressed(geometry):
+            return geometry.states_per_page * (geometry.dcp_size if geometry.sharded else 1)
+        return super().prefix_block_tokens(geometry)
+
+
 # --- draft models (MTP / EAGLE) -------------------------------------------------------
 
 
@@ -661,6 +689,7 @@ FAULTS: dict[str, Fault] = {
         AdmissionCapacityUnscaled(),
         KvEventsHashUnitB(),
         DraftIndptrFromGlobalLens(),
+        CompressedHitDropsR(),
         MambaBlockSizeScaledByW(),
         DcpTransformOnReplicated(),
         ForeignBlock(),

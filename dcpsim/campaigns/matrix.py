@@ -107,8 +107,8 @@ def expand(
     for name in scenarios:
         base = load_scenario(name)
         for bs in block_sizes:
-            sized = base.with_overrides(block_size=bs) if bs else base
             try:
+                sized = base.with_overrides(block_size=bs) if bs else base
                 b = page_states(sized)
             except ConfigError as exc:
                 cell = Cell(base.name, 0, 0, bs or 0, bs)

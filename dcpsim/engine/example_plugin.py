@@ -42,6 +42,8 @@ class ExampleEngine(Engine):
         sharded = group.sharded and W > 1
         tps = records_per_state(spec)
         storage = storage_of(spec)
+        if storage is Storage.STATE:  # a Mamba state: replicated, one state a page, never scaled by W
+            return self._state_geometry(group_id, group, config)
         if sharded and (spec.block_size // tps) % I:
             raise ConfigError(f"group {group.name}: a page of {spec.block_size // tps} states is not a multiple of I={I}")
         per_entry = spec.block_size * (W if sharded else 1)
@@ -61,7 +63,12 @@ class ExampleEngine(Engine):
     # --- scheduler ------------------------------------------------------------------
 
     def blocks_needed(self, geometry, num_tokens):
-        return 1 if geometry.storage is Storage.RING else -(-num_tokens // geometry.manager_block_size)
+        if geometry.storage is Storage.RING:
+            return 1
+        entries = -(-num_tokens // geometry.manager_block_size)
+        if geometry.storage is Storage.STATE:  # plus one speculative state block per draft
+            entries += geometry.spec.num_speculative_blocks
+        return entries
 
     def first_needed_position(self, geometry, num_committed):
         spec, n = geometry.spec, num_committed
@@ -71,10 +78,15 @@ class ExampleEngine(Engine):
             return n - n % spec.attention_chunk_size
         if geometry.retention is Retention.RING:
             return max(0, n - (geometry.block_size - geometry.num_speculative_tokens))
+        if geometry.retention is Retention.STATE:  # only the state after the last committed token
+            return max(0, n - 1)
         return 0
 
     def num_released_blocks(self, geometry, first_needed):
         return first_needed // geometry.manager_block_size
+
+    def prefix_block_tokens(self, geometry):
+        return geometry.manager_block_size
 
     def prefix_hash_unit(self, geometries):
         return math.lcm(*(g.manager_block_size for g in geometries))
@@ -82,13 +94,29 @@ class ExampleEngine(Engine):
     def prefix_hash_block_size(self, geometries):
         return math.gcd(*(g.manager_block_size for g in geometries))
 
-    def prefix_key_position(self, geometries, unit):
-        return (unit + 1) * self.prefix_hash_unit(geometries) - 1
+    def prefix_key_position(self, geometries, block):
+        return (block + 1) * self.prefix_hash_block_size(geometries) - 1
 
     # --- worker ---------------------------------------------------------------------
 
     def owner(self, geometry: GroupGeometry, index: int) -> int:
         return (index // geometry.interleave_size) % geometry.dcp_size
+
+    def _state_geometry(self, group_id, group, config):
+        """A Mamba group (MambaSpec): ``1 + k`` state blocks a request in ``none`` mode (a
+        block covers ``max_model_len``), one entry per ``block_size`` tokens plus ``k`` in
+        ``align`` mode; no 128-token widening; no kernel blocks, no interleave."""
+        spec = group.representative
+        k = spec.num_speculative_blocks
+        return GroupGeometry(
+            group_id=group_id, name=group.name, layer_names=group.layer_names, spec=spec,
+            group_spec=group.kv_cache_spec, storage=Storage.STATE, retention=retention_of(spec),
+            block_size=spec.block_size, tokens_per_state=1, sharded=False,
+            dcp_size=config.decode_context_parallel_size, interleave_size=config.cp_kv_cache_interleave_size,
+            kernel_block_size=None, num_speculative_tokens=config.num_speculative_tokens,
+            manager_block_size=spec.block_size, block_table_width=-(-config.max_model_len // spec.block_size) + k,
+            cudagraph_capture_sizes=config.cudagraph_capture_sizes,
+            draft=any(n in config.draft_layers for n in group.layer_names))
 
     def _slot(self, g: GroupGeometry, row, index: int, rank: int) -> int:
         page = g.states_per_page
@@ -103,6 +131,18 @@ class ExampleEngine(Engine):
 
     def write_slots(self, geometry, write, block_row, dcp_rank):
         g = geometry
+        if g.storage is Storage.STATE:
+            # the state window starts at column 0 (none) or at the block of the step's last
+            # token (align); a prefill chunk leaves one state (after its last token) there, a
+            # decode step the state after each of its tokens, token j's in the window's block j
+            base = (write.stop - 1) // g.block_size if g.spec.mamba_cache_mode == "align" else 0
+            if write.stop - write.start - write.num_drafts > 1:
+                positions, columns = [write.stop - 1], [base]
+            else:
+                positions = list(range(write.start, write.stop))
+                columns = [base + j for j in range(len(positions))]
+            slots = [int(block_row[c]) if c < len(block_row) else 0 for c in columns]  # one state a page
+            return np.array(slots, np.int64), np.array(positions, np.int64)
         if g.storage is Storage.RING:
             states = list(range(max(write.start, write.stop - g.block_size), write.stop))
             return (np.array([int(block_row[0]) * g.block_size + s % g.block_size for s in states], np.int64),

@@ -54,7 +54,10 @@ class GroupGeometry:
     max_memory_usage_bytes: int | None = None
     """The worst-case bytes one request can use in one layer (the representative spec)."""
     draft: bool = False
-    """The group holds layers of the draft model (whose drafter builds its own metadata)."""
+    """The group holds layers of the draft model (whose drafter builds its own metadata and
+    writes their KV with its own slot mapping)."""
+    draft_only: bool = False
+    """Every layer of the group is a draft layer (no target layer shares its cache)."""
     model: str = "target"
     """Whose attention this geometry describes: ``target``, or ``draft`` (``Engine.draft_geometry``)."""
     cudagraph_capture_sizes: tuple[int, ...] = ()
@@ -127,5 +130,6 @@ def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -
         max_memory_usage_bytes=spec.max_memory_usage_bytes(config),
         cudagraph_capture_sizes=config.cudagraph_capture_sizes,
         draft=any(n in config.draft_layers for n in group.layer_names),
+        draft_only=all(n in config.draft_layers for n in group.layer_names),
     )
 

@@ -76,18 +76,26 @@ class Engine:
         become the null block) when positions below ``first_needed`` are not needed."""
         raise NotImplementedError
 
+    def prefix_block_tokens(self, geometry: GroupGeometry) -> int:
+        """Tokens of prefix one cached block of the group stands for when a hit's length
+        is counted: the tokens its block-table entry covers (``B * W`` sharded, ``B``
+        replicated; a compressed cache's ``B`` is ``R`` tokens per record)."""
+        raise NotImplementedError
+
     def prefix_hash_unit(self, geometries: list[GroupGeometry]) -> int:
-        """Tokens per prefix-cache hash unit (a hit covers whole units in every group)."""
+        """Tokens per prefix-cache hit unit: a hit is a whole number of units (upstream:
+        the LCM of the groups' block spans, so it ends on a block boundary of every group)."""
         raise NotImplementedError
 
     def prefix_hash_block_size(self, geometries: list[GroupGeometry]) -> int:
-        """Tokens per hash block of the prefix-cache events the engine advertises (KV
-        events); a router matches them against its own hashes of prompts at that unit."""
+        """Tokens per hash block (upstream: the GCD of the groups' block spans): lookups
+        find a group's block by the hash of its last hash block, and the engine advertises
+        one KV event per hash block (a router hashes prompts at that unit)."""
         raise NotImplementedError
 
-    def prefix_key_position(self, geometries: list[GroupGeometry], unit: int) -> int:
-        """The position whose prefix fingerprint keys hash unit ``unit`` (0-based). A key
-        must cover the whole unit: a hit then never runs past the true common prefix."""
+    def prefix_key_position(self, geometries: list[GroupGeometry], block: int) -> int:
+        """The position whose prefix fingerprint keys hash block ``block`` (0-based). A key
+        must cover the whole block: a hit then never runs past the true common prefix."""
         raise NotImplementedError
 
     # --- the worker: the write path -------------------------------------------------
@@ -185,9 +193,8 @@ class Engine:
 
 ENGINE_DECISIONS = (
     "kv_cache_groups", "group_geometry", "blocks_needed", "first_needed_position", "num_released_blocks",
-    "prefix_hash_unit", "prefix_hash_block_size", "prefix_key_position", "write_slots", "kernel_block_table", "local_seq_lens",
-    "query_local_bounds", "attention_metadata", "build_attention_metadata", "draft_geometry", "shard_lse",
-    "shard_output", "merge_lse", "merge_attention_states",
-    "merge_across_ranks",
+    "prefix_block_tokens", "prefix_hash_unit", "prefix_hash_block_size", "prefix_key_position", "write_slots",
+    "kernel_block_table", "local_seq_lens", "query_local_bounds", "attention_metadata", "build_attention_metadata",
+    "draft_geometry", "shard_lse", "shard_output", "merge_lse", "merge_attention_states", "merge_across_ranks",
 )
 """Every decision of the interface, in the order above (reports list who makes each)."""

@@ -74,15 +74,18 @@ class ReferenceEngine(Engine):
     def num_released_blocks(self, geometry: GroupGeometry, first_needed: int) -> int:
         return first_needed // geometry.manager_block_size  # whole blocks only
 
+    def prefix_block_tokens(self, geometry) -> int:
+        return geometry.manager_block_size  # tokens, so a compressed cache's R is in it
+
     def prefix_hash_unit(self, geometries) -> int:
-        return math.lcm(*(g.manager_block_size for g in geometries))
+        # upstream 0.33.0: hash at the GCD of the groups' block spans, hit at their LCM
+        return math.lcm(*(self.prefix_block_tokens(g) for g in geometries))
 
     def prefix_hash_block_size(self, geometries) -> int:
-        # upstream 0.33.0: hash at the GCD of the manager block sizes, hit at their LCM
-        return math.gcd(*(g.manager_block_size for g in geometries))
+        return math.gcd(*(self.prefix_block_tokens(g) for g in geometries))
 
-    def prefix_key_position(self, geometries, unit: int) -> int:
-        return (unit + 1) * self.prefix_hash_unit(geometries) - 1
+    def prefix_key_position(self, geometries, block: int) -> int:
+        return (block + 1) * self.prefix_hash_block_size(geometries) - 1
 
     # --- the worker: writes ---------------------------------------------------------
 

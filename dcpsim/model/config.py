@@ -43,6 +43,12 @@ class SimConfig:
     async_scheduling: bool = False
     """vLLM's ``scheduler_config.async_scheduling``: the next step is scheduled while the
     current one runs, so two batches are in flight (``max_concurrent_batches``)."""
+    block_size: int | None = None
+    """vLLM's ``cache_config.block_size`` (``--block-size``): the cache block size, in states
+    per page. Attention layers that give no ``block_size`` of their own take it (``B * R``
+    tokens for a compressed one). Under DCP it must be >= and a multiple of
+    ``cp_kv_cache_interleave_size``, as vLLM 0.33.0 checks (``VllmConfig.validate_block_size``).
+    None: every layer gives its own, and each sharded group's page is checked instead."""
 
     def __post_init__(self) -> None:
         check_int("max_model_len", self.max_model_len, 1)
@@ -63,6 +69,9 @@ class SimConfig:
                 )
         if self.kernel_block_size is not None:
             check_int("kernel_block_size", self.kernel_block_size, 1)
+        if self.block_size is not None:
+            check_int("block_size", self.block_size, 1)
+            self._check_interleave_fits_block_size()
         for flag in ("enable_prefix_caching", "async_scheduling"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
@@ -71,6 +80,18 @@ class SimConfig:
                 "max_num_batched_tokens must hold one speculative step "
                 f"(num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}), "
                 f"got {self.max_num_batched_tokens}"
+            )
+
+    def _check_interleave_fits_block_size(self) -> None:
+        """vLLM 0.33.0: with ``decode_context_parallel_size > 1`` the cache block size must be
+        >= and divisible by the interleave ("Block_size(B) should be greater than or equal
+        to and divisible by cp_kv_cache_interleave_size (I).")."""
+        B, I = self.block_size, self.cp_kv_cache_interleave_size
+        if self.decode_context_parallel_size > 1 and (I > B or B % I):
+            raise ConfigError(
+                f"block_size ({B}) should be greater than or equal to and divisible by "
+                f"cp_kv_cache_interleave_size ({I}) when decode_context_parallel_size > 1 "
+                "(the cache block size, as vLLM checks it)"
             )
 
     @property

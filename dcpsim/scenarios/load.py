@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dcpsim.errors import ConfigError, ScenarioError
 from dcpsim.model.config import SimConfig
-from dcpsim.model.specs import MambaSpec
+from dcpsim.model.specs import CircularBufferSpec, MambaSpec
 from dcpsim.model.validate import is_int
 from dcpsim.scenarios.disagg import check_disaggregation, parse_disaggregated
 from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_path
@@ -135,6 +135,16 @@ def _mamba_defaults(fields: dict, config: SimConfig | None) -> None:
     fields.setdefault("num_speculative_blocks", config.num_speculative_tokens)
 
 
+def _cache_block_size_default(cls, fields: dict, config: SimConfig | None) -> None:
+    """An attention layer without ``block_size`` takes the cache block size (``[config]
+    block_size``, vLLM's ``--block-size``) in states per page: ``B * R`` tokens for a
+    compressed one. A ring's ``block_size`` is its capacity and is never defaulted."""
+    if config is None or config.block_size is None or cls is CircularBufferSpec or "block_size" in fields:
+        return
+    tps = fields.get("tokens_per_state", 1)
+    fields["block_size"] = config.block_size * (tps if isinstance(tps, int) and tps > 1 else 1)
+
+
 def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None,
                   draft_layers: list[str] | None = None) -> dict:
     """The named layer specs; the names of ``draft = true`` entries go to ``draft_layers``."""
@@ -159,6 +169,8 @@ def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None,
             problems.add(f"{path}.page_size_padded", "alignment derives the padded page; give one of the two")
         if cls is MambaSpec:
             _mamba_defaults(fields, config)
+        else:
+            _cache_block_size_default(cls, fields, config)
         for f in dataclasses.fields(cls):
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in fields:
                 problems.add(f"{path}.{f.name}", f"is required for kind {kind!r}")

@@ -146,6 +146,8 @@ class Scenario:
             config_changes["max_cudagraph_capture_size"] = max_cudagraph_capture_size
         if async_scheduling is not None:
             config_changes["async_scheduling"] = async_scheduling
+        if block_size is not None:
+            config_changes["block_size"] = block_size  # vLLM's --block-size: the cache block size
         config = dataclasses.replace(self.config, **config_changes)
         layers = self.layers
         if mamba_cache_mode is not None:

@@ -54,7 +54,9 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
         by_fault.setdefault(r[0], set()).add((r[1], r[2]))
     assert by_fault["merge-drops-dcp-replicated"] == {("llama-draft", "W=2 I=1")}
     assert {("dsv41-hybrid", "W=4 I=1"), ("llama-draft", "W=4 I=1")} <= by_fault["replicated-scaled-by-w"]
-    assert {("dsv3", "W=2 I=1 B=16"), ("llama-draft", "W=2 I=1 B=16")} <= by_fault["prefix-hash-unit-B"]
+    # not llama-draft: its replicated draft keeps the hash block (the GCD) at B, where hashing per B is right
+    assert {("dsv3", "W=2 I=1 B=16"), ("prefix-sharing", "W=2 I=1 B=16")} <= by_fault["prefix-hash-unit-B"]
+    assert ("compressed-prefix", "W=2 I=1") in by_fault["compressed-hit-drops-r"]
     assert {"dsv41-hybrid", "llama-draft"} <= {s for s, _ in by_fault["replicated-owner-only"]}
     assert "dsv41-hybrid" in {s for s, _ in by_fault["sliding-window-early-release"]}
     assert "dsv41-hybrid" in {s for s, _ in by_fault["ring-rejected-overwrite"]}

@@ -1,19 +1,28 @@
-"""Prefix caching across all groups at one hash unit.
+"""Prefix caching across all groups, hashed per hash block and hit per whole unit.
 
-The engine gives the hash unit (the reference: the LCM of every group's manager
-block size, ``B * W`` for a single sharded group) and the position keying a unit. A unit ``u`` of a request
-is keyed by ``(u, fingerprint of the prefix ending at the unit)``; a hit
-needs the key in every group and reuses the same block ids on every rank.
-Hits come in whole units, stop at the first miss, and leave at least one
-token to compute.
+As upstream vLLM 0.33.0: prefixes are hashed per hash block of ``G`` tokens (the engine's
+``prefix_hash_block_size``, the GCD of the groups' block spans); block ``j`` of a group is
+found by the key of the last hash block inside it, ``(h, fingerprint of the prefix ending
+at prefix_key_position(h))``. Each group finds its own run of cached blocks, and the hit
+is the longest prefix every group holds (each cached block credited with
+``Engine.prefix_block_tokens`` tokens), rounded down to the hit unit (the engine's
+``prefix_hash_unit``, the LCM of the spans) and leaving at least one token to compute
+(``dcpsim.model.prefix_hit``). Every group then reuses the whole blocks the hit covers,
+the same block ids on every rank.
+
+Units of the LCM of the spans become findable (registered, and advertised as KV events)
+whole, once every position of the unit is written (the scheduler's own bookkeeping).
 """
 
 from __future__ import annotations
+
+import math
 
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.scheduler.managers import GroupManager
 from dcpsim.engine.scheduler.request import Request
 from dcpsim.model.plan import KVEvent
+from dcpsim.model.prefix_hit import block_key_hash_block, blocks_in_hit, longest_prefix_hit
 
 
 class PrefixCache:
@@ -21,37 +30,42 @@ class PrefixCache:
         self.managers = managers
         self.engine = engine
         self.geometries = [m.geometry for m in managers]
-        self.unit = engine.prefix_hash_unit(self.geometries)
+        self.spans = [g.manager_block_size for g in self.geometries]
+        """Tokens one block-table entry of each group covers."""
+        self.unit = math.lcm(*self.spans)
+        """Tokens of a registration unit: a unit becomes findable whole, in every group."""
+        self.hit_unit = engine.prefix_hash_unit(self.geometries)
+        """Tokens a hit is a whole number of (the engine's; the registration unit when right)."""
         self.hash_block = engine.prefix_hash_block_size(self.geometries)
+        self.block_tokens = [engine.prefix_block_tokens(g) for g in self.geometries]
+        """Tokens the engine credits one cached block of each group with."""
         self._registered: dict[int, int] = {}
         self.events: list[KVEvent] = []
         """The KV events of the units registered since the scheduler last took them."""
 
-    def _key(self, req: Request, unit: int) -> tuple:
-        end = self.engine.prefix_key_position(self.geometries, unit)
-        return (unit, int(req.fingerprints[end]))
+    def _key(self, req: Request, group: int, block: int) -> tuple:
+        h = block_key_hash_block(self.spans[group], max(1, self.hash_block), block)
+        end = self.engine.prefix_key_position(self.geometries, h)
+        return (h, int(req.fingerprints[end]))
+
+    def cached_run(self, req: Request, group: int, limit: int) -> list[int]:
+        """The leading blocks of group ``group`` cached for ``req``'s prompt (at most
+        ``limit`` tokens' worth of whole blocks)."""
+        pool = self.managers[group].pool
+        blocks: list[int] = []
+        while (len(blocks) + 1) * self.spans[group] <= limit:
+            b = pool.lookup(self._key(req, group, len(blocks)))
+            if b is None:
+                break
+            blocks.append(b)
+        return blocks
 
     def lookup(self, req: Request) -> tuple[int, list[list[int]]]:
         """Longest cached prefix (tokens) and its blocks per group."""
-        max_units = (req.num_known - 1) // self.unit
-        hit_blocks: list[list[int]] = [[] for _ in self.managers]
-        units = 0
-        while units < max_units:
-            key = self._key(req, units)
-            found = []
-            for m in self.managers:
-                per_unit = self.unit // m.geometry.manager_block_size
-                blocks = [m.pool.lookup((key, j)) for j in range(per_unit)]
-                if any(b is None for b in blocks):
-                    break
-                found.append(blocks)
-            else:
-                for g, blocks in enumerate(found):
-                    hit_blocks[g].extend(blocks)
-                units += 1
-                continue
-            break
-        return units * self.unit, hit_blocks
+        limit = req.num_known - 1
+        runs = [self.cached_run(req, g, limit) for g in range(len(self.managers))]
+        hit = longest_prefix_hit([len(r) for r in runs], self.block_tokens, self.hit_unit, limit)
+        return hit, [run[: blocks_in_hit(hit, span)] for run, span in zip(runs, self.spans)]
 
     def computed_units(self, req: Request) -> int:
         """Leading units of ``req`` whose KV is written: every position of the unit, its
@@ -63,15 +77,16 @@ class PrefixCache:
         """Make the request's fully computed units findable."""
         done = self._registered.get(req.index, 0)
         full = self.computed_units(req)
+        if full <= done:
+            return
+        for g, m in enumerate(self.managers):
+            table = m.held(req.index)
+            span = self.spans[g]
+            for j in range(done * self.unit // span, min(full * self.unit // span, len(table))):
+                m.pool.cache(self._key(req, g, j), table[j])
         for u in range(done, full):
-            key = self._key(req, u)
-            for m in self.managers:
-                per_unit = self.unit // m.geometry.manager_block_size
-                table = m.held(req.index)
-                for j in range(per_unit):
-                    m.pool.cache((key, j), table[u * per_unit + j])
             self._advertise(req, u)
-        self._registered[req.index] = max(done, full)
+        self._registered[req.index] = full
 
     def _advertise(self, req: Request, unit: int) -> None:
         """One ``BlockStored`` event per hash block of a newly findable unit."""

@@ -61,6 +61,12 @@ class BlockTable:
         for req, ids in rows.items():
             self.set_row(req, request_ids.get(req, str(req)), ids)
 
+    def padded_row(self, req: int, entries: int) -> np.ndarray:
+        """The request's whole row as a kernel reads it: null (0) past the blocks it holds,
+        and, past the table's width, null too (at least ``entries`` entries)."""
+        full = self.table[self._row_of[req]]
+        return np.concatenate([full, np.zeros(max(0, entries - len(full)), np.int64)])
+
     def row(self, req: int) -> np.ndarray:
         """The request's block ids (a view of the table; null entries are 0)."""
         r = self._row_of[req]

@@ -79,6 +79,8 @@ class ModelRunner:
             tps = geometry.tokens_per_state
             rows = [table.row(w.req_index) for w in plan.writes]
             mapped = self.engine.step_write_slots(geometry, list(plan.writes), rows, self.rank)
+            if geometry.draft and geometry.storage in (Storage.PAGED, Storage.RECORDS):
+                mapped = self._with_draft_writes(geometry, table, plan, mapped)
             if self.builds_metadata and geometry.storage in (Storage.PAGED, Storage.RECORDS):  # attention KV
                 self._build_metadata(plan, geometry, rows, store)
                 if geometry.draft:  # the drafter builds its own over the same block table
@@ -108,6 +110,30 @@ class ModelRunner:
             during_step(plan, self)
         for table, rows in zip(self.block_tables, plan.rows_after):
             table.sync(rows, request_ids)
+
+    def _with_draft_writes(self, geometry: GroupGeometry, table: BlockTable, plan: StepPlan, mapped):
+        """The draft layers' KV is written by the drafter, with the slot mapping of its own
+        parallel config (``Engine.draft_geometry``) over the group's block table, read as a
+        kernel reads it (null past the blocks held). A group of draft layers only takes the
+        drafter's mapping; in a group the draft shares with the target (an MTP layer in the
+        target's group), the draft layers' tensors are written where the drafter's mapping puts
+        them, so the store gets the drafter's writes wherever they differ from the target's."""
+        draft = self.engine.draft_geometry(geometry)
+        rows = [table.padded_row(w.req_index, -(-w.stop // draft.block_size) + 1) for w in plan.writes]
+        # a drafter at W = 1 is rank 0 of its own world
+        drafted = self.engine.step_write_slots(draft, list(plan.writes), rows, self.rank % draft.dcp_size)
+        if geometry.draft_only:
+            return drafted
+        out = []
+        for (slots, index), (dslots, dindex) in zip(mapped, drafted):
+            slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
+            dslots, dindex = np.asarray(dslots, np.int64), np.asarray(dindex, np.int64)
+            if len(dindex) == len(index) and (dindex == index).all():
+                extra = (dslots != slots) & (dslots != PAD)
+            else:  # another set of indices: every drafter write counts
+                extra = dslots != PAD
+            out.append((np.concatenate([slots, dslots[extra]]), np.concatenate([index, dindex[extra]])))
+        return out
 
     def _build_metadata(self, plan: StepPlan, geometry: GroupGeometry, rows, store: KVStore) -> None:
         """The engine's metadata for the step; the dummy tokens of CUDA-graph padding are

@@ -90,15 +90,35 @@ def test_base_fault_is_the_correct_engine():
 
 
 def test_prefix_hash_unit_b_hits_past_the_true_common_prefix():
-    # llama-draft: B=32, W=2, hash unit 64; the requests share a 420-token prefix.
-    sc = scenario("llama-draft")
+    # dsv3 at B=16, W=2: one sharded group, hash block = hit unit = 32; a 520-token prefix.
+    sc = scenario("dsv3", block_size=16, decode_context_parallel_size=2)
     good = admissions(sc)
     bad = admissions(sc, FAULTS["prefix-hash-unit-B"])
-    assert good["chat-1"] == 384 and good["late-0"] == 384  # 6 whole units of 64 <= 420
-    # keyed by the fingerprint at (u+1)*32-1, unit u matches while (u+1)*32 <= 420, i.e. u <= 12;
-    # chat-1 (700 tokens) may hit up to (700-1)//64 = 10 units, but chat-0 has 8 registered then
-    assert bad["chat-1"] > 420 and bad["chat-1"] % 64 == 0
-    assert bad["late-0"] > 420
+    assert good["chat-1"] == 512 and good["late-0"] == 512  # 16 whole units of 32 <= 520
+    # block u keyed by the fingerprint at (u+1)*16-1 matches while (u+1)*16 <= 520, so the
+    # 17th unit (512-543) is found although only 520 of its tokens are common
+    assert bad["late-0"] == 544 > 520
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_compressed_hit_drops_r_stops_inside_a_compressed_block(W):
+    # compressed-prefix: a compressed entry covers 64 * W tokens; the fault credits it with its
+    # 16 records * W and aligns hits to 16 * W, so sys-1 (300 common tokens) stops short of a
+    # whole compressed block, and the group reuses fewer blocks than the hit covers
+    sc = scenario("compressed-prefix", decode_context_parallel_size=W)
+    good = admissions(sc)
+    bad = admissions(sc, FAULTS["compressed-hit-drops-r"])
+    assert good["sys-1"] == 300 // (64 * W) * 64 * W
+    assert bad["sys-1"] == good["sys-1"] // 4 and bad["sys-1"] % (64 * W)
+    assert FAULTS["compressed-hit-drops-r"].applies_to(geometries(sc))
+    assert not FAULTS["compressed-hit-drops-r"].applies_to(geometries(scenario("dsv3")))
+
+
+def test_prefix_hash_unit_b_is_right_where_the_hash_block_is_b():
+    # llama-draft: a replicated draft of the same B keeps the GCD (the hash block) at B = 32
+    sc = scenario("llama-draft")
+    assert admissions(sc) == admissions(sc, FAULTS["prefix-hash-unit-B"])
+    assert not FAULTS["prefix-hash-unit-B"].applies_to(geometries(sc))
 
 
 def test_prefix_hash_unit_b_is_harmless_without_dcp():
@@ -212,7 +232,9 @@ CASES = [
     ("replicated-owner-only", "llama-draft", {}, "wrong-content"),
     ("foreign-block", "llama-draft", {}, "write-violation"),
     ("prefix-hash-unit-B", "dsv3", {"block_size": 16}, "wrong-content"),
-    ("prefix-hash-unit-B", "llama-draft", {}, "wrong-content"),
+    ("prefix-hash-unit-B", "prefix-sharing", {}, "wrong-content"),
+    ("compressed-hit-drops-r", "compressed-prefix", {}, "wrong-content"),
+    ("compressed-hit-drops-r", "compressed-prefix", {"W": 4}, "wrong-content"),
     ("kernel-virtual-block", "dsv3", {"block_size": 64, "I": 64, "Bk": 16}, "write-violation"),
     ("kernel-virtual-block", "dsv41-hybrid", {"block_size": 64, "I": 64, "Bk": 16}, "write-violation"),
     # the worker's table is narrower than the metadata builder's: caught at step 0, before
@@ -237,8 +259,10 @@ def test_fault_is_detected_and_the_same_config_passes_without_it(fault, name, op
     f = report.failure
     assert f.kind == kind, f.lines()
     if fault == "prefix-hash-unit-B":  # the first bad position lies past the true common prefix
-        shared = max(r.shared_prefix_len for r in sc.requests)
-        assert f.index >= shared and f.request_id != "chat-0"
+        shared = next(r.shared_prefix_len for r in sc.requests if r.request_id == f.request_id)
+        assert f.index >= shared and f.request_id != sc.requests[0].request_id
+    if fault == "compressed-hit-drops-r":  # records below the hit that nobody computed
+        assert "c4_cache" in f.group and f.index < 300 // 4, f.lines()
     if fault in ("merge-drops-dcp-replicated", "replicated-owner-only"):
         assert "draft" in f.group and f.expected_owner == "all"
     if fault == "replicated-scaled-by-w":

@@ -49,7 +49,8 @@ def test_plan_runs_each_fault_where_it_applies():
     where = {}
     for c in plan.cases:
         where.setdefault(c.fault, set()).add(c.scenario)
-    assert where["prefix-hash-unit-B"] == {"dsv3", "llama-draft"}  # dsv41-hybrid: prefix caching off
+    # dsv41-hybrid: prefix caching off; llama-draft: its replicated draft keeps the hash block at B
+    assert where["prefix-hash-unit-B"] == {"dsv3"}
     assert where["merge-drops-dcp-replicated"] == {"llama-draft"}
     assert where["sliding-window-early-release"] == {"dsv41-hybrid"}
     assert where["ring-rejected-overwrite"] == {"dsv41-hybrid"}
@@ -120,7 +121,8 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
     assert why["ring-rejected-overwrite"] == "not on dsv3 (applies on: dsv41-hybrid, heavy-rejection)"
     assert all(" on every built-in scenario" not in text for text in why.values())
     assert why["draft-drops-dcp"] == "not on dsv3 (applies on: dsv3-mtp)"
-    assert set(why) == {"replicated-scaled-by-w", "merge-drops-dcp-replicated", "replicated-owner-only",
+    assert why["compressed-hit-drops-r"] == "not on dsv3 (applies on: compressed-prefix)"
+    assert set(why) == {"compressed-hit-drops-r", "replicated-scaled-by-w", "merge-drops-dcp-replicated", "replicated-owner-only",
                         "sliding-window-early-release", "ring-rejected-overwrite", "draft-drops-dcp",
                         "draft-indptr-global", "dcp-transform-on-replicated", "mamba-block-size-scaled-by-w"}
 
@@ -235,9 +237,9 @@ def test_unknown_fault_or_scenario_is_a_usage_error(capsys):
 def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenarios(capsys):
     """Every registered fault (the attention ones too, once registered) on dsv3, dsv41-hybrid,
     llama-draft, qwen3-next-hybrid (the Mamba faults need its state group) and dsv3-mtp (the
-    draft faults need a sharded draft): each is detected wherever it runs, and every
-    baseline passes."""
-    names = SMALL + ["qwen3-next-hybrid", "dsv3-mtp"]
+    draft faults need a sharded draft) and compressed-prefix (prefix hits on a compressed
+    cache): each is detected wherever it runs, and every baseline passes."""
+    names = SMALL + ["qwen3-next-hybrid", "dsv3-mtp", "compressed-prefix"]
     args = ["selftest", "--in-process", "--json"] + [a for s in names for a in ("--scenario", s)]
     code = main(args)
     doc = json.loads(capsys.readouterr().out)

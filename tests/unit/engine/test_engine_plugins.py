@@ -29,6 +29,24 @@ def test_the_example_plugin_passes(name, W, I):
     assert set(report.engine["decisions"].values()) == {"ExampleEngine"}
 
 
+@pytest.mark.parametrize("mode,W", [("none", 2), ("align", 4)])
+def test_the_example_plugin_holds_mamba_states(mode, W):
+    # qwen3-next-hybrid: replicated Gated DeltaNet states beside sharded full attention; the
+    # plugin's state group is one state a page, never scaled by W, written in its window
+    sc = builtin("qwen3-next-hybrid", W, mamba_cache_mode=mode)
+    report = run(sc, engine=ExampleEngine(), attention=True)
+    assert report.passed, report.text()
+    state = [g for g in report.groups if g["storage"] == "state"]
+    assert state and all(not g["sharded"] for g in state)
+    # the plugin's geometry of the state group is the reference's, field for field
+    from dcpsim.engine.reference import ReferenceEngine
+
+    mine = [g for g in ExampleEngine().geometries(sc.layers, sc.config) if g.storage.value == "state"]
+    ref = [g for g in ReferenceEngine().geometries(sc.layers, sc.config) if g.storage.value == "state"]
+    assert [(g.manager_block_size, g.block_table_width) for g in mine] == \
+           [(g.manager_block_size, g.block_table_width) for g in ref]
+
+
 @pytest.mark.parametrize("name", ["dsv3", "dsv41-hybrid"])
 def test_the_broken_example_plugin_fails(name):
     report = run(builtin(name, 2, 4), engine=OffByOneExampleEngine())

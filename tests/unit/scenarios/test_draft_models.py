@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.errors import ConfigError, ScenarioError
 from dcpsim.scenarios.dump import scenario_to_dict
 from dcpsim.scenarios.load import scenario_from_dict
@@ -81,10 +82,48 @@ def test_the_drafter_metadata_is_judged(name):
     assert report.metadata_checks == per_step * report.steps
 
 
-@pytest.mark.parametrize("fault, field", [("draft-drops-dcp", "draft block_table_width"),
-                                          ("draft-indptr-global", "draft kv_indptr")])
-def test_draft_faults_are_caught_on_the_drafters_metadata(fault, field):
-    report = run(builtin("dsv3-mtp", 4), inject=fault)
+def test_draft_indptr_is_caught_on_the_drafters_metadata():
+    report = run(builtin("dsv3-mtp", 4), inject="draft-indptr-global")
     assert report.failure.kind == "attention-metadata"
-    assert any(field in d for d in report.failure.details), report.failure.details
+    assert any("draft kv_indptr" in d for d in report.failure.details), report.failure.details
     assert run(builtin("dsv3-mtp", 4)).passed
+
+
+def test_a_drafter_at_w1_writes_its_kv_over_the_sharded_cache():
+    # draft-drops-dcp: the MTP layer's KV is written with the drafter's W = 1 slot mapping, every
+    # position at block_table[p // B] * B + p % B on every rank, onto slots the sharded layout
+    # gives other positions (and, past the blocks held, into the null block)
+    report = run(builtin("dsv3-mtp", 4), inject="draft-drops-dcp")
+    assert report.failure.kind == "write-violation", report.failure.lines()
+    assert report.failure.group.startswith("MLAAttention[model.layers.0")
+
+
+class _ShardedDrafter(ReferenceEngine):
+    """A drafter that believes the replicated draft cache is sharded at the target's W."""
+
+    def draft_geometry(self, geometry):
+        draft = super().draft_geometry(geometry)
+        if geometry.draft_only and geometry.replicated:
+            draft = dataclasses.replace(draft, sharded=True, dcp_size=2, interleave_size=1)
+        return draft
+
+
+class _ShiftedDrafter(ReferenceEngine):
+    """A drafter whose owner is one rank off (its writes land where the target's do not)."""
+
+    def write_slots(self, geometry, write, block_row, dcp_rank):
+        if geometry.model == "draft" and geometry.sharded:
+            dcp_rank = (dcp_rank + 1) % geometry.dcp_size
+        return super().write_slots(geometry, write, block_row, dcp_rank)
+
+
+def test_draft_layers_are_written_with_the_drafters_own_slot_mapping():
+    # llama-draft: the draft group (draft layers only) takes the drafter's mapping: a drafter at
+    # W = 1 writes every position on every rank, and one that shards leaves holes on every rank
+    assert run(builtin("llama-draft", 2)).passed
+    holes = run(builtin("llama-draft", 2), engine=_ShardedDrafter())
+    assert holes.failure.kind == "wrong-content" and "draft" in holes.failure.group
+    assert holes.failure.expected_owner == "all"
+    # dsv3-mtp: the MTP layer shares the target's group; its drafter's writes go to the store too
+    shifted = run(builtin("dsv3-mtp", 2), engine=_ShiftedDrafter())
+    assert not shifted.passed and shifted.failure.kind in ("write-violation", "wrong-content")

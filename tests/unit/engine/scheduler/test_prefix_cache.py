@@ -54,3 +54,40 @@ def test_no_prefix_hits_when_disabled_or_not_cacheable(why, audit, prefix_scenar
     assert sched.summary["prefix_hit_tokens"] == 0
     assert all(h == 0 for st in aud.req.values() for h in st.hits)
     assert not any("prefix-cache hit" in e for e in aud.events)
+
+
+@pytest.mark.parametrize("W", [1, 2, 4, 8])
+def test_compressed_cache_hits_come_in_whole_compressed_blocks(W, audit):
+    # compressed-prefix: MLA pages of 16 tokens beside C4 pages of 64 tokens (16 records), so
+    # a compressed entry covers 64 * W tokens and every hit is a whole number of them
+    from helpers import builtin
+
+    sc = builtin("compressed-prefix", W)
+    sched, aud = audit(sc)
+    spans = [g.manager_block_size for g in sched.geometries]
+    assert spans == [16 * W, 64 * W]
+    hits = [h for st in aud.req.values() for h in st.hits if h]
+    assert hits and all(h % (64 * W) == 0 for h in hits), hits
+    # the two families share 600 and 300 tokens: the first hits are the longest whole units
+    # within them (a preempted request later finds more, its own prompt)
+    best = {rid: aud.req[i].hits[0] for rid, i in aud.by_id.items()}
+    assert best["doc-0"] == 600 // (64 * W) * 64 * W
+    if 64 * W <= 300:
+        assert best["sys-1"] == 300 // (64 * W) * 64 * W
+
+
+def test_compressed_hit_reuses_the_blocks_of_both_groups():
+    from helpers import builtin
+
+    sc = builtin("compressed-prefix", 2)
+    sched = scheduler(sc)
+    for plan in sched.plans():
+        if any(e.startswith("admitted sys-1 with") for e in plan.events):
+            a, b = (next(r.index for r in sched.requests if r.request_id == rid) for rid in ("sys-0", "sys-1"))
+            for g, table in enumerate(plan.rows_after):
+                n = 256 // sched.geometries[g].manager_block_size  # 8 plain blocks, 2 compressed
+                assert list(table[b][:n]) == list(table[a][:n])
+                assert not set(table[b][n:]) & set(table[a])
+            break
+    else:
+        pytest.fail("sys-1 never hit its prefix")

@@ -108,7 +108,7 @@ class PrefixKeyMissesTail(ReferenceEngine):
     at the unit's first token) -> hits past the common prefix."""
 
     def prefix_key_position(self, geometries, unit):
-        return unit * self.prefix_hash_unit(geometries)
+        return unit * self.prefix_hash_block_size(geometries)
 
 
 class WindowReleasedEarly(ReferenceEngine):
@@ -240,7 +240,7 @@ def test_audit_random_scenarios(auditor, kw):
 # ----------------------------------------------------------------------------- registered faults
 
 SCHEDULER_DECISIONS = ("kv_cache_groups", "blocks_needed", "first_needed_position", "num_released_blocks",
-                       "prefix_hash_unit", "prefix_key_position")
+                       "prefix_block_tokens", "prefix_hash_unit", "prefix_key_position")
 """The ``Engine`` decisions the scheduler makes (besides ``group_geometry``, whose
 block-table width only the worker reads: a fault there shows in the worker, not here)."""
 
