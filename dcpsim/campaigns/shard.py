@@ -1,16 +1,18 @@
 """Shards of a correctness matrix, so that CI fans it out over machines, and their merge.
 
-``--shard K/N`` (1-based) keeps cell ``i`` of the matrix's full cell list (0-based, skipped
-cells included) when ``i % N == K - 1``. The list and its order depend only on the
-scenarios and the grid flags, so every machine computes the same partition; round-robin
-gives every shard a like mix of cheap and costly cells.
+A matrix's cells run in worlds, one per (scenario, W). The pending cells of each world,
+in list order, are cut into *work units* of at most ``UNIT`` cells (one world start each).
+``--shard K/N`` (1-based) takes the units that a greedy balance gives shard ``K``: units
+by descending cost (``W`` ranks x cells), each to the shard with the least cost so far
+(ties to the lowest ``K``); skipped cells go round-robin. Everything depends only on the
+full cell list, so every machine computes the same partition, and no shard starts a world
+for a single cell (as ``index % N`` would, for N near a world's cell count).
 
 Every cell of a shard's ``matrix --json`` list says which matrix and shard it belongs to:
 ``"index"`` (its place in the full list) and ``"matrix": {"hash", "cells", "shard"}``,
 where ``hash`` covers the full list of cell ids and the engine. ``merge`` checks that the
 shards are of one matrix, that each of shards 1..N is there exactly once and that their
-cells are the whole list; it then returns the cells in list order (JSON) for
-``junit.write`` or the same list format.
+cells are the whole list, each once; it returns the cells in list order.
 """
 
 from __future__ import annotations
@@ -34,9 +36,46 @@ def parse_shard(text: str, flag: str = "--shard") -> tuple[int, int]:
     return k, n
 
 
-def select(items: list, k: int, n: int) -> list:
-    """Shard ``k`` of ``n`` (1-based) of ``items``: those at index ``i`` with ``i % n == k - 1``."""
-    return [x for i, x in enumerate(items) if i % n == k - 1]
+UNIT = 12
+
+
+def work_units(results: list) -> list[list[int]]:
+    """Indices of the pending cells, cut into runs of at most ``UNIT`` cells of one world."""
+    groups: dict[str, list[int]] = {}
+    for i, res in enumerate(results):
+        if res.status == "pending":
+            groups.setdefault(res.cell.group, []).append(i)
+    return [idx[j:j + UNIT] for idx in groups.values() for j in range(0, len(idx), UNIT)]
+
+
+def unit_cost(results: list, unit: list[int]) -> int:
+    """A unit's estimated cost: rank processes x cells."""
+    return sum(results[i].cell.dcp for i in unit)
+
+
+def partition(results: list, n: int) -> list[list[int]]:
+    """The cell indices of shards 1..n (each sorted); see the module doc."""
+    shards: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    units = work_units(results)
+    for u in sorted(units, key=lambda u: (-unit_cost(results, u), u[0])):
+        k = min(range(n), key=lambda j: (load[j], j))
+        shards[k] += u
+        load[k] += unit_cost(results, u)
+    skipped = [i for i, res in enumerate(results) if res.status != "pending"]
+    for j, i in enumerate(skipped):
+        shards[j % n].append(i)
+    return [sorted(s) for s in shards]
+
+
+def select(results: list, k: int, n: int) -> list[int]:
+    """The indices of shard ``k`` of ``n`` (1-based); a ``ConfigError`` if some shard would be
+    empty (more shards than work units)."""
+    units = len(work_units(results))
+    if n > max(units, 1):
+        raise ConfigError(f"--shard {k}/{n}: the matrix has only {plural(units, 'work unit')} "
+                          f"(runs of at most {UNIT} cells of one world) to share out; use N <= {max(units, 1)}")
+    return partition(results, n)[k - 1]
 
 
 def matrix_hash(cell_ids: list[str], engine: dict | None = None) -> str:
@@ -87,14 +126,15 @@ def merge(shards: list[tuple[str, list[dict]]]) -> list[dict]:
         raise ConfigError(f"missing {plural(len(missing), 'shard')} of {n}: "
                           + ", ".join(f"{k}/{n}" for k in missing))
     cells: dict[int, dict] = {}
+    source: dict[int, str] = {}
     for path, entries in shards:
-        k, _ = parse_shard(entries[0]["matrix"]["shard"])
         for entry in entries:
             i = entry["index"]
-            if i in cells or i % n != k - 1 or not 0 <= i < total:
-                raise ConfigError(f"{path}: cell {entry.get('cell')!r} (index {i}) does not belong to shard {k}/{n} "
-                                  f"of {total} cells, or is listed twice")
-            cells[i] = entry
+            if not 0 <= i < total:
+                raise ConfigError(f"{path}: cell {entry.get('cell')!r} has index {i}, outside the matrix's {total} cells")
+            if i in cells:
+                raise ConfigError(f"cell {entry.get('cell')!r} (index {i}) is in both {source[i]} and {path}")
+            cells[i], source[i] = entry, path
     if len(cells) != total:
         raise ConfigError(f"the shards hold {len(cells)} of the matrix's {total} cells")
     return [cells[i] for i in range(total)]

@@ -2,8 +2,8 @@
 
 Off by default (its cost is in README.md's table): ``--dcpsim-full-matrix`` runs every
 cell, ``--dcpsim-shard K/N`` the cells of ``dcpsim matrix --full --shard K/N``, so a CI
-system can fan it out over machines. One test item is one chunk of at most ``CHUNK``
-cells of one (scenario, W) world, so pytest-xdist spreads the chunks over its workers;
+system can fan it out over machines. One test item is one chunk of at most ``UNIT``
+cells of one (scenario, W) world (a work unit of ``campaigns.shard``), so pytest-xdist spreads the chunks over its workers;
 a failing chunk names each of its failing cells.
 """
 
@@ -15,11 +15,8 @@ import pytest
 
 from dcpsim.campaigns import matrix as mx
 from dcpsim.campaigns.grid import full_grid
-from dcpsim.campaigns.shard import parse_shard, select
+from dcpsim.campaigns.shard import UNIT, parse_shard, select, work_units
 from dcpsim.scenarios.registry import builtin_scenario_names
-
-CHUNK = 12
-
 
 @functools.cache
 def grid() -> tuple[mx.CellResult, ...]:
@@ -27,13 +24,9 @@ def grid() -> tuple[mx.CellResult, ...]:
     return tuple(full_grid(builtin_scenario_names()))
 
 
-def chunks_of(cells: list[mx.CellResult], size: int = CHUNK) -> list[list[mx.CellResult]]:
-    """The pending cells, in order, cut into runs of at most ``size`` cells of one world."""
-    groups: dict[str, list[mx.CellResult]] = {}
-    for c in cells:
-        if c.status == mx.CellStatus.PENDING:
-            groups.setdefault(c.cell.group, []).append(c)
-    return [members[i:i + size] for members in groups.values() for i in range(0, len(members), size)]
+def chunks_of(cells: list[mx.CellResult]) -> list[list[mx.CellResult]]:
+    """The work units of ``campaigns.shard`` (at most ``UNIT`` cells of one world), as cells."""
+    return [[cells[i] for i in unit] for unit in work_units(cells)]
 
 
 def pytest_generate_tests(metafunc):
@@ -46,7 +39,7 @@ def pytest_generate_tests(metafunc):
         return
     cells = list(grid())
     if shard is not None:
-        cells = select(cells, *parse_shard(shard, "--dcpsim-shard"))
+        cells = [cells[i] for i in select(cells, *parse_shard(shard, "--dcpsim-shard"))]
     chunks = chunks_of(cells)
     # id: the chunk's first cell and how many follow, e.g. dsv3-dcp4-il1-bs64+6
     metafunc.parametrize("chunk", chunks, ids=[f"{c[0].cell.id}+{len(c) - 1}" for c in chunks])
@@ -92,7 +85,10 @@ def test_the_full_grid_has_every_axis():
 
 
 def test_chunks_keep_to_one_world_and_cover_the_pending_cells():
-    cells = mx.expand(["dsv3", "llama-gqa"], dcps=[1, 2], interleaves=["1", "2", "4", "8", "16"], dry_run=False)
-    chunks = chunks_of(cells, size=3)
-    assert all(len({c.cell.group for c in chunk}) == 1 and len(chunk) <= 3 for chunk in chunks)
-    assert [c.cell.id for chunk in chunks for c in chunk] == [c.cell.id for c in cells if c.status == "pending"]
+    # dsv3-dcp2 has 7 + 6 cells at B = 64 and 32: one full unit and one of a single cell
+    cells = mx.expand(["dsv3", "llama-gqa"], dcps=[1, 2], interleaves=["1", "2", "4", "8", "16", "32", "64"],
+                      block_sizes=[64, 32], dry_run=False)
+    chunks = chunks_of(cells)
+    assert all(len({c.cell.group for c in chunk}) == 1 and len(chunk) <= UNIT for chunk in chunks)
+    assert [len(c) for c in chunks if c[0].cell.group == "dsv3-dcp2"] == [UNIT, 13 - UNIT]
+    assert sorted(c.cell.id for chunk in chunks for c in chunk) == sorted(c.cell.id for c in cells if c.status == "pending")

@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dcpsim.campaigns import junit
-from dcpsim.campaigns.shard import matrix_hash, merge, parse_shard, select, stamp
+from dcpsim.campaigns import matrix as mx
+from dcpsim.campaigns.shard import UNIT, matrix_hash, merge, parse_shard, partition, select, stamp, unit_cost, work_units
 from dcpsim.cli import main
 from dcpsim.errors import ConfigError
 
@@ -20,14 +21,36 @@ BROKEN = "dcpsim.engine.example_plugin:OffByOneExampleEngine"
 SMALL = ["dsv3", "--dcp", "1,2", "--interleave", "1,4", "--in-process"]  # 4 cells: 3 run, 1 skipped
 
 
-@given(st.integers(0, 300), st.integers(1, 40))
-def test_the_shards_partition_the_cells(total, n):
-    items = list(range(total))
-    shards = [select(items, k, n) for k in range(1, n + 1)]
-    assert sorted(x for s in shards for x in s) == items, "union = all, each once"
-    sizes = [len(s) for s in shards]
-    assert max(sizes) - min(sizes) <= 1, "round-robin: balanced"
-    assert all(x % n == k - 1 for k, s in enumerate(shards, 1) for x in s)
+def fake_cells(spec: list[tuple[int, int, bool]]) -> list[mx.CellResult]:
+    """Cells of worlds ``(scenario number, W)``, each pending or skipped."""
+    out = []
+    for j, (scenario, w, pending) in enumerate(spec):
+        status = mx.CellStatus.PENDING if pending else mx.CellStatus.SKIPPED
+        out.append(mx.CellResult(mx.Cell(f"s{scenario}", w, j, 64), status))
+    return out
+
+
+CELL_LISTS = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8), st.booleans()), max_size=120)
+
+
+@given(CELL_LISTS, st.integers(1, 12))
+def test_the_shards_partition_the_cells_into_balanced_world_units(spec, n):
+    cells = fake_cells(spec)
+    units = work_units(cells)
+    if n > max(len(units), 1):
+        with pytest.raises(ConfigError, match="work unit"):
+            select(cells, 1, n)
+        return
+    shards = [select(cells, k, n) for k in range(1, n + 1)]
+    assert sorted(i for s in shards for i in s) == list(range(len(cells))), "union = all, each once"
+    owner = {i: k for k, s in enumerate(shards) for i in s}
+    for unit in units:  # a unit is one world's cells, never split over shards
+        assert len({owner[i] for i in unit}) == 1 and len({cells[i].cell.group for i in unit}) == 1
+        assert len(unit) <= UNIT
+    loads = [sum(cells[i].cell.dcp for i in s if cells[i].status == "pending") for s in shards]
+    biggest = max((unit_cost(cells, u) for u in units), default=0)
+    assert max(loads) - min(loads) <= biggest, "greedy balance: within one unit"
+    assert partition(list(reversed(cells)), n) != [] and select(cells, 1, n) == shards[0], "deterministic"
 
 
 @pytest.mark.parametrize("text", ["0/2", "3/2", "1/0", "2", "a/b", "1/2/3", "-1/2", ""])
@@ -36,7 +59,7 @@ def test_a_bad_shard_is_a_config_error(text):
         parse_shard(text)
 
 
-@pytest.mark.parametrize("argv", [["--shard", "0/2"], ["--shard", "3/2"], ["--shard", "x"], ["--shard", "5/4"],
+@pytest.mark.parametrize("argv", [["--shard", "0/2"], ["--shard", "3/2"], ["--shard", "x"], ["--shard", "3/3"],
                                   ["--full", "--dcp", "2"]])
 def test_matrix_refuses_a_bad_shard_or_grid_before_running(capsys, argv):
     args = ["matrix", "dsv3", "--dcp", "1,2", "--interleave", "1,4"]
@@ -46,6 +69,8 @@ def test_matrix_refuses_a_bad_shard_or_grid_before_running(capsys, argv):
     err = capsys.readouterr().err
     assert "to run" not in err, "nothing ran"
     assert ("--shard" in err) or ("--full fixes the grid: drop --dcp" in err), err
+    if argv == ["--shard", "3/3"]:
+        assert "only 2 work units (runs of at most 12 cells of one world) to share out; use N <= 2" in err
 
 
 def test_the_hash_names_the_cell_list_and_the_engine():
@@ -66,62 +91,62 @@ def test_shards_run_their_cells_and_merge_back_into_the_matrix(capsys, tmp_path)
     code1, cells1, xml1 = shard_run(capsys, tmp_path, 1, 2)
     code2, cells2, xml2 = shard_run(capsys, tmp_path, 2, 2)
     assert (code1, code2) == (0, 0)
+    # the W = 2 world (cost 2 x 2) goes to shard 1, the W = 1 one to shard 2; the skipped cell round-robin
     assert [(c["index"], c["cell"], c["status"]) for c in cells1] == [
-        (0, "dsv3-dcp1-il1-bs64", "pass"), (2, "dsv3-dcp2-il1-bs64", "pass")]
-    assert [(c["index"], c["cell"], c["status"]) for c in cells2] == [
-        (1, "dsv3-dcp1-il4-bs64", "skipped"), (3, "dsv3-dcp2-il4-bs64", "pass")]
+        (1, "dsv3-dcp1-il4-bs64", "skipped"), (2, "dsv3-dcp2-il1-bs64", "pass"), (3, "dsv3-dcp2-il4-bs64", "pass")]
+    assert [(c["index"], c["cell"], c["status"]) for c in cells2] == [(0, "dsv3-dcp1-il1-bs64", "pass")]
     meta = {json.dumps(c["matrix"], sort_keys=True) for c in cells1 + cells2}
     assert len({json.loads(m)["hash"] for m in meta}) == 1 and {json.loads(m)["cells"] for m in meta} == {4}
-    assert cells2[1]["report"]["interleave_size"] == 4 and cells2[1]["report"]["passed"] is True
+    assert cells1[2]["report"]["interleave_size"] == 4 and cells1[2]["report"]["passed"] is True
 
-    suite = xml2.find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("2", "0", "1")
+    suite = xml1.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "0", "1")
     cases = suite.findall("testcase")
-    assert [c.get("name") for c in cases] == ["dsv3-dcp1-il4-bs64", "dsv3-dcp2-il4-bs64"]
+    assert [c.get("name") for c in cases] == ["dsv3-dcp1-il4-bs64", "dsv3-dcp2-il1-bs64", "dsv3-dcp2-il4-bs64"]
     assert cases[0].find("skipped").get("message").startswith("same layout as dsv3-dcp1-il1-bs64")
-    assert cases[1].find("failure") is None and float(cases[1].get("time")) > 0
-    assert {p.get("name"): p.get("value") for p in cases[1].iter("property")}["dcpsim.index"] == "3"
+    assert cases[2].find("failure") is None and float(cases[2].get("time")) > 0
+    assert {p.get("name"): p.get("value") for p in cases[2].iter("property")}["dcpsim.index"] == "3"
 
     # JSON and JUnit shards mix; the merged outputs hold the whole matrix in order
     out_json, out_xml = tmp_path / "all.json", tmp_path / "all.xml"
-    assert main(["merge", str(tmp_path / "shard2.xml"), str(tmp_path / "shard1.json"),
+    assert main(["merge", str(tmp_path / "shard1.xml"), str(tmp_path / "shard2.json"),
                  "--json-out", str(out_json), "--junit-out", str(out_xml)]) == 0
     assert "merged 2 shards: 4 cells: 3 passed, 0 failed, 0 errors, 1 skipped" in capsys.readouterr().out
     merged = json.loads(out_json.read_text())
     assert [c["cell"] for c in merged] == ["dsv3-dcp1-il1-bs64", "dsv3-dcp1-il4-bs64", "dsv3-dcp2-il1-bs64",
                                            "dsv3-dcp2-il4-bs64"]
-    assert merged[2]["report"]["dcp_size"] == 2, "a JSON shard keeps its reports"
+    assert merged[0]["report"]["dcp_size"] == 1 and merged[2]["report"] is None, "JSON shards keep their reports"
     assert all("matrix" not in c and "index" not in c for c in merged)
     root = ET.parse(out_xml).getroot()
     assert [c.get("name") for c in root.iter("testcase")] == [c["cell"] for c in merged]
     assert root.find("testsuite").get("tests") == "4"
     # a merged report is a matrix report: replay picks its cells
-    assert main(["replay", str(out_json), "--cell", "dsv3-dcp2-il1-bs64", "--in-process"]) == 0
+    assert main(["replay", str(out_json), "--cell", "dsv3-dcp1-il1-bs64", "--in-process"]) == 0
 
 
 def test_a_failing_cell_is_a_junit_failure_and_merge_exits_1(capsys, tmp_path):
-    code1, cells1, _ = shard_run(capsys, tmp_path, 1, 2, "--engine", BROKEN)
-    code2, cells2, xml2 = shard_run(capsys, tmp_path, 2, 2, "--engine", BROKEN)
-    assert (code1, code2) == (1, 1)
-    failed = xml2.find("testsuite").findall("testcase")[1]
+    code1, cells1, xml1 = shard_run(capsys, tmp_path, 1, 2, "--engine", BROKEN)
+    code2, cells2, _ = shard_run(capsys, tmp_path, 2, 2, "--engine", BROKEN)
+    assert code1 == 1, "the W = 2 cells fail"
+    failed = xml1.find("testsuite").findall("testcase")[2]
     assert failed.get("name") == "dsv3-dcp2-il4-bs64"
     node = failed.find("failure")
-    assert node is not None and node.get("message") == cells2[1]["reason"] and cells2[1]["status"] == "fail"
+    assert node is not None and node.get("message") == cells1[2]["reason"] and cells1[2]["status"] == "fail"
     assert "scenario dsv3" in node.text and "decode_context_parallel_size=2 cp_kv_cache_interleave_size=4" in node.text, \
         "the body is the failure report"
-    assert main(["merge", str(tmp_path / "shard1.json"), str(tmp_path / "shard2.xml")]) == 1
+    assert main(["merge", str(tmp_path / "shard1.xml"), str(tmp_path / "shard2.json")]) == 1
     out = capsys.readouterr().out
     assert "dsv3-dcp2-il4-bs64 FAIL:" in out and "0 errors" in out
     # the engine is part of the matrix: a broken-engine shard does not merge with a reference one
-    shard_run(capsys, tmp_path, 1, 2)
-    assert main(["merge", str(tmp_path / "shard1.json"), str(tmp_path / "shard2.xml")]) == 2
+    shard_run(capsys, tmp_path, 2, 2)
+    assert main(["merge", str(tmp_path / "shard1.xml"), str(tmp_path / "shard2.json")]) == 2
     assert "are not shards of one matrix: hash" in capsys.readouterr().err
 
 
 def fake_shards(total: int, n: int, digest: str = "h1") -> list[tuple[str, list[dict]]]:
     out = []
     for k in range(1, n + 1):
-        indices = select(list(range(total)), k, n)
+        indices = [i for i in range(total) if i % n == k - 1]
         entries = [{"cell": f"c{i}", "status": "pass", "reason": "", "seconds": 0.1, "report": None} for i in indices]
         stamp(entries, indices, digest=digest, total=total, shard=(k, n))
         out.append((f"s{k}.json", entries))
@@ -141,7 +166,8 @@ def test_merge_round_trips_the_cells_in_order():
     (lambda s: s[:2] + fake_shards(11, 3)[2:], "11 vs 10 cells"),
     (lambda s: fake_shards(10, 2)[:1] + s[1:], "not shards of one matrix"),
     (lambda s: [(s[0][0], s[0][1] + [dict(s[1][1][0], matrix=s[0][1][0]["matrix"])])] + s[1:],
-     "s1.json: cell 'c1' (index 1) does not belong to shard 1/3"),
+     "cell 'c1' (index 1) is in both s1.json and s2.json"),
+    (lambda s: [(s[0][0], s[0][1][:-1] + [dict(s[0][1][-1], index=12)])] + s[1:], "s1.json: cell 'c9' has index 12, outside"),
     (lambda s: [(s[0][0], [{"cell": "c0", "status": "pass"}])] + s[1:], "s1.json: cell 'c0' has no matrix shard record"),
     (lambda s: [(s[0][0], [])] + s[1:], "s1.json: not a matrix shard report"),
     (lambda s: [], "merge: no shard reports given"),
