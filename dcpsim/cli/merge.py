@@ -9,7 +9,6 @@ exits 1 if any cell failed (2 if the shards do not make one matrix).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError

@@ -18,6 +18,7 @@ from dcpsim.campaigns.grid import full_grid
 from dcpsim.campaigns.shard import UNIT, parse_shard, select, work_units
 from dcpsim.scenarios.registry import builtin_scenario_names
 
+
 @functools.cache
 def grid() -> tuple[mx.CellResult, ...]:
     """The full grid, expanded once per process (tests copy the cells they run)."""
