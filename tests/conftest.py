@@ -14,6 +14,26 @@ import helpers
 VLLM_REQUIREMENT = "vllm==0.33.0"
 
 
+def pytest_addoption(parser):
+    group = parser.getgroup("dcpsim")
+    group.addoption("--dcpsim-full-matrix", action="store_true",
+                    help="also run the full correctness matrix (tests/matrix/test_matrix_full.py)")
+    group.addoption("--dcpsim-shard", metavar="K/N",
+                    help="run shard K of N (1-based) of the full matrix, the cells of dcpsim matrix --full --shard K/N")
+
+
+def pytest_configure(config):
+    shard = config.getoption("dcpsim_shard", None)
+    if shard is not None:
+        from dcpsim.campaigns.shard import parse_shard
+        from dcpsim.errors import ConfigError
+
+        try:
+            parse_shard(shard, "--dcpsim-shard")
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+
 @pytest.fixture
 def builtin():
     return helpers.builtin

@@ -29,10 +29,12 @@ class Cell:
     interleave: int
     block_size: int  # states per page of the paged groups, after overrides
     block_size_override: int | None = None
+    kernel_block_size: int | None = None  # Bk (states); None: the kernel's block is the page
 
     @property
     def id(self) -> str:
-        return f"{self.scenario}-dcp{self.dcp}-il{self.interleave}-bs{self.block_size}"
+        kbs = f"-kbs{self.kernel_block_size}" if self.kernel_block_size is not None else ""
+        return f"{self.scenario}-dcp{self.dcp}-il{self.interleave}-bs{self.block_size}{kbs}"
 
     @property
     def group(self) -> str:
@@ -90,8 +92,11 @@ def expand(
     interleaves=DEFAULT_INTERLEAVE,
     block_sizes=(None,),
     dry_run: bool = True,
+    kernel_block_size: int | None = None,
 ) -> list[CellResult]:
     """Every cell once, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
+
+    ``kernel_block_size`` (Bk, in states) applies to every cell when given.
 
     ``dry_run`` also runs each valid cell's schedule in this process, which
     catches a workload that can never be admitted; without it only the layouts
@@ -109,9 +114,11 @@ def expand(
         for bs in block_sizes:
             try:
                 sized = base.with_overrides(block_size=bs) if bs else base
+                if kernel_block_size is not None:
+                    sized = sized.with_overrides(kernel_block_size=kernel_block_size)
                 b = page_states(sized)
             except ConfigError as exc:
-                cell = Cell(base.name, 0, 0, bs or 0, bs)
+                cell = Cell(base.name, 0, 0, bs or 0, bs, kernel_block_size)
                 if cell.id not in listed:
                     listed.add(cell.id)
                     out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
@@ -120,7 +127,7 @@ def expand(
                 seen: dict[int, str] = {}
                 for token in interleaves:
                     i = _parse_interleave(str(token), b)
-                    cell = Cell(base.name, w, i, b, bs)
+                    cell = Cell(base.name, w, i, b, bs, kernel_block_size)
                     if cell.id in listed:
                         continue
                     listed.add(cell.id)

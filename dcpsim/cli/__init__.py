@@ -31,6 +31,8 @@ COMMANDS = (
     ("layout", "show which rank stores each position, and its slots", "dcpsim.cli.layout"),
     ("list", "the built-in scenarios, one line each", "dcpsim.cli.listing"),
     ("matrix", "run every valid scenario x W x I x B cell and print a table", "dcpsim.cli.matrix"),
+    ("merge", "join the JSON or JUnit reports of matrix --shard K/N runs; exit 1 if a cell failed",
+     "dcpsim.cli.merge"),
     ("fuzz", "search random schedules for a failure, shrink it and save it", "dcpsim.cli.fuzz"),
     ("selftest", "inject every known DCP bug where it applies; each must be caught, baselines must pass",
      "dcpsim.cli.selftest"),

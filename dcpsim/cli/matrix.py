@@ -1,4 +1,8 @@
-"""``dcpsim matrix``: the correctness matrix (scenarios x W x I x B), with a closing table."""
+"""``dcpsim matrix``: the correctness matrix (scenarios x W x I x B), with a closing table.
+
+``--full`` takes the full grid (``campaigns.grid``); ``--shard K/N`` runs one shard of the
+cell list (``campaigns.shard``), and ``dcpsim merge`` joins the shards' reports.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +15,25 @@ from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.job import Job
 from dcpsim.plural import plural
 
+DEFAULT_DCP = "1,2,3,4,8"
+DEFAULT_INTERLEAVE = "1,2,4,8,16,B"
+
 
 def add_arguments(p) -> None:
     add_engine_arguments(p)
     p.add_argument("scenarios", nargs="*", help="scenario names or files (default: every built-in)")
-    p.add_argument("--dcp", "--decode-context-parallel-size", dest="dcp", default="1,2,3,4,8",
-                   help="comma list of DCP sizes (default 1,2,3,4,8)")
-    p.add_argument("--interleave", "--cp-kv-cache-interleave-size", dest="interleave", default="1,2,4,8,16,B",
-                   help="comma list of interleave sizes; B = the scenario's page size (default 1,2,4,8,16,B)")
-    p.add_argument("--block-size", default="", help="comma list of block sizes (default: each scenario's)")
+    p.add_argument("--dcp", "--decode-context-parallel-size", dest="dcp",
+                   help=f"comma list of DCP sizes (default {DEFAULT_DCP})")
+    p.add_argument("--interleave", "--cp-kv-cache-interleave-size", dest="interleave",
+                   help=f"comma list of interleave sizes; B = the scenario's page size (default {DEFAULT_INTERLEAVE})")
+    p.add_argument("--block-size", help="comma list of block sizes (default: each scenario's)")
+    p.add_argument("--full", action="store_true",
+                   help="the full grid: W 1..8 x every I dividing B x block sizes B and B/2, and Bk = B/2 cells "
+                        "(not with --dcp, --interleave, --block-size)")
+    p.add_argument("--shard", metavar="K/N",
+                   help="run only shard K of N (1-based): a balanced share of the runs of at most 12 cells of "
+                        "one world; join the shards' --json or --junit reports with dcpsim merge")
+    p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report, one testcase per cell")
     p.add_argument("--in-process", action="store_true", help="run ranks as threads (no gloo)")
     p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout in seconds")
     p.add_argument("--json", action="store_true", help="print every cell as JSON")
@@ -52,30 +66,62 @@ def _run_pd(args) -> int:
     return EXIT_CHECK_FAILED if any(c.status == "FAIL" for c in cells) else EXIT_OK
 
 
-def run(args) -> int:
+def cells_of(args) -> list:
+    """The matrix's full cell list, from the scenarios and the grid flags."""
     from dcpsim.campaigns import matrix as mx
+    from dcpsim.campaigns.grid import full_grid
     from dcpsim.scenarios.registry import builtin_scenario_names
 
-    if args.pd:
-        return _run_pd(args)
     scenarios = args.scenarios or builtin_scenario_names()
-    dcps = _int_list(args.dcp, "--dcp")
-    interleaves = [x.strip() for x in args.interleave.split(",") if x.strip()]
-    block_sizes = _int_list(args.block_size, "--block-size") or [None]
-    results = mx.expand(scenarios, dcps, interleaves, block_sizes)
-    pending = sum(r.status == mx.CellStatus.PENDING for r in results)
+    if args.full:
+        given = [flag for flag, value in (("--dcp", args.dcp), ("--interleave", args.interleave),
+                                          ("--block-size", args.block_size)) if value is not None]
+        if given:
+            raise ConfigError(f"--full fixes the grid: drop {', '.join(given)}")
+        return full_grid(scenarios)  # no dry runs: the layouts and pools are validated
+    dcps = _int_list(args.dcp or DEFAULT_DCP, "--dcp")
+    interleaves = [x.strip() for x in (args.interleave or DEFAULT_INTERLEAVE).split(",") if x.strip()]
+    block_sizes = _int_list(args.block_size or "", "--block-size") or [None]
+    return mx.expand(scenarios, dcps, interleaves, block_sizes)
+
+
+def entry(res) -> dict:
+    """One cell of the ``--json`` list."""
+    return {"cell": res.cell.id, "status": res.status, "reason": res.reason, "seconds": round(res.seconds, 3),
+            "report": json.loads(res.report.to_json()) if res.report else None}
+
+
+def run(args) -> int:
+    from dcpsim.campaigns import junit
+    from dcpsim.campaigns import matrix as mx
+    from dcpsim.campaigns import shard as sh
+
+    if args.pd:
+        if args.full or args.shard is not None:
+            raise ConfigError("--pd runs its own P/D cells: drop --full and --shard")
+        return _run_pd(args)
+    shard = sh.parse_shard(args.shard) if args.shard is not None else None
     engine = engine_options(args)
     Job.validate_engine(**engine)
-    print(f"matrix: {plural(len(results), 'cell')}, {pending} to run, {len(results) - pending} skipped", file=sys.stderr)
+    everything = cells_of(args)
+    indices = sh.select(everything, *shard) if shard is not None else list(range(len(everything)))
+    results = [everything[i] for i in indices]
+    pending = sum(r.status == mx.CellStatus.PENDING for r in results)
+    where = f" (shard {shard[0]}/{shard[1]} of {plural(len(everything), 'cell')})" if shard else ""
+    print(f"matrix: {plural(len(results), 'cell')}{where}, {pending} to run, {len(results) - pending} skipped",
+          file=sys.stderr)
     with progress_view("matrix", pending) as view:
         mx.run_cells(results, in_process=args.in_process, timeout=args.timeout, engine=engine,
                      progress=lambda res: view.done(mx.cell_line(res), ok=not res.status.bad), on_wait=view.waiting)
+    entries = [entry(r) for r in results]
+    if shard is not None:
+        digest = sh.matrix_hash([r.cell.id for r in everything], engine)
+        sh.stamp(entries, indices, digest=digest, total=len(everything), shard=shard)
+    if args.junit:
+        junit.write(entries, args.junit, details={r.cell.id: r.report.text() for r in results
+                                                  if r.report is not None and not r.report.passed})
     if args.json:
-        print(json.dumps([
-            {"cell": r.cell.id, "status": r.status, "reason": r.reason, "seconds": round(r.seconds, 3),
-             "report": json.loads(r.report.to_json()) if r.report else None}
-            for r in results
-        ], indent=2))
+        print(json.dumps(entries, indent=2))
     else:
         print(mx.table(results))
     return EXIT_CHECK_FAILED if any(r.status.bad for r in results) else EXIT_OK

@@ -110,13 +110,41 @@ def kernel_block_table(block_table, *, block_size: int, kernel_block_size: int) 
 
 
 def _as_positions(positions) -> tuple[np.ndarray | None, range | None]:
-    """Split the input into an array, or a step-1 range for the fast path."""
+    """Split the input into an array, or a step-1 range for the fast path (a ``range``, or
+    an array of consecutive increasing positions)."""
     if isinstance(positions, range) and positions.step == 1:
         return None, positions
     pos = np.asarray(positions, dtype=np.int64)
     if pos.ndim != 1:
         raise ValueError(f"positions must be one-dimensional, got shape {pos.shape}")
-    return pos, None
+    rng = _contiguous_range(pos)
+    return (None, rng) if rng is not None else (pos, None)
+
+
+_CHECK_CHUNK = 1 << 16
+
+
+def _contiguous_range(pos: np.ndarray) -> range | None:
+    """``range(pos[0], pos[-1] + 1)`` if ``pos`` is exactly that run (sorted, step 1), else None.
+
+    The endpoints rule out almost every other array at once; the rest is checked in
+    cache-sized chunks, so no array of the input's size is allocated and a mismatch
+    stops the scan early.
+    """
+    n = pos.size
+    if n < 2:
+        return None
+    first, last = int(pos[0]), int(pos[-1])
+    if last - first != n - 1:
+        return None
+    diff = np.empty(min(_CHECK_CHUNK, n - 1), dtype=np.int64)
+    for lo in range(0, n - 1, _CHECK_CHUNK):
+        hi = min(lo + _CHECK_CHUNK, n - 1)
+        d = diff[: hi - lo]
+        np.subtract(pos[lo + 1 : hi + 1], pos[lo:hi], out=d)
+        if not (d == 1).all():
+            return None
+    return range(first, last + 1)
 
 
 def _check_span(lo: int, hi: int, span: int, num_blocks: int) -> None:
@@ -145,8 +173,9 @@ def slot_mapping(
     """Slots of one request's ``positions`` on rank ``dcp_rank`` (``PAD`` = not stored here).
 
     ``block_table`` is the request's row of KV-manager block ids. ``positions``
-    may be any int array, or a ``range`` with step 1, which takes a fast path
-    that only writes this rank's runs of ``I`` positions (the rest stays PAD).
+    may be any int array. A ``range`` with step 1, or an array of consecutive
+    increasing positions, takes a fast path that only writes this rank's runs of
+    ``I`` positions (the rest stays PAD).
     Ownership is always computed in KV-block coordinates (``B * W``), never in
     kernel-block coordinates.
     """
@@ -174,28 +203,47 @@ def slot_mapping(
     if pos.size == 0:
         return np.empty(0, dtype=np.int64)
     _check_span(int(pos.min()), int(pos.max()), span, len(bt))
-    bk = kernel_block_size or block_size
-    return _general(pos, bt, block_size, bk, dcp_size, dcp_rank, interleave_size, sharded)
+    return _general(pos, bt, block_size, dcp_size, dcp_rank, interleave_size, sharded)
 
 
-def _general(pos, bt, B, Bk, W, r, I, sharded) -> np.ndarray:
-    if sharded:
-        span = B * W
-        vb, off = np.divmod(pos, span)
-        loc = (off // (W * I)) * I + off % I
-        owned = (off // I) % W == r
-    else:
-        vb, loc = np.divmod(pos, B)
-        owned = None
-    if Bk == B:
-        slots = bt[vb] * B + loc
-    else:
-        kernel_ids = kernel_block_table(bt, block_size=B, kernel_block_size=Bk)
-        k = B // Bk
-        kblock, kloc = np.divmod(loc, Bk)
-        slots = kernel_ids[vb * k + kblock] * Bk + kloc
-    if owned is not None:
+def _general(pos, bt, B, W, r, I, sharded) -> np.ndarray:
+    """Any positions: integer ops on fresh buffers, few passes, no kernel-table expansion.
+
+    Kernel blocks never move a slot (see ``_sharded_range``), so ``Bk`` plays no part.
+    (The naive masked version computes owner, offset and slot for every position and
+    then masks; this one is 3-4x faster on shuffled positions, see the benchmark.)
+    Sharded: ``vb = p // (B*W)``; the offset ``p - vb*B*W`` indexes a table of one
+    virtual block's local offsets on rank ``r``, where the offsets of other ranks hold a
+    sentinel so negative that ``bt[vb]*B + sentinel < 0``; a clamp at ``PAD`` then marks
+    them, with no boolean mask over the positions.
+    Plain: ``bt[vb]*B + p - vb*B = (bt[vb] - vb)*B + p`` with ``vb = p // B``.
+    """
+    if not sharded:
+        vb = np.floor_divide(pos, B)
+        slots = np.take(bt, vb, mode="clip")  # in range: _check_span; "clip" skips a bounds pass
+        slots -= vb
+        slots *= B
+        slots += pos
+        return slots
+    span = B * W
+    off = np.arange(span, dtype=np.int64)
+    sentinel = -(int(np.abs(bt).max()) + 1) * B - 1
+    local = np.where((off // I) % W == r, (off // (W * I)) * I + off % I, sentinel)
+    vb = np.floor_divide(pos, span)
+    off = np.multiply(vb, span)
+    np.subtract(pos, off, out=off)
+    # both lookups write over their own index array (read before written, one element at a
+    # time): two buffers in all; "clip" skips a bounds pass (indices checked by _check_span)
+    np.take(local, off, out=off, mode="clip")
+    slots = np.take(bt, vb, out=vb, mode="clip")
+    slots *= B
+    if bt.min() < 0:  # not a real block id, but then the clamp could hide a slot: mask instead
+        owned = off >= 0
+        slots += off
         slots[~owned] = PAD
+        return slots
+    slots += off
+    np.maximum(slots, PAD, out=slots)
     return slots
 
 

@@ -331,6 +331,86 @@ def test_arbitrary_position_arrays(geo, data):
     assert got.tolist() == [ref_plain_slot(p, bt, B) for p in replicated_positions]
 
 
+@st.composite
+def position_arrays(draw, total: int):
+    """Arrays that do and do not look like a run: a run (as int64, int32, a reversed copy's
+    reverse, a strided view), a run with two entries swapped (same endpoints and length),
+    a run with a repeat, shuffled, sorted with gaps, a single position."""
+    start = draw(st.integers(0, total - 1))
+    stop = draw(st.integers(start + 1, total))
+    run = np.arange(start, stop, dtype=np.int64)
+    kind = draw(st.sampled_from(["run", "run32", "reversed twice", "strided view", "swapped", "repeat",
+                                 "shuffled", "gaps", "single"]))
+    if kind == "run32":
+        return kind, run.astype(np.int32)
+    if kind == "reversed twice":
+        return kind, run[::-1].copy()[::-1]
+    if kind == "strided view":
+        wide = np.repeat(run, 2)
+        return kind, wide[::2]
+    if kind == "swapped" and run.size >= 4:  # two inner entries: the endpoints stay
+        i = draw(st.integers(1, run.size - 3))
+        run[[i, i + 1]] = run[[i + 1, i]]
+        return kind, run
+    if kind == "repeat" and run.size >= 2:
+        i = draw(st.integers(1, run.size - 1))
+        run[i] = run[i - 1]
+        return kind, run
+    if kind == "shuffled":
+        return kind, np.array(draw(st.permutations(run.tolist())), dtype=np.int64)
+    if kind == "gaps":
+        keep = draw(st.lists(st.booleans(), min_size=run.size, max_size=run.size))
+        return kind, run[np.array(keep, dtype=bool)]
+    if kind == "single":
+        return kind, run[:1]
+    return kind, run
+
+
+@FAST
+@given(geometries(max_blocks=6), st.data())
+def test_every_kind_of_position_array_equals_the_naive_formula(geo, data):
+    """Contiguous arrays take the range fast path, the rest the general one: both must equal
+    the reference slot (PAD where the rank does not store the position), on every rank."""
+    W, B, I, Bk, bt = geo
+    total = len(bt) * B * W
+    kind, positions = data.draw(position_arrays(total), label="positions")
+    kids = ref_kernel_ids(bt, B, Bk)
+    owners = [0] * len(positions)
+    for r in range(W):
+        got = _slots(positions, bt, B=B, W=W, r=r, I=I, Bk=Bk)
+        expected = [ref_sharded_slot(int(p), r, kids, B=B, W=W, I=I, Bk=Bk) for p in positions]
+        assert got.dtype == np.int64 and got.tolist() == expected, kind
+        for j, s in enumerate(got.tolist()):
+            owners[j] += s != PAD
+    assert owners == [1] * len(positions), "every position has exactly one rank"
+    plain = positions[positions < len(bt) * B]
+    got = _slots(plain, bt, B=B, W=W, r=0, I=I, Bk=Bk, replicated=True)
+    assert got.tolist() == [ref_plain_slot(int(p), bt, B) for p in plain], kind
+
+
+def test_contiguous_arrays_are_told_from_look_alikes():
+    from dcpsim.model.layout import _contiguous_range
+
+    assert _contiguous_range(np.arange(3, 90_000, dtype=np.int64)) == range(3, 90_000)  # spans chunks
+    assert _contiguous_range(np.array([5, 6], dtype=np.int64)) == range(5, 7)
+    assert _contiguous_range(np.array([0, 2, 1, 3], dtype=np.int64)) is None  # same endpoints and length
+    late = np.arange(0, 90_000, dtype=np.int64)
+    late[[80_000, 80_001]] = late[[80_001, 80_000]]  # out of order in the second chunk only
+    assert _contiguous_range(late) is None
+    assert _contiguous_range(np.array([4], dtype=np.int64)) is None  # one position: the general path
+    assert _contiguous_range(np.array([3, 2], dtype=np.int64)) is None
+
+
+def test_a_negative_block_id_is_not_hidden_by_the_pad_clamp():
+    # not a real block id; the general path must still give the formula's value, not PAD
+    bt = [-3, 2]
+    positions = np.array([5, 0, 1, 4], dtype=np.int64)
+    kids = ref_kernel_ids(bt, 2, 2)
+    for r in range(2):
+        got = _slots(positions, bt, B=2, W=2, r=r, I=1, Bk=2)
+        assert got.tolist() == [ref_sharded_slot(int(p), r, kids, B=2, W=2, I=1, Bk=2) for p in positions]
+
+
 def test_empty_positions():
     for positions in (range(5, 5), [], np.array([], dtype=np.int64)):
         out = slot_mapping(positions, [1], block_size=4, dcp_size=2, dcp_rank=1, interleave_size=2)

@@ -1,0 +1,95 @@
+"""The full correctness matrix under pytest: ``campaigns.grid.full_grid`` on real gloo worlds.
+
+Off by default (its cost is in README.md's table): ``--dcpsim-full-matrix`` runs every
+cell, ``--dcpsim-shard K/N`` the cells of ``dcpsim matrix --full --shard K/N``, so a CI
+system can fan it out over machines. One test item is one chunk of at most ``UNIT``
+cells of one (scenario, W) world (a work unit of ``campaigns.shard``), so pytest-xdist spreads the chunks over its workers;
+a failing chunk names each of its failing cells.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from dcpsim.campaigns import matrix as mx
+from dcpsim.campaigns.grid import full_grid
+from dcpsim.campaigns.shard import UNIT, parse_shard, select, work_units
+from dcpsim.scenarios.registry import builtin_scenario_names
+
+
+@functools.cache
+def grid() -> tuple[mx.CellResult, ...]:
+    """The full grid, expanded once per process (tests copy the cells they run)."""
+    return tuple(full_grid(builtin_scenario_names()))
+
+
+def chunks_of(cells: list[mx.CellResult]) -> list[list[mx.CellResult]]:
+    """The work units of ``campaigns.shard`` (at most ``UNIT`` cells of one world), as cells."""
+    return [[cells[i] for i in unit] for unit in work_units(cells)]
+
+
+def pytest_generate_tests(metafunc):
+    if "chunk" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    shard = config.getoption("dcpsim_shard")
+    if shard is None and not config.getoption("dcpsim_full_matrix"):
+        metafunc.parametrize("chunk", [None], ids=["off"])
+        return
+    cells = list(grid())
+    if shard is not None:
+        cells = [cells[i] for i in select(cells, *parse_shard(shard, "--dcpsim-shard"))]
+    chunks = chunks_of(cells)
+    # id: the chunk's first cell and how many follow, e.g. dsv3-dcp4-il1-bs64+6
+    metafunc.parametrize("chunk", chunks, ids=[f"{c[0].cell.id}+{len(c) - 1}" for c in chunks])
+
+
+def problems(res: mx.CellResult) -> str:
+    """What is wrong with a finished cell, or ''."""
+    if res.status != mx.CellStatus.PASS:
+        return mx.cell_line(res)
+    r = res.report
+    if not (r.verifications >= 1 and r.verified_indices > 0):
+        return f"{res.cell.id}: nothing was verified"
+    if (r.dcp_size, r.interleave_size, r.kernel_block_size) != (res.cell.dcp, res.cell.interleave,
+                                                                res.cell.kernel_block_size):
+        return f"{res.cell.id}: ran W={r.dcp_size} I={r.interleave_size} Bk={r.kernel_block_size}"
+    if r.schedule["finished"] != r.schedule["requests"]:
+        return f"{res.cell.id}: {r.schedule['finished']} of {r.schedule['requests']} requests finished"
+    return ""
+
+
+@pytest.mark.dist
+def test_full_matrix_chunk(chunk):
+    if chunk is None:
+        pytest.skip("the full matrix runs with --dcpsim-full-matrix, or one shard with --dcpsim-shard K/N")
+    fresh = [mx.CellResult(c.cell, mx.CellStatus.PENDING, scenario=c.scenario) for c in chunk]
+    mx.run_cells(fresh)
+    bad = [p for p in map(problems, fresh) if p]
+    assert not bad, f"{len(bad)} of {len(fresh)} cells failed:\n" + "\n".join(bad)
+
+
+def test_the_full_grid_has_every_axis():
+    cells = grid()
+    valid = [c.cell for c in cells if c.status == mx.CellStatus.PENDING]
+    assert len(valid) >= 1000, f"only {len(valid)} valid cells"
+    assert len({c.cell.id for c in cells}) == len(cells)
+    assert {c.scenario for c in valid} == set(builtin_scenario_names())
+    assert {c.dcp for c in valid} == set(range(1, 9))
+    dsv3 = {(c.dcp, c.interleave, c.block_size, c.kernel_block_size) for c in valid if c.scenario == "dsv3"}
+    assert {i for w, i, b, k in dsv3 if b == 64 and w == 4 and k is None} == {1, 2, 4, 8, 16, 32, 64}
+    assert {i for w, i, b, k in dsv3 if b == 32 and w == 4} == {1, 2, 4, 8, 16, 32}
+    assert {(w, i) for w, i, b, k in dsv3 if k == 32} == {(w, 64) for w in range(2, 9)}
+    assert sum(1 for w, *_ in dsv3 if w == 1) == 2, "W = 1 once per block size"
+
+
+def test_chunks_keep_to_one_world_and_cover_the_pending_cells():
+    # dsv3-dcp2 has 7 + 6 cells at B = 64 and 32: one full unit and one of a single cell
+    cells = mx.expand(["dsv3", "llama-gqa"], dcps=[1, 2], interleaves=["1", "2", "4", "8", "16", "32", "64"],
+                      block_sizes=[64, 32], dry_run=False)
+    chunks = chunks_of(cells)
+    assert all(len({c.cell.group for c in chunk}) == 1 and len(chunk) <= UNIT for chunk in chunks)
+    assert [len(c) for c in chunks if c[0].cell.group == "dsv3-dcp2"] == [UNIT, 13 - UNIT]
+    assert sorted(c.cell.id for chunk in chunks for c in chunk) == sorted(c.cell.id for c in cells if c.status == "pending")
