@@ -35,8 +35,12 @@ OPTION_ALIASES = {
     "I": "cp_kv_cache_interleave_size",
     "B": "block_size",
     "Bk": "kernel_block_size",
+    "pcp": "prefill_context_parallel_size",
+    "tp": "tensor_parallel_size",
 }
 _SHORT = {
+    "prefill_context_parallel_size": "PCP",
+    "tensor_parallel_size": "TP",
     "decode_context_parallel_size": "W",
     "cp_kv_cache_interleave_size": "I",
     "block_size": "B",
@@ -345,7 +349,7 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, eng
     by_world: dict[int, list[int]] = {}
     for k, case in enumerate(plan.cases):
         scenario = plan.resolved[(case.scenario, case.options)][0]
-        by_world.setdefault(scenario.config.decode_context_parallel_size, []).append(k)
+        by_world.setdefault(scenario.config.world_size, []).append(k)
     rows: list[Row | None] = [None] * len(plan.cases)
     for ks in by_world.values():
         cases = [plan.cases[k] for k in ks]

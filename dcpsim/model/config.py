@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dcpsim.errors import ConfigError
+from dcpsim.model.parallel import ParallelLayout, check_parallel_sizes, default_tensor_parallel_size
 from dcpsim.model.validate import check_int
 
 
@@ -43,6 +44,12 @@ class SimConfig:
     async_scheduling: bool = False
     """vLLM's ``scheduler_config.async_scheduling``: the next step is scheduled while the
     current one runs, so two batches are in flight (``max_concurrent_batches``)."""
+    prefill_context_parallel_size: int = 1
+    """vLLM's PCP size: prefills are split over this many ranks, whose KV is all-gathered;
+    it multiplies the world but adds no KV shards (``dcpsim.model.parallel``)."""
+    tensor_parallel_size: int | None = None
+    """vLLM's TP size; the world is ``prefill_context_parallel_size * tensor_parallel_size``
+    processes. None: ``default_tensor_parallel_size`` (the DCP size without PCP)."""
 
     def __post_init__(self) -> None:
         check_int("max_model_len", self.max_model_len, 1)
@@ -63,6 +70,10 @@ class SimConfig:
                 )
         if self.kernel_block_size is not None:
             check_int("kernel_block_size", self.kernel_block_size, 1)
+        check_int("prefill_context_parallel_size", self.prefill_context_parallel_size, 1)
+        if self.tensor_parallel_size is not None:
+            check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        check_parallel_sizes(self.prefill_context_parallel_size, self.tp_size, self.decode_context_parallel_size)
         for flag in ("enable_prefix_caching", "async_scheduling"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
@@ -72,6 +83,23 @@ class SimConfig:
                 f"(num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}), "
                 f"got {self.max_num_batched_tokens}"
             )
+
+    @property
+    def tp_size(self) -> int:
+        """``tensor_parallel_size``, or its default."""
+        if self.tensor_parallel_size is not None:
+            return self.tensor_parallel_size
+        return default_tensor_parallel_size(self.prefill_context_parallel_size, self.decode_context_parallel_size)
+
+    @property
+    def parallel_layout(self) -> ParallelLayout:
+        """The (PCP, TP) rank grid and its DCP, PCP and TP groups."""
+        return ParallelLayout(self.prefill_context_parallel_size, self.tp_size, self.decode_context_parallel_size)
+
+    @property
+    def world_size(self) -> int:
+        """Processes of one engine: ``prefill_context_parallel_size * tensor_parallel_size``."""
+        return self.prefill_context_parallel_size * self.tp_size
 
     @property
     def draft_dcp_size(self) -> int:
