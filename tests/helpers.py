@@ -39,8 +39,8 @@ def scheduler(scenario, engine=None) -> Scheduler:
 def run(scenario, *, engine=None, **job):
     """Run in process (ranks as threads); every rank must reach the same verdict. Returns the
     merged report. ``engine``: an engine variant to run instead of the job's."""
-    W = scenario.config.decode_context_parallel_size
-    reports = run_in_threads(functools.partial(run_rank, engine=engine), Job(scenario, **job), W)
+    world = scenario.config.world_size  # W without PCP (or a larger TP)
+    reports = run_in_threads(functools.partial(run_rank, engine=engine), Job(scenario, **job), world)
     verdicts = {(r.passed, r.failure.kind if r.failure else None, r.steps, r.attention_checks) for r in reports}
     assert len(verdicts) == 1, f"ranks disagree: {verdicts}"
     return merge_rank_reports(reports)

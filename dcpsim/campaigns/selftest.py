@@ -125,6 +125,9 @@ def config_text(scenario, options) -> str:
     """``W=2 I=1`` plus every other explicit option (``B=64 Bk=16 attention=True``)."""
     cfg = scenario.config
     parts = [f"W={cfg.decode_context_parallel_size}", f"I={cfg.cp_kv_cache_interleave_size}"]
+    keys = {key for key, _ in options}
+    if cfg.prefill_context_parallel_size > 1 and "prefill_context_parallel_size" not in keys:
+        parts.append(f"PCP={cfg.prefill_context_parallel_size}")  # the scenario's own
     for key, value in options:
         if key in ("decode_context_parallel_size", "cp_kv_cache_interleave_size"):
             continue
@@ -318,12 +321,36 @@ def _jobs(plan: Plan, cases: list[Case], engine: dict | None = None) -> list:
     return jobs
 
 
-def _row(plan: Plan, case: Case, *, report=None, error: str | None = None, seconds: float = 0.0) -> Row:
+COLLECTIVE_HANG = "collective-hang"
+"""The kind of a row whose fault showed as a hang the harness reported (``Fault.expects``)."""
+
+
+def is_collective_hang(exc: BaseException | None) -> bool:
+    """A harness failure that reports diverging collectives: a gloo world's ``collective
+    hang`` (a rank ran ahead of a collective the others waited in) or a thread rank's
+    ``CollectiveTimeout``."""
+    from dcpsim.harness.collectives import CollectiveTimeout
+    from dcpsim.harness.world import RankFailureError
+
+    return isinstance(exc, CollectiveTimeout) or (
+        isinstance(exc, RankFailureError) and str(exc).startswith("collective hang"))
+
+
+def _expects_hang(fault: str) -> bool:
+    from dcpsim.campaigns.faults import FAULTS
+
+    return FAULTS[fault].expects == "hang"
+
+
+def _row(plan: Plan, case: Case, *, report=None, error: str | None = None, seconds: float = 0.0,
+         exc: BaseException | None = None) -> Row:
     scenario, _, text = plan.resolved[(case.scenario, case.options)]
     row = Row(case.fault, case.scenario, text, ERROR, seconds=seconds,
               dcp_size=scenario.config.decode_context_parallel_size, options=dict(case.options))
     if error is not None:
         row.report = error
+        if not case.baseline and _expects_hang(case.fault) and is_collective_hang(exc):
+            row.outcome, row.kind = DETECTED, COLLECTIVE_HANG
     elif report.passed:
         row.outcome = PASS if case.baseline else MISSED
     else:
@@ -346,17 +373,20 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, eng
     the time its slowest rank took); ``on_wait(message)`` when a world keeps the parent waiting."""
     from dcpsim.harness.batch import run_each
 
-    by_world: dict[int, list[int]] = {}
+    by_world: dict[tuple[int, bool], list[int]] = {}
     for k, case in enumerate(plan.cases):
         scenario = plan.resolved[(case.scenario, case.options)][0]
-        by_world.setdefault(scenario.config.world_size, []).append(k)
+        # a fault that hangs its world gets a world of its own: the cases after it need not rerun
+        hangs = not case.baseline and _expects_hang(case.fault)
+        by_world.setdefault((scenario.config.world_size, hangs), []).append(k)
     rows: list[Row | None] = [None] * len(plan.cases)
     for ks in by_world.values():
         cases = [plan.cases[k] for k in ks]
 
         def settle(j, outcome, ks=ks, cases=cases):
             if outcome.error is not None:
-                row = _row(plan, cases[j], error=_first_line(outcome.error), seconds=outcome.seconds)
+                row = _row(plan, cases[j], error=_first_line(outcome.error), seconds=outcome.seconds,
+                           exc=outcome.error)
             else:
                 row = _row(plan, cases[j], report=outcome.report, seconds=outcome.seconds)
             rows[ks[j]] = row

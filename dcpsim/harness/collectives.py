@@ -62,8 +62,11 @@ class GlooCollectives(Collectives):
         import torch.distributed as dist
 
         mine = None
+        timeout = _world_timeout()
         for members in groups:  # every rank creates every group, in the same order
-            pg = dist.new_group(members) if len(members) < self.world_size or self.group is not None else None
+            # its own group even over every rank (its own collectives), with the world's timeout
+            # (new_group's default is 30 minutes)
+            pg = dist.new_group(members, timeout=timeout)
             if self.rank in members:
                 mine = GlooCollectives(members.index(self.rank), len(members), pg)
         return mine
@@ -117,6 +120,17 @@ class CollectiveTimeout(HarnessError):
     """A thread rank waited longer than the timeout in a collective (its peers never came)."""
 
 
+def _world_timeout():
+    """The default process group's timeout (the harness's ``--timeout``), or None."""
+    import torch.distributed as dist
+
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        return group._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
 class _Exchange:
     """Shared slots and a barrier for ranks that are threads of one process; the
     subgroups' exchanges, made on first use, by ``(name, members)``."""
@@ -157,15 +171,21 @@ class ThreadCollectives(Collectives):
         return None
 
     def _wait(self) -> None:
+        ex, me = self._ex, self._ex.members[self.rank]
+        waiting = ex.registry.setdefault("waiting", {})
+        waiting[me] = ex.name
         try:
-            self._ex.barrier.wait(self._ex.timeout)
+            ex.barrier.wait(ex.timeout)
         except threading.BrokenBarrierError:
-            if self._ex.barrier.broken and self._ex.timeout is not None and not self._ex.registry.get("aborted"):
+            if ex.timeout is not None and not ex.registry.get("aborted"):
+                where = "; ".join(f"rank {r} in its {name} group" for r, name in sorted(waiting.items()))
                 raise CollectiveTimeout(
-                    f"rank {self._ex.members[self.rank]} waited more than {self._ex.timeout:g} s in a "
-                    f"collective of its {self._ex.name} group (world ranks "
-                    f"{', '.join(map(str, self._ex.members))}): a peer never entered it") from None
+                    f"collective timeout: rank {me} waited more than {ex.timeout:g} s in a collective of "
+                    f"its {ex.name} group (world ranks {', '.join(map(str, ex.members))}) that a peer never "
+                    f"entered; waiting then: {where}") from None
             raise
+        finally:
+            waiting.pop(me, None)
 
     def _gather(self, value):
         self._ex.slots[self.rank] = value
@@ -239,6 +259,6 @@ def run_in_threads(rank_fn, payload, world_size: int, timeout: float | None = No
     if errors:
         rank, exc = errors[0]
         if isinstance(exc, CollectiveTimeout):
-            raise CollectiveTimeout("; ".join(str(e) for _, e in errors)) from exc
+            raise CollectiveTimeout(str(exc)) from exc
         raise RuntimeError(f"rank {rank} failed: {exc!r}") from exc
     return results
