@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
     p.add_argument("--interleave", "--cp-kv-cache-interleave-size", dest="interleave", default="1,2,4,8,16,B",
                    help="comma list of interleave sizes; B = the scenario's page size (default 1,2,4,8,16,B)")
     p.add_argument("--block-size", default="", help="comma list of block sizes (default: each scenario's)")
+    p.add_argument("--pcp", "--prefill-context-parallel-size", dest="pcp", default="",
+                   help="comma list of PCP sizes (default: each scenario's); a cell's world is PCP x TP "
+                        "processes, TP the smallest that fits its W")
     p.add_argument("--in-process", action="store_true", help="run ranks as threads (no gloo)")
     p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout in seconds")
     p.add_argument("--json", action="store_true", help="print every cell as JSON")
@@ -40,7 +43,8 @@ def run(args) -> int:
     dcps = _int_list(args.dcp, "--dcp")
     interleaves = [x.strip() for x in args.interleave.split(",") if x.strip()]
     block_sizes = _int_list(args.block_size, "--block-size") or [None]
-    results = mx.expand(scenarios, dcps, interleaves, block_sizes)
+    pcps = _int_list(args.pcp, "--pcp") or [None]
+    results = mx.expand(scenarios, dcps, interleaves, block_sizes, pcps=pcps)
     pending = sum(r.status == mx.CellStatus.PENDING for r in results)
     engine = engine_options(args)
     Job.validate_engine(**engine)

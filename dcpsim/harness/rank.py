@@ -159,6 +159,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
         interleave_size=config.cp_kv_cache_interleave_size,
         kernel_block_size=config.kernel_block_size,
         groups=group_info(groups),
+        prefill_context_parallel_size=layout.pcp,
+        tensor_parallel_size=None if layout.world_size == layout.dcp and layout.pcp == 1 else layout.tp,
         engine=dict(engine_info(engine), groups=[
             dict(name=g.name, sharded=g.sharded, manager_block_size=g.manager_block_size,
                  block_table_width=g.block_table_width, page_size_bytes=g.page_size_bytes,
