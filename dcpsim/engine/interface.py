@@ -216,12 +216,15 @@ class Engine:
         return bool(split_rows)
 
 
+PCP_DECISIONS = ("dcp_rank_of", "pcp_replicated", "pcp_chunks", "pcp_restore_offsets", "pcp_enters_gather")
+"""The PCP decisions: the interface implements them (vLLM 0.33.0's rules), so an engine
+need not."""
+
 ENGINE_DECISIONS = (
     "kv_cache_groups", "group_geometry", "blocks_needed", "first_needed_position", "num_released_blocks",
     "prefix_hash_unit", "prefix_hash_block_size", "prefix_key_position", "write_slots", "kernel_block_table", "local_seq_lens",
     "query_local_bounds", "attention_metadata", "build_attention_metadata", "draft_geometry", "shard_lse",
     "shard_output", "merge_lse", "merge_attention_states",
-    "merge_across_ranks", "dcp_rank_of", "pcp_replicated", "pcp_chunks", "pcp_restore_offsets",
-    "pcp_enters_gather",
+    "merge_across_ranks", *PCP_DECISIONS,
 )
 """Every decision of the interface, in the order above (reports list who makes each)."""

@@ -161,10 +161,12 @@ def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
     def done(k: int, report: RunReport, seconds: float) -> None:
         settle(k, JobOutcome(report, None, seconds))
 
+    start = time.perf_counter()
     try:
         run_jobs(jobs, in_process=in_process, timeout=timeout, on_job=done, on_wait=on_wait)
-    except Exception:  # noqa: BLE001 - rerun the unfinished jobs one by one to attribute the breakage
-        pass
+    except Exception as exc:  # noqa: BLE001 - rerun the unfinished jobs one by one to attribute the breakage
+        if len(jobs) == 1 and 0 not in outcomes:  # a world of its own already: no rerun needed
+            settle(0, JobOutcome(None, exc, time.perf_counter() - start))
     for k, job in enumerate(jobs):
         if k in outcomes:
             continue
