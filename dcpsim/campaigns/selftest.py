@@ -321,6 +321,9 @@ def _jobs(plan: Plan, cases: list[Case], engine: dict | None = None) -> list:
     return jobs
 
 
+HANG_TIMEOUT_S = 10.0
+"""The process-group timeout of the worlds of faults that hang (at most ``--timeout``)."""
+
 COLLECTIVE_HANG = "collective-hang"
 """The kind of a row whose fault showed as a hang the harness reported (``Fault.expects``)."""
 
@@ -380,8 +383,11 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, eng
         hangs = not case.baseline and _expects_hang(case.fault)
         by_world.setdefault((scenario.config.world_size, hangs), []).append(k)
     rows: list[Row | None] = [None] * len(plan.cases)
-    for ks in by_world.values():
+    for (_, hangs), ks in by_world.items():
         cases = [plan.cases[k] for k in ks]
+        # a hang ends at the process-group timeout: a short one (a healthy step of these small
+        # worlds takes milliseconds per collective)
+        world_timeout = min(timeout, HANG_TIMEOUT_S) if hangs else timeout
 
         def settle(j, outcome, ks=ks, cases=cases):
             if outcome.error is not None:
@@ -393,7 +399,8 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, eng
             if progress:
                 progress(row)
 
-        run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=timeout, on_outcome=settle, on_wait=on_wait)
+        run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=world_timeout, on_outcome=settle,
+                 on_wait=on_wait)
     out: list[Row] = []
     for name in plan.faults:
         out += [r for r, c in zip(rows, plan.cases) if c.fault == name]
