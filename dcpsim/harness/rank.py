@@ -231,7 +231,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     report.verified_indices = checker.verified_indices
     report.metadata_checks = checker.metadata.checks if checker.metadata is not None else 0
     bytes_sent = par.bytes_sent - bytes_before
-    report.bytes_gathered = bytes_sent - attention_bytes
+    report.pcp_gather_bytes = par.pcp.bytes_sent if par.pcp is not None else 0  # a fresh group per job
+    report.bytes_gathered = bytes_sent - attention_bytes - report.pcp_gather_bytes
     if attention:
         report.attention = cfg.summary()
         report.attention_checks = verifier.checks

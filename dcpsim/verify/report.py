@@ -134,6 +134,8 @@ class RunReport:
     """(group, step) attention-metadata records judged (0: the engine builds none)."""
     bytes_gathered: int = 0
     """Bytes this rank contributed to verification all-gathers."""
+    pcp_gather_bytes: int = 0
+    """Bytes this rank contributed to the engine's PCP KV all-gathers (rank 0's; 0 without PCP)."""
     schedule: dict = field(default_factory=dict)
     failure: Failure | None = None
     ranks: list[dict] = field(default_factory=list)
