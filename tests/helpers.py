@@ -40,7 +40,8 @@ def run(scenario, *, engine=None, **job):
     """Run in process (ranks as threads); every rank must reach the same verdict. Returns the
     merged report. ``engine``: an engine variant to run instead of the job's."""
     world = scenario.config.world_size  # W without PCP (or a larger TP)
-    reports = run_in_threads(functools.partial(run_rank, engine=engine), Job(scenario, **job), world)
+    # a timeout, so a run whose collectives diverge fails instead of waiting forever
+    reports = run_in_threads(functools.partial(run_rank, engine=engine), Job(scenario, **job), world, timeout=120)
     verdicts = {(r.passed, r.failure.kind if r.failure else None, r.steps, r.attention_checks) for r in reports}
     assert len(verdicts) == 1, f"ranks disagree: {verdicts}"
     return merge_rank_reports(reports)
