@@ -61,6 +61,10 @@ class GlooCollectives(Collectives):
     def subgroup(self, name, groups):
         import torch.distributed as dist
 
+        key = (name, tuple(map(tuple, groups)))
+        cache = self.__dict__.setdefault("_subgroups", {})
+        if key in cache:  # the jobs of a batch share their groups (gloo groups are never freed)
+            return cache[key]
         mine = None
         timeout = _world_timeout()
         for members in groups:  # every rank creates every group, in the same order
@@ -69,6 +73,7 @@ class GlooCollectives(Collectives):
             pg = dist.new_group(members, timeout=timeout)
             if self.rank in members:
                 mine = GlooCollectives(members.index(self.rank), len(members), pg)
+        cache[key] = mine
         return mine
 
     def all_gather_tensor(self, tensor):

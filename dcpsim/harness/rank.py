@@ -133,6 +133,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     par = build_groups(config, coll)  # the world's DCP, PCP and TP groups
     world, coll = coll, par.dcp  # the checker and the attention merge work in the DCP group
     bytes_before = par.bytes_sent  # a Collectives may serve several jobs in turn
+    pcp_before = par.pcp.bytes_sent if par.pcp is not None else 0
     layout, coords = par.layout, par.coords
 
     # the engine under test
@@ -174,7 +175,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
         rec.complete("schedule", "schedule", scheduled, args={"step": plan.step})
         with rec.step(plan):
             set_progress(plan.step, "write")
-            simulate_rank_failure(job, coll.rank, plan.step)
+            simulate_rank_failure(job, world.rank, plan.step)
             during_step = None
             if attention:
                 queries = verifier.queries(plan)
@@ -231,7 +232,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     report.verified_indices = checker.verified_indices
     report.metadata_checks = checker.metadata.checks if checker.metadata is not None else 0
     bytes_sent = par.bytes_sent - bytes_before
-    report.pcp_gather_bytes = par.pcp.bytes_sent if par.pcp is not None else 0  # a fresh group per job
+    report.pcp_gather_bytes = par.pcp.bytes_sent - pcp_before if par.pcp is not None else 0
     report.bytes_gathered = bytes_sent - attention_bytes - report.pcp_gather_bytes
     if attention:
         report.attention = cfg.summary()
