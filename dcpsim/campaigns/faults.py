@@ -657,8 +657,8 @@ class PcpGatherRankLocal(Fault):
         "process-group timeout (exit 3, naming rank 0)"
     )
     expects = "hang"
-    configs = ({"prefill_context_parallel_size": 2, "decode_context_parallel_size": 2},)
     scenarios = ("glm-pcp2-dcp2",)
+    """Its own config (TP1 PCP2 DCP2, as vllm#53573): no other built-in has PCP."""
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
         """A fresh prompt so short that PCP rank 0's mirror chunk is empty."""
@@ -682,10 +682,11 @@ class PcpChunksNotMirrored(Fault):
         "PCP rank r computes the KV of chunks r and r + pcp of a split prefill, but the all-gathered rows are "
         "put back where the mirrored plan (r, 2 * pcp - 1 - r) says: chunk 2's KV lands on chunk 3's positions"
     )
-    configs = ({"prefill_context_parallel_size": 2, "decode_context_parallel_size": 2},
-               {"prefill_context_parallel_size": 2, "decode_context_parallel_size": 1})
+    scenarios = ("glm-pcp2-dcp2",)
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Where PCP is on (the scenario's own config: selftest adds no PCP config, whose
+        baselines would rerun every built-in) and a prefill is long enough to split."""
         pcp, _ = _pcp_dcp(scenario)
         return pcp > 1 and any(r.prompt_len - r.shared_prefix_len > 4 * pcp for r in scenario.requests)
 
@@ -703,8 +704,10 @@ class DcpRankNotTransposed(Fault):
         "each rank takes its DCP rank from the untransposed grid, rank % dcp: with TP > 1 two ranks of one "
         "DCP group write as the same DCP rank and the positions of another are stored by nobody"
     )
-    configs = ({"prefill_context_parallel_size": 2, "tensor_parallel_size": 2, "decode_context_parallel_size": 4},
-               {"prefill_context_parallel_size": 2, "tensor_parallel_size": 2, "decode_context_parallel_size": 2})
+    scenarios = ("glm-pcp2-dcp2",)
+    configs = ({"tensor_parallel_size": 2, "decode_context_parallel_size": 4},)
+    """TP2 x PCP2 with DCP over the grid; an invalid size without PCP (tp % dcp), so only PCP
+    scenarios run it and its baselines."""
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
         c = scenario.config
@@ -724,7 +727,8 @@ class PcpSpecRegularMask(Fault):
         "(bottom-right) causal mask over the rank's shard, local(L) - (q - 1 - j), instead of each token's "
         "own local(H + j + 1) (the fix flattens the step into 1 + k single-token rows); sharded groups only"
     )
-    configs = ({"prefill_context_parallel_size": 2, "decode_context_parallel_size": 2, "num_speculative_tokens": 2},)
+    configs = ({"tensor_parallel_size": 1, "num_speculative_tokens": 2},)
+    """TP1 as the PCP built-in has it (invalid for a non-PCP scenario at W > 1), plus drafts."""
     scenarios = ("glm-pcp2-dcp2",)
 
     def applies_to_scenario(self, scenario, geometries) -> bool:

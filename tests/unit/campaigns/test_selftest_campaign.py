@@ -122,7 +122,8 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
     assert set(why) == {"replicated-scaled-by-w", "merge-drops-dcp-replicated", "replicated-owner-only",
                         "sliding-window-early-release", "ring-rejected-overwrite", "draft-drops-dcp",
                         "draft-indptr-global", "dcp-transform-on-replicated", "mamba-block-size-scaled-by-w",
-                        "pcp-gather-rank-local", "pcp-spec-regular-mask"}
+                        "pcp-gather-rank-local", "pcp-spec-regular-mask", "pcp-chunks-not-mirrored",
+                        "dcp-rank-not-transposed"}
     assert why["pcp-gather-rank-local"] == "not on dsv3 (applies on: glm-pcp2-dcp2)"
 
 
