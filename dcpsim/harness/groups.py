@@ -23,6 +23,8 @@ class ParallelGroups:
     dcp: Collectives
     pcp: Collectives | None
     """None without PCP (a group of one)."""
+    tp: Collectives | None = None
+    """The TP group (its rows of the grid); None when it is a group of one or the DCP group."""
 
     @property
     def num_dcp_groups(self) -> int:
@@ -30,7 +32,7 @@ class ParallelGroups:
 
     @property
     def bytes_sent(self) -> int:
-        colls = {id(c): c for c in (self.world, self.dcp, self.pcp) if c is not None}
+        colls = {id(c): c for c in (self.world, self.dcp, self.pcp, self.tp) if c is not None}
         return sum(c.bytes_sent for c in colls.values())
 
 
@@ -45,4 +47,5 @@ def build_groups(config: SimConfig, world: Collectives) -> ParallelGroups:
         return ParallelGroups(layout, coords, world, world, None)
     dcp = world.subgroup("dcp", layout.dcp_groups())
     pcp = world.subgroup("pcp", layout.pcp_groups()) if layout.pcp > 1 else None
-    return ParallelGroups(layout, coords, world, dcp, pcp)
+    tp = world.subgroup("tp", layout.tp_groups()) if layout.tp > 1 else None  # dcpsim runs nothing on it
+    return ParallelGroups(layout, coords, world, dcp, pcp, tp)

@@ -32,12 +32,16 @@ def test_every_rank_knows_its_coordinates_and_its_groups_gather_their_members(pc
         g = build_groups(config, coll)
         dcp_members = g.dcp.all_gather_object(coll.rank)
         pcp_members = g.pcp.all_gather_object(coll.rank) if g.pcp is not None else [coll.rank]
-        return g.coords, g.dcp.rank, dcp_members, pcp_members
+        tp_members = g.tp.all_gather_object(coll.rank) if g.tp is not None else None
+        return g.coords, g.dcp.rank, dcp_members, pcp_members, tp_members
 
-    for rank, (coords, dcp_rank, dcp_members, pcp_members) in enumerate(run_in_threads(body, None, pcp * tp)):
+    for rank, (coords, dcp_rank, dcp_members, pcp_members, tp_members) in enumerate(
+            run_in_threads(body, None, pcp * tp)):
         assert coords == layout.coords(rank) and dcp_rank == coords.dcp_rank
         assert dcp_members == layout.dcp_groups()[coords.dcp_group]
         assert pcp_members == layout.pcp_groups()[coords.tp_rank]
+        if tp > 1 and not (pcp == 1 and dcp == tp):
+            assert tp_members == layout.tp_groups()[coords.pcp_rank]
 
 
 def _plan(*writes):
