@@ -39,8 +39,9 @@ def scheduler(scenario, engine=None) -> Scheduler:
 def run(scenario, *, engine=None, **job):
     """Run in process (ranks as threads); every rank must reach the same verdict. Returns the
     merged report. ``engine``: an engine variant to run instead of the job's."""
-    W = scenario.config.decode_context_parallel_size
-    reports = run_in_threads(functools.partial(run_rank, engine=engine), Job(scenario, **job), W)
+    world = scenario.config.world_size  # W without PCP (or a larger TP)
+    # a timeout, so a run whose collectives diverge fails instead of waiting forever
+    reports = run_in_threads(functools.partial(run_rank, engine=engine), Job(scenario, **job), world, timeout=120)
     verdicts = {(r.passed, r.failure.kind if r.failure else None, r.steps, r.attention_checks) for r in reports}
     assert len(verdicts) == 1, f"ranks disagree: {verdicts}"
     return merge_rank_reports(reports)
@@ -202,3 +203,31 @@ def trace_names(doc) -> tuple[dict, dict]:
         elif e.get("ph") == "M" and e.get("name") == "thread_name":
             threads[(e["pid"], e["tid"])] = e["args"]["name"]
     return processes, threads
+
+
+# --- prefill context parallelism -----------------------------------------------------------
+
+
+def allowed_parallel_sizes(max_world: int = 8) -> list[tuple[int, int, int]]:
+    """Every ``(pcp, tp, dcp)`` vLLM 0.33.0 allows with ``pcp * tp <= max_world``: without
+    PCP every divisor of TP, with PCP 1, ``pcp`` and ``tp * pcp``."""
+    out = []
+    for pcp in range(1, max_world + 1):
+        for tp in range(1, max_world // pcp + 1):
+            dcps = [d for d in range(1, tp + 1) if tp % d == 0] if pcp == 1 else sorted({1, pcp, tp * pcp})
+            out += [(pcp, tp, dcp) for dcp in dcps]
+    return out
+
+
+def pcp_scenario(pcp: int, tp: int, dcp: int, I: int = 1, k: int = 1):
+    """A small PCP x TP x DCP scenario: a sharded MLA layer and a replicated full-attention
+    layer; a prompt long enough to be split in chunked-prefill steps, a 2-token and a
+    6-token prompt arriving alone (too short for 2 * pcp chunks with DCP on), ``k`` drafts."""
+    import dataclasses
+
+    sc = make_scenario({"mla": mla_spec(B=16), "rep": full_rep_spec(B=16)},
+                       [request_spec("long", 150, 6), request_spec("two", 2, 4, arrival_step=5),
+                        request_spec("six", 6, 3, arrival_step=9)],
+                       W=dcp, I=I, k=k, budget=64, max_len=512, name=f"pcp{pcp}-tp{tp}-dcp{dcp}")
+    config = dataclasses.replace(sc.config, prefill_context_parallel_size=pcp, tensor_parallel_size=tp)
+    return dataclasses.replace(sc, config=config)

@@ -1,4 +1,5 @@
-"""The correctness matrix: scenarios x DCP sizes x interleave sizes x block sizes.
+"""The correctness matrix: scenarios x DCP sizes x interleave sizes x block sizes (x PCP
+sizes, with ``--pcp``: the world is then PCP x TP processes, TP the smallest that fits).
 
 ``expand`` lists every cell once with its verdict-to-be: valid (to run), or
 skipped with the reason (an invalid DCP config, or a W = 1 cell that repeats
@@ -30,16 +31,19 @@ class Cell:
     block_size: int  # states per page of the paged groups, after overrides
     block_size_override: int | None = None
     kernel_block_size: int | None = None  # Bk (states); None: the kernel's block is the page
+    pcp: int | None = None
+    """``prefill_context_parallel_size`` (None: the scenario's own)."""
 
     @property
     def id(self) -> str:
         kbs = f"-kbs{self.kernel_block_size}" if self.kernel_block_size is not None else ""
-        return f"{self.scenario}-dcp{self.dcp}-il{self.interleave}-bs{self.block_size}{kbs}"
+        tail = "" if self.pcp is None else f"-pcp{self.pcp}"
+        return f"{self.scenario}-dcp{self.dcp}-il{self.interleave}-bs{self.block_size}{kbs}{tail}"
 
     @property
     def group(self) -> str:
         """Cells that share one world."""
-        return f"{self.scenario}-dcp{self.dcp}"
+        return f"{self.scenario}-dcp{self.dcp}" + ("" if self.pcp is None else f"-pcp{self.pcp}")
 
 
 class CellStatus(enum.StrEnum):
@@ -93,6 +97,7 @@ def expand(
     block_sizes=(None,),
     dry_run: bool = True,
     kernel_block_size: int | None = None,
+    pcps=(None,),
 ) -> list[CellResult]:
     """Every cell once, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
 
@@ -123,11 +128,11 @@ def expand(
                     listed.add(cell.id)
                     out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
                 continue
-            for w in dcps:
+            for w, p in [(w, p) for w in dcps for p in pcps]:
                 seen: dict[int, str] = {}
                 for token in interleaves:
                     i = _parse_interleave(str(token), b)
-                    cell = Cell(base.name, w, i, b, bs, kernel_block_size)
+                    cell = Cell(base.name, w, i, b, bs, kernel_block_size, p)
                     if cell.id in listed:
                         continue
                     listed.add(cell.id)
@@ -138,7 +143,8 @@ def expand(
                     seen[i] = cell.id
                     try:
                         scenario = sized.with_overrides(
-                            decode_context_parallel_size=w, cp_kv_cache_interleave_size=i
+                            decode_context_parallel_size=w, cp_kv_cache_interleave_size=i,
+                            prefill_context_parallel_size=p,
                         )
                         if dry_run:
                             prepare(scenario)

@@ -35,8 +35,12 @@ OPTION_ALIASES = {
     "I": "cp_kv_cache_interleave_size",
     "B": "block_size",
     "Bk": "kernel_block_size",
+    "pcp": "prefill_context_parallel_size",
+    "tp": "tensor_parallel_size",
 }
 _SHORT = {
+    "prefill_context_parallel_size": "PCP",
+    "tensor_parallel_size": "TP",
     "decode_context_parallel_size": "W",
     "cp_kv_cache_interleave_size": "I",
     "block_size": "B",
@@ -121,6 +125,9 @@ def config_text(scenario, options) -> str:
     """``W=2 I=1`` plus every other explicit option (``B=64 Bk=16 attention=True``)."""
     cfg = scenario.config
     parts = [f"W={cfg.decode_context_parallel_size}", f"I={cfg.cp_kv_cache_interleave_size}"]
+    keys = {key for key, _ in options}
+    if cfg.prefill_context_parallel_size > 1 and "prefill_context_parallel_size" not in keys:
+        parts.append(f"PCP={cfg.prefill_context_parallel_size}")  # the scenario's own
     for key, value in options:
         if key in ("decode_context_parallel_size", "cp_kv_cache_interleave_size"):
             continue
@@ -314,12 +321,39 @@ def _jobs(plan: Plan, cases: list[Case], engine: dict | None = None) -> list:
     return jobs
 
 
-def _row(plan: Plan, case: Case, *, report=None, error: str | None = None, seconds: float = 0.0) -> Row:
+HANG_TIMEOUT_S = 10.0
+"""The process-group timeout of the worlds of faults that hang (at most ``--timeout``)."""
+
+COLLECTIVE_HANG = "collective-hang"
+"""The kind of a row whose fault showed as a hang the harness reported (``Fault.expects``)."""
+
+
+def is_collective_hang(exc: BaseException | None) -> bool:
+    """A harness failure that reports diverging collectives: a gloo world's ``collective
+    hang`` (a rank ran ahead of a collective the others waited in) or a thread rank's
+    ``CollectiveTimeout``."""
+    from dcpsim.harness.collectives import CollectiveTimeout
+    from dcpsim.harness.world import RankFailureError
+
+    return isinstance(exc, CollectiveTimeout) or (
+        isinstance(exc, RankFailureError) and str(exc).startswith("collective hang"))
+
+
+def _expects_hang(fault: str) -> bool:
+    from dcpsim.campaigns.faults import FAULTS
+
+    return FAULTS[fault].expects == "hang"
+
+
+def _row(plan: Plan, case: Case, *, report=None, error: str | None = None, seconds: float = 0.0,
+         exc: BaseException | None = None) -> Row:
     scenario, _, text = plan.resolved[(case.scenario, case.options)]
     row = Row(case.fault, case.scenario, text, ERROR, seconds=seconds,
               dcp_size=scenario.config.decode_context_parallel_size, options=dict(case.options))
     if error is not None:
         row.report = error
+        if not case.baseline and _expects_hang(case.fault) and is_collective_hang(exc):
+            row.outcome, row.kind = DETECTED, COLLECTIVE_HANG
     elif report.passed:
         row.outcome = PASS if case.baseline else MISSED
     else:
@@ -342,24 +376,31 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, eng
     the time its slowest rank took); ``on_wait(message)`` when a world keeps the parent waiting."""
     from dcpsim.harness.batch import run_each
 
-    by_world: dict[int, list[int]] = {}
+    by_world: dict[tuple[int, bool], list[int]] = {}
     for k, case in enumerate(plan.cases):
         scenario = plan.resolved[(case.scenario, case.options)][0]
-        by_world.setdefault(scenario.config.decode_context_parallel_size, []).append(k)
+        # a fault that hangs its world gets a world of its own: the cases after it need not rerun
+        hangs = not case.baseline and _expects_hang(case.fault)
+        by_world.setdefault((scenario.config.world_size, hangs), []).append(k)
     rows: list[Row | None] = [None] * len(plan.cases)
-    for ks in by_world.values():
+    for (_, hangs), ks in by_world.items():
         cases = [plan.cases[k] for k in ks]
+        # a hang ends at the process-group timeout: a short one (a healthy step of these small
+        # worlds takes milliseconds per collective)
+        world_timeout = min(timeout, HANG_TIMEOUT_S) if hangs else timeout
 
         def settle(j, outcome, ks=ks, cases=cases):
             if outcome.error is not None:
-                row = _row(plan, cases[j], error=_first_line(outcome.error), seconds=outcome.seconds)
+                row = _row(plan, cases[j], error=_first_line(outcome.error), seconds=outcome.seconds,
+                           exc=outcome.error)
             else:
                 row = _row(plan, cases[j], report=outcome.report, seconds=outcome.seconds)
             rows[ks[j]] = row
             if progress:
                 progress(row)
 
-        run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=timeout, on_outcome=settle, on_wait=on_wait)
+        run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=world_timeout, on_outcome=settle,
+                 on_wait=on_wait)
     out: list[Row] = []
     for name in plan.faults:
         out += [r for r, c in zip(rows, plan.cases) if c.fault == name]

@@ -56,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-report", dest="from_report", default=None, metavar="REPORT.json",
                    help="show the first failure of a run/worker --json report (its group, around its "
                         "first bad index, with the expected and the actual owner and slot)")
+    p.add_argument("--pcp", "--prefill-context-parallel-size", dest="pcp", type=int, default=None, metavar="P",
+                   help="also show which PCP rank computes each position of a prefill row (chunks r and "
+                        "2P-1-r), before the KV all-gather")
+    p.add_argument("--prefill-start", dest="prefill_start", type=int, default=0, metavar="S",
+                   help="with --pcp: the prefill row starts at position S (earlier ones computed before; "
+                        "default 0) and ends at the last position shown")
     p.add_argument("--png", default=None, metavar="FILE", help="also draw the view as a PNG picture")
     p.add_argument("--svg", default=None, metavar="FILE", help="also draw the view as an SVG picture")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
@@ -118,8 +124,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         view, d = None, compute(_query(args))
     pictures = _draw(d, args, view)
+    pcp = None
+    if args.pcp is not None:
+        from dcpsim.views.pcp_chunks import pcp_chunk_view
+
+        pcp = pcp_chunk_view(d["positions"], args.pcp, d["config"]["decode_context_parallel_size"],
+                             args.prefill_start, None)
     if args.json:
         doc = public(d)
+        if pcp is not None:
+            doc["pcp"] = pcp
         if view is not None:
             doc["failure"] = view.summary(d)
         if pictures:
@@ -131,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
             lines += header(d) + [f"wrote {path}" for path in pictures]
         else:
             lines.append(render(d))
+        if pcp is not None:
+            from dcpsim.views.pcp_chunks import pcp_lines
+
+            lines += pcp_lines(pcp, d["positions"])
         text = "\n".join(lines)
     try:
         print(text, flush=True)

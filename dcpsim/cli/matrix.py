@@ -34,6 +34,9 @@ def add_arguments(p) -> None:
                    help="run only shard K of N (1-based): a balanced share of the runs of at most 12 cells of "
                         "one world; join the shards' --json or --junit reports with dcpsim merge")
     p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report, one testcase per cell")
+    p.add_argument("--pcp", "--prefill-context-parallel-size", dest="pcp",
+                   help="comma list of PCP sizes (default: each scenario's); a cell's world is PCP x TP "
+                        "processes, TP the smallest that fits its W")
     p.add_argument("--in-process", action="store_true", help="run ranks as threads (no gloo)")
     p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout in seconds")
     p.add_argument("--json", action="store_true", help="print every cell as JSON")
@@ -75,14 +78,16 @@ def cells_of(args) -> list:
     scenarios = args.scenarios or builtin_scenario_names()
     if args.full:
         given = [flag for flag, value in (("--dcp", args.dcp), ("--interleave", args.interleave),
-                                          ("--block-size", args.block_size)) if value is not None]
+                                          ("--block-size", args.block_size),
+                                          ("--pcp", args.pcp)) if value is not None]
         if given:
             raise ConfigError(f"--full fixes the grid: drop {', '.join(given)}")
         return full_grid(scenarios)  # no dry runs: the layouts and pools are validated
     dcps = _int_list(args.dcp or DEFAULT_DCP, "--dcp")
     interleaves = [x.strip() for x in (args.interleave or DEFAULT_INTERLEAVE).split(",") if x.strip()]
     block_sizes = _int_list(args.block_size or "", "--block-size") or [None]
-    return mx.expand(scenarios, dcps, interleaves, block_sizes)
+    pcps = _int_list(args.pcp or "", "--pcp") or [None]
+    return mx.expand(scenarios, dcps, interleaves, block_sizes, pcps=pcps)
 
 
 def entry(res) -> dict:

@@ -21,6 +21,12 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", help="a scenario .toml file or the name of a built-in scenario")
     p.add_argument("--decode-context-parallel-size", "--dcp", dest="dcp", type=int, metavar="W",
                    help="DCP world size (default: the scenario's; for worker: the torchrun world size)")
+    p.add_argument("--prefill-context-parallel-size", "--pcp", dest="pcp", type=int, metavar="P",
+                   help="prefill context parallel size: prefills are split over P ranks and their KV "
+                        "all-gathered; the world is P x TP processes (default: the scenario's, else 1)")
+    p.add_argument("--tensor-parallel-size", "--tp", dest="tp", type=int, metavar="T",
+                   help="tensor parallel size (default: the scenario's, else W without PCP and the "
+                        "smallest that fits with it)")
     p.add_argument("--cp-kv-cache-interleave-size", "--interleave", dest="interleave", type=int,
                    metavar="I", help="positions per rank before moving to the next one")
     p.add_argument("--block-size", type=int, metavar="B",
@@ -106,7 +112,10 @@ def resolve_scenario(args, world_size: int | None = None) -> Scenario:
 
     scenario = load_scenario(args.scenario)
     dcp = args.dcp
-    if world_size is not None:
+    pcp, tp = getattr(args, "pcp", None), getattr(args, "tp", None)
+    if world_size is not None and (pcp or tp or scenario.config.prefill_context_parallel_size > 1):
+        world_size = None  # checked against PCP x TP below
+    elif world_size is not None:
         if dcp is not None and dcp != world_size:
             raise ConfigError(
                 f"--decode-context-parallel-size {dcp} does not match the torchrun world size {world_size}"
@@ -121,6 +130,8 @@ def resolve_scenario(args, world_size: int | None = None) -> Scenario:
             max_cudagraph_capture_size=getattr(args, "max_cudagraph_capture_size", None),
             async_scheduling=getattr(args, "async_scheduling", None),
             mamba_cache_mode=getattr(args, "mamba_cache_mode", None),
+            prefill_context_parallel_size=pcp,
+            tensor_parallel_size=tp,
             seed=args.seed,
             verify_every=args.verify_every,
         )
@@ -134,7 +145,7 @@ def make_job(args, scenario: Scenario):
 
     failure = None
     if args.simulate_rank_failure:
-        failure = parse_rank_failure(args.simulate_rank_failure, scenario.config.decode_context_parallel_size)
+        failure = parse_rank_failure(args.simulate_rank_failure, scenario.config.world_size)
     return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure,
                attention=args.attention, lse_base=args.lse_base, attention_merge=args.attention_merge,
                attention_heads=args.attention_heads, attention_head_dim=args.attention_head_dim,

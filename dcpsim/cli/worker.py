@@ -7,7 +7,7 @@ import sys
 import time
 
 from dcpsim.cli.options import add_scenario_arguments, finish, json_errors, make_job, resolve_scenario
-from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
+from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 
 
 def add_arguments(p) -> None:
@@ -27,6 +27,11 @@ def run(args) -> int:
     try:
         with json_errors(args.json and rank == 0):
             scenario = resolve_scenario(args, world_size=world)
+            if scenario.config.world_size != world:
+                raise ConfigError(
+                    f"prefill_context_parallel_size {scenario.config.prefill_context_parallel_size} x "
+                    f"tensor_parallel_size {scenario.config.tp_size} = {scenario.config.world_size} "
+                    f"processes, but the torchrun world size is {world}")
             prepare(scenario)
             job = make_job(args, scenario)
             start = time.perf_counter()

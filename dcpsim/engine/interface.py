@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from dcpsim.engine.geometry import GroupGeometry
+from dcpsim.model import parallel
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import KVCacheGroupSpec
 from dcpsim.model.plan import AttentionMetadata, ReqWrite
@@ -191,10 +192,47 @@ class Engine:
         raise NotImplementedError
 
 
+    # --- prefill context parallelism (PCP x TP x DCP) ------------------------------------
+    # Defaults: vLLM 0.33.0's rules (dcpsim.model.parallel), so an engine that knows
+    # nothing of PCP runs it the vLLM way.
+
+    def dcp_rank_of(self, layout: parallel.ParallelLayout, rank: int) -> int:
+        """This world rank's DCP rank, which its writes use: its place in its DCP group
+        (the (PCP, TP) grid transposed, cut into rows of ``dcp``)."""
+        return layout.coords(rank).dcp_rank
+
+    def pcp_replicated(self, query_len: int, prefill: bool, pcp: int, dcp: int) -> bool:
+        """Whether every PCP rank computes the whole row (a decode; with ``dcp > 1`` a
+        prefill too short to fill ``2 * pcp`` chunks) instead of its two chunks."""
+        return parallel.pcp_replicated(query_len, prefill, pcp, dcp)
+
+    def pcp_chunks(self, query_len: int, pcp: int, pcp_rank: int) -> list[tuple[int, int]]:
+        """``(offset, length)`` of the query tokens of a split row that PCP rank
+        ``pcp_rank`` computes: chunks ``pcp_rank`` and ``2 * pcp - 1 - pcp_rank``."""
+        return parallel.pcp_chunks(query_len, pcp, pcp_rank)
+
+    def pcp_restore_offsets(self, query_len: int, pcp: int) -> np.ndarray:
+        """For the all-gathered rows of a split row (rank-major: rank 0's pieces, then rank
+        1's, ...), the query offset each row belongs at (vLLM's restore index)."""
+        return np.concatenate([np.arange(o, o + n) for r in range(pcp)
+                               for o, n in parallel.pcp_chunks(query_len, pcp, r)]).astype(np.int64)
+
+    def pcp_enters_gather(self, split_rows: list[tuple[int, int]], pcp: int, pcp_rank: int) -> bool:
+        """Whether this PCP rank enters the step's KV all-gather; ``split_rows`` are the
+        ``(start, query_len)`` of the step's split rows. Every rank of the group must
+        decide the same, from metadata they share: here, whether any row is split."""
+        return bool(split_rows)
+
+
+PCP_DECISIONS = ("dcp_rank_of", "pcp_replicated", "pcp_chunks", "pcp_restore_offsets", "pcp_enters_gather")
+"""The PCP decisions: the interface implements them (vLLM 0.33.0's rules), so an engine
+need not."""
+
 ENGINE_DECISIONS = (
     "kv_cache_groups", "group_geometry", "blocks_needed", "first_needed_position", "num_released_blocks",
     "prefix_block_tokens", "prefix_hash_unit", "prefix_hash_block_size", "prefix_key_position", "write_slots",
     "kernel_block_table", "local_seq_lens", "query_local_bounds", "attention_metadata", "build_attention_metadata",
     "draft_geometry", "shard_lse", "shard_output", "merge_lse", "merge_attention_states", "merge_across_ranks",
+    *PCP_DECISIONS,
 )
 """Every decision of the interface, in the order above (reports list who makes each)."""

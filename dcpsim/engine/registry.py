@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from dcpsim.engine.interface import Engine
+from dcpsim.engine.interface import PCP_DECISIONS, Engine
 from dcpsim.errors import ConfigError
 
 BUILTIN_ENGINES = ("reference", "vllm")
@@ -48,7 +48,7 @@ def unimplemented(engine: Engine) -> list[str]:
     """The interface methods ``engine`` leaves to the base class (which raises)."""
     out = []
     for name, member in inspect.getmembers(Engine, inspect.isfunction):
-        if name.startswith("_") or name in ("geometries", "step_write_slots"):
+        if name.startswith("_") or name in ("geometries", "step_write_slots", *PCP_DECISIONS):
             continue
         if getattr(type(engine), name) is member:
             out.append(name)

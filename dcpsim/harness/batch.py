@@ -103,14 +103,15 @@ def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
     """
     world = jobs[0].world_size
     if any(j.world_size != world for j in jobs):
-        raise ValueError("run_jobs: every job of one world must have the same decode_context_parallel_size")
+        raise ValueError("run_jobs: every job of one world must have the same world size (PCP x TP)")
     tally = JobTally(world, on_job or (lambda k, report, seconds: None))
     payload = (jobs, None if trace is None else trace.origin_ns)
     launcher = NULL_RECORDER if trace is None else trace.launcher(world)
     started = launcher.now()
     if in_process:
-        per_rank = run_in_threads(functools.partial(_thread_rank_batch, tally=tally), payload, world)
+        per_rank = run_in_threads(functools.partial(_thread_rank_batch, tally=tally), payload, world, timeout=timeout)
     else:
+        from dcpsim.harness.rank import STEP_PHASES
         from dcpsim.harness.world import run_world
 
         if deadline is None:
@@ -119,7 +120,8 @@ def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
         if any(j.engine == "vllm" for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.vllm.preload",)
         per_rank = run_world(gloo_rank_batch, payload, world_size=world, pg_timeout_s=timeout,
-                             deadline_s=deadline, preload=preload, on_event=tally.on_event, on_wait=on_wait)
+                             deadline_s=deadline, preload=preload, on_event=tally.on_event, on_wait=on_wait,
+                             phase_order=STEP_PHASES)
     launcher.complete(f"{'threads' if in_process else 'gloo world'} of {world} ranks", "launcher", started)
     started = launcher.now()
     merged = [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]
@@ -159,10 +161,12 @@ def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
     def done(k: int, report: RunReport, seconds: float) -> None:
         settle(k, JobOutcome(report, None, seconds))
 
+    start = time.perf_counter()
     try:
         run_jobs(jobs, in_process=in_process, timeout=timeout, on_job=done, on_wait=on_wait)
-    except Exception:  # noqa: BLE001 - rerun the unfinished jobs one by one to attribute the breakage
-        pass
+    except Exception as exc:  # noqa: BLE001 - rerun the unfinished jobs one by one to attribute the breakage
+        if len(jobs) == 1 and 0 not in outcomes:  # a world of its own already: no rerun needed
+            settle(0, JobOutcome(None, exc, time.perf_counter() - start))
     for k, job in enumerate(jobs):
         if k in outcomes:
             continue

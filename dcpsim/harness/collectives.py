@@ -4,6 +4,13 @@
 harness); ``ThreadCollectives`` joins ranks running as threads of one process
 (fast in-process tests). Rank code never knows which it runs on. Both count
 the bytes each rank contributes, so verification traffic can be reported.
+
+``subgroup(name, groups)`` splits a world into the groups of one kind (DCP, PCP, TP:
+``harness.groups``): every rank calls it with the same list of groups, in the same
+order, and gets the ``Collectives`` of the group it is in (``rank`` = its rank there).
+Gloo subgroups are real process groups (``new_group``); thread subgroups get their own
+exchange per ``(name, members)``, so two kinds of group over the same ranks never pair
+one's collective with the other's.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import threading
 
 import torch
 
+from dcpsim.errors import HarnessError
+
 
 class Collectives:
     rank: int
@@ -20,6 +29,11 @@ class Collectives:
     bytes_sent: int = 0
 
     def all_gather_tensor(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def subgroup(self, name: str, groups: list[list[int]]) -> Collectives:
+        """The ``Collectives`` of the group (of ``groups``, world ranks) this rank is in.
+        Collective: every rank calls it with the same arguments."""
         raise NotImplementedError
 
     def all_gather_object(self, obj) -> list:
@@ -44,6 +58,25 @@ class GlooCollectives(Collectives):
         self.world_size = world_size
         self.bytes_sent = 0
         self.group = group
+        """The process group (None: the default, whole world)."""
+
+    def subgroup(self, name, groups):
+        import torch.distributed as dist
+
+        key = (name, tuple(map(tuple, groups)))
+        cache = self.__dict__.setdefault("_subgroups", {})
+        if key in cache:  # the jobs of a batch share their groups (gloo groups are never freed)
+            return cache[key]
+        mine = None
+        timeout = _world_timeout()
+        for members in groups:  # every rank creates every group, in the same order
+            # its own group even over every rank (its own collectives), with the world's timeout
+            # (new_group's default is 30 minutes)
+            pg = dist.new_group(members, timeout=timeout)
+            if self.rank in members:
+                mine = GlooCollectives(members.index(self.rank), len(members), pg)
+        cache[key] = mine
+        return mine
 
     def all_gather_tensor(self, tensor):
         import torch.distributed as dist
@@ -90,13 +123,43 @@ class GlooCollectives(Collectives):
         return out
 
 
-class _Exchange:
-    """Shared slots and a barrier for ranks that are threads of one process."""
+class CollectiveTimeout(HarnessError):
+    """A thread rank waited longer than the timeout in a collective (its peers never came)."""
 
-    def __init__(self, world_size: int):
+
+def _world_timeout():
+    """The default process group's timeout (the harness's ``--timeout``), or None."""
+    import torch.distributed as dist
+
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        return group._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+class _Exchange:
+    """Shared slots and a barrier for ranks that are threads of one process; the
+    subgroups' exchanges, made on first use, by ``(name, members)``."""
+
+    def __init__(self, world_size: int, timeout: float | None = None, name: str = "world",
+                 members: tuple[int, ...] | None = None, registry: dict | None = None):
         self.world_size = world_size
+        self.timeout = timeout
+        self.name = name
+        self.members = members if members is not None else tuple(range(world_size))
         self.barrier = threading.Barrier(world_size)
         self.slots: list = [None] * world_size
+        self.registry = {} if registry is None else registry
+        self.lock = threading.Lock() if registry is None else registry["lock"]
+        self.registry.setdefault("lock", self.lock)
+
+    def sub(self, name: str, members: tuple[int, ...]) -> _Exchange:
+        with self.lock:
+            key = (name, members)
+            if key not in self.registry:
+                self.registry[key] = _Exchange(len(members), self.timeout, name, members, self.registry)
+            return self.registry[key]
 
 
 class ThreadCollectives(Collectives):
@@ -106,11 +169,36 @@ class ThreadCollectives(Collectives):
         self._ex = exchange
         self.bytes_sent = 0
 
+    def subgroup(self, name, groups):
+        world_rank = self._ex.members[self.rank]
+        for members in groups:
+            world = tuple(members)
+            if world_rank in world:
+                return ThreadCollectives(world.index(world_rank), self._ex.sub(name, world))
+        return None
+
+    def _wait(self) -> None:
+        ex, me = self._ex, self._ex.members[self.rank]
+        waiting = ex.registry.setdefault("waiting", {})
+        waiting[me] = ex.name
+        try:
+            ex.barrier.wait(ex.timeout)
+        except threading.BrokenBarrierError:
+            if ex.timeout is not None and not ex.registry.get("aborted"):
+                where = "; ".join(f"rank {r} in its {name} group" for r, name in sorted(waiting.items()))
+                raise CollectiveTimeout(
+                    f"collective timeout: rank {me} waited more than {ex.timeout:g} s in a collective of "
+                    f"its {ex.name} group (world ranks {', '.join(map(str, ex.members))}) that a peer never "
+                    f"entered; waiting then: {where}") from None
+            raise
+        finally:
+            waiting.pop(me, None)
+
     def _gather(self, value):
         self._ex.slots[self.rank] = value
-        self._ex.barrier.wait()
+        self._wait()
         out = list(self._ex.slots)
-        self._ex.barrier.wait()  # nobody overwrites a slot before all have read
+        self._wait()  # nobody overwrites a slot before all have read
         return out
 
     def all_gather_tensor(self, tensor):
@@ -131,24 +219,36 @@ class ThreadCollectives(Collectives):
         return torch.stack([t[self.rank] for t in self._gather(tensor.contiguous())]).sum(dim=0)
 
 
-def run_in_threads(rank_fn, payload, world_size: int) -> list:
+def run_in_threads(rank_fn, payload, world_size: int, timeout: float | None = None) -> list:
     """Run ``rank_fn(payload, collectives)`` for every rank as threads; results by rank.
 
     The first exception raised by any rank is re-raised (after breaking the
-    barrier so that the other ranks stop waiting).
+    barriers so that the other ranks stop waiting). With ``timeout``, a rank that waits
+    longer than that in a collective raises ``CollectiveTimeout`` (a ``HarnessError``),
+    re-raised as it is.
     """
-    ex = _Exchange(world_size)
+    ex = _Exchange(world_size, timeout)
     results: list = [None] * world_size
     errors: list = []
+
+    def abort_all() -> None:
+        with ex.lock:
+            ex.registry["aborted"] = True
+            exchanges = [ex] + [v for k, v in ex.registry.items() if isinstance(v, _Exchange)]
+        for e in exchanges:
+            e.barrier.abort()
 
     def body(rank: int) -> None:
         try:
             results[rank] = rank_fn(payload, ThreadCollectives(rank, ex))
+        except CollectiveTimeout as exc:
+            errors.append((rank, exc))
+            abort_all()
         except threading.BrokenBarrierError:
             pass
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append((rank, exc))
-            ex.barrier.abort()
+            abort_all()
 
     threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world_size)]
     # One intra-op thread, as every gloo rank has (launch._rank_main): the ranks are the
@@ -165,5 +265,7 @@ def run_in_threads(rank_fn, payload, world_size: int) -> list:
         torch.set_num_threads(intra_op)
     if errors:
         rank, exc = errors[0]
+        if isinstance(exc, CollectiveTimeout):
+            raise CollectiveTimeout(str(exc)) from exc
         raise RuntimeError(f"rank {rank} failed: {exc!r}") from exc
     return results

@@ -96,7 +96,9 @@ class Job:
 
     @property
     def world_size(self) -> int:
-        return self.scenario.config.decode_context_parallel_size
+        """Processes of the world: ``prefill_context_parallel_size * tensor_parallel_size``
+        (``decode_context_parallel_size`` without PCP or a larger TP)."""
+        return self.scenario.config.world_size
 
 
 def parse_rank_failure(text: str, world_size: int) -> tuple[str, int, int]:

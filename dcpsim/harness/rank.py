@@ -16,6 +16,7 @@ default one records nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 
 from dcpsim.campaigns.faults import get_fault
@@ -26,8 +27,10 @@ from dcpsim.engine.registry import build_engine
 from dcpsim.engine.scheduler.scheduler import Scheduler, pool_sizes
 from dcpsim.engine.worker.block_table import BlockTableOverflow
 from dcpsim.engine.worker.model_runner import ModelRunner
+from dcpsim.engine.worker.pcp_prefill import GATHER_PHASE, pcp_prefill
 from dcpsim.engine.worker.view import WorkerView
 from dcpsim.harness.collectives import Collectives
+from dcpsim.harness.groups import ParallelGroups, build_groups
 from dcpsim.harness.job import Job, simulate_rank_failure
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder
 from dcpsim.scenarios.scenario import Scenario
@@ -92,6 +95,28 @@ def group_info(groups: list[ExpectedGroup]) -> list[dict]:
     ]
 
 
+STEP_PHASES = ("write", GATHER_PHASE, "verify", "attention", "metadata", "agree")
+"""The progress phases of one step, in order (``world.run_world``'s ``phase_order``)."""
+
+
+def agree(groups: ParallelGroups, failure: Failure | None, step: int) -> Failure | None:
+    """With several DCP groups (independent KV replicas), every rank takes the first
+    failing group's verdict, so the world stays in lockstep and rank 0 reports it."""
+    if groups.num_dcp_groups == 1:
+        return failure
+    from dcpsim.harness.world import set_progress
+
+    set_progress(step, "agree")
+    verdicts = groups.world.all_gather_object(failure)
+    for rank, found in enumerate(verdicts):
+        if found is not None:
+            members = groups.layout.dcp_groups()
+            g = next(k for k, m in enumerate(members) if rank in m)
+            return dataclasses.replace(found, message=f"DCP group {g} (world ranks "
+                                       f"{', '.join(map(str, members[g]))}): {found.message}")
+    return None
+
+
 def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
              recorder: NullRecorder = NULL_RECORDER, instance=None) -> RunReport:
     """One rank's run of ``job``. ``engine`` replaces the job's engine under test (tests
@@ -104,17 +129,22 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
 
     rec = recorder
     scenario, config = job.scenario, job.scenario.config
-    bytes_before = coll.bytes_sent  # a Collectives may serve several jobs in turn
     setup = rec.now()
     engine = job_engine(job) if engine is None else engine
     attention = attention_on(job, engine)
     cfg = job.attention_config
+    par = build_groups(config, coll)  # the world's DCP, PCP and TP groups
+    world, coll = coll, par.dcp  # the checker and the attention merge work in the DCP group
+    bytes_before = par.bytes_sent  # a Collectives may serve several jobs in turn
+    pcp_before = par.pcp.bytes_sent if par.pcp is not None else 0
+    layout, coords = par.layout, par.coords
 
     # the engine under test
     geometries = engine.geometries(scenario.layers, config)
     scheduler = (instance.scheduler_class if instance else Scheduler)(scenario, engine, geometries)
     request_ids = {r.index: r.request_id for r in scheduler.requests}
-    runner = ModelRunner(engine, geometries, pool_sizes(scenario, engine, geometries), coll.rank,
+    runner = ModelRunner(engine, geometries, pool_sizes(scenario, engine, geometries),
+                         engine.dcp_rank_of(layout, world.rank),
                          max_num_reqs=len(scheduler.requests), vector_width=cfg.kv_width if attention else 0,
                          observer=rec.write_observer(geometries))
     shard_attention = ShardAttention(engine, cfg, coll) if attention else None
@@ -133,6 +163,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
         interleave_size=config.cp_kv_cache_interleave_size,
         kernel_block_size=config.kernel_block_size,
         groups=group_info(groups),
+        prefill_context_parallel_size=layout.pcp,
+        tensor_parallel_size=None if layout.world_size == layout.dcp and layout.pcp == 1 else layout.tp,
         engine=dict(engine_info(engine), groups=[
             dict(name=g.name, sharded=g.sharded, manager_block_size=g.manager_block_size,
                  block_table_width=g.block_table_width, page_size_bytes=g.page_size_bytes,
@@ -146,7 +178,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
         rec.complete("schedule", "schedule", scheduled, args={"step": plan.step})
         with rec.step(plan):
             set_progress(plan.step, "write")
-            simulate_rank_failure(job, coll.rank, plan.step)
+            simulate_rank_failure(job, world.rank, plan.step)
             during_step = None
             if attention:
                 queries = verifier.queries(plan)
@@ -158,7 +190,10 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                 with rec.span("write (all groups)", "write"):
                     if instance is not None:
                         instance.before_write(plan, runner)
-                    runner.apply(plan, request_ids, during_step=during_step)
+                    computed = pcp_prefill(engine, plan, par.pcp, coords.pcp_rank, layout.pcp, layout.dcp,
+                                           on_phase=lambda what, step=plan.step: set_progress(step, what))
+                    set_progress(plan.step, "write")
+                    runner.apply(computed, request_ids, during_step=during_step)
             except BlockTableOverflow as exc:
                 failure = Failure(kind=FailureKind.BLOCK_TABLE_OVERFLOW, step=plan.step, message=str(exc),
                                   group=exc.group, request_id=exc.request_id)
@@ -169,7 +204,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                 set_progress(plan.step, "verify")
                 with rec.span("verify", "verify") as span:
                     indices = checker.verified_indices
-                    failure = checker.verify(plan)
+                    failure = agree(par, checker.verify(plan), plan.step)
                     span.set(step=plan.step, indices=checker.verified_indices - indices,
                              result=failure.kind if failure else "pass")
                 if failure:
@@ -181,29 +216,31 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                     results = shard_attention.finish(plan.step)
                 with rec.span("attention check", "attention") as span:
                     checks = verifier.checks
-                    failure = verifier.judge(plan, results)
+                    failure = agree(par, verifier.judge(plan, results), plan.step)
                     span.set(step=plan.step, checks=verifier.checks - checks,
                              result=failure.kind if failure else "pass")
                 attention_bytes += coll.bytes_sent - before
                 if failure:
                     break
                 verifier.forget_finished(plan)
+            set_progress(plan.step, "metadata")
             with rec.span("check metadata", "verify"):
-                failure = checker.metadata_verdict(plan)
+                failure = agree(par, checker.metadata_verdict(plan), plan.step)
             if failure:
                 break
             if instance is not None:
                 instance.after_step(plan, runner, scheduler)
         scheduled = rec.now()
-    if failure is not None and coll.rank == 0:  # rank 0's verdict is the report's
+    if failure is not None and world.rank == 0:  # rank 0's verdict is the report's
         rec.failure(failure)
     report.steps = scheduler.step_index
     report.schedule = scheduler.summary
     report.verifications = checker.verifications
     report.verified_indices = checker.verified_indices
     report.metadata_checks = checker.metadata.checks if checker.metadata is not None else 0
-    bytes_sent = coll.bytes_sent - bytes_before
-    report.bytes_gathered = bytes_sent - attention_bytes
+    bytes_sent = par.bytes_sent - bytes_before
+    report.pcp_gather_bytes = par.pcp.bytes_sent - pcp_before if par.pcp is not None else 0
+    report.bytes_gathered = bytes_sent - attention_bytes - report.pcp_gather_bytes
     if attention:
         report.attention = cfg.summary()
         report.attention_checks = verifier.checks
@@ -216,7 +253,10 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     report.passed = failure is None
     report.ranks = [
         dict(
-            rank=coll.rank,
+            rank=world.rank,
+            **({} if par.num_dcp_groups == 1 and layout.pcp == 1 else dict(
+                pcp_rank=coords.pcp_rank, tp_rank=coords.tp_rank, dcp_group=coords.dcp_group,
+                dcp_rank=coords.dcp_rank)),
             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             kv_store_mb=view.kv_store_bytes / 2**20,
             bytes_sent=bytes_sent,

@@ -264,6 +264,10 @@ class TracedCollectives(Collectives):
     def bytes_sent(self) -> int:
         return self.inner.bytes_sent
 
+    def subgroup(self, name, groups):
+        inner = self.inner.subgroup(name, groups)
+        return None if inner is None else TracedCollectives(inner, self.rec)
+
     def _call(self, op: str, fn, arg, what: dict):
         rec, before, start = self.rec, self.inner.bytes_sent, self.rec.now()
         out = fn(arg)

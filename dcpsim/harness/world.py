@@ -198,9 +198,15 @@ def _new_store_dir() -> str:
 
 def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
               deadline_s: float | None = None, preload: tuple[str, ...] = (),
-              on_event=None, on_wait=None, wait_report_s: float = WAIT_REPORT_S) -> list:
+              on_event=None, on_wait=None, wait_report_s: float = WAIT_REPORT_S,
+              phase_order: tuple[str, ...] = ()) -> list:
     """Run rank_fn(payload, rank, world_size) in world_size processes joined by a gloo
     process group; return the per-rank return values (index = rank).
+
+    ``phase_order`` lists the phases (``set_progress``'s ``what``) of one step in the
+    order a rank passes them: when every failure is a collective timing out, the ranks
+    furthest along (step, then phase) are named as the ones that skipped a collective
+    the others wait in (a divergent collective plan, e.g. vllm#53573).
 
     rank_fn must be a module-level function; payload and results must be picklable.
     Raises RankFailureError if a rank fails (or rendezvous fails), HarnessError if
@@ -228,7 +234,8 @@ def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
             procs.append(proc)
             send_end.close()
         return _supervise(procs, conns, deadline_s, min(MAX_GRACE_S, pg_timeout_s),
-                          on_event=on_event, on_wait=on_wait, wait_report_s=wait_report_s)
+                          on_event=on_event, on_wait=on_wait, wait_report_s=wait_report_s,
+                          phase_order=phase_order)
     finally:
         _kill(procs)
         for conn in conns:
@@ -237,7 +244,7 @@ def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
 
 
 def _supervise(procs, conns, deadline_s, grace_s, *, on_event=None, on_wait=None,
-               wait_report_s: float = WAIT_REPORT_S) -> list:
+               wait_report_s: float = WAIT_REPORT_S, phase_order: tuple[str, ...] = ()) -> list:
     world_size = len(procs)
     progress: list[tuple[int | None, str]] = [(None, "")] * world_size
     results: dict[int, object] = {}
@@ -301,7 +308,7 @@ def _supervise(procs, conns, deadline_s, grace_s, *, on_event=None, on_wait=None
         killed = [RankFailure(r, *progress[r], "Killed",
                               f"still running {grace_s:g} s after the first failure", "")
                   for r in sorted(running)]
-        raise _failure_error(list(failures.values()), killed, world_size)
+        raise _failure_error(list(failures.values()), killed, world_size, phase_order)
     exit_by = time.monotonic() + 1.0  # ranks exit right after reporting; _kill does the rest
     for proc in procs:
         proc.join(max(0.0, exit_by - time.monotonic()))
@@ -350,11 +357,26 @@ def _is_collective_error(f: RankFailure) -> bool:
         f.exc_type == "RuntimeError" and bool(_COLLECTIVE.search(f.message)))
 
 
+def _ran_ahead(failed: list[RankFailure], phase_order: tuple[str, ...]) -> list[RankFailure]:
+    """Of ranks that all timed out in collectives at known phases, those furthest along
+    when the others are behind them: they skipped a collective the others wait in."""
+    if not phase_order or any(f.step is None or f.what not in phase_order for f in failed):
+        return []
+    at = {f.rank: (f.step, phase_order.index(f.what)) for f in failed}
+    ahead = max(at.values())
+    if all(v == ahead for v in at.values()):
+        return []
+    return [f for f in failed if at[f.rank] == ahead]
+
+
 def _failure_error(failed: list[RankFailure], killed: list[RankFailure],
-                   world_size: int) -> RankFailureError:
+                   world_size: int, phase_order: tuple[str, ...] = ()) -> RankFailureError:
     """Primary: ranks that failed on their own; if there are none, the ranks that hung
-    while the others timed out in a collective; failing that, the first failure."""
-    primary = [f for f in failed if not _is_collective_error(f)] or killed or failed[:1]
+    while the others timed out in a collective; then the ranks that ran ahead past a
+    collective the others timed out in (``_ran_ahead``); failing that, the first failure."""
+    own = [f for f in failed if not _is_collective_error(f)]
+    ahead = [] if own or killed else _ran_ahead(failed, phase_order)
+    primary = own or killed or ahead or failed[:1]
     for f in primary:
         f.primary = True
     secondary = [f for f in failed if not f.primary]
@@ -362,9 +384,17 @@ def _failure_error(failed: list[RankFailure], killed: list[RankFailure],
 
     first = primary[0]
     rendezvous = any(f.step is None and f.what in ("", "rendezvous") for f in failed + killed)
-    lines = [f"{'rendezvous failed' if rendezvous else 'rank failure'} in a world of "
-             f"{plural(world_size, 'rank')}: rank {first.rank} {first.exc_type}: "
-             f"{_first_line(first.message)}"]
+    if ahead:
+        behind = [f for f in failed if not f.primary]
+        lines = [f"collective hang in a world of {plural(world_size, 'rank')}: "
+                 f"{'rank' if len(ahead) == 1 else 'ranks'} {', '.join(str(f.rank) for f in ahead)} skipped a "
+                 f"collective: ran ahead to {first.where()} while "
+                 + "; ".join(f"rank {f.rank} waited at {f.where()}" for f in behind)
+                 + "; every rank then timed out"]
+    else:
+        lines = [f"{'rendezvous failed' if rendezvous else 'rank failure'} in a world of "
+                 f"{plural(world_size, 'rank')}: rank {first.rank} {first.exc_type}: "
+                 f"{_first_line(first.message)}"]
     for f in primary:
         lines.append(f"primary: rank {f.rank} at {f.where()}: {f.exc_type}: {f.message}")
         lines += ["    " + line for line in f.traceback.rstrip().splitlines()]

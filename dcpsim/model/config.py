@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dcpsim.errors import ConfigError
+from dcpsim.model.parallel import ParallelLayout, check_parallel_sizes, default_tensor_parallel_size
 from dcpsim.model.validate import check_int
 
 
@@ -49,6 +50,12 @@ class SimConfig:
     tokens for a compressed one). Under DCP it must be >= and a multiple of
     ``cp_kv_cache_interleave_size``, as vLLM 0.33.0 checks (``VllmConfig.validate_block_size``).
     None: every layer gives its own, and each sharded group's page is checked instead."""
+    prefill_context_parallel_size: int = 1
+    """vLLM's PCP size: prefills are split over this many ranks, whose KV is all-gathered;
+    it multiplies the world but adds no KV shards (``dcpsim.model.parallel``)."""
+    tensor_parallel_size: int | None = None
+    """vLLM's TP size; the world is ``prefill_context_parallel_size * tensor_parallel_size``
+    processes. None: ``default_tensor_parallel_size`` (the DCP size without PCP)."""
 
     def __post_init__(self) -> None:
         check_int("max_model_len", self.max_model_len, 1)
@@ -72,6 +79,10 @@ class SimConfig:
         if self.block_size is not None:
             check_int("block_size", self.block_size, 1)
             self._check_interleave_fits_block_size()
+        check_int("prefill_context_parallel_size", self.prefill_context_parallel_size, 1)
+        if self.tensor_parallel_size is not None:
+            check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        check_parallel_sizes(self.prefill_context_parallel_size, self.tp_size, self.decode_context_parallel_size)
         for flag in ("enable_prefix_caching", "async_scheduling"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
@@ -93,6 +104,23 @@ class SimConfig:
                 f"cp_kv_cache_interleave_size ({I}) when decode_context_parallel_size > 1 "
                 "(the cache block size, as vLLM checks it)"
             )
+
+    @property
+    def tp_size(self) -> int:
+        """``tensor_parallel_size``, or its default."""
+        if self.tensor_parallel_size is not None:
+            return self.tensor_parallel_size
+        return default_tensor_parallel_size(self.prefill_context_parallel_size, self.decode_context_parallel_size)
+
+    @property
+    def parallel_layout(self) -> ParallelLayout:
+        """The (PCP, TP) rank grid and its DCP, PCP and TP groups."""
+        return ParallelLayout(self.prefill_context_parallel_size, self.tp_size, self.decode_context_parallel_size)
+
+    @property
+    def world_size(self) -> int:
+        """Processes of one engine: ``prefill_context_parallel_size * tensor_parallel_size``."""
+        return self.prefill_context_parallel_size * self.tp_size
 
     @property
     def draft_dcp_size(self) -> int:

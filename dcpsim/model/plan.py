@@ -21,6 +21,9 @@ class ReqWrite:
     contents: np.ndarray  # int64 fingerprint per written position (drafts included)
     num_drafts: int = 0
     """The last ``num_drafts`` written positions are speculative drafts."""
+    prefill: bool = False
+    """A prefill row (the prompt, or a preempted request's recomputation), not a decode:
+    prefill context parallelism splits only these."""
 
     @property
     def stop(self) -> int:

@@ -123,6 +123,8 @@ class Scenario:
         max_cudagraph_capture_size: int | None = None,
         async_scheduling: bool | None = None,
         mamba_cache_mode: str | None = None,
+        prefill_context_parallel_size: int | None = None,
+        tensor_parallel_size: int | None = None,
     ) -> Scenario:
         """The same scenario with command-line overrides applied.
 
@@ -148,6 +150,12 @@ class Scenario:
             config_changes["async_scheduling"] = async_scheduling
         if block_size is not None:
             config_changes["block_size"] = block_size  # vLLM's --block-size: the cache block size
+        if prefill_context_parallel_size is not None:
+            config_changes["prefill_context_parallel_size"] = prefill_context_parallel_size
+        if tensor_parallel_size is not None:
+            config_changes["tensor_parallel_size"] = tensor_parallel_size
+        elif decode_context_parallel_size is not None or prefill_context_parallel_size is not None:
+            config_changes["tensor_parallel_size"] = None  # follows the new sizes unless given
         config = dataclasses.replace(self.config, **config_changes)
         layers = self.layers
         if mamba_cache_mode is not None:

@@ -124,6 +124,9 @@ class RunReport:
     kernel_block_size: int | None
     groups: list[dict]
     passed: bool = True
+    prefill_context_parallel_size: int = 1
+    tensor_parallel_size: int | None = None
+    """The world's PCP x TP (None: the world is the DCP group, the usual case)."""
     steps: int = 0
     verifications: int = 0
     verified_indices: int = 0
@@ -131,6 +134,8 @@ class RunReport:
     """(group, step) attention-metadata records judged (0: the engine builds none)."""
     bytes_gathered: int = 0
     """Bytes this rank contributed to verification all-gathers."""
+    pcp_gather_bytes: int = 0
+    """Bytes this rank contributed to the engine's PCP KV all-gathers (rank 0's; 0 without PCP)."""
     schedule: dict = field(default_factory=dict)
     failure: Failure | None = None
     ranks: list[dict] = field(default_factory=list)
@@ -177,6 +182,8 @@ class RunReport:
             f"scenario {self.scenario} ({self.source}): decode_context_parallel_size={self.dcp_size} "
             f"cp_kv_cache_interleave_size={self.interleave_size}"
             + (f" kernel_block_size={self.kernel_block_size}" if self.kernel_block_size else "")
+            + (f" prefill_context_parallel_size={self.prefill_context_parallel_size} tensor_parallel_size="
+               f"{self.tensor_parallel_size}" if self.tensor_parallel_size is not None else "")
         )
         out = [head]
         if self.engine and self.engine.get("name") not in (None, "reference", "none"):

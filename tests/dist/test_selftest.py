@@ -35,7 +35,7 @@ def _table(stdout: str) -> list[list[str]]:
 
 def test_selftest_detects_every_fault_on_real_gloo_worlds():
     cmd = [sys.executable, "-m", "dcpsim", "selftest", "--timeout", "60"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = _table(proc.stdout)
     faults = [r for r in rows if r[0] != "(baseline)"]
@@ -45,6 +45,10 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
     assert {r[0] for r in faults} == (set(FAULTS) | set(PD_FAULTS)) - {"none"}
     for r in faults:
         assert r[3] == "detected", r
+        if r[0] in FAULTS and FAULTS[r[0]].expects == "hang":  # exit 3 naming the rank that skipped the collective
+            assert r[4].startswith("[collective-hang] RankFailureError: collective hang in a world of 2 ranks: "
+                                   "rank 0 skipped a collective"), r
+            continue
         assert re.match(r"\[[a-z-]+\] ((prefill|decode) instance: )?FAIL at step \d+: |\[routes\] requests ", r[4]), r
     pd_baselines = [r for r in baselines if r[2].startswith(("nixl ", "resharding ", "route audit"))]
     assert len(pd_baselines) == 3 and all(r[1] == "pd-dsv3" and r[3] == "pass" for r in pd_baselines), pd_baselines

@@ -275,7 +275,7 @@ class Scheduler:
         if start + n < known:  # a prefill chunk that does not reach the end
             contents = req.fingerprints[start : start + n].copy()
             req.num_computed = start + n
-            return ReqWrite(req.index, req.request_id, start, contents)
+            return ReqWrite(req.index, req.request_id, start, contents, prefill=True)
         num_true = known - start
         d = n - num_true
         accepted = req.next_acceptance(d) if d else 0
@@ -286,7 +286,8 @@ class Scheduler:
         req.num_output += accepted + 1
         if d:
             events.append(f"{req.request_id}: {accepted}/{d} drafts accepted")
-        return ReqWrite(req.index, req.request_id, start, contents, num_drafts=d)
+        prefill = num_true > 1 or start < req.spec.prompt_len
+        return ReqWrite(req.index, req.request_id, start, contents, num_drafts=d, prefill=prefill)
 
     @property
     def summary(self) -> dict:

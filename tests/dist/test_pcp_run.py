@@ -1,0 +1,54 @@
+"""PCP x TP x DCP on real gloo worlds: every combination vLLM 0.33.0 allows with at most 8
+processes passes (all combinations of one world size share a world), the rank-local gather
+plan of vllm#53573 ends as a collective hang naming the rank (exit 3), and the built-in runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dcpsim.harness.batch import run_jobs
+from dcpsim.harness.job import Job
+from helpers import allowed_parallel_sizes, pcp_scenario
+
+pytestmark = pytest.mark.dist
+
+BY_WORLD: dict[int, list[tuple[int, int, int]]] = {}
+for sizes in allowed_parallel_sizes(8):
+    BY_WORLD.setdefault(sizes[0] * sizes[1], []).append(sizes)
+
+
+@pytest.mark.parametrize("world", sorted(BY_WORLD))
+def test_every_allowed_combination_passes(world):
+    combos = BY_WORLD[world]
+    reports = run_jobs([Job(pcp_scenario(*c)) for c in combos], timeout=60)
+    for (pcp, tp, dcp), report in zip(combos, reports):
+        assert report.passed, ((pcp, tp, dcp), report.failure and report.failure.lines())
+        assert report.dcp_size == dcp and report.prefill_context_parallel_size == pcp
+        assert len(report.ranks) == world
+        assert report.schedule["finished"] == report.schedule["requests"] == 3
+        if world > dcp or pcp > 1:  # each rank says where it sits
+            assert [(r["pcp_rank"], r["tp_rank"]) for r in report.ranks] == [divmod(k, tp) for k in range(world)]
+            assert len({r["dcp_group"] for r in report.ranks}) == world // dcp
+
+
+def test_a_rank_that_skips_the_pcp_gather_is_named_in_a_collective_hang():
+    proc = subprocess.run([sys.executable, "-m", "dcpsim", "run", "glm-pcp2-dcp2", "--inject", "pcp-gather-rank-local",
+                           "--timeout", "5"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 3, proc.stderr
+    assert ("dcpsim: error: collective hang in a world of 2 ranks: rank 0 skipped a collective: ran ahead to step 9 "
+            "(verify) while rank 1 waited at step 9 (pcp kv gather); every rank then timed out") in proc.stderr
+
+
+def test_the_pcp_builtin_passes_at_its_own_sizes_and_at_pcp8():
+    from dcpsim.scenarios.load import load_scenario
+
+    base = load_scenario("glm-pcp2-dcp2")
+    jobs = [Job(base), Job(base.with_overrides(decode_context_parallel_size=1))]  # both worlds of 2
+    for report in run_jobs(jobs, timeout=60):
+        assert report.passed, report.failure and report.failure.lines()
+    (report,) = run_jobs([Job(base.with_overrides(prefill_context_parallel_size=8, decode_context_parallel_size=1))],
+                         timeout=60)
+    assert report.passed and len(report.ranks) == 8
