@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from dcpsim.errors import EXIT_USAGE, DcpsimError
+from dcpsim.errors import EXIT_USAGE, DcpsimError, HarnessError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,6 +49,7 @@ EPILOG = """exit codes:
   1  a correctness check failed
   2  usage, scenario or configuration error (reported before any rank starts)
   3  harness failure (a rank crashed or hung, a timeout, or the rendezvous failed)
+  130, 143, 129  interrupted by Ctrl-C, SIGTERM or SIGHUP (128 + the signal; the ranks are killed)
 
 Run 'python -m dcpsim COMMAND --help' for the flags of one command."""
 
@@ -66,15 +67,52 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dcpsim.cli import signals
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    signals.install()
     try:
         return int(args.handler(args) or 0)
     except DcpsimError as exc:
         print(f"dcpsim: error: {exc}", file=sys.stderr)
+        _json_error(args, exc)
         return exc.exit_code
     except BrokenPipeError:
         return 0
-    except KeyboardInterrupt:
-        print("dcpsim: interrupted", file=sys.stderr)
-        return 130
+    except MemoryError as exc:  # the estimate (harness.budget) let through a run that did not fit
+        error = HarnessError(f"out of memory in the parent process{': ' + str(exc) if str(exc) else ''}; "
+                             "the run needs more memory than this machine (or its limits) can give")
+        print(f"dcpsim: error: {error}", file=sys.stderr)
+        _json_error(args, error)
+        return error.exit_code
+    except (KeyboardInterrupt, signals.Terminated) as exc:
+        code = signals.exit_code(exc)
+        print(f"dcpsim: {signals.describe(exc)}", file=sys.stderr)
+        _json_error(args, Interrupted(signals.describe(exc), code))
+        return code
+
+
+class Interrupted(DcpsimError):
+    """Ctrl-C, SIGTERM or SIGHUP (for the ``--json`` error document)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _json_error(args, exc: DcpsimError) -> None:
+    """Under ``--json``, one JSON error document on stdout, unless the command printed it
+    already (or it is a torchrun worker other than rank 0)."""
+    import os
+
+    if not getattr(args, "json", False) or getattr(exc, "json_printed", False):
+        return
+    if args.command == "worker" and os.environ.get("RANK", "0") != "0":
+        return
+    from dcpsim.cli.options import error_json
+
+    try:
+        print(error_json(exc), flush=True)
+    except BrokenPipeError:
+        pass
