@@ -90,13 +90,16 @@ def expand(
     interleaves=DEFAULT_INTERLEAVE,
     block_sizes=(None,),
     dry_run: bool = True,
+    force: bool = False,
 ) -> list[CellResult]:
     """Every cell once, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
 
     ``dry_run`` also runs each valid cell's schedule in this process, which
     catches a workload that can never be admitted; without it only the layouts
-    and pools are validated (cheap enough for test collection).
+    and pools are validated (cheap enough for test collection). A cell whose estimate
+    (``harness.budget``) does not fit the machine is skipped, unless ``force``.
     """
+    from dcpsim.harness.budget import check_budget
     from dcpsim.engine.reference import ReferenceEngine
     from dcpsim.engine.scheduler.scheduler import Scheduler
     from dcpsim.harness.rank import prepare
@@ -133,6 +136,7 @@ def expand(
                         scenario = sized.with_overrides(
                             decode_context_parallel_size=w, cp_kv_cache_interleave_size=i
                         )
+                        check_budget(scenario, force=force)
                         if dry_run:
                             prepare(scenario)
                         else:

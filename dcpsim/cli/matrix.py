@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.cli.options import add_engine_arguments, add_force_argument, check_seconds, engine_options
 from dcpsim.cli.progress import progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.job import Job
@@ -23,25 +23,43 @@ def add_arguments(p) -> None:
     p.add_argument("--in-process", action="store_true", help="run ranks as threads (no gloo)")
     p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout in seconds")
     p.add_argument("--json", action="store_true", help="print every cell as JSON")
+    add_force_argument(p)
 
 
 def _int_list(text: str, flag: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"{flag}: expected a comma list of integers, got {text!r}") from None
+    bad = [v for v in values if v < 1]
+    if bad:
+        raise ConfigError(f"{flag}: every value must be an integer >= 1, got {bad[0]} in {text!r}")
+    return values
 
 
 def run(args) -> int:
     from dcpsim.campaigns import matrix as mx
     from dcpsim.scenarios.registry import builtin_scenario_names
 
+    from dcpsim.harness.budget import cpu_warning
+
+    check_seconds("--timeout", args.timeout)
     scenarios = args.scenarios or builtin_scenario_names()
     dcps = _int_list(args.dcp, "--dcp")
+    if not dcps:
+        raise ConfigError(f"--dcp: expected a comma list of integers, got {args.dcp!r}")
     interleaves = [x.strip() for x in args.interleave.split(",") if x.strip()]
     block_sizes = _int_list(args.block_size, "--block-size") or [None]
-    results = mx.expand(scenarios, dcps, interleaves, block_sizes)
+    results = mx.expand(scenarios, dcps, interleaves, block_sizes, force=args.force)
     pending = sum(r.status == mx.CellStatus.PENDING for r in results)
+    if not pending:
+        reasons = sorted({r.reason for r in results if r.reason})
+        raise ConfigError(f"no cell can run ({plural(len(results), 'cell')}, every one skipped)"
+                          + (f": {reasons[0]}" if reasons else ""))
+    warning = None if args.in_process else cpu_warning(
+        max(r.scenario.config.decode_context_parallel_size for r in results if r.status == mx.CellStatus.PENDING))
+    if warning:
+        print(warning, file=sys.stderr)
     engine = engine_options(args)
     Job.validate_engine(**engine)
     print(f"matrix: {plural(len(results), 'cell')}, {pending} to run, {len(results) - pending} skipped", file=sys.stderr)

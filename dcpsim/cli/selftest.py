@@ -74,6 +74,9 @@ def _list(plan: Plan, as_json: bool) -> int:
 
 
 def run(args) -> int:
+    from dcpsim.cli.options import check_seconds
+
+    check_seconds("--timeout", args.timeout)
     plan = plan_selftest(args.fault, args.scenario, dry_run=not args.list)
     if args.list:
         return _list(plan, args.json)

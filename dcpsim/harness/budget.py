@@ -166,7 +166,8 @@ def available_memory() -> int:
 
 
 def check_budget(scenario: Scenario, *, in_process: bool = False, force: bool = False,
-                 attention_width: int = 0, available: int | None = None, local_ranks: int | None = None) -> Budget:
+                 attention_width: int = 0, available: int | None = None, local_ranks: int | None = None,
+                 hint: str = "; --force to run anyway") -> Budget:
     """The run's ``Budget``, or a ``ConfigError`` with its figures if the schedule cannot end
     within ``max_steps`` or (unless ``force``) the run needs more memory than ``available``
     (default: the machine's ``available_memory``)."""
@@ -180,7 +181,19 @@ def check_budget(scenario: Scenario, *, in_process: bool = False, force: bool = 
     have = available_memory() if available is None else available
     if not force and budget.total_bytes(in_process) > have:
         raise ConfigError(f"the run needs {budget.figures(in_process)}; the machine has {gib(have)} GiB "
-                          f"available; --force to run anyway")
+                          f"available{hint}")
+    return budget
+
+
+def check_scheduler_fits(scenario: Scenario, *, available: int | None = None) -> Budget:
+    """For commands that build one scheduler and no stores (``capacity``): refuse a
+    scheduler (its pools and requests) larger than the memory ``available``."""
+    budget = estimate(scenario, in_process=True)
+    have = available_memory() if available is None else available
+    if PARENT_BYTES + budget.scheduler_bytes > have:
+        raise ConfigError(f"its scheduler alone needs ~{gib(PARENT_BYTES + budget.scheduler_bytes)} GiB "
+                          f"({budget.pool_blocks:,} pool blocks, {budget.workload_tokens:,} request tokens); "
+                          f"the machine has {gib(have)} GiB available")
     return budget
 
 
