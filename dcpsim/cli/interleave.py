@@ -85,8 +85,8 @@ def compare(args) -> dict:
         row = {"interleave": interleave, "label": label, "valid": False, "error": None, "rules": [], "groups": {}}
         try:
             sc = base.with_overrides(cp_kv_cache_interleave_size=interleave)
-            check_budget(sc, in_process=True, hint="")  # the schedule runs here, with every rank's store
             row["rules"] = broken_rules(layout_context(sc))
+            check_budget(sc, in_process=True, hint="")  # the schedule runs here, with every rank's store
             row["groups"] = {g.name: result for g, result in interleave_stats(sc)}
             row["valid"] = True
         except ConfigError as exc:

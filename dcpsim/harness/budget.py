@@ -150,8 +150,17 @@ def estimate(scenario: Scenario, *, in_process: bool = False, attention_width: i
 
 
 def available_memory() -> int:
-    """Bytes the machine can give without swapping: ``MemAvailable`` of ``/proc/meminfo``,
-    else the free physical pages."""
+    """Bytes the machine can give without swapping: ``MemAvailable`` of ``/proc/meminfo``
+    (else the free physical pages), or this process's address-space limit (``RLIMIT_AS``,
+    ``ulimit -v``) if that is smaller."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    have = _machine_memory()
+    return have if limit == resource.RLIM_INFINITY else min(have, limit)
+
+
+def _machine_memory() -> int:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
