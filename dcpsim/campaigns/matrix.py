@@ -99,9 +99,9 @@ def expand(
     and pools are validated (cheap enough for test collection). A cell whose estimate
     (``harness.budget``) does not fit the machine is skipped, unless ``force``.
     """
-    from dcpsim.harness.budget import check_budget
     from dcpsim.engine.reference import ReferenceEngine
     from dcpsim.engine.scheduler.scheduler import Scheduler
+    from dcpsim.harness.budget import check_budget
     from dcpsim.harness.rank import prepare
     from dcpsim.scenarios.load import load_scenario
 

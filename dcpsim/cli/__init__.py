@@ -2,7 +2,8 @@
 
 Exit codes: 0 every check passed; 1 a correctness check failed; 2 usage, scenario or
 configuration error (reported before any rank starts); 3 harness failure (a rank crashed
-or hung, a timeout, or the rendezvous failed).
+or hung, a timeout, or the rendezvous failed); 128 + N interrupted by signal N (130 Ctrl-C,
+143 SIGTERM, 129 SIGHUP).
 """
 
 from __future__ import annotations

@@ -39,9 +39,8 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def run(args) -> int:
     from dcpsim.campaigns import matrix as mx
-    from dcpsim.scenarios.registry import builtin_scenario_names
-
     from dcpsim.harness.budget import cpu_warning
+    from dcpsim.scenarios.registry import builtin_scenario_names
 
     check_seconds("--timeout", args.timeout)
     scenarios = args.scenarios or builtin_scenario_names()

@@ -92,6 +92,12 @@ class Budget:
             return PARENT_BYTES + self.parent_bytes + ranks * self.rank_bytes
         return PARENT_BYTES + self.parent_bytes + ranks * (PROCESS_BYTES + self.rank_bytes)
 
+    def process_bytes(self, in_process: bool = False) -> int:
+        """The largest process of the run: the parent, or a rank (everything with ``in_process``)."""
+        if in_process:
+            return self.total_bytes(in_process=True)
+        return max(PARENT_BYTES + self.parent_bytes, PROCESS_BYTES + self.rank_bytes)
+
     def figures(self, in_process: bool = False) -> str:
         """``~X GiB across N ranks (per rank: ... of KV stores, ... of block tables, ...)``."""
         ranks = self.ranks if self.local_ranks is None else self.local_ranks
@@ -150,14 +156,18 @@ def estimate(scenario: Scenario, *, in_process: bool = False, attention_width: i
 
 
 def available_memory() -> int:
-    """Bytes the machine can give without swapping: ``MemAvailable`` of ``/proc/meminfo``
-    (else the free physical pages), or this process's address-space limit (``RLIMIT_AS``,
-    ``ulimit -v``) if that is smaller."""
+    """Bytes the machine can give without swapping: ``MemAvailable`` of ``/proc/meminfo``,
+    else the free physical pages."""
+    return _machine_memory()
+
+
+def address_space_limit() -> int | None:
+    """This process's address-space limit (``RLIMIT_AS``, ``ulimit -v``; inherited by the
+    ranks), or None."""
     import resource
 
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    have = _machine_memory()
-    return have if limit == resource.RLIM_INFINITY else min(have, limit)
+    return None if limit == resource.RLIM_INFINITY else limit
 
 
 def _machine_memory() -> int:
@@ -191,6 +201,11 @@ def check_budget(scenario: Scenario, *, in_process: bool = False, force: bool = 
     if not force and budget.total_bytes(in_process) > have:
         raise ConfigError(f"the run needs {budget.figures(in_process)}; the machine has {gib(have)} GiB "
                           f"available{hint}")
+    limit = address_space_limit() if available is None else None
+    if not force and limit is not None and budget.process_bytes(in_process) > limit:
+        raise ConfigError(f"the run needs ~{gib(budget.process_bytes(in_process))} GiB in one process "
+                          f"({budget.figures(in_process)}); the address-space limit (ulimit -v) is "
+                          f"{gib(limit)} GiB{hint}")
     return budget
 
 
@@ -199,6 +214,8 @@ def check_scheduler_fits(scenario: Scenario, *, available: int | None = None) ->
     scheduler (its pools and requests) larger than the memory ``available``."""
     budget = estimate(scenario, in_process=True)
     have = available_memory() if available is None else available
+    if available is None and address_space_limit() is not None:
+        have = min(have, address_space_limit())
     if PARENT_BYTES + budget.scheduler_bytes > have:
         raise ConfigError(f"its scheduler alone needs ~{gib(PARENT_BYTES + budget.scheduler_bytes)} GiB "
                           f"({budget.pool_blocks:,} pool blocks, {budget.workload_tokens:,} request tokens); "

@@ -11,7 +11,6 @@ import json
 import re
 
 import pytest
-from helpers import EXTREME_INTS, TINY_SCENARIO, run_cli, scenario_toml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +18,7 @@ from dcpsim.errors import ConfigError
 from dcpsim.harness.budget import check_budget
 from dcpsim.harness.rank import dry_run
 from dcpsim.scenarios.load import scenario_from_dict
+from helpers import EXTREME_INTS, TINY_SCENARIO, run_cli, scenario_toml
 
 FIELDS = (
     ((), "seed"), ((), "kv_cache_tokens"), ((), "num_gpu_blocks"), ((), "max_steps"), ((), "verify_every"),

@@ -10,9 +10,9 @@ import json
 import os
 
 import pytest
-from helpers import TINY_SCENARIO, run_cli, scenario_toml
 
 from dcpsim.cli import main
+from helpers import TINY_SCENARIO, run_cli, scenario_toml
 
 
 def scenario_file(tmp_path, name="s", *, top=None, config=None, layer=None, request=None):
