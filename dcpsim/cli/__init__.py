@@ -16,11 +16,20 @@ from dcpsim.errors import EXIT_USAGE, DcpsimError, HarnessError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits with our usage code (2) and one clear line."""
+    """argparse that exits with our usage code (2) and one clear line (and, when the
+    command line asks for ``--json``, one JSON error document on stdout)."""
+
+    wants_json = False
+    """Set by ``main`` when ``--json`` is on the command line."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.print_usage(sys.stderr)
         print(f"dcpsim: error: {message}", file=sys.stderr)
+        if _Parser.wants_json:
+            from dcpsim.cli.options import error_json
+            from dcpsim.errors import ConfigError
+
+            print(error_json(ConfigError(message)))
         sys.exit(EXIT_USAGE)
 
 
@@ -71,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     from dcpsim.cli import signals
 
     parser = build_parser()
+    _Parser.wants_json = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     signals.install()
     try:
@@ -92,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dcpsim: {signals.describe(exc)}", file=sys.stderr)
         _json_error(args, Interrupted(signals.describe(exc), code))
         return code
+    except Exception as exc:  # a bug in dcpsim: its traceback follows, after the JSON document
+        _json_error(args, InternalError(f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+class InternalError(HarnessError):
+    """An unexpected exception (a bug in dcpsim; for the ``--json`` error document)."""
 
 
 class Interrupted(DcpsimError):

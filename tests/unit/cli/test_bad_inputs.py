@@ -184,3 +184,35 @@ def test_a_rank_whose_parent_is_gone_ends_silently(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert (result.returncode, result.stdout, result.stderr) == (EXIT_ORPHANED, "", "")
+
+
+def test_json_gets_a_command_line_error_as_one_document(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "dsv3", "--dcp", "abc", "--json"])
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert info.value.code == doc["exit_code"] == 2 and "invalid int value: 'abc'" in doc["error"]["message"]
+    assert "dcpsim: error: argument --decode-context-parallel-size/--dcp" in err
+
+
+def test_json_gets_a_document_before_the_traceback_of_a_bug(capsys, monkeypatch):
+    """An unexpected exception keeps its traceback (it is a bug to fix), after one document."""
+    from dcpsim.cli import run as run_command
+
+    def broken(args):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(run_command, "run", broken)
+    with pytest.raises(ValueError, match="a bug"):
+        main(["run", "dsv3", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == {"error": {"kind": "InternalError", "message": "ValueError: a bug"}, "exit_code": 3}
+
+
+def test_an_in_process_rank_failure_is_a_harness_failure_with_the_ranks_traceback_indented(tmp_path, capsys):
+    code = main(["run", scenario_file(tmp_path), "--in-process", "--simulate-rank-failure", "raise:1:2", "--json"])
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert code == doc["exit_code"] == 3 and doc["error"]["kind"] == "ThreadRankError"
+    assert err.startswith("dcpsim: error: rank 1 failed: RuntimeError: simulated failure of rank 1 at step 2\n")
+    assert "\n    Traceback (most recent call last):" in err and "\nTraceback" not in err
