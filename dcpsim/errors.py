@@ -5,6 +5,7 @@ Exit codes (stable, documented in the README):
   1  a correctness check failed (the simulated engine wrote something wrong)
   2  usage, scenario or configuration error (nothing was run)
   3  harness failure (a rank crashed, hung, or the rendezvous failed)
+  128 + N  interrupted by signal N: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (``dcpsim.cli.signals``)
 """
 
 EXIT_OK = 0

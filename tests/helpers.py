@@ -231,3 +231,64 @@ def pcp_scenario(pcp: int, tp: int, dcp: int, I: int = 1, k: int = 1):
                        W=dcp, I=I, k=k, budget=64, max_len=512, name=f"pcp{pcp}-tp{tp}-dcp{dcp}")
     config = dataclasses.replace(sc.config, prefill_context_parallel_size=pcp, tensor_parallel_size=tp)
     return dataclasses.replace(sc, config=config)
+
+
+# --- the CLI in a subprocess, with a memory limit and a timeout ---------------------------
+
+CLI_MEMORY_LIMIT = 3 * 2**30
+"""Address space of each CLI process (and its ranks) in the bad-input tests: a runaway
+ends in an allocation failure instead of taking the machine."""
+
+
+def run_cli(argv, *, cwd=None, timeout=120, memory=CLI_MEMORY_LIMIT, env=None):
+    """``python -m dcpsim ARGV`` in a subprocess limited to ``memory`` bytes of address
+    space (``RLIMIT_AS``, inherited by the ranks) and ``timeout`` seconds; returns the
+    ``CompletedProcess`` (text stdout and stderr)."""
+    import os
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    root = str(Path(__file__).resolve().parents[1])
+    full_env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "dcpsim", *argv], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, preexec_fn=limit, env=full_env)
+
+
+# --- bad inputs: a small scenario and the values a new user may type into it --------------
+
+TINY_SCENARIO = {
+    "name": "tiny", "seed": 0, "kv_cache_tokens": 2048,
+    "config": {"max_model_len": 2048, "max_num_batched_tokens": 128, "decode_context_parallel_size": 2,
+               "cp_kv_cache_interleave_size": 4},
+    "layers": [{"name": "layers.{i}.attn", "layers": "0-1", "kind": "full_attention", "block_size": 16,
+                "num_kv_heads": 1, "head_size": 8}],
+    "requests": [{"id": "r{i}", "count": 2, "prompt_len": 100, "output_len": 10}],
+}
+"""Two requests of 100 + 10 tokens on two full-attention layers: runs in about a second."""
+
+EXTREME_INTS = (-(2**63), -3, -1, 0, 1, 2, 7, 10**9, 2 * 10**9, 2**31, 9 * 10**18, 2**63, 10**20)
+"""Integers at the edges: negative, zero, tiny, and far beyond any machine."""
+
+
+def scenario_toml(data: dict) -> str:
+    """A scenario dict (``TINY_SCENARIO`` changed) as TOML text."""
+    def toml_value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(toml_value(x) for x in v) + "]"
+        return json.dumps(v) if isinstance(v, str) else str(v)
+
+    lines = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines += ["", f"[{key}]"] + [f"{k} = {toml_value(v)}" for k, v in value.items()]
+        elif isinstance(value, list):
+            for entry in value:
+                lines += ["", f"[[{key}]]"] + [f"{k} = {toml_value(v)}" for k, v in entry.items()]
+    return "\n".join(lines) + "\n"

@@ -98,6 +98,7 @@ def expand(
     dry_run: bool = True,
     kernel_block_size: int | None = None,
     pcps=(None,),
+    force: bool = False,
 ) -> list[CellResult]:
     """Every cell once, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
 
@@ -105,10 +106,12 @@ def expand(
 
     ``dry_run`` also runs each valid cell's schedule in this process, which
     catches a workload that can never be admitted; without it only the layouts
-    and pools are validated (cheap enough for test collection).
+    and pools are validated (cheap enough for test collection). A cell whose estimate
+    (``harness.budget``) does not fit the machine is skipped, unless ``force``.
     """
     from dcpsim.engine.reference import ReferenceEngine
     from dcpsim.engine.scheduler.scheduler import Scheduler
+    from dcpsim.harness.budget import check_budget
     from dcpsim.harness.rank import prepare
     from dcpsim.scenarios.load import load_scenario
 
@@ -146,6 +149,7 @@ def expand(
                             decode_context_parallel_size=w, cp_kv_cache_interleave_size=i,
                             prefill_context_parallel_size=p,
                         )
+                        check_budget(scenario, force=force)
                         if dry_run:
                             prepare(scenario)
                         else:

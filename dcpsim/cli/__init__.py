@@ -2,7 +2,8 @@
 
 Exit codes: 0 every check passed; 1 a correctness check failed; 2 usage, scenario or
 configuration error (reported before any rank starts); 3 harness failure (a rank crashed
-or hung, a timeout, or the rendezvous failed).
+or hung, a timeout, or the rendezvous failed); 128 + N interrupted by signal N (130 Ctrl-C,
+143 SIGTERM, 129 SIGHUP).
 """
 
 from __future__ import annotations
@@ -11,15 +12,24 @@ import argparse
 import importlib
 import sys
 
-from dcpsim.errors import EXIT_USAGE, DcpsimError
+from dcpsim.errors import EXIT_USAGE, DcpsimError, HarnessError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits with our usage code (2) and one clear line."""
+    """argparse that exits with our usage code (2) and one clear line (and, when the
+    command line asks for ``--json``, one JSON error document on stdout)."""
+
+    wants_json = False
+    """Set by ``main`` when ``--json`` is on the command line."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.print_usage(sys.stderr)
         print(f"dcpsim: error: {message}", file=sys.stderr)
+        if _Parser.wants_json:
+            from dcpsim.cli.options import error_json
+            from dcpsim.errors import ConfigError
+
+            print(error_json(ConfigError(message)))
         sys.exit(EXIT_USAGE)
 
 
@@ -51,6 +61,7 @@ EPILOG = """exit codes:
   1  a correctness check failed
   2  usage, scenario or configuration error (reported before any rank starts)
   3  harness failure (a rank crashed or hung, a timeout, or the rendezvous failed)
+  130, 143, 129  interrupted by Ctrl-C, SIGTERM or SIGHUP (128 + the signal; the ranks are killed)
 
 Run 'python -m dcpsim COMMAND --help' for the flags of one command."""
 
@@ -68,15 +79,60 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dcpsim.cli import signals
+
     parser = build_parser()
+    _Parser.wants_json = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    signals.install()
     try:
         return int(args.handler(args) or 0)
     except DcpsimError as exc:
         print(f"dcpsim: error: {exc}", file=sys.stderr)
+        _json_error(args, exc)
         return exc.exit_code
     except BrokenPipeError:
         return 0
-    except KeyboardInterrupt:
-        print("dcpsim: interrupted", file=sys.stderr)
-        return 130
+    except MemoryError as exc:  # the estimate (harness.budget) let through a run that did not fit
+        error = HarnessError(f"out of memory in the parent process{': ' + str(exc) if str(exc) else ''}; "
+                             "the run needs more memory than this machine (or its limits) can give")
+        print(f"dcpsim: error: {error}", file=sys.stderr)
+        _json_error(args, error)
+        return error.exit_code
+    except (KeyboardInterrupt, signals.Terminated) as exc:
+        code = signals.exit_code(exc)
+        print(f"dcpsim: {signals.describe(exc)}", file=sys.stderr)
+        _json_error(args, Interrupted(signals.describe(exc), code))
+        return code
+    except Exception as exc:  # a bug in dcpsim: its traceback follows, after the JSON document
+        _json_error(args, InternalError(f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+class InternalError(HarnessError):
+    """An unexpected exception (a bug in dcpsim; for the ``--json`` error document)."""
+
+
+class Interrupted(DcpsimError):
+    """Ctrl-C, SIGTERM or SIGHUP (for the ``--json`` error document)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _json_error(args, exc: DcpsimError) -> None:
+    """Under ``--json``, one JSON error document on stdout, unless the command printed it
+    already (or it is a torchrun worker other than rank 0)."""
+    import os
+
+    if not getattr(args, "json", False) or getattr(exc, "json_printed", False):
+        return
+    if args.command == "worker" and os.environ.get("RANK", "0") != "0":
+        return
+    from dcpsim.cli.options import error_json
+
+    try:
+        print(error_json(exc), flush=True)
+    except BrokenPipeError:
+        pass

@@ -60,6 +60,7 @@ def budget_of(args) -> cap.Budget | None:
 def plan(args) -> cap.CapacityPlan:
     from dcpsim.engine.reference import ReferenceEngine
     from dcpsim.engine.scheduler.scheduler import Scheduler
+    from dcpsim.harness.budget import check_scheduler_fits
     from dcpsim.scenarios.load import load_scenario
 
     budget = budget_of(args)
@@ -72,6 +73,7 @@ def plan(args) -> cap.CapacityPlan:
             engine = ReferenceEngine()
             geometries = engine.geometries(sc.layers, sc.config)  # what run refuses, refused here
             if budget is None:
+                check_scheduler_fits(sc)  # before the pools are built
                 Scheduler(sc, engine, geometries)  # the scenario's pools must hold every request
             columns.append(cap.column(sc, budget))
         except ConfigError as exc:

@@ -54,9 +54,15 @@ class _Watch:
 def run(args) -> int:
     from dcpsim.campaigns.faults import get_fault
     from dcpsim.campaigns.fuzz import find_failure
+    from dcpsim.cli.options import check_seconds
     from dcpsim.harness.batch import run_jobs
     from dcpsim.scenarios.dump import scenario_to_toml
 
+    if args.examples < 1:
+        raise ConfigError(f"--examples must be an integer >= 1, got {args.examples}")
+    if args.seed < 0:
+        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
+    check_seconds("--timeout", args.timeout)
     get_fault(args.inject)
     start = time.perf_counter()
     engine = engine_options(args)

@@ -62,6 +62,7 @@ def parse_interleaves(text: str, block_size: int) -> list[tuple[int, str]]:
 
 
 def compare(args) -> dict:
+    from dcpsim.harness.budget import check_budget
     from dcpsim.harness.write_trace import interleave_stats
     from dcpsim.model.grouping import group_layer_specs
     from dcpsim.scenarios.load import load_scenario
@@ -85,6 +86,7 @@ def compare(args) -> dict:
         try:
             sc = base.with_overrides(cp_kv_cache_interleave_size=interleave)
             row["rules"] = broken_rules(layout_context(sc))
+            check_budget(sc, in_process=True, hint="")  # the schedule runs here, with every rank's store
             row["groups"] = {g.name: result for g, result in interleave_stats(sc)}
             row["valid"] = True
         except ConfigError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.cli.options import add_engine_arguments, add_force_argument, check_seconds, engine_options
 from dcpsim.cli.progress import progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.job import Job
@@ -43,13 +43,18 @@ def add_arguments(p) -> None:
     p.add_argument("--pd", metavar="P:D,...",
                    help="P/D cells instead: each scenario with a [disaggregated] table at these (prefill W, decode W) "
                         "pairs, e.g. 1:2,2:4,4:2 (default scenarios: the built-ins with a [disaggregated] table)")
+    add_force_argument(p)
 
 
 def _int_list(text: str, flag: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"{flag}: expected a comma list of integers, got {text!r}") from None
+    bad = [v for v in values if v < 1]
+    if bad:
+        raise ConfigError(f"{flag}: every value must be an integer >= 1, got {bad[0]} in {text!r}")
+    return values
 
 
 def _run_pd(args) -> int:
@@ -75,6 +80,7 @@ def cells_of(args) -> list:
     from dcpsim.campaigns.grid import full_grid
     from dcpsim.scenarios.registry import builtin_scenario_names
 
+    check_seconds("--timeout", args.timeout)
     scenarios = args.scenarios or builtin_scenario_names()
     if args.full:
         given = [flag for flag, value in (("--dcp", args.dcp), ("--interleave", args.interleave),
@@ -84,10 +90,12 @@ def cells_of(args) -> list:
             raise ConfigError(f"--full fixes the grid: drop {', '.join(given)}")
         return full_grid(scenarios)  # no dry runs: the layouts and pools are validated
     dcps = _int_list(args.dcp or DEFAULT_DCP, "--dcp")
+    if not dcps:
+        raise ConfigError(f"--dcp: expected a comma list of integers, got {args.dcp!r}")
     interleaves = [x.strip() for x in (args.interleave or DEFAULT_INTERLEAVE).split(",") if x.strip()]
     block_sizes = _int_list(args.block_size or "", "--block-size") or [None]
     pcps = _int_list(args.pcp or "", "--pcp") or [None]
-    return mx.expand(scenarios, dcps, interleaves, block_sizes, pcps=pcps)
+    return mx.expand(scenarios, dcps, interleaves, block_sizes, pcps=pcps, force=args.force)
 
 
 def entry(res) -> dict:
@@ -100,6 +108,7 @@ def run(args) -> int:
     from dcpsim.campaigns import junit
     from dcpsim.campaigns import matrix as mx
     from dcpsim.campaigns import shard as sh
+    from dcpsim.harness.budget import cpu_warning
 
     if args.pd:
         if args.full or args.shard is not None:
@@ -112,6 +121,14 @@ def run(args) -> int:
     indices = sh.select(everything, *shard) if shard is not None else list(range(len(everything)))
     results = [everything[i] for i in indices]
     pending = sum(r.status == mx.CellStatus.PENDING for r in results)
+    if not pending:
+        reasons = sorted({r.reason for r in results if r.reason})
+        raise ConfigError(f"no cell can run ({plural(len(results), 'cell')}, every one skipped)"
+                          + (f": {reasons[0]}" if reasons else ""))
+    warning = None if args.in_process else cpu_warning(
+        max(r.scenario.config.world_size for r in results if r.status == mx.CellStatus.PENDING))
+    if warning:
+        print(warning, file=sys.stderr)
     where = f" (shard {shard[0]}/{shard[1]} of {plural(len(everything), 'cell')})" if shard else ""
     print(f"matrix: {plural(len(results), 'cell')}{where}, {pending} to run, {len(results) - pending} skipped",
           file=sys.stderr)

@@ -54,6 +54,7 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                         "the harness reports a broken world (exit 3)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="process-group timeout in seconds (default 30)")
+    add_force_argument(p)
     add_engine_arguments(p)
     a = p.add_argument_group("attention check")
     a.add_argument("--attention", action="store_true",
@@ -69,6 +70,36 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                    help="query heads (one shared latent KV head per group; default 8)")
     a.add_argument("--attention-head-dim", type=int, default=16, metavar="D",
                    help="width of K and of V vectors (default 16)")
+
+
+def add_force_argument(p: argparse.ArgumentParser) -> None:
+    """``--force``: run even where the estimate of the run's memory says it does not fit."""
+    p.add_argument("--force", action="store_true",
+                   help="run even if the estimate of the run's memory (ranks, KV stores, block tables, "
+                        "schedule) exceeds what the machine has available")
+
+
+def check_seconds(flag: str, value: float | None) -> None:
+    """A time limit must be a positive number of seconds (exit 2 before any rank starts)."""
+    if value is not None and not (value > 0 and value != float("inf")):
+        raise ConfigError(f"{flag} must be a positive number of seconds, got {value:g}")
+
+
+def check_run_budget(scenario: Scenario, args, *, in_process: bool = False, attention_width: int = 0,
+                     local_ranks: int | None = None, say: bool = True) -> None:
+    """Refuse (exit 2, with the figures) a run the machine cannot hold, before the parent's
+    dry run allocates anything; one warning line (if ``say``) when the ranks outnumber the CPUs."""
+    from dcpsim.harness.budget import check_budget, cpu_warning
+
+    try:
+        check_budget(scenario, in_process=in_process, force=getattr(args, "force", False),
+                     attention_width=attention_width, local_ranks=local_ranks)
+    except ConfigError as exc:
+        raise ConfigError(f"{scenario.source}: {exc}") from None
+    ranks = scenario.config.world_size if local_ranks is None else local_ranks
+    warning = None if in_process else cpu_warning(ranks)
+    if warning and say:
+        print(warning, file=sys.stderr)
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -110,6 +141,8 @@ def add_world_arguments(p: argparse.ArgumentParser, *, timeout: bool = False) ->
 def resolve_scenario(args, world_size: int | None = None) -> Scenario:
     from dcpsim.scenarios.load import load_scenario
 
+    if args.seed is not None and args.seed < 0:  # as a file's seed
+        raise ConfigError(f"--seed must be >= 0, got {args.seed}")
     scenario = load_scenario(args.scenario)
     dcp = args.dcp
     pcp, tp = getattr(args, "pcp", None), getattr(args, "tp", None)
@@ -144,7 +177,7 @@ def make_job(args, scenario: Scenario):
     from dcpsim.harness.job import Job, parse_rank_failure
 
     failure = None
-    if args.simulate_rank_failure:
+    if args.simulate_rank_failure is not None:
         failure = parse_rank_failure(args.simulate_rank_failure, scenario.config.world_size)
     return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure,
                attention=args.attention, lse_base=args.lse_base, attention_merge=args.attention_merge,
@@ -168,26 +201,50 @@ def json_errors(as_json: bool):
     try:
         yield
     except DcpsimError as exc:
-        if as_json:
+        if as_json and not getattr(exc, "json_printed", False):
             print(error_json(exc))
+            exc.json_printed = True  # main() prints none of its own
         raise
+
+
+def check_dry_run(job, args, say: bool = True) -> None:
+    """The parent's dry run of the schedule: a bad scenario is exit 2; so is a
+    ``--simulate-rank-failure`` step the schedule never reaches. A forced preemption that
+    never fires, and a pool larger than ``kv_cache_tokens`` asked for, are one note each."""
+    from dcpsim.harness.budget import pool_note
+    from dcpsim.harness.rank import dry_run
+
+    scenario = job.scenario
+    try:
+        found = dry_run(scenario)
+    except ConfigError as exc:
+        raise ConfigError(f"{scenario.source}: {exc}") from None
+    if job.rank_failure is not None and job.rank_failure[2] >= found.steps:
+        kind, rank, step = job.rank_failure
+        raise ConfigError(f"--simulate-rank-failure {kind}:{rank}:{step}: the schedule of {scenario.name} has "
+                          f"{found.steps} steps (0-{found.steps - 1}), so the failure would never happen")
+    notes = [f"request {rid!r}: preempt_at_steps {step} never fires (the request is not running at step "
+             f"{step}; the schedule has {found.steps} steps)" for rid, step in found.unfired_preemptions]
+    note = pool_note(scenario)
+    for line in (notes + ([note] if note else [])) if say else ():
+        print(f"dcpsim: note: {scenario.source}: {line}", file=sys.stderr)
 
 
 def run_job(job, args) -> int:
     """Validate, start a world (or threads), verify, print; the exit code of the verdict."""
     from dcpsim.cli.progress import print_waiting
     from dcpsim.harness.batch import run_jobs
-    from dcpsim.harness.rank import prepare
     from dcpsim.harness.replay import replay_record
     from dcpsim.harness.trace_file import Trace, check_trace_path
 
     scenario = job.scenario
     with json_errors(args.json):
         trace_path = check_trace_path(args.trace) if args.trace else None
-        try:
-            prepare(scenario)
-        except ConfigError as exc:
-            raise ConfigError(f"{scenario.source}: {exc}") from None
+        check_seconds("--timeout", args.timeout)
+        check_seconds("--deadline", args.deadline)
+        check_run_budget(scenario, args, in_process=args.in_process,
+                         attention_width=job.attention_config.kv_width if job.attention else 0)
+        check_dry_run(job, args)
         trace = Trace(trace_path) if trace_path else None
         start = time.perf_counter()
         (report,) = run_jobs([job], in_process=args.in_process, timeout=args.timeout, deadline=args.deadline,

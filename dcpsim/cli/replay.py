@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dcpsim.cli.options import add_world_arguments, json_errors, run_job
+from dcpsim.cli.options import add_force_argument, add_world_arguments, json_errors, run_job
 
 
 def add_arguments(p) -> None:
@@ -10,6 +10,7 @@ def add_arguments(p) -> None:
     p.add_argument("--cell", metavar="ID", help="with a matrix report: the cell to rerun (default: the first that failed)")
     p.add_argument("--json", action="store_true", help="print one JSON report on stdout")
     add_world_arguments(p, timeout=True)
+    add_force_argument(p)
 
 
 def run(args) -> int:

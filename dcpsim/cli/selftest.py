@@ -108,6 +108,9 @@ def _split_faults(args) -> tuple[list[str] | None, list[str]]:
 
 
 def run(args) -> int:
+    from dcpsim.cli.options import check_seconds
+
+    check_seconds("--timeout", args.timeout)
     plain, pd_chosen = _split_faults(args)
     run_plain = plain is None or bool(plain) or not pd_chosen
     plan = plan_selftest(plain, args.scenario, dry_run=not args.list) if run_plain else Plan(cases=[])

@@ -3,10 +3,20 @@ the report. The same rank code as ``run``, and the same merge of the ranks' repo
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
-from dcpsim.cli.options import add_scenario_arguments, finish, json_errors, make_job, resolve_scenario
+from dcpsim.cli.options import (
+    add_scenario_arguments,
+    check_dry_run,
+    check_run_budget,
+    check_seconds,
+    finish,
+    json_errors,
+    make_job,
+    resolve_scenario,
+)
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 
 
@@ -19,11 +29,12 @@ def run(args) -> int:
 
     from dcpsim.harness.batch import merge_rank_reports, run_batch
     from dcpsim.harness.collectives import GlooCollectives
-    from dcpsim.harness.rank import prepare
     from dcpsim.harness.replay import replay_record
     from dcpsim.harness.world import init_env_process_group
 
-    rank, world = init_env_process_group(args.timeout)
+    with json_errors(args.json):
+        check_seconds("--timeout", args.timeout)
+        rank, world = init_env_process_group(args.timeout)
     try:
         with json_errors(args.json and rank == 0):
             scenario = resolve_scenario(args, world_size=world)
@@ -32,8 +43,11 @@ def run(args) -> int:
                     f"prefill_context_parallel_size {scenario.config.prefill_context_parallel_size} x "
                     f"tensor_parallel_size {scenario.config.tp_size} = {scenario.config.world_size} "
                     f"processes, but the torchrun world size is {world}")
-            prepare(scenario)
             job = make_job(args, scenario)
+            local = os.environ.get("LOCAL_WORLD_SIZE", "")
+            check_run_budget(scenario, args, local_ranks=int(local) if local.isdigit() else None, say=rank == 0,
+                             attention_width=job.attention_config.kv_width if job.attention else 0)
+            check_dry_run(job, args, say=rank == 0)
             start = time.perf_counter()
             (mine,) = run_batch([job], GlooCollectives(rank, world))
             reports = [None] * world

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import traceback
 
 import torch
 
@@ -267,5 +268,16 @@ def run_in_threads(rank_fn, payload, world_size: int, timeout: float | None = No
         rank, exc = errors[0]
         if isinstance(exc, CollectiveTimeout):
             raise CollectiveTimeout(str(exc)) from exc
-        raise RuntimeError(f"rank {rank} failed: {exc!r}") from exc
+        raise ThreadRankError(rank, exc) from exc
     return results
+
+
+class ThreadRankError(HarnessError, RuntimeError):
+    """A rank thread of ``run_in_threads`` raised: a harness failure (exit 3) whose message
+    holds the rank's traceback, indented, as a gloo rank's failure report does."""
+
+    def __init__(self, rank: int, exc: BaseException):
+        lines = traceback.format_exception(exc)
+        super().__init__(f"rank {rank} failed: {type(exc).__name__}: {exc}\n"
+                         + "".join("    " + line for line in "".join(lines).rstrip().splitlines(True)))
+        self.rank, self.exc = rank, exc

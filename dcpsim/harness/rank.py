@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+from dataclasses import dataclass
 
 from dcpsim.campaigns.faults import get_fault
 from dcpsim.engine.attention.shard import ShardAttention
@@ -66,16 +67,36 @@ def attention_on(job: Job, engine: Engine) -> bool:
     return job.attention or bool(getattr(engine, "needs", {}).get("attention"))
 
 
-def prepare(scenario: Scenario) -> dict:
-    """Validate everything and dry-run the schedule with the reference engine; returns its
-    summary. Always unfaulted: it judges the user's scenario. An injected fault acts in
-    the ranks only, where every rank runs the same faulted (deterministic) scheduler, so
-    the ranks stay in lockstep."""
+@dataclass(frozen=True)
+class DryRun:
+    """What the parent's dry run of a schedule found."""
+
+    summary: dict
+    steps: int
+    unfired_preemptions: tuple[tuple[str, int], ...]
+    """(request id, step) of every ``preempt_at_steps`` entry that never fired: the
+    request was not running at that step."""
+
+
+def dry_run(scenario: Scenario) -> DryRun:
+    """Validate everything and dry-run the schedule with the reference engine. Always
+    unfaulted: it judges the user's scenario. An injected fault acts in the ranks only,
+    where every rank runs the same faulted (deterministic) scheduler, so the ranks stay
+    in lockstep."""
     engine = ReferenceEngine()
     scheduler = Scheduler(scenario, engine, engine.geometries(scenario.layers, scenario.config))
-    for _ in scheduler.plans():
-        pass
-    return scheduler.summary
+    fired = set()
+    for plan in scheduler.plans():
+        fired.update((event.removeprefix("preempted ").removesuffix(" (scenario)"), plan.step) for event in plan.events
+                     if event.startswith("preempted ") and event.endswith(" (scenario)"))
+    unfired = tuple((r.request_id, s) for r in scenario.requests for s in r.preempt_at_steps
+                    if (r.request_id, s) not in fired)
+    return DryRun(scheduler.summary, scheduler.step_index, unfired)
+
+
+def prepare(scenario: Scenario) -> dict:
+    """``dry_run``'s summary of the schedule."""
+    return dry_run(scenario).summary
 
 
 def group_info(groups: list[ExpectedGroup]) -> list[dict]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
 
-from dcpsim.errors import HarnessError
+from dcpsim.errors import ConfigError, HarnessError
 from dcpsim.model.validate import check_int
 from dcpsim.plural import plural
 
@@ -49,6 +49,8 @@ MAX_GRACE_S = 2.0
 WAIT_REPORT_S = 5.0
 """How long the parent waits without news (an event) before saying what it waits for."""
 _PR_SET_PDEATHSIG = 1
+EXIT_ORPHANED = 75
+"""A rank's exit code when its parent went away (its pipe is broken): it ends at once, silently."""
 
 
 @dataclass
@@ -105,7 +107,10 @@ def _send(msg) -> None:
     # plain pickle: the parent gets bytes, never fds or shared memory of a dying rank
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     with _send_lock:
-        _conn.send_bytes(data)
+        try:
+            _conn.send_bytes(data)
+        except (BrokenPipeError, ConnectionResetError):
+            os._exit(EXIT_ORPHANED)  # the parent is gone: nobody to tell, so end quietly
 
 
 def _die_with_parent() -> None:
@@ -155,14 +160,14 @@ def init_env_process_group(pg_timeout_s: float) -> tuple[int, int]:
     destroys the group when done."""
     need = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     missing = [k for k in need if not os.environ.get(k)]
-    if missing:
-        raise HarnessError(
+    if missing:  # a usage error: nothing was started
+        raise ConfigError(
             f"environment variable(s) {', '.join(missing)} not set: start this entry "
             f"point with torchrun (or set {', '.join(need)})")
     try:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except ValueError as exc:
-        raise HarnessError(f"RANK/WORLD_SIZE must be integers: {exc}") from None
+        raise ConfigError(f"RANK/WORLD_SIZE must be integers: {exc}") from None
     import torch
     import torch.distributed as dist
 

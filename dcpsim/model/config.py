@@ -133,6 +133,10 @@ class SimConfig:
         """vLLM's default capture sizes up to ``max_cudagraph_capture_size``:
         1, 2, 4, then every 8 below 256, then every 16."""
         top = self.max_cudagraph_capture_size
+        # a step holds at most max_num_batched_tokens, and the size it takes is the first
+        # multiple of 1 + k at or above it, so no larger size is ever used (and a huge
+        # max_cudagraph_capture_size costs nothing)
+        top = min(top, self.max_num_batched_tokens + 16 * (self.num_speculative_tokens + 1))
         sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
         return tuple(s for s in sizes if s <= top)
 

@@ -59,6 +59,8 @@ def resolve(name_or_path: str) -> Path:
     """A scenario file path, or the path of a built-in scenario by name."""
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
+        if path.is_dir():
+            raise ScenarioError(f"{name_or_path}: is a directory, not a scenario file")
         if not path.is_file():
             raise ScenarioError(f"{name_or_path}: no such scenario file")
         return path

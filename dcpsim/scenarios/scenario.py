@@ -51,6 +51,8 @@ class RequestSpec:
             raise ConfigError(f"{where}: shared_prefix_len needs a prefix name")
         if any(a < 0 for a in self.acceptance):
             raise ConfigError(f"{where}: acceptance counts must be >= 0")
+        if any(s < 0 for s in self.preempt_at_steps):
+            raise ConfigError(f"{where}: preempt_at_steps must be steps >= 0, got {list(self.preempt_at_steps)}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,10 @@ class Scenario:
                     f"request {r.request_id!r}: prompt_len + output_len = {total} exceeds "
                     f"max_model_len {self.config.max_model_len}"
                 )
+            late = [s for s in r.preempt_at_steps if s >= self.max_steps]
+            if late:
+                raise ConfigError(f"request {r.request_id!r}: preempt_at_steps {late[0]} is never reached "
+                                  f"(a schedule has at most max_steps = {self.max_steps} steps, 0-{self.max_steps - 1})")
             if any(a > self.config.num_speculative_tokens for a in r.acceptance):
                 raise ConfigError(
                     f"request {r.request_id!r}: an acceptance count exceeds "

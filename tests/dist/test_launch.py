@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from dcpsim.harness import world as launch
-from dcpsim.errors import EXIT_HARNESS, HarnessError
+from dcpsim.errors import EXIT_HARNESS, ConfigError, HarnessError
 from dcpsim.harness.world import RankFailureError, run_world, set_progress
 
 pytestmark = pytest.mark.dist
@@ -311,5 +311,5 @@ def test_init_env_process_group_needs_torchrun_env(monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RANK", "0")
-    with pytest.raises(HarnessError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set"):
+    with pytest.raises(ConfigError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set"):  # usage: exit 2
         launch.init_env_process_group(5)

@@ -1,0 +1,63 @@
+"""SIGTERM and SIGHUP of ``dcpsim run`` end like Ctrl-C: one line, exit 128 + the signal,
+the ranks killed, no rank traceback, and under ``--json`` one error document."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.dist
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def marked(mark: str) -> list[int]:
+    """Live processes whose environment holds ``mark`` (the parent, forkserver and ranks)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if mark.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_ends_the_run_in_one_line_and_kills_the_ranks(tmp_path, sig):
+    mark = f"DCPSIM_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": ROOT, mark.split("=")[0]: mark.split("=")[1]}
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err:
+        parent = subprocess.Popen([sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "2", "--json",
+                                   "--simulate-rank-failure", "hang:0:1", "--timeout", "120"],
+                                  stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        try:
+            deadline = time.monotonic() + 120
+            while "waiting" not in err_path.read_text():  # the world runs, rank 0 hangs
+                assert time.monotonic() < deadline and parent.poll() is None, err_path.read_text()
+                time.sleep(0.2)
+            assert len(marked(mark)) >= 3  # parent, forkserver, ranks
+            parent.send_signal(sig)
+            out, _ = parent.communicate(timeout=30)
+        finally:
+            parent.kill()
+    stderr = err_path.read_text()
+    assert parent.returncode == 128 + sig, stderr
+    lines = [line for line in stderr.splitlines() if not line.startswith("dcpsim: waiting")]
+    assert lines == [f"dcpsim: interrupted by {signal.Signals(sig).name}"], stderr
+    doc = json.loads(out)
+    assert doc["exit_code"] == 128 + sig and doc["error"]["kind"] == "Interrupted"
+    deadline = time.monotonic() + 10
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(mark) == [], "ranks outlived the interrupted run"
