@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.cli.options import add_engine_arguments, add_verify_argument, engine_options
 from dcpsim.cli.progress import progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.job import Job
@@ -23,6 +23,7 @@ def add_arguments(p) -> None:
     p.add_argument("--in-process", action="store_true", help="run ranks as threads (no gloo)")
     p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout in seconds")
     p.add_argument("--json", action="store_true", help="print every cell as JSON")
+    add_verify_argument(p)
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -44,6 +45,7 @@ def run(args) -> int:
     pending = sum(r.status == mx.CellStatus.PENDING for r in results)
     engine = engine_options(args)
     Job.validate_engine(**engine)
+    engine["verify"] = args.verify
     print(f"matrix: {plural(len(results), 'cell')}, {pending} to run, {len(results) - pending} skipped", file=sys.stderr)
     with progress_view("matrix", pending) as view:
         mx.run_cells(results, in_process=args.in_process, timeout=args.timeout, engine=engine,
