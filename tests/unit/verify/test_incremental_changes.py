@@ -14,7 +14,7 @@ from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.worker.block_table import ALL_COLUMNS, BlockTable
 from dcpsim.engine.worker.kv_store import KVStore
 from dcpsim.model.layout import PAD
-from dcpsim.model.plan import ReqWrite, RequestView
+from dcpsim.model.plan import RequestView, ReqWrite
 from dcpsim.verify.changes import expected_at, locals_of_columns, locals_of_slots, owned_count, owned_index
 from dcpsim.verify.geometry import expected_groups
 from dcpsim.verify.oracle import expected_on_rank
