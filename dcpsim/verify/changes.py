@@ -86,8 +86,11 @@ class ChangeTracker:
     def take(self, views) -> None:
         """Consume the rank's change records (every check, in either mode) and forget the
         requests no longer live: they are read in full if they come back."""
-        self.written = [self.view.take_written_slots(s) for s in self.store_of]
-        self.changed = [self.view.take_table_changes(s) for s in self.store_of]
+        stores = dict.fromkeys(self.store_of)  # two groups an engine keeps in one store share its record
+        written = {s: self.view.take_written_slots(s) for s in stores}
+        changed = {s: self.view.take_table_changes(s) for s in stores}
+        self.written = [written[s] for s in self.store_of]
+        self.changed = [changed[s] for s in self.store_of]
         live = {v.req_index for v in views}
         self.stop = {key: stop for key, stop in self.stop.items() if key[1] in live}
 

@@ -151,3 +151,23 @@ def test_a_late_fault_is_caught_where_and_when_the_full_check_catches_it(name, W
     if not guard:
         assert full.failure.kind == kind
     assert incremental.verified_indices < full.verified_indices
+
+
+def test_groups_sharing_one_store_both_see_its_record():
+    from dcpsim.verify.changes import ChangeTracker
+
+    class View:
+        def __init__(self):
+            self.taken = []
+
+        def take_written_slots(self, store):
+            self.taken.append(store)
+            return np.array([store * 10 + len(self.taken)])
+
+        def take_table_changes(self, store):
+            return {0: np.array([store])}
+
+    tracker = ChangeTracker(View(), [1, 1, 2])
+    tracker.take([])
+    assert [w.tolist() for w in tracker.written] == [[11], [11], [22]]
+    assert [c[0].tolist() for c in tracker.changed] == [[1], [1], [2]]
