@@ -11,6 +11,9 @@ Prints the wall time of the world, checks, verified indices and each rank's peak
 ``--profile`` also prints the top functions of rank 0 (cProfile; the ranks do the same work). Run:
 
     python benchmarks/bench_verify.py --layout dsv41 --context 1048576 [--verify full] [--attention]
+
+Before figures of an older checkout: run from inside it (``cd OLD && PYTHONPATH=OLD python
+THIS_FILE ...``): the ranks import ``dcpsim`` from the working directory first.
 """
 
 from __future__ import annotations
