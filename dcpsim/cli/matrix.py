@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from dcpsim.cli.options import add_engine_arguments, add_force_argument, check_seconds, engine_options
+from dcpsim.cli.options import add_engine_arguments, add_force_argument, add_verify_argument, check_seconds, engine_options
 from dcpsim.cli.progress import progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.job import Job
@@ -44,6 +44,7 @@ def add_arguments(p) -> None:
                    help="P/D cells instead: each scenario with a [disaggregated] table at these (prefill W, decode W) "
                         "pairs, e.g. 1:2,2:4,4:2 (default scenarios: the built-ins with a [disaggregated] table)")
     add_force_argument(p)
+    add_verify_argument(p)
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -117,6 +118,7 @@ def run(args) -> int:
     shard = sh.parse_shard(args.shard) if args.shard is not None else None
     engine = engine_options(args)
     Job.validate_engine(**engine)
+    engine["verify"] = args.verify
     everything = cells_of(args)
     indices = sh.select(everything, *shard) if shard is not None else list(range(len(everything)))
     results = [everything[i] for i in indices]

@@ -43,6 +43,7 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                         "(position-indexed state blocks of the cache block size)")
     p.add_argument("--seed", type=int, help="changes token contents and acceptance patterns")
     p.add_argument("--verify-every", type=int, metavar="N", help="verify every N steps (and at the end)")
+    add_verify_argument(p)
     p.add_argument("--paranoid", action="store_true",
                    help="also gather raw read views and reassemble them explicitly")
     p.add_argument("--json", action="store_true", help="print one JSON report on stdout")
@@ -100,6 +101,14 @@ def check_run_budget(scenario: Scenario, args, *, in_process: bool = False, atte
     warning = None if in_process else cpu_warning(ranks)
     if warning and say:
         print(warning, file=sys.stderr)
+
+
+def add_verify_argument(p: argparse.ArgumentParser, default: str | None = "incremental") -> None:
+    """``--verify``: what each check re-reads (run, worker, matrix, replay)."""
+    p.add_argument("--verify", choices=("incremental", "full"), default=default,
+                   help="incremental (default): each check re-reads what the KV stores' and block tables' "
+                        "change records say can have changed, with a full sweep as each request finishes "
+                        "and at the end; full: every check re-reads every live index")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -179,7 +188,7 @@ def make_job(args, scenario: Scenario):
     failure = None
     if args.simulate_rank_failure is not None:
         failure = parse_rank_failure(args.simulate_rank_failure, scenario.config.world_size)
-    return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure,
+    return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure, verify=args.verify,
                attention=args.attention, lse_base=args.lse_base, attention_merge=args.attention_merge,
                attention_heads=args.attention_heads, attention_head_dim=args.attention_head_dim,
                **engine_options(args))

@@ -17,6 +17,9 @@ from dcpsim.model.attention_config import AttentionConfig
 from dcpsim.model.validate import is_int
 from dcpsim.scenarios.scenario import Scenario
 
+VERIFY_MODES = ("incremental", "full")
+"""``--verify``: what each check re-reads (``verify.check.Checker``)."""
+
 
 class RankFailureKind(enum.StrEnum):
     """How ``--simulate-rank-failure`` breaks a rank."""
@@ -52,11 +55,17 @@ class Job:
     """``--engine vllm``: whose slot mapping kernel runs, model runner v2's or v1's."""
     vllm_merge: bool = False
     """``--engine vllm``: also merge attention (``--attention``) with vLLM's DCP correction kernel."""
+    verify: str = "incremental"
+    """``--verify``: ``incremental`` (each check re-reads what the stores' and tables' change
+    records say can have changed, a full sweep as each request finishes and at the end) or
+    ``full`` (every check re-reads every live index)."""
 
     def __post_init__(self) -> None:
         from dcpsim.campaigns.faults import get_fault
 
         get_fault(self.inject)
+        if self.verify not in VERIFY_MODES:
+            raise ConfigError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {self.verify!r}")
         self.attention_config  # noqa: B018 - validates the attention options, once
         if self.inject and self.engine != "reference":
             raise ConfigError(f"--inject switches on a fault of the reference engine; it cannot be combined "

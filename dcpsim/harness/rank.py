@@ -173,7 +173,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     # the checker: its expectation from the scenario alone, the rank through a read-only view
     view = WorkerView(runner)
     groups = expected_groups(scenario)
-    checker = Checker(groups, coll, view, request_ids, paranoid=job.paranoid, config=config)
+    checker = Checker(groups, coll, view, request_ids, paranoid=job.paranoid, config=config, mode=job.verify)
     verifier = AttentionVerifier(cfg, groups, coll, view) if attention else None
     rec.complete("setup", "setup", setup)
 
@@ -221,7 +221,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                 break
             with rec.span("check writes", "verify"):
                 checker.record_writes(plan)
-            if plan.step % scenario.verify_every == 0 or plan.last:
+            if (plan.step % scenario.verify_every == 0 or plan.last
+                    or (checker.incremental and any(v.finished for v in plan.views))):
                 set_progress(plan.step, "verify")
                 with rec.span("verify", "verify") as span:
                     indices = checker.verified_indices
@@ -258,6 +259,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     report.schedule = scheduler.summary
     report.verifications = checker.verifications
     report.verified_indices = checker.verified_indices
+    report.verify_mode = "incremental" if checker.incremental else "full"
+    report.full_sweeps = checker.full_sweeps
     report.metadata_checks = checker.metadata.checks if checker.metadata is not None else 0
     bytes_sent = par.bytes_sent - bytes_before
     report.pcp_gather_bytes = par.pcp.bytes_sent - pcp_before if par.pcp is not None else 0

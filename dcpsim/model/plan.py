@@ -38,6 +38,8 @@ class RequestView:
     request_id: str
     num_committed: int
     fingerprints: np.ndarray  # true fingerprint of every position of the request
+    finished: bool = False
+    """The request finishes with this step (its last view): its blocks go at the next one."""
 
 
 @dataclass(frozen=True)

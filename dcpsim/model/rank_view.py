@@ -47,6 +47,15 @@ class RankView(Protocol):
     def step_writes(self) -> list[WriteRecord]:
         """What the last applied step wrote, in order (the stores' change record)."""
 
+    def take_written_slots(self, group: int) -> np.ndarray:
+        """The distinct slots of the group's store written since the last call, sorted (the
+        store's own change record, cleared by the call)."""
+
+    def take_table_changes(self, group: int) -> dict[int, np.ndarray | None]:
+        """Request index -> the columns of its block-table row in the group that changed
+        since the last call (set, replaced, nulled, grown or cut off), or None when the
+        request got or lost its whole row (the table's own change record, cleared)."""
+
     def step_attention_metadata(self) -> list[AttentionMetadata] | None:
         """The last applied step's attention metadata, one per attention group (copies);
         None when the engine does not build any."""

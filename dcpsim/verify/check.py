@@ -11,6 +11,15 @@ Every rank then judges the same gathered data:
 * replicated groups: no rank has a bad entry and every rank's ordered digest is the same;
 * no write violations; identical block tables on every rank.
 
+``incremental`` (the default mode) restricts each item's read to the local indices that
+can have changed on the rank since the last check, from the rank's own change records
+(``verify.changes``). Replicas compare ordered digests only where every rank re-read the
+same indices; elsewhere each rank's entries are judged against the oracle, which every
+replica matched at the last check, so the replicas still agree wherever no rank has a bad
+entry. Rings, Mamba states, new requests, every request as it finishes and everything at
+the run's last step are read in full. ``full`` reads every
+live index at every check. The oracle judges the read entries the same way in both modes.
+
 Phase 2 runs only on a failure: the ranks gather details of the first problem (what each
 rank holds at the expected slot, where the entry went) to build one report. ``paranoid``
 additionally gathers the raw read views and reassembles them explicitly.
@@ -29,6 +38,7 @@ from dcpsim.model.kv_entry import CONTENT, GROUP, INDEX, STEP, WRITER
 from dcpsim.model.plan import RequestView, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
+from dcpsim.verify.changes import ChangeTracker, expected_at
 from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
@@ -38,7 +48,9 @@ from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.write_guard import WriteGuard
 
-BAD, COUNT, ORDERED, MULTISET = range(4)
+BAD, COUNT, ORDERED, MULTISET, WANT, LOCALS = range(6)
+"""Columns of a gathered row: ``WANT``, the multiset digest of what the rank expects at
+the indices it re-read; ``LOCALS``, a digest of which local indices it re-read (0: all)."""
 
 _WHAT = {
     FailureKind.WRONG_CONTENT: "a rank does not hold the right entry where attention reads it",
@@ -49,9 +61,10 @@ _WHAT = {
 
 class Checker:
     def __init__(self, groups: list[ExpectedGroup], collectives: Collectives, view: RankView,
-                 request_ids: dict[int, str], paranoid: bool = False, config=None):
+                 request_ids: dict[int, str], paranoid: bool = False, config=None, mode: str = "incremental"):
         """``config``: the scenario's ``SimConfig`` (the metadata check reads
-        ``max_model_len`` and the CUDA-graph capture sizes of it; None: no metadata check)."""
+        ``max_model_len`` and the CUDA-graph capture sizes of it; None: no metadata check).
+        ``mode``: ``incremental`` or ``full`` (``--verify``; ``paranoid`` reads in full)."""
         self.groups = groups
         self.coll = collectives
         self.view = view
@@ -60,9 +73,13 @@ class Checker:
         self.request_ids = request_ids
         self.paranoid = paranoid
         self.verified_indices = 0
+        self.incremental = mode == "incremental" and not paranoid
+        self.full_sweeps = 0
+        """Checks that read every live index (all of them in ``full`` mode)."""
         self.verifications = 0
         self.store_of = [view.group_of_layer(g.layer_names[0]) for g in groups]
         """The engine's store holding each expected group (found by its first layer)."""
+        self.changes = ChangeTracker(view, self.store_of)
         self.guard = WriteGuard(self.rank, {s: g.name for s, g in zip(self.store_of, groups)})
         self._metadata_total = 0
         self._events_total = 0
@@ -103,27 +120,46 @@ class Checker:
             return np.full(len(index), column, dtype=np.int64)
         return np.arange(len(index), dtype=np.int64) if group.sharded else index
 
-    def _local_read(self, g: int, view: RequestView):
+    def _local_read(self, g: int, view: RequestView, local: np.ndarray | None = None):
+        """Read the item's expected entries (``local``: only those local indices) and judge
+        them; returns (index, got, bad, content)."""
         group = self.groups[g]
-        index, content = expected_on_rank(group, view, self.rank)
-        local = self._local(g, view, index)
+        if local is None:
+            index, content = expected_on_rank(group, view, self.rank)
+            local = self._local(g, view, index)
+        else:
+            index, content = expected_at(group, view, self.rank, local)
         got = self.view.read_entries(self.store_of[g], read_slots(group, self._row(g, view), local))
         bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != self.store_of[g])
-        return index, got, bad
+        return index, got, bad, content
+
+    def _locals(self, plan: StepPlan, items) -> list[np.ndarray | None]:
+        """Per item, the local indices to read (None: all)."""
+        if not self.incremental or plan.last:
+            return [None] * len(items)
+        return [None if view.finished else
+                self.changes.locals_to_read(g, self.groups[g], view, self._row(g, view), self.rank)
+                for g, view in items]
 
     def verify(self, plan: StepPlan) -> Failure | None:
         self.verifications += 1
+        self.changes.take(plan.views)
         items = [(g, v) for g in range(len(self.groups)) for v in plan.views]
-        rows = np.zeros((len(items), 4), dtype=np.int64)
+        local = self._locals(plan, items)
+        if all(x is None for x in local):
+            self.full_sweeps += 1
+        rows = np.zeros((len(items), 6), dtype=np.int64)
         reads = []
         for k, (g, view) in enumerate(items):
-            index, got, bad = self._local_read(g, view)
+            index, got, bad, content = self._local_read(g, view, local[k])
             reads.append((index, got, bad))
             rows[k] = (
                 int(bad.sum()),
                 len(got),
                 as_int64(ordered_digest(got[:, INDEX], got[:, CONTENT])),
                 as_int64(multiset_digest(got[:, INDEX], got[:, CONTENT])),
+                as_int64(multiset_digest(index, content)) if local[k] is not None else 0,
+                as_int64(ordered_digest(local[k], local[k]) | 1) if local[k] is not None else 0,
             )
         tables = [as_int64(self._table_digest(g, plan.views)) for g in range(len(self.groups))]
         meta_count = self.metadata.count if self.metadata is not None else 0
@@ -134,7 +170,7 @@ class Checker:
         h = len(header)
         violations, mismatches, event_errors = gathered[:, 0], gathered[:, 1], gathered[:, 2]
         table_digests = gathered[:, 4:h]
-        per_item = gathered[:, h:].reshape(self.world, len(items), 4)
+        per_item = gathered[:, h:].reshape(self.world, len(items), 6)
         self.verified_indices += int(per_item[:, :, COUNT].sum())
 
         if self.paranoid:
@@ -148,17 +184,23 @@ class Checker:
         for k, (g, view) in enumerate(items):
             bad_total = int(per_item[:, k, BAD].sum())
             if self.groups[g].sharded:
-                full_index, full_content = expected_full(self.groups[g], view)
-                want = multiset_digest(full_index, full_content)
+                if local[k] is None:
+                    full_index, full_content = expected_full(self.groups[g], view)
+                    want = multiset_digest(full_index, full_content)
+                else:  # every rank's expectation of the indices it re-read
+                    want = int(per_item[:, k, WANT].astype(np.uint64).sum(dtype=np.uint64))
                 have = int(per_item[:, k, MULTISET].astype(np.uint64).sum(dtype=np.uint64))
                 if bad_total or want != have:
                     kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REASSEMBLY
                     return self._item_failure(plan, g, view, reads[k], bad_total, kind)
             else:
-                differ = (per_item[:, k, ORDERED] != per_item[0, k, ORDERED]).any()
+                same_reads = (per_item[:, k, LOCALS] == per_item[0, k, LOCALS]).all()
+                differ = same_reads and (per_item[:, k, ORDERED] != per_item[0, k, ORDERED]).any()
                 if bad_total or differ:
                     kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REPLICAS_DIFFER
                     return self._item_failure(plan, g, view, reads[k], bad_total, kind)
+        for g, view in items:
+            self.changes.checked(g, self.groups[g], view)
         self._metadata_total = int(mismatches.sum())  # reported by metadata_verdict, last
         self._events_total = int(event_errors.sum())
         return None

@@ -130,6 +130,10 @@ class RunReport:
     steps: int = 0
     verifications: int = 0
     verified_indices: int = 0
+    verify_mode: str = "incremental"
+    """``--verify``: ``incremental`` (re-read what changed) or ``full`` (re-read everything)."""
+    full_sweeps: int = 0
+    """Checks that re-read every live index (each one in ``full`` mode)."""
     metadata_checks: int = 0
     """(group, step) attention-metadata records judged (0: the engine builds none)."""
     bytes_gathered: int = 0
@@ -210,7 +214,8 @@ class RunReport:
             )
         out.append(
             f"  verified: {plural(self.verifications, 'check')}, {plural(self.verified_indices, 'index', 'indices')}, "
-            f"{plural(self.bytes_gathered, 'byte')} gathered per rank ({self.bytes_per_verified_index:.3f} B/index)"
+            f"{plural(self.bytes_gathered, 'byte')} gathered per rank ({self.bytes_per_verified_index:.3f} B/index), "
+            f"--verify {self.verify_mode} ({plural(self.full_sweeps, 'full sweep')})"
             + (f"; attention metadata of {plural(self.metadata_checks, '(group, step) pair')}" if self.metadata_checks
                else "; no attention metadata (the engine builds none)")
         )

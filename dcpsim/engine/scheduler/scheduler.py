@@ -236,7 +236,7 @@ class Scheduler:
             if self.prefix_cache:
                 self.prefix_cache.register(req)
         views = tuple(
-            RequestView(r.index, r.request_id, r.num_computed, r.fingerprints)
+            RequestView(r.index, r.request_id, r.num_computed, r.fingerprints, finished=r.remaining_output <= 0)
             for r in self.running
             if r.num_computed > 0
         )

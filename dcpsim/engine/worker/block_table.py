@@ -7,6 +7,10 @@ being served, filled from the scheduler's plan. The width is the engine's
 ``cdiv(max_model_len, B)`` when replicated, 1 for a ring); a row that
 does not fit is a ``BlockTableOverflow``, which the harness reports as a
 correctness failure (the symptom of a replicated group scaled by ``W``).
+
+The table keeps its own change record: per request, the columns of its row whose block id
+changed (an entry set, replaced, nulled or cut off) since the last ``take_changes``, or
+``ALL_COLUMNS`` when the request got or lost its row (the incremental checker's input).
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ class BlockTableOverflow(Exception):
         self.group, self.request_id, self.needed, self.width = group, request_id, needed, width
 
 
+ALL_COLUMNS = None
+"""A change record's value for a request whose whole row is new (or gone)."""
+
+
 class BlockTable:
     def __init__(self, group: str, max_num_reqs: int, max_num_blocks_per_req: int):
         self.group = group
@@ -32,6 +40,8 @@ class BlockTable:
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
         self._row_of: dict[int, int] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
+        self._changed: dict[int, list[np.ndarray] | None] = {}
+        """Request -> changed columns (arrays) since ``take_changes``; ``ALL_COLUMNS``: all."""
 
     @property
     def width(self) -> int:
@@ -44,13 +54,26 @@ class BlockTable:
         if row is None:
             row = self._free_rows.pop()
             self._row_of[req] = row
-        self.table[row, : len(block_ids)] = block_ids
-        self.table[row, len(block_ids) :] = 0
-        self.num_blocks[row] = len(block_ids)
+            self._changed[req] = ALL_COLUMNS
+        n, old = len(block_ids), int(self.num_blocks[row])
+        if self._changed.get(req, ()) is not ALL_COLUMNS:
+            span = max(n, old)
+            before = self.table[row, :span].copy()
+            self.table[row, :n] = block_ids
+            self.table[row, n:old] = 0
+            columns = np.flatnonzero(before != self.table[row, :span])
+            if len(columns) or n != old:
+                resized = np.arange(min(n, old), max(n, old), dtype=np.int64)  # grown, or cut off
+                self._changed.setdefault(req, []).append(np.concatenate([columns, resized]))
+        else:
+            self.table[row, :n] = block_ids
+            self.table[row, n:old] = 0
+        self.num_blocks[row] = n
 
     def remove_row(self, req: int) -> None:
         row = self._row_of.pop(req)
         self.table[row] = 0
+        self._changed[req] = ALL_COLUMNS
         self.num_blocks[row] = 0
         self._free_rows.append(row)
 
@@ -66,6 +89,13 @@ class BlockTable:
         and, past the table's width, null too (at least ``entries`` entries)."""
         full = self.table[self._row_of[req]]
         return np.concatenate([full, np.zeros(max(0, entries - len(full)), np.int64)])
+
+    def take_changes(self) -> dict[int, np.ndarray | None]:
+        """Request -> the distinct changed columns of its row (or ``ALL_COLUMNS``) since
+        the last call, and forget them."""
+        changed, self._changed = self._changed, {}
+        return {req: cols if cols is ALL_COLUMNS else np.unique(np.concatenate(cols))
+                for req, cols in changed.items()}
 
     def row(self, req: int) -> np.ndarray:
         """The request's block ids (a view of the table; null entries are 0)."""

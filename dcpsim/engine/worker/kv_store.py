@@ -7,6 +7,9 @@ Unwritten slots hold -1. Block 0 is the null block.
 With ``vector_dim > 0`` (the attention check) the store also holds a float32
 tensor ``[num_blocks, states_per_page, vector_dim]`` of K/V vectors written at
 the same slots; unwritten slots hold NaN.
+
+The store keeps its own change record: every slot ``write`` stored a row at since the
+last ``take_written`` (the incremental checker's input; ``verify.changes``).
 """
 
 from __future__ import annotations
@@ -17,12 +20,22 @@ import torch
 from dcpsim.model.kv_entry import EMPTY, FIELDS, GROUP, INDEX, WRITER
 
 
+def sorted_distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` by a sort (faster on the mostly sorted runs a step writes)."""
+    values = np.sort(values)
+    keep = np.ones(len(values), dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
+
+
 class KVStore:
     def __init__(self, group_id: int, num_blocks: int, states_per_page: int, vector_dim: int = 0):
         self.group_id = group_id
         self.states_per_page = states_per_page
         self.data = torch.full((num_blocks, states_per_page, len(FIELDS)), EMPTY, dtype=torch.int64)
         self._flat = self.data.view(-1, len(FIELDS))
+        self._written: list[np.ndarray] = []
+        """Slots written since the last ``take_written``: the store's change record."""
         self.vector_dim = vector_dim
         self.vectors = (
             torch.full((num_blocks, states_per_page, vector_dim), float("nan"), dtype=torch.float32)
@@ -57,9 +70,14 @@ class KVStore:
 
     def write(self, slots: np.ndarray, rows: np.ndarray) -> None:
         if len(slots):
-            self._flat[torch.from_numpy(np.ascontiguousarray(slots))] = torch.from_numpy(
-                np.ascontiguousarray(rows)
-            )
+            slots = np.array(slots, dtype=np.int64)  # a copy: the record must not alias the caller's
+            self._flat[torch.from_numpy(slots)] = torch.from_numpy(np.ascontiguousarray(rows))
+            self._written.append(slots)
+
+    def take_written(self) -> np.ndarray:
+        """The distinct slots written since the last call (sorted), and forget them."""
+        written, self._written = self._written, []
+        return sorted_distinct(np.concatenate(written)) if written else np.zeros(0, np.int64)
 
     def read(self, slots: np.ndarray) -> np.ndarray:
         """Rows at ``slots``; a slot outside the store reads as EMPTY."""

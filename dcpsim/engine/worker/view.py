@@ -1,7 +1,8 @@
 """``WorkerView``: the reference worker's ``RankView`` (``dcpsim.model.rank_view``).
 
 Read-only: every array it returns is a copy, so the checker cannot change what the engine
-holds, and the checker reaches the worker only through these methods.
+holds, and the checker reaches the worker only through these methods. The ``take_*``
+methods hand over (and clear) the stores' and block tables' own change records.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ class WorkerView:
 
     def step_writes(self) -> list[WriteRecord]:
         return list(self._runner.write_log)
+
+    def take_written_slots(self, group: int) -> np.ndarray:
+        return self._runner.stores[group].take_written()
+
+    def take_table_changes(self, group: int) -> dict[int, np.ndarray | None]:
+        return self._runner.block_tables[group].take_changes()
 
     def step_attention_metadata(self) -> list[AttentionMetadata] | None:
         if not self._runner.builds_metadata:

@@ -67,10 +67,14 @@ def test_all_configs_listed_are_valid():
 
 def test_verify_every_checks_fewer_steps_and_the_last():
     sc = builtin("dsv3", 2, 1, verify_every=7)
-    rep = run(sc)
+    rep = run(sc, verify="full")
     assert rep.passed
-    expected = len({s for s in range(rep.steps) if s % 7 == 0} | {rep.steps - 1})
-    assert rep.verifications == expected
+    expected = {s for s in range(rep.steps) if s % 7 == 0} | {rep.steps - 1}
+    assert rep.verifications == rep.full_sweeps == len(expected)
+    # incremental: also the step each request finishes at (its full sweep), at most one a request
+    inc = run(sc)
+    assert inc.passed and inc.verify_mode == "incremental"
+    assert len(expected) < inc.verifications <= len(expected) + len(sc.requests)
 
 
 @pytest.mark.parametrize("name,W,I", [("dsv3", 3, 4), ("dsv41-hybrid", 2, 8)])

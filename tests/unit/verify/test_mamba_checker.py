@@ -40,11 +40,14 @@ def test_the_builtin_passes_in_align_mode(W, B):
 
 def test_every_live_request_has_one_state_verified_per_rank():
     sc = builtin(NAME, 2)
-    rep = run(sc)
+    rep = run(sc, verify="full")
     views = sum(len(p.views) for p in scheduler(sc).plans())
     # every view: one state on each of the 2 ranks, plus its attention positions (sharded)
     attn = sum(v.num_committed for p in scheduler(sc).plans() for v in p.views)
     assert rep.verified_indices == attn + 2 * views
+    # incremental: the states are still read at every check (their slot moves), fewer positions
+    inc = run(sc)
+    assert 2 * views < inc.verified_indices < attn + 2 * views
 
 
 def test_state_column_by_hand():

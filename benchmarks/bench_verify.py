@@ -1,0 +1,139 @@
+"""Benchmark: verification cost of one long-context request, per verification mode.
+
+The workload of issue 12: one request whose prompt of ``--context`` tokens is prefilled in
+16K-token chunks, then 256 decode tokens under speculative decoding (the layout's
+``num_speculative_tokens``, seeded acceptance), every step verified, on a gloo world of
+``--dcp`` ranks. Layouts: ``dsv41`` (the ``dsv41-hybrid`` built-in: replicated SWA and
+rings, sharded compressed caches) or ``scout`` (the ``llama4-scout`` built-in: chunked
+local attention in three of four layers, sharded global attention in the fourth).
+
+Prints the wall time of the world, checks, verified indices and each rank's peak RSS.
+``--profile`` also prints the top functions of rank 0 (cProfile; the ranks do the same work). Run:
+
+    python benchmarks/bench_verify.py --layout dsv41 --context 1048576 [--verify full] [--attention]
+
+Before figures of an older checkout: run from inside it (``cd OLD && PYTHONPATH=OLD python
+THIS_FILE ...``): the ranks import ``dcpsim`` from the working directory first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import io
+import os
+import pstats
+import time
+from pathlib import Path
+
+from dcpsim.harness.job import Job
+from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.scenario import RequestSpec
+
+BUILTIN = Path(__file__).resolve().parents[1] / "dcpsim" / "scenarios" / "builtin"
+LAYOUTS = {"dsv41": BUILTIN / "dsv41-hybrid.toml", "scout": BUILTIN / "llama4-scout.toml"}
+"""By path, so that an older checkout (``PYTHONPATH``) runs the same layouts: the before figures."""
+SCOUT_MAX_MODEL_LEN = 10485760
+"""Llama-4-Scout's ``max_position_embeddings`` (its config.json; see llama4-scout.toml)."""
+CHUNK = 16384
+DECODE = 256
+
+
+def long_request_scenario(layout: str, context: int, dcp: int, verify_every: int, max_model_len: int | None):
+    """The built-in layout with one ``context``-token request and a model length to fit it."""
+    base = load_scenario(str(LAYOUTS[layout]))
+    if max_model_len is None:
+        max_model_len = SCOUT_MAX_MODEL_LEN if layout == "scout" else context + DECODE + 8
+    config = dataclasses.replace(base.config, max_model_len=max_model_len, max_num_batched_tokens=CHUNK,
+                                 decode_context_parallel_size=dcp, enable_prefix_caching=False)
+    request = RequestSpec(request_id="long", prompt_len=context, output_len=DECODE)
+    return dataclasses.replace(base, name=f"{base.name}-{context}", config=config, requests=(request,),
+                               kv_cache_tokens=None, num_gpu_blocks=None, verify_every=verify_every)
+
+
+def profiled_rank_batch(payload, rank: int, world_size: int):
+    """``run_world`` target: a gloo rank's batch, rank 0 under cProfile (stats to a file)."""
+    from dcpsim.harness.batch import gloo_rank_batch
+
+    jobs_payload, path = payload
+    if rank != 0:
+        return gloo_rank_batch(jobs_payload, rank, world_size)
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        return gloo_rank_batch(jobs_payload, rank, world_size)
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
+
+
+def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None) -> list:
+    """Run the jobs on a gloo world, rank 0 under cProfile; print its top functions."""
+    import os
+    import sys
+    import tempfile
+
+    from dcpsim.harness.batch import merge_rank_reports
+    from dcpsim.harness.world import run_world
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    import bench_verify  # by module name, so the ranks can unpickle the target
+
+    path = os.path.join(tempfile.mkdtemp(), "rank0.prof")
+    per_rank = run_world(bench_verify.profiled_rank_batch, ((jobs, None), path), world_size=jobs[0].world_size,
+                         pg_timeout_s=timeout, deadline_s=4 * timeout, preload=("dcpsim.harness.batch",))
+    out = io.StringIO()
+    stats = pstats.Stats(path, stream=out).sort_stats(sort)
+    stats.print_stats(top)
+    if callers:
+        stats.print_callers(callers)
+    print(out.getvalue())
+    return [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="dsv41")
+    parser.add_argument("--context", type=int, default=1 << 20, help="prompt tokens (default 1M)")
+    parser.add_argument("--dcp", type=int, default=8, help="W (default 8)")
+    parser.add_argument("--max-model-len", type=int, help="default: the context + 264 (scout: its config's 10485760)")
+    parser.add_argument("--verify", choices=("incremental", "full"), default="incremental")
+    parser.add_argument("--verify-every", type=int, default=1)
+    parser.add_argument("--attention", action="store_true", help="also check decode attention (--attention)")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--profile", action="store_true", help="print rank 0's cProfile top functions")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--sort", default="tottime", help="with --profile: pstats sort key (tottime, cumulative)")
+    parser.add_argument("--callers", metavar="REGEX", help="with --profile: also who calls the functions matching REGEX")
+    args = parser.parse_args()
+
+    from dcpsim.harness.batch import run_jobs
+
+    scenario = long_request_scenario(args.layout, args.context, args.dcp, args.verify_every, args.max_model_len)
+    has_modes = "verify" in {f.name for f in dataclasses.fields(Job)}  # an older checkout: full only
+    job = Job(scenario, attention=args.attention, **({"verify": args.verify} if has_modes else {}))
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    if args.profile:
+        (report,) = profiled([job], args.timeout, args.top, args.sort, args.callers)
+    else:
+        (report,) = run_jobs([job], timeout=args.timeout, deadline=4 * args.timeout)
+    wall = time.perf_counter() - start
+    rss = max(r["peak_rss_mb"] for r in report.ranks)
+    mode = args.verify if has_modes else "full (no --verify in this checkout)"
+    print(f"{scenario.name}: W={args.dcp} context={args.context:,} max_model_len={scenario.config.max_model_len:,} "
+          f"verify={mode} attention={'on' if args.attention else 'off'} (load average {load:.1f} at start)")
+    print(f"  passed={report.passed} steps={report.steps} checks={report.verifications} "
+          f"verified indices={report.verified_indices:,}")
+    if args.attention:
+        print(f"  attention checks={report.attention_checks} sampled={report.attention_sampled_checks} "
+              f"query tokens={report.attention_query_tokens}")
+    per_rank = ", ".join(f"{r['peak_rss_mb']:.0f}" for r in report.ranks)
+    print(f"  wall time {wall:.2f} s; peak RSS per rank: max {rss:.0f} MiB ({per_rank})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""What an incremental check re-reads: the local indices of one (group, request) that can
+have changed since the last check, from the rank's own change records.
+
+The records belong to the worker's data structures and reach the checker through the
+``RankView`` (``take_written_slots``, ``take_table_changes``), never from the engine's
+plans or slot mapping. An entry attention reads for local index ``i`` of a paged group
+can only differ from what the last check saw when
+
+* a slot was written since: each written slot is mapped back through the request's block
+  table as the checker reads it (local ``i = e * P + slot % P`` for every column ``e``
+  whose block holds the slot, ``P`` states a page), so a write into another request's
+  block re-verifies that request's index;
+* its block-table column changed (set, replaced, nulled, grown or cut off): every local
+  index of the column;
+* it was not expected at the last check (the committed length grew): the new indices.
+
+Anything else forces a full read of the item (``None``): a request the checker has not
+verified yet, one that got or lost its whole row, a ring or a Mamba state (a handful of
+entries whose slot moves), or a sharded group whose local numbering does not start at
+index 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dcpsim.model.kinds import Storage
+from dcpsim.model.plan import RequestView
+from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.oracle import retained_start
+
+NO_LOCALS = np.zeros(0, dtype=np.int64)
+
+
+def expected_span(group: ExpectedGroup, num_committed: int) -> tuple[int, int]:
+    """``[first, stop)`` of the indices (positions, or records) the group must hold."""
+    if group.storage is Storage.RECORDS:
+        return 0, num_committed // group.tokens_per_state
+    return retained_start(group, num_committed), num_committed
+
+
+def owned_count(group: ExpectedGroup, rank: int, stop: int) -> int:
+    """How many of the indices ``[0, stop)`` of a sharded group rank ``rank`` owns."""
+    I, span = group.interleave_size, group.interleave_size * group.dcp_size
+    return (stop // span) * I + min(max(stop % span - rank * I, 0), I)
+
+
+def owned_index(group: ExpectedGroup, rank: int, local: np.ndarray) -> np.ndarray:
+    """The index that the rank's ``local``-th owned entry of a sharded group holds."""
+    I = group.interleave_size
+    return (local // I) * I * group.dcp_size + rank * I + local % I
+
+
+def locals_of_slots(row: np.ndarray, slots: np.ndarray, page: int) -> np.ndarray:
+    """Local indices that read one of the sorted, distinct ``slots`` through ``row``."""
+    if not len(slots) or not len(row):
+        return NO_LOCALS
+    blocks = slots // page
+    hit = np.flatnonzero(np.isin(row, blocks))
+    if not len(hit):
+        return NO_LOCALS
+    lo = np.searchsorted(blocks, row[hit], side="left")
+    counts = np.searchsorted(blocks, row[hit], side="right") - lo
+    starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    picked = slots[np.arange(int(counts.sum())) + starts]
+    return np.repeat(hit, counts) * page + picked % page
+
+
+def locals_of_columns(columns: np.ndarray, page: int) -> np.ndarray:
+    """Every local index that reads through one of ``columns``."""
+    return (np.asarray(columns, np.int64)[:, None] * page + np.arange(page, dtype=np.int64)).reshape(-1)
+
+
+class ChangeTracker:
+    """The checker's memory between checks: the change records of the last interval and
+    how far each (group, request) was expected at its last check."""
+
+    def __init__(self, view, store_of: list[int]):
+        self.view = view
+        self.store_of = store_of
+        self.written: list[np.ndarray] = [NO_LOCALS for _ in store_of]
+        self.changed: list[dict] = [{} for _ in store_of]
+        self.stop: dict[tuple[int, int], int] = {}
+        """(group, request) -> the stop of its expected span at its last check."""
+
+    def take(self, views) -> None:
+        """Consume the rank's change records (every check, in either mode) and forget the
+        requests no longer live: they are read in full if they come back."""
+        stores = dict.fromkeys(self.store_of)  # two groups an engine keeps in one store share its record
+        written = {s: self.view.take_written_slots(s) for s in stores}
+        changed = {s: self.view.take_table_changes(s) for s in stores}
+        self.written = [written[s] for s in self.store_of]
+        self.changed = [changed[s] for s in self.store_of]
+        live = {v.req_index for v in views}
+        self.stop = {key: stop for key, stop in self.stop.items() if key[1] in live}
+
+    def checked(self, g: int, group: ExpectedGroup, view: RequestView) -> None:
+        self.stop[(g, view.req_index)] = expected_span(group, view.num_committed)[1]
+
+    def locals_to_read(self, g: int, group: ExpectedGroup, view: RequestView, row: np.ndarray,
+                       rank: int) -> np.ndarray | None:
+        """The sorted local indices of the item to re-read, or None: read all of them."""
+        if group.storage in (Storage.RING, Storage.STATE):
+            return None
+        last = self.stop.get((g, view.req_index))
+        changed = self.changed[g].get(view.req_index, NO_LOCALS)
+        first, stop = expected_span(group, view.num_committed)
+        if last is None or changed is None or stop < last or (group.sharded and first):
+            return None
+        page = group.page_states
+        if group.sharded:
+            lo, hi = 0, owned_count(group, rank, stop)
+            new = np.arange(owned_count(group, rank, last), hi, dtype=np.int64)
+        else:
+            lo, hi = first, stop
+            new = np.arange(max(last, first), stop, dtype=np.int64)
+        local = np.concatenate([new, locals_of_slots(row, self.written[g], page),
+                                locals_of_columns(changed, page)])
+        local = np.sort(local[(local >= lo) & (local < hi)])
+        distinct = np.ones(len(local), dtype=bool)
+        distinct[1:] = local[1:] != local[:-1]
+        return local[distinct]
+
+
+def expected_at(group: ExpectedGroup, view: RequestView, rank: int, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The indices and contents rank ``rank`` must hold at the (valid) local indices
+    ``local`` of a paged group: ``expected_on_rank`` restricted to them."""
+    index = owned_index(group, rank, local) if group.sharded else local
+    if group.storage is Storage.RECORDS:
+        R = group.tokens_per_state
+        return index, view.fingerprints[index * R + R - 1]
+    return index, view.fingerprints[index]
