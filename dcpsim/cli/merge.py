@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.plural import plural
+from dcpsim.report_file import read_report_text
 
 
 def add_arguments(p) -> None:
@@ -26,12 +27,7 @@ def read_report(path: str) -> list[dict]:
     """A shard's cell entries, from its JSON list or its JUnit XML."""
     from dcpsim.campaigns import junit
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such report file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the report: {exc}") from None
+    text = read_report_text(path)
     if text.lstrip().startswith("<"):
         return junit.read(path)
     try:

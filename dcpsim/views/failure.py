@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.layout import record_emit_positions
+from dcpsim.report_file import read_report_text
 from dcpsim.views.layout_view import LayoutQuery
 from dcpsim.views.marks import Mark
 
@@ -25,12 +25,7 @@ MAX_ACTUAL_MARKS = 4
 
 
 def _read(path: str):
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such report file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the report: {exc}") from None
+    text = read_report_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
