@@ -155,7 +155,10 @@ def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process
     _, err = proc.communicate(timeout=60)
     elapsed = time.monotonic() - start
     assert proc.returncode == 3, err
-    assert elapsed < 20
+    # ended by the 3 s process-group timeout, not by the 36 s deadline (2 * timeout + 30):
+    # rank start-up on 2 loaded cores takes most of the time
+    assert elapsed < 33, err
+    assert "Timed out waiting 3000ms" in err and "deadline" not in err
     assert "rank 2 at step 3" in err
     time.sleep(0.5)
     alive = [p for p in helpers + ranks if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
@@ -188,7 +191,7 @@ def _state(pid: int) -> str:
 
 def test_bad_scenario_and_config_exit_2_before_any_rank(capsys, tmp_path):
     assert main(["run", "no-such-scenario"]) == 2
-    assert "built-ins: dsv3, dsv3-mtp, dsv41-hybrid" in capsys.readouterr().err
+    assert "built-ins: compressed-prefix, dsv3, dsv3-mtp, dsv41-hybrid" in capsys.readouterr().err
     assert main(["run", "dsv3", "--interleave", "3"]) == 2
     assert "cp_kv_cache_interleave_size (3)" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
