@@ -230,7 +230,7 @@ def pd_rank(job: PDJob, rank: int, world: GlooCollectives):
     from dcpsim.harness.groups import make_world_groups
     from dcpsim.harness.world import set_progress
 
-    prefill_size, decode_size = job.sizes
+    prefill_size = job.sizes[0]
     instances = world.subgroup("pd-instance", [list(range(prefill_size)), list(range(prefill_size, job.world_size))])
     make_world_groups(world, [(0, job.instance("prefill").config), (prefill_size, job.instance("decode").config)])
     if rank >= job.world_size:
