@@ -219,6 +219,22 @@ def allowed_parallel_sizes(max_world: int = 8) -> list[tuple[int, int, int]]:
     return out
 
 
+def nixl_takes_pcp_prefill(pcp: int, tp: int, w: int, decode_w: int) -> bool:
+    """vLLM 0.33.0's NixlConnector with a PCP producer, restated: PCP + DCP only at TP 1 with
+    ``W == pcp`` (then ``pcp`` shards that must divide the decode W or be divided by it);
+    replicated PCP (``W = 1``) only to a decode instance of W = 1."""
+    if w == 1:
+        return decode_w == 1
+    return tp == 1 and w == pcp and (pcp % decode_w == 0 or decode_w % pcp == 0)
+
+
+def pd_pcp_sizes(max_world: int = 8) -> list[tuple[tuple[int, int, int], int]]:
+    """Every ``((prefill pcp, tp, W), decode W)`` with prefill PCP > 1 that NIXL takes, at
+    most ``max_world`` processes in all."""
+    return [(p, d) for p in allowed_parallel_sizes(max_world - 1) if p[0] > 1
+            for d in range(1, max_world - p[0] * p[1] + 1) if nixl_takes_pcp_prefill(*p, d)]
+
+
 def pcp_scenario(pcp: int, tp: int, dcp: int, I: int = 1, k: int = 1):
     """A small PCP x TP x DCP scenario: a sharded MLA layer and a replicated full-attention
     layer; a prompt long enough to be split in chunked-prefill steps, a 2-token and a

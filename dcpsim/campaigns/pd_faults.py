@@ -21,8 +21,8 @@ class PDFault:
     bug_class = ""
     description = "no fault: the correct connector and engines"
     needs_pcp = False
-    """The bug shows only with PCP > 1: selftest judges its routes (``routes_cover``)
-    rather than a run, until the PCP runtime exists."""
+    """The bug shows only with PCP > 1: selftest runs it with the prefill instance at PCP = 2
+    (``pd_selftest.PCP_PREFILL``)."""
     kv_connector = "nixl"
     """The connector the fault lives in (selftest runs it on a scenario using it)."""
 
@@ -42,7 +42,8 @@ class NixlStrideByDcp(PDFault):
     name = "nixl-stride-by-dcp"
     bug_class = "P/D 1. NIXL block matching strides by dcp instead of pcp * dcp (vllm#38433, novitalabs/pegaflow#428)"
     description = ("the prefill rank's blocks are taken as rank, rank + dcp, ... instead of rank, rank + pcp * dcp, ...: "
-                   "with pcp = dcp = 2 a rank's blocks 0, 2, 4 are loaded where it holds 0, 4, 8")
+                   "with pcp = dcp = 2 a rank's blocks 0, 2, 4 are loaded where it holds 0, 4, 8; on a vLLM 0.33.0 "
+                   "PCP prefill (W == pcp at TP 1: pcp shards of one DCP rank each) the stride is 1 where it is pcp")
     needs_pcp = True
 
     def connector(self, kind):

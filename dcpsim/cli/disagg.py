@@ -3,7 +3,7 @@ instance in one gloo world, joined by a KV connector (``dcpsim.harness.disagg``)
 
 Flags override the table: ``--prefill-dcp W`` / ``--decode-dcp W`` (each instance's
 ``decode_context_parallel_size``), ``--prefill-interleave I`` / ``--decode-interleave I``,
-``--prefill-block-size B`` / ``--decode-block-size B``, ``--prefill-pcp N`` and
+``--prefill-block-size B`` / ``--decode-block-size B``, ``--prefill-pcp N``, ``--prefill-tp N`` and
 ``--kv-connector {nixl,resharding}``.
 """
 
@@ -19,6 +19,7 @@ _INSTANCE_FLAGS = {
     "interleave": "cp_kv_cache_interleave_size",
     "block_size": "block_size",
     "pcp": "prefill_context_parallel_size",
+    "tp": "tensor_parallel_size",
 }
 
 
@@ -32,7 +33,9 @@ def add_pd_arguments(p) -> None:
         g.add_argument(f"--{role}-block-size", dest=f"{role}_block_size", type=int, metavar="B",
                        help=f"the {role} instance's block size")
         g.add_argument(f"--{role}-pcp", dest=f"{role}_pcp", type=int, metavar="N",
-                       help=f"the {role} instance's prefill_context_parallel_size (P/D runs: 1 until PCP runs)")
+                       help=f"the {role} instance's prefill_context_parallel_size (nixl: prefill only, W == N at TP 1)")
+        g.add_argument(f"--{role}-tp", dest=f"{role}_tp", type=int, metavar="N",
+                       help=f"the {role} instance's tensor_parallel_size (default: as for a plain run)")
     g.add_argument("--kv-connector", choices=("nixl", "resharding"),
                    help="nixl: vLLM's block-level matching; resharding: position by position, any two layouts")
 

@@ -82,7 +82,7 @@ def _pd_entries(names: list[str]) -> list[dict]:
     out = []
     for name in names:
         fault = PD_FAULTS[name]
-        how = "route audit at prefill PCP = 2" if fault.needs_pcp else f"{fault.kv_connector} P/D run"
+        how = "nixl P/D run, prefill PCP = 2" if fault.needs_pcp else f"{fault.kv_connector} P/D run"
         out.append(dict(name=name, bug_class=fault.bug_class, description=fault.description, needs={}, configs=[],
                         scenarios=[PD_SCENARIO], runs=[dict(scenario=PD_SCENARIO, config=how)], applicable=True,
                         why_not=None))

@@ -52,32 +52,52 @@ class Collectives:
 
 
 class GlooCollectives(Collectives):
-    def __init__(self, rank: int, world_size: int, group=None):
+    def __init__(self, rank: int, world_size: int, group=None, ranks=None, groups: dict | None = None):
         """``group``: a subgroup of the default process group (``rank`` and ``world_size``
-        are then within it); None: the default group."""
+        are then within it); None: the default group. ``ranks``: the default world's rank
+        of each member (None: ``0 .. world_size - 1``). ``groups``: the world's process
+        groups by ``(name, world ranks)``, shared by every ``Collectives`` of the world."""
         self.rank = rank
         self.world_size = world_size
         self.bytes_sent = 0
         self.group = group
         """The process group (None: the default, whole world)."""
+        self.ranks = tuple(range(world_size)) if ranks is None else tuple(ranks)
+        self.groups = {} if groups is None else groups
 
     def subgroup(self, name, groups):
-        import torch.distributed as dist
-
+        """``groups`` are ranks of this collective, translated to world ranks. A process
+        group is made by every process of the default world (``new_group`` is collective
+        over it), so only the default-world collective makes new ones; a subgroup's
+        collective finds its groups made beforehand (``harness.groups.make_world_groups``)."""
         key = (name, tuple(map(tuple, groups)))
         cache = self.__dict__.setdefault("_subgroups", {})
         if key in cache:  # the jobs of a batch share their groups (gloo groups are never freed)
             return cache[key]
         mine = None
-        timeout = _world_timeout()
         for members in groups:  # every rank creates every group, in the same order
-            # its own group even over every rank (its own collectives), with the world's timeout
-            # (new_group's default is 30 minutes)
-            pg = dist.new_group(members, timeout=timeout)
+            world = tuple(self.ranks[m] for m in members)
+            pg = self.world_group(name, world)
             if self.rank in members:
-                mine = GlooCollectives(members.index(self.rank), len(members), pg)
+                mine = GlooCollectives(members.index(self.rank), len(members), pg, world, self.groups)
         cache[key] = mine
         return mine
+
+    def world_group(self, name: str, world_ranks: tuple[int, ...]):
+        """The process group of ``world_ranks`` (default-world ranks), made on first use."""
+        import torch.distributed as dist
+
+        key = (name, tuple(world_ranks))
+        if key not in self.groups:
+            if self.group is not None:
+                raise HarnessError(
+                    f"the {name} group of world ranks {', '.join(map(str, world_ranks))} was not made at world "
+                    "start: a subgroup's collectives cannot make process groups (dist.new_group is collective "
+                    "over the whole world); make them on every rank first (harness.groups.make_world_groups)")
+            # its own group even over every rank (its own collectives), with the world's timeout
+            # (new_group's default is 30 minutes)
+            self.groups[key] = dist.new_group(list(world_ranks), timeout=_world_timeout())
+        return self.groups[key]
 
     def all_gather_tensor(self, tensor):
         import torch.distributed as dist

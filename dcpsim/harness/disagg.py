@@ -1,8 +1,11 @@
 """A disaggregated prefill/decode run: two instances in one gloo world, joined by a KV connector.
 
-The world has ``P + D`` processes: world ranks ``0 .. P-1`` are the prefill instance,
-``P .. P+D-1`` the decode instance, each instance a gloo subgroup (``dist.new_group``) that
-its own run (``run_rank``: scheduler, worker, checker) uses for every collective. One world
+The world has ``P + D`` processes (each instance's ``pcp * tp``): world ranks ``0 .. P-1``
+are the prefill instance, ``P .. P+D-1`` the decode instance, each instance a gloo subgroup
+(``dist.new_group``) that its own run (``run_rank``: scheduler, worker, checker) uses for
+every collective. An instance's own DCP, PCP and TP groups are made on every process of
+the world at the job's start (``harness.groups.make_world_groups``: ``new_group`` is
+collective over the whole world), so the instance's run finds them made. One world
 rather than two joined by a store: one supervisor (``world.run_world``) sees both
 instances, so a crash or a hang on either side is reported with every rank's progress,
 and the transfer is plain point-to-point ``send``/``recv`` of the default group.
@@ -12,18 +15,19 @@ and the transfer is plain point-to-point ``send``/``recv`` of the default group.
    through its block table (``engine.connector.read_pages``).
 2. The connector transfers every prompt: for each (prefill rank, decode rank) pair, one
    tensor of the entries its routes move (``KVConnector.routes``), sent with ``isend``.
+   A route's prefill rank is a shard of the connector layout (``instance_layout``): the
+   prefill instance's first DCP group serves the KV (``shard_ranks``; with PCP and several
+   DCP groups the others are replicas, and with ``W = 1`` rank 0 alone serves it).
 3. The decode instance admits each request with its prompt's KV loaded (all but the last
    prompt token computed), writes the received entries at the slots its own block table
    gives, decodes the rest and is verified like any run. The checker never sees the
    connector's math: it judges the decode stores from the decode instance's scenario.
 
-PCP: ``require_pcp_runtime`` is the one place that refuses ``prefill_context_parallel_size
-> 1`` until a PCP runtime exists (the connector math covers it already).
+The decode instance is one DCP group (``require_one_dcp_group``): no PCP, TP = its W.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 
@@ -45,19 +49,19 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.rank import run_rank
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
-from dcpsim.scenarios.disagg import ROLES, check_disaggregation, instance_layout, instance_scenario
+from dcpsim.scenarios.disagg import ROLES, check_disaggregation, instance_layout, instance_scenario, shard_ranks
 from dcpsim.scenarios.scenario import Scenario
 from dcpsim.verify.report import RunReport
 
 
-def require_pcp_runtime(scenario: Scenario) -> None:
-    """P/D runs need PCP = 1 until the PCP runtime is merged (exit 2)."""
-    for role in ROLES:
-        pcp = scenario.disaggregated.instance(role).prefill_context_parallel_size
-        if pcp > 1:
-            raise ConfigError(
-                f"disaggregated.{role}.prefill_context_parallel_size = {pcp}: P/D runs with PCP > 1 are not "
-                "supported yet (no PCP runtime); the connector's matching math covers it (dcpsim.model.connector)")
+def require_one_dcp_group(scenario: Scenario) -> None:
+    """The decode instance loads each prompt into one DCP group: PCP 1 and TP = its W (exit 2)."""
+    layout = instance_scenario(scenario, "decode").config.parallel_layout
+    if layout.pcp > 1 or layout.world_size != layout.dcp:
+        raise ConfigError(
+            f"disaggregated.decode: prefill_context_parallel_size {layout.pcp}, tensor_parallel_size {layout.tp}, "
+            f"decode_context_parallel_size {layout.dcp}: the decode instance of a P/D run is one DCP group "
+            "(prefill_context_parallel_size 1, tensor_parallel_size = decode_context_parallel_size)")
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,9 @@ class PDJob:
 
     @property
     def sizes(self) -> tuple[int, int]:
+        """Each instance's processes (``pcp * tp``)."""
         pd = self.scenario.disaggregated
-        return pd.prefill.decode_context_parallel_size, pd.decode.decode_context_parallel_size
+        return pd.prefill.world_size, pd.decode.world_size
 
     @property
     def world_size(self) -> int:
@@ -115,8 +120,8 @@ def prepare_pd(job: PDJob) -> dict:
     """Validate a P/D run before any rank starts (exit 2 naming the field); dry-run both
     instances' schedules. Returns their summaries."""
     scenario = job.scenario
-    require_pcp_runtime(scenario)
     check_disaggregation(scenario)
+    require_one_dcp_group(scenario)
     summaries = {}
     for role in ROLES:
         sc = job.instance(role)
@@ -175,13 +180,14 @@ class DecodeInstance:
         pass
 
 
-def _send_prompts(pairs, pages, rank: int, prefill_size: int) -> int:
+def _send_prompts(pairs, pages, rank: int, prefill_size: int, shards: list[int]) -> int:
+    """``rank``'s routes (``shards``: the instance rank of each source shard)."""
     import torch
     import torch.distributed as dist
 
     handles, sent = [], 0
     for (p, d), items in sorted(pairs.items()):
-        if p != rank:
+        if shards[p] != rank:
             continue
         empty = np.zeros((0, len(FIELDS)), np.int64)
         chunks = [gather_entries(pages.get(i, {}).get(g, empty), route.src_local) for i, g, route in items]
@@ -193,7 +199,7 @@ def _send_prompts(pairs, pages, rank: int, prefill_size: int) -> int:
     return sent
 
 
-def _receive_prompts(pairs, rank: int) -> dict:
+def _receive_prompts(pairs, rank: int, shards: list[int]) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -202,7 +208,7 @@ def _receive_prompts(pairs, rank: int) -> dict:
         if d != rank:
             continue
         buf = torch.empty((sum(len(route.src_local) for _, _, route in items), len(FIELDS)), dtype=torch.int64)
-        handles.append(dist.irecv(buf, src=p))
+        handles.append(dist.irecv(buf, src=shards[p]))
         buffers.append((items, buf))
     for h in handles:
         h.wait()
@@ -217,41 +223,42 @@ def _receive_prompts(pairs, rank: int) -> dict:
                 for g, chunks in by_group.items()} for i, by_group in parts.items()}
 
 
-def pd_rank(job: PDJob, rank: int):
-    """One rank of either instance of ``job`` (world ranks past ``job.world_size`` only
-    take part in creating the subgroups, which every rank of the world must)."""
-    import torch.distributed as dist
-
+def pd_rank(job: PDJob, rank: int, world: GlooCollectives):
+    """One rank of either instance of ``job``; ``world``: the default world's collectives
+    (world ranks past ``job.world_size`` only take part in making the groups, which every
+    rank of the world must)."""
+    from dcpsim.harness.groups import make_world_groups
     from dcpsim.harness.world import set_progress
 
-    prefill_size, decode_size = job.sizes
-    subgroups = [dist.new_group(list(range(prefill_size))),
-                 dist.new_group(list(range(prefill_size, job.world_size)))]
+    prefill_size = job.sizes[0]
+    instances = world.subgroup("pd-instance", [list(range(prefill_size)), list(range(prefill_size, job.world_size))])
+    make_world_groups(world, [(0, job.instance("prefill").config), (prefill_size, job.instance("decode").config)])
     if rank >= job.world_size:
         return None
     pairs = job.pairs()
     fault = job.fault()
+    shards = shard_ranks(job.scenario, "prefill")
     if rank < prefill_size:
         instance = PrefillInstance()
-        coll = GlooCollectives(rank, prefill_size, group=subgroups[0])
-        report = run_rank(Job(job.instance("prefill")), coll, engine=fault.engine("prefill"), instance=instance)
+        report = run_rank(Job(job.instance("prefill")), instances, engine=fault.engine("prefill"), instance=instance)
         set_progress(report.steps, "kv transfer (send)")
-        sent = _send_prompts(pairs, instance.pages, rank, prefill_size)
+        sent = _send_prompts(pairs, instance.pages, rank, prefill_size, shards)
         return "prefill", report, sent
     set_progress(None, "kv transfer (receive)")
-    instance = DecodeInstance(_receive_prompts(pairs, rank - prefill_size))
-    coll = GlooCollectives(rank - prefill_size, decode_size, group=subgroups[1])
-    report = run_rank(Job(job.instance("decode")), coll, engine=fault.engine("decode"), instance=instance)
+    instance = DecodeInstance(_receive_prompts(pairs, rank - prefill_size, shards))
+    report = run_rank(Job(job.instance("decode")), instances, engine=fault.engine("decode"), instance=instance)
     return "decode", report, instance.written
 
 
 def pd_world(jobs: list[PDJob], rank: int, world_size: int) -> list:
-    """``world.run_world`` target: the jobs in turn, each on the world's first ranks."""
+    """``world.run_world`` target: the jobs in turn, each on the world's first ranks (their
+    process groups shared: gloo groups are never freed)."""
     import torch.distributed as dist
 
+    world = GlooCollectives(rank, world_size)
     out = []
     for job in jobs:
-        out.append(pd_rank(job, rank))
+        out.append(pd_rank(job, rank, world))
         dist.barrier()  # the next job's groups start from a quiet world
     return out
 
@@ -290,7 +297,7 @@ class PDReport:
 
     def text(self) -> str:
         lay = " -> ".join(f"{role} W={v['decode_context_parallel_size']} I={v['cp_kv_cache_interleave_size']} "
-                          f"B={v['block_size']} PCP={v['prefill_context_parallel_size']}"
+                          f"B={v['block_size']} PCP={v['prefill_context_parallel_size']} TP={v['tensor_parallel_size']}"
                           for role, v in self.layouts.items())
         lines = [f"P/D {self.scenario} via {self.kv_connector}: {lay}",
                  f"prefill instance: {self.prefill.text()}",
@@ -298,6 +305,17 @@ class PDReport:
                  f"decode instance: {self.decode.text()}",
                  "P/D PASSED" if self.passed else "P/D FAILED"]
         return "\n".join(lines)
+
+
+def instance_sizes(scenario: Scenario, role: str) -> dict:
+    """An instance's sizes as run (``W`` its DCP group's) and its connector layout's shards."""
+    config = instance_scenario(scenario, role).config
+    layout = instance_layout(scenario, role)
+    return dict(decode_context_parallel_size=config.decode_context_parallel_size,
+                prefill_context_parallel_size=config.prefill_context_parallel_size,
+                tensor_parallel_size=config.parallel_layout.tp,
+                cp_kv_cache_interleave_size=layout.cp_kv_cache_interleave_size, block_size=layout.block_size,
+                kv_shards=layout.cp_size)
 
 
 def run_pd(job: PDJob, *, timeout: float = 30.0, deadline: float | None = None, on_wait=None) -> PDReport:
@@ -326,7 +344,7 @@ def run_pd_batch(jobs: list[PDJob], *, timeout: float = 30.0, deadline: float | 
     for k, job in enumerate(jobs):
         results = [ranks[k] for ranks in per_rank if ranks[k] is not None]
         by_role = {role: [r for r in results if r[0] == role] for role in ROLES}
-        layouts = {role: dataclasses.asdict(instance_layout(job.scenario, role)) for role in ROLES}
+        layouts = {role: instance_sizes(job.scenario, role) for role in ROLES}
         reports.append(PDReport(
             scenario=job.scenario.name, kv_connector=job.scenario.disaggregated.kv_connector,
             prefill=merge_rank_reports([r[1] for r in by_role["prefill"]]),

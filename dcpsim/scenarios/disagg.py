@@ -6,6 +6,7 @@ kv_connector = "nixl"            # or "resharding"
 [disaggregated.prefill]          # the prefill instance
 decode_context_parallel_size = 2
 prefill_context_parallel_size = 1
+# tensor_parallel_size           # default: as for a plain run (dcpsim.model.parallel)
 # cp_kv_cache_interleave_size    # nixl: the smallest group block size when left out
 # block_size = 64                # default: the scenario's
 [disaggregated.decode]
@@ -22,6 +23,15 @@ block size of the instance's KV-cache groups (``VllmConfig.adjust_dcp_kv_cache_i
 in vLLM 0.33.0; an explicit value takes priority there and breaks the matching,
 vllm#54457, so dcpsim refuses it). ``resharding`` moves every position on its own and
 takes any pair of layouts.
+
+PCP on the prefill instance (``instance_layout``): dcpsim's PCP runtime adds no KV shards
+(docs section 12): the instance's KV lives on one DCP group of ``W`` ranks (the first DCP
+group serves it; the others are replicas). As the connector's layout (``N = pcp * dcp``,
+rank ``pcp_rank * dcp + dcp_rank``) that is ``pcp`` PCP ranks of ``W // pcp`` DCP ranks
+each when ``W > 1`` (vLLM 0.33.0: DCP spans the PCP group, transfer rank = ``pcp_rank``),
+and one shard (``N = 1``, served by rank 0) when ``W = 1`` (replicated PCP). Under NIXL
+vLLM 0.33.0 accepts PCP + DCP only with ``W == pcp`` at TP 1, and never pairs replicated
+PCP with a DCP-sharded peer; ``check_disaggregation`` refuses the rest.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from dcpsim.model.specs import CircularBufferSpec, MambaSpec
 from dcpsim.model.validate import is_int
 
 KV_CONNECTORS = ("nixl", "resharding")
-INSTANCE_KEYS = ("decode_context_parallel_size", "prefill_context_parallel_size",
+INSTANCE_KEYS = ("decode_context_parallel_size", "prefill_context_parallel_size", "tensor_parallel_size",
                  "cp_kv_cache_interleave_size", "block_size")
 ROLES = ("prefill", "decode")
 
@@ -47,6 +57,17 @@ class Instance:
     prefill_context_parallel_size: int = 1
     cp_kv_cache_interleave_size: int | None = None
     block_size: int | None = None
+    tensor_parallel_size: int | None = None
+    """None: ``dcpsim.model.parallel.default_tensor_parallel_size``."""
+
+    @property
+    def world_size(self) -> int:
+        """The instance's processes: ``pcp * tp``."""
+        from dcpsim.model.parallel import default_tensor_parallel_size
+
+        pcp, dcp = self.prefill_context_parallel_size, self.decode_context_parallel_size
+        tp = self.tensor_parallel_size or default_tensor_parallel_size(pcp, dcp)
+        return pcp * tp
 
 
 @dataclass(frozen=True)
@@ -57,9 +78,8 @@ class Disaggregation:
 
     @property
     def world_size(self) -> int:
-        """Processes of a P/D run: both instances' ``pcp * dcp`` ranks."""
-        return sum(i.decode_context_parallel_size * i.prefill_context_parallel_size
-                   for i in (self.prefill, self.decode))
+        """Processes of a P/D run: both instances' ``pcp * tp`` ranks."""
+        return self.prefill.world_size + self.decode.world_size
 
     def instance(self, role: str) -> Instance:
         return self.prefill if role == "prefill" else self.decode
@@ -110,14 +130,18 @@ def instance_scenario(scenario, role: str):
     requests that end after the first output token (no draft tokens then)."""
     pd: Disaggregation = scenario.disaggregated
     inst = pd.instance(role)
-    sized = scenario.with_overrides(decode_context_parallel_size=inst.decode_context_parallel_size,
-                                    block_size=inst.block_size)
     interleave = inst.cp_kv_cache_interleave_size
     if interleave is None:
         interleave = scenario.config.cp_kv_cache_interleave_size
         if pd.kv_connector == "nixl" and inst.decode_context_parallel_size > 1:
-            interleave = smallest_block_size(sized.layers) or interleave
-    out = sized.with_overrides(cp_kv_cache_interleave_size=interleave)
+            # the instance's layers at its block size (W = 1 here: the interleave is not checked yet)
+            layers = scenario.with_overrides(decode_context_parallel_size=1, block_size=inst.block_size).layers
+            interleave = smallest_block_size(layers) or interleave
+    # every size at once: the interleave is checked against the instance's block size, not [config]'s
+    out = scenario.with_overrides(decode_context_parallel_size=inst.decode_context_parallel_size,
+                                  prefill_context_parallel_size=inst.prefill_context_parallel_size,
+                                  tensor_parallel_size=inst.tensor_parallel_size, block_size=inst.block_size,
+                                  cp_kv_cache_interleave_size=interleave)
     out = dataclasses.replace(out, name=f"{scenario.name}[{role}]", disaggregated=None)
     if role == "prefill":
         out = dataclasses.replace(out, requests=tuple(
@@ -127,20 +151,31 @@ def instance_scenario(scenario, role: str):
 
 def instance_layout(scenario, role: str):
     """The layout of an instance's (one) sharded group, as the connector sees it
-    (``model.connector.InstanceLayout``; imported here: loading a scenario needs no numpy)."""
+    (``model.connector.InstanceLayout``; imported here: loading a scenario needs no numpy):
+    its ``W`` KV shards as ``pcp`` PCP ranks of ``W // pcp`` DCP ranks (one shard when
+    ``W = 1``; see the module doc)."""
     from dcpsim.model.connector import InstanceLayout
 
     sc = instance_scenario(scenario, role)
     inst = scenario.disaggregated.instance(role)
-    return InstanceLayout(decode_context_parallel_size=inst.decode_context_parallel_size,
+    w, pcp = inst.decode_context_parallel_size, inst.prefill_context_parallel_size
+    if w == 1 or w % pcp:
+        pcp = 1  # replicated PCP: one shard (W % pcp != 0 is refused by the size rules)
+    return InstanceLayout(decode_context_parallel_size=w // pcp,
                           cp_kv_cache_interleave_size=sc.config.cp_kv_cache_interleave_size,
                           block_size=smallest_block_size(sc.layers) or 1,
-                          prefill_context_parallel_size=inst.prefill_context_parallel_size)
+                          prefill_context_parallel_size=pcp)
+
+
+def shard_ranks(scenario, role: str) -> list[int]:
+    """The instance ranks holding the connector layout's shards, by shard rank: the first
+    DCP group's members (``[0]`` when ``W = 1``)."""
+    return instance_scenario(scenario, role).config.parallel_layout.dcp_groups()[0]
 
 
 def check_disaggregation(scenario) -> None:
     """The connector's own rules (exit 2, naming the field): NIXL consumers have no PCP,
-    and NIXL matches whole blocks."""
+    a NIXL producer's PCP follows vLLM 0.33.0's rule, and NIXL matches whole blocks."""
     from dcpsim.model.connector import check_block_matching
 
     pd: Disaggregation = scenario.disaggregated
@@ -150,5 +185,29 @@ def check_disaggregation(scenario) -> None:
         raise ConfigError(
             "disaggregated.decode.prefill_context_parallel_size: the NIXL connector supports PCP on the "
             "prefill (kv_producer) instance only; the decode instance needs 1 (vLLM 0.33.0)")
+    check_nixl_pcp(pd)
     check_block_matching(instance_layout(scenario, "prefill"), instance_layout(scenario, "decode"),
                          what="disaggregated (kv_connector = nixl)")
+
+
+def check_nixl_pcp(pd: Disaggregation) -> None:
+    """vLLM 0.33.0's NixlConnector with a PCP producer: PCP + DCP only at TP 1 with DCP
+    spanning the PCP group (``W == pcp``), and replicated PCP (``W = 1``) never paired with
+    a DCP-sharded decode instance (exit 2 naming the rule)."""
+    p = pd.prefill
+    pcp, w = p.prefill_context_parallel_size, p.decode_context_parallel_size
+    if pcp == 1:
+        return
+    tp = p.world_size // pcp
+    if w > 1 and (tp != 1 or w != pcp):
+        raise ConfigError(
+            f"disaggregated.prefill: prefill_context_parallel_size {pcp} with decode_context_parallel_size {w} "
+            f"and tensor_parallel_size {tp}: the NIXL connector takes PCP + DCP only at TP 1 with DCP spanning "
+            "the full PCP group (decode_context_parallel_size == prefill_context_parallel_size, vLLM 0.33.0 "
+            "NixlConnector); use kv_connector = \"resharding\" for other sizes")
+    if w == 1 and pd.decode.decode_context_parallel_size > 1:
+        raise ConfigError(
+            f"disaggregated.decode.decode_context_parallel_size {pd.decode.decode_context_parallel_size}: the "
+            f"NIXL connector cannot pair replicated PCP (prefill PCP {pcp}, DCP 1) with a DCP-sharded decode "
+            "instance (vLLM 0.33.0 NixlConnector); use decode_context_parallel_size = 1 or kv_connector = "
+            "\"resharding\"")

@@ -78,7 +78,8 @@ def test_the_cli_reports_both_instances(capsys):
     assert doc["passed"] and doc["kv_connector"] == "nixl"
     assert doc["layouts"]["prefill"]["decode_context_parallel_size"] == 2
     assert doc["layouts"]["decode"] == {"decode_context_parallel_size": 4, "cp_kv_cache_interleave_size": 64,
-                                        "block_size": 64, "prefill_context_parallel_size": 1}
+                                        "block_size": 64, "prefill_context_parallel_size": 1,
+                                        "tensor_parallel_size": 4, "kv_shards": 4}
     assert doc["entries_sent"] == doc["entries_written"] == 700 * 2 + 90 + 1000
     assert len(doc["decode"]["ranks"]) == 4 and doc["decode"]["passed"] and doc["prefill"]["passed"]
     assert main(["run", "pd-dsv3", "--kv-connector", "resharding", "--decode-interleave", "8",

@@ -41,7 +41,7 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
     faults = [r for r in rows if r[0] != "(baseline)"]
     baselines = [r for r in rows if r[0] == "(baseline)"]
     # every registered fault has rows, and every fault row says detected, with the report's first line
-    # (a P/D row says which instance failed, or which requests a route audit found misrouted)
+    # (a P/D row says which instance failed)
     assert {r[0] for r in faults} == (set(FAULTS) | set(PD_FAULTS)) - {"none"}
     for r in faults:
         assert r[3] == "detected", r
@@ -49,8 +49,10 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
             assert r[4].startswith("[collective-hang] RankFailureError: collective hang in a world of 2 ranks: "
                                    "rank 0 skipped a collective"), r
             continue
-        assert re.match(r"\[[a-z-]+\] ((prefill|decode) instance: )?FAIL at step \d+: |\[routes\] requests ", r[4]), r
-    pd_baselines = [r for r in baselines if r[2].startswith(("nixl ", "resharding ", "route audit"))]
+        assert re.match(r"\[[a-z-]+\] ((prefill|decode) instance: )?FAIL at step \d+: ", r[4]), r
+    stride = [r for r in faults if r[0] == "nixl-stride-by-dcp"]  # a real run on a PCP prefill
+    assert len(stride) == 1 and "PCP=2" in stride[0][2] and stride[0][4].startswith("[wrong-content] decode instance: ")
+    pd_baselines = [r for r in baselines if r[2].startswith(("nixl ", "resharding "))]
     assert len(pd_baselines) == 3 and all(r[1] == "pd-dsv3" and r[3] == "pass" for r in pd_baselines), pd_baselines
     baselines = [r for r in baselines if r not in pd_baselines]
     by_fault = {}

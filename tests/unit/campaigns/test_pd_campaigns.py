@@ -6,7 +6,7 @@ import pytest
 
 from dcpsim.campaigns.pd_faults import PD_FAULTS, get_pd_fault
 from dcpsim.campaigns.pd_matrix import pair_scenario, parse_pairs
-from dcpsim.campaigns.pd_selftest import route_audit
+from dcpsim.campaigns.pd_selftest import _scenario, pd_fault_names
 from dcpsim.errors import ConfigError
 from dcpsim.scenarios.load import load_scenario
 
@@ -25,10 +25,23 @@ def test_a_pair_the_connector_cannot_take_is_refused():
         pair_scenario(s, 2, 3)
 
 
-def test_the_route_audit_catches_the_stride_by_dcp_matching_and_passes_the_correct_one():
-    assert route_audit("none").outcome == "pass"
-    row = route_audit("nixl-stride-by-dcp")
-    assert row.outcome == "detected" and row.kind == "routes" and "chat-0" in row.report
+def test_the_pcp_selftest_case_misroutes_only_with_the_stride_by_dcp_matching():
+    """The run selftest makes of nixl-stride-by-dcp: prefill PCP = W = 2 at TP 1, whose two
+    shards the fault reads with a stride of 1; the correct connector delivers every position."""
+    from dcpsim.engine.connector import CONNECTORS
+    from dcpsim.model.connector import routes_cover
+    from dcpsim.scenarios.disagg import instance_layout
+
+    s = _scenario("nixl-pcp")
+    assert s.disaggregated.prefill.prefill_context_parallel_size == 2 and s.disaggregated.world_size == 6
+    src, dst = instance_layout(s, "prefill"), instance_layout(s, "decode")
+    assert (src.cp_size, src.decode_context_parallel_size) == (2, 1)
+    bad = get_pd_fault("nixl-stride-by-dcp").connector("nixl")
+    for r in s.requests:
+        assert routes_cover(CONNECTORS["nixl"]().routes(r.prompt_len, src, dst), r.prompt_len, src, dst)
+        # a prompt of more than two blocks (64 tokens each) reads some block from the wrong local block
+        assert routes_cover(bad.routes(r.prompt_len, src, dst), r.prompt_len, src, dst) == (r.prompt_len <= 128)
+    assert get_pd_fault("nixl-stride-by-dcp").needs_pcp and "nixl-stride-by-dcp" in pd_fault_names()
 
 
 def test_every_pd_fault_names_a_public_report_or_its_bug():

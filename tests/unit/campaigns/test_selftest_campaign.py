@@ -225,7 +225,7 @@ def test_list_shows_every_registered_fault_with_its_bug_class(capsys):
     doc = json.loads(capsys.readouterr().out)
     by_name = {e["name"]: e for e in doc["faults"]}
     assert set(by_name) == (set(FAULTS) | set(PD_FAULTS)) - {BASELINE}  # the P/D faults run on pd-dsv3
-    assert by_name["nixl-stride-by-dcp"]["runs"] == [{"scenario": "pd-dsv3", "config": "route audit at prefill PCP = 2"}]
+    assert by_name["nixl-stride-by-dcp"]["runs"] == [{"scenario": "pd-dsv3", "config": "nixl P/D run, prefill PCP = 2"}]
     assert by_name["merge-drops-dcp-replicated"]["runs"] == [{"scenario": "llama-draft", "config": "W=2 I=1"}]
     assert by_name["kernel-virtual-block"]["needs"] == {"kernel_block_size": 16}
 

@@ -9,7 +9,7 @@ import pytest
 from dcpsim.cli import main
 from dcpsim.errors import ConfigError, ScenarioError
 from dcpsim.harness.disagg import PDJob, prepare_pd
-from dcpsim.scenarios.disagg import instance_layout, instance_scenario
+from dcpsim.scenarios.disagg import instance_layout, instance_scenario, shard_ranks
 from dcpsim.scenarios.load import load_scenario, scenario_from_dict
 from dcpsim.scenarios.registry import builtin_scenario_path
 
@@ -59,13 +59,45 @@ def test_a_bad_table_names_the_field(tables, message):
         scenario_from_dict(pd_data(**tables), source="f.toml")
 
 
-def test_pcp_above_1_is_refused_before_any_rank_starts(capsys):
+def test_a_pcp_prefill_is_its_w_shards_and_its_world_is_pcp_times_tp():
     s = scenario_from_dict(pd_data(prefill={"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2}),
                            source="f.toml")
-    with pytest.raises(ConfigError, match="prefill_context_parallel_size = 2: P/D runs with PCP > 1 are not supported yet"):
-        prepare_pd(PDJob(s))
-    assert main(["run", "pd-dsv3", "--prefill-pcp", "2"]) == 2
-    assert "not supported yet" in capsys.readouterr().err
+    prepare_pd(PDJob(s))
+    config = instance_scenario(s, "prefill").config
+    assert (config.prefill_context_parallel_size, config.parallel_layout.tp, config.decode_context_parallel_size) == (2, 1, 2)
+    lay = instance_layout(s, "prefill")  # vLLM 0.33.0: DCP spans the PCP group, one DCP rank per PCP rank
+    assert (lay.prefill_context_parallel_size, lay.decode_context_parallel_size, lay.cp_size) == (2, 1, 2)
+    assert PDJob(s).sizes == (2, 4) and s.disaggregated.world_size == 6
+    assert shard_ranks(s, "prefill") == [0, 1]
+    replicated = scenario_from_dict(pd_data(prefill={"decode_context_parallel_size": 1, "prefill_context_parallel_size": 2,
+                                                     "tensor_parallel_size": 2},
+                                            decode={"decode_context_parallel_size": 1}), source="f.toml")
+    lay = instance_layout(replicated, "prefill")
+    assert lay.cp_size == 1 and shard_ranks(replicated, "prefill") == [0] and PDJob(replicated).sizes == (4, 1)
+
+
+@pytest.mark.parametrize("prefill, decode, message", [
+    ({"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2, "tensor_parallel_size": 2}, 4,
+     "the NIXL connector takes PCP \\+ DCP only at TP 1 with DCP spanning the full PCP group"),
+    ({"decode_context_parallel_size": 4, "prefill_context_parallel_size": 2}, 4,
+     "prefill_context_parallel_size 2 with decode_context_parallel_size 4 and tensor_parallel_size 2"),
+    ({"decode_context_parallel_size": 1, "prefill_context_parallel_size": 2}, 4,
+     "cannot pair replicated PCP \\(prefill PCP 2, DCP 1\\) with a DCP-sharded decode instance"),
+])
+def test_nixl_refuses_the_pcp_prefills_vllm_refuses(prefill, decode, message):
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from_dict(pd_data(prefill=prefill, decode={"decode_context_parallel_size": decode}), source="f.toml")
+    # the re-sharding connector takes them
+    s = scenario_from_dict(pd_data(kv_connector="resharding", prefill=prefill,
+                                   decode={"decode_context_parallel_size": decode}), source="f.toml")
+    prepare_pd(PDJob(s))
+
+
+def test_the_cli_runs_a_pcp_prefill_and_refuses_what_nixl_cannot_take(capsys):
+    assert main(["run", "pd-dsv3", "--prefill-pcp", "2", "--prefill-tp", "2"]) == 2
+    assert "TP 1 with DCP spanning the full PCP group" in capsys.readouterr().err
+    assert main(["run", "pd-dsv3", "--decode-tp", "8", "--kv-connector", "resharding"]) == 2
+    assert "the decode instance of a P/D run is one DCP group" in capsys.readouterr().err
 
 
 def test_unsupported_groups_and_flags_are_exit_2(capsys, tmp_path):
