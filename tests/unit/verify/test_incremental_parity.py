@@ -20,7 +20,9 @@ from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.job import Job
 from dcpsim.verify.write_guard import WriteGuard
 
-FAULT_NAMES = [n for n in FAULTS if n != "none"]
+FAULT_NAMES = [n for n in FAULTS if n != "none" and FAULTS[n].expects != "hang"]
+"""Every fault with a verdict (a hang fault ends in a collective timeout before any check,
+the same in both modes; ``test_checker_faults`` covers it)."""
 _PLAN = {}
 
 
