@@ -133,6 +133,9 @@ def simulate_rank_failure(job: Job, rank: int, step: int) -> None:
         return
     if kind == RankFailureKind.RAISE:
         raise RuntimeError(f"simulated failure of rank {rank} at step {step}")
+    from dcpsim.harness.world import flush_progress
+
+    flush_progress()  # the parent places the hang or the exit at this step
     if kind == RankFailureKind.HANG:
         while True:
             time.sleep(3600)

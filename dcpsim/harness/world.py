@@ -86,14 +86,56 @@ class RankFailureError(HarnessError):
 _conn = None  # this rank's pipe to the parent; None outside run_world ranks
 _send_lock = threading.Lock()
 _progress: tuple[int | None, str] = (None, "")
+PROGRESS_INTERVAL_S = 0.05
+"""At most one progress message per this many seconds: a later change within it is sent by
+a flusher thread when it ends (so the parent learns where a rank stopped within ~50 ms)."""
+_progress_lock = threading.Lock()  # orders progress messages: taken around each send
+_progress_sent: tuple[int | None, str] | None = None
+_progress_sent_at = -PROGRESS_INTERVAL_S
+_progress_wake = threading.Event()
+_flusher: threading.Thread | None = None
 
 
 def set_progress(step: int | None, what: str = "") -> None:
-    """Record where this rank is (step number, phase); shown in failure reports."""
-    global _progress
+    """Record where this rank is (step number, phase); shown in failure reports, hang
+    reports and the parent's waiting message. Sent at once unless a message went less than
+    ``PROGRESS_INTERVAL_S`` ago; then the flusher sends the latest one when that ends (a
+    step's several phases cost a pipe message, not one each)."""
+    global _progress, _flusher
     _progress = (step, what)
-    if _conn is not None:
-        _send(("progress", step, what))
+    if _conn is None:
+        return
+    if time.monotonic() - _progress_sent_at >= PROGRESS_INTERVAL_S:
+        flush_progress()
+        return
+    if _flusher is None:
+        _flusher = threading.Thread(target=_flush_loop, name="dcpsim-progress", daemon=True)
+        _flusher.start()
+    _progress_wake.set()
+
+
+def flush_progress() -> None:
+    """Send the latest progress now if the parent does not have it (before a rank ends
+    without a report, so its exit is placed right)."""
+    global _progress_sent, _progress_sent_at
+    if _conn is None:
+        return
+    with _progress_lock:
+        progress = _progress
+        if progress == _progress_sent:
+            return
+        _progress_sent, _progress_sent_at = progress, time.monotonic()
+        _send(("progress", *progress))
+
+
+def _flush_loop() -> None:
+    while True:
+        _progress_wake.wait()
+        _progress_wake.clear()
+        delay = _progress_sent_at + PROGRESS_INTERVAL_S - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        flush_progress()
 
 
 def send_event(payload) -> None:

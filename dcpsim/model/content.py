@@ -43,28 +43,36 @@ def mix64(h: np.ndarray) -> np.ndarray:
     return z
 
 
+def powers(base: np.uint64, n: int, block: int = 1024) -> np.ndarray:
+    """``base**i`` for ``i`` in ``[0, n)``, mod 2**64: a short running product and one of
+    ``base**block``, multiplied as an outer product (numpy's uint64 ``cumprod`` over millions
+    of elements is ~20x slower than this)."""
+    with np.errstate(over="ignore"):
+        small = np.full(max(1, min(block, n)), base, dtype=np.uint64)
+        small[0] = 1
+        small = np.cumprod(small, dtype=np.uint64)
+        big = np.full(max(1, -(-n // block)), np.uint64(pow(int(base), block, 2**64)), dtype=np.uint64)
+        big[0] = 1
+        big = np.cumprod(big, dtype=np.uint64)
+        return (big[:, None] * small[None, :]).ravel()[:n]
+
+
 def raw_prefix_hash(tokens: np.ndarray) -> np.ndarray:
     """``h[p] = sum_{i<=p} tok[i] * K**(p-i)`` for every p, mod 2**64."""
     n = len(tokens)
     if n == 0:
         return np.empty(0, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        pows = np.empty(n, dtype=np.uint64)
-        pows[0] = 1
-        inv = np.empty(n, dtype=np.uint64)
-        inv[0] = 1
-        if n > 1:
-            pows[1:] = _K
-            inv[1:] = _K_INV
-            pows = np.cumprod(pows, dtype=np.uint64)
-            inv = np.cumprod(inv, dtype=np.uint64)
-        acc = np.cumsum(tokens.astype(np.uint64) * inv, dtype=np.uint64)
-        return acc * pows
+        acc = np.cumsum(tokens.astype(np.uint64) * powers(_K_INV, n), dtype=np.uint64)
+        return acc * powers(_K, n)
 
 
-def prefix_fingerprints(tokens: np.ndarray) -> np.ndarray:
-    """Fingerprint of every prefix of ``tokens`` as int64 (never -1 in practice)."""
-    return mix64(raw_prefix_hash(np.asarray(tokens, dtype=np.int64))).view(np.int64)
+def prefix_fingerprints(tokens: np.ndarray, raw: np.ndarray | None = None) -> np.ndarray:
+    """Fingerprint of every prefix of ``tokens`` as int64 (never -1 in practice); ``raw``:
+    their ``raw_prefix_hash`` if already computed."""
+    if raw is None:
+        raw = raw_prefix_hash(np.asarray(tokens, dtype=np.int64))
+    return mix64(raw).view(np.int64)
 
 
 def extend_fingerprints(raw_before: int, new_tokens) -> np.ndarray:

@@ -9,6 +9,8 @@ releases go back to the pool and their entries become the null block.
 
 from __future__ import annotations
 
+import numpy as np
+
 from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.scheduler.block_pool import NULL_BLOCK, BlockPool
@@ -21,9 +23,30 @@ class GroupManager:
         self.pool = pool
         self.engine = engine
         self.blocks: dict[int, list[int]] = {}
+        self._released: dict[int, int] = {}
+        """Request -> how many leading entries of its row are known null (released or
+        padded): ``release_skipped`` starts there, so a step costs O(newly released)."""
+        self._arrays: dict[int, np.ndarray] = {}
+        """Request -> its row as int64 numpy, kept in step with ``blocks`` (``row_array``)."""
 
     def held(self, req: int) -> list[int]:
         return self.blocks.get(req, [])
+
+    def row_array(self, req: int) -> np.ndarray:
+        """A fresh int64 copy of the request's row (a plan's snapshot): a copy of a mirror
+        updated with each change, not a conversion of the whole list every step."""
+        row = self.blocks.get(req, [])
+        mirror = self._arrays.get(req)
+        if mirror is None or len(mirror) != len(row):
+            have = 0 if mirror is None else min(len(mirror), len(row))
+            tail = np.asarray(row[have:], dtype=np.int64)
+            mirror = tail if mirror is None else np.concatenate([mirror[:have], tail])
+            self._arrays[req] = mirror
+        return mirror.copy()
+
+    def _forget(self, req: int) -> None:
+        self._released.pop(req, None)
+        self._arrays.pop(req, None)
 
     def num_new_blocks(self, req: int, num_tokens: int) -> int:
         return max(0, self.engine.blocks_needed(self.geometry, num_tokens) - len(self.held(req)))
@@ -36,6 +59,7 @@ class GroupManager:
     def adopt(self, req: int, blocks: list[int]) -> None:
         """Start a request's table with prefix-cache hit blocks (already touched)."""
         self.blocks[req] = list(blocks)
+        self._forget(req)
 
     def release_skipped(self, req: int, num_committed: int) -> int:
         """Free the leading blocks no longer needed; returns how many."""
@@ -44,16 +68,26 @@ class GroupManager:
             return 0
         table = self.blocks.get(req, [])
         released = 0
-        for j in range(min(self.engine.num_released_blocks(self.geometry, first), len(table))):
+        done = self._released.get(req, 0)
+        upto = min(self.engine.num_released_blocks(self.geometry, first), len(table))
+        # Entries below ``done`` are null already: a row only grows at its end (``allocate``)
+        # and is replaced whole (``adopt``) or dropped (``free``), which forget the cursor.
+        mirror = self._arrays.get(req)
+        for j in range(done, upto):
             if table[j] != NULL_BLOCK:
                 self.pool.free([table[j]])
                 table[j] = NULL_BLOCK
                 released += 1
+                if mirror is not None and j < len(mirror):
+                    mirror[j] = NULL_BLOCK
+        if upto > done:
+            self._released[req] = upto
         return released
 
     def free(self, req: int) -> None:
         # Free in reverse so the tail of a request is evicted first (like vLLM).
         self.pool.free(list(reversed(self.blocks.pop(req, []))))
+        self._forget(req)
 
 
 class StateManager(GroupManager):

@@ -42,7 +42,7 @@ class Request:
         shared = prefix_tokens[: spec.shared_prefix_len] if prefix_tokens is not None else own[:0]
         self.tokens = np.concatenate([shared, own])
         self.raw_hash = raw_prefix_hash(self.tokens)
-        self.fingerprints = prefix_fingerprints(self.tokens)
+        self.fingerprints = prefix_fingerprints(self.tokens, self.raw_hash)
         self.status = Status.PENDING
         self.num_computed = 0
         self.num_output = 0

@@ -137,7 +137,7 @@ class Scheduler:
 
     def _rows(self) -> tuple[dict[int, np.ndarray], ...]:
         return tuple(
-            {r: np.asarray(b, dtype=np.int64) for r, b in m.blocks.items()} for m in self.managers
+            {r: m.row_array(r) for r in m.blocks} for m in self.managers
         )
 
     # --- one step -----------------------------------------------------------------
