@@ -145,7 +145,7 @@ def test_rank_that_exits_is_reported():
 def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process():
     start = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--timeout", "3",
+        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--timeout", "3", "--deadline", "120",
          "--simulate-rank-failure", "hang:2:3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -155,9 +155,9 @@ def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process
     _, err = proc.communicate(timeout=60)
     elapsed = time.monotonic() - start
     assert proc.returncode == 3, err
-    # ended by the 3 s process-group timeout, not by the 36 s deadline (2 * timeout + 30):
-    # rank start-up on 2 loaded cores takes most of the time
-    assert elapsed < 33, err
+    # ended by the 3 s process-group timeout, long before the 120 s deadline (rank start-up
+    # on 2 loaded cores takes most of the time)
+    assert elapsed < 60, err
     assert "Timed out waiting 3000ms" in err and "deadline" not in err
     assert "rank 2 at step 3" in err
     time.sleep(0.5)
