@@ -105,7 +105,9 @@ def set_progress(step: int | None, what: str = "") -> None:
     _progress = (step, what)
     if _conn is None:
         return
-    if time.monotonic() - _progress_sent_at >= PROGRESS_INTERVAL_S:
+    # a phase outside the steps (rendezvous, started, ...) is rare and places a death before
+    # the first step: always sent at once
+    if step is None or time.monotonic() - _progress_sent_at >= PROGRESS_INTERVAL_S:
         flush_progress()
         return
     if _flusher is None:
