@@ -74,8 +74,9 @@ def test_matrix_prints_each_cell_as_it_ends_and_keeps_one_json_document(capsys):
     assert err[0] == "matrix: 2 cells, 2 to run, 0 skipped"
     assert re.fullmatch(rf"\[1/2\] dsv3-dcp2-il1-bs64 PASS {SECONDS}", err[1]), err
     assert re.fullmatch(rf"\[2/2\] dsv3-dcp2-il16-bs64 PASS {SECONDS}", err[2]), err
-    assert [float(re.search(r"\((\S+) s\)", line).group(1)) for line in err[1:3]] == \
-        [round(c["seconds"], 2) for c in cells]
+    printed = [float(re.search(r"\((\S+) s\)", line).group(1)) for line in err[1:3]]
+    # the line shows 2 decimals, the JSON 3: both round the same measured time
+    assert all(abs(p - c["seconds"]) <= 0.0051 for p, c in zip(printed, cells, strict=True)), (printed, cells)
 
 
 def test_selftest_prints_each_run_as_it_ends(capsys):
