@@ -59,7 +59,7 @@ def profiled_rank_batch(payload, rank: int, world_size: int):
     jobs_payload, path = payload
     if rank != 0:
         return gloo_rank_batch(jobs_payload, rank, world_size)
-    profile = cProfile.Profile()
+    profile = cProfile.Profile(time.process_time)  # CPU time: 8 ranks share 2 cores
     profile.enable()
     try:
         return gloo_rank_batch(jobs_payload, rank, world_size)
@@ -68,7 +68,7 @@ def profiled_rank_batch(payload, rank: int, world_size: int):
         profile.dump_stats(path)
 
 
-def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None) -> list:
+def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None, save: str | None = None) -> list:
     """Run the jobs on a gloo world, rank 0 under cProfile; print its top functions."""
     import os
     import sys
@@ -91,6 +91,9 @@ def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None) -> 
     if callers:
         stats.print_callers(callers)
     print(out.getvalue())
+    if save:
+        import shutil
+        shutil.copy(path, save)
     return [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]
 
 
@@ -108,6 +111,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--sort", default="tottime", help="with --profile: pstats sort key (tottime, cumulative)")
     parser.add_argument("--callers", metavar="REGEX", help="with --profile: also who calls the functions matching REGEX")
+    parser.add_argument("--profile-out", metavar="FILE", help="with --profile: also keep rank 0's pstats file")
     args = parser.parse_args()
 
     from dcpsim.harness.batch import run_jobs
@@ -118,7 +122,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     start = time.perf_counter()
     if args.profile:
-        (report,) = profiled([job], args.timeout, args.top, args.sort, args.callers)
+        (report,) = profiled([job], args.timeout, args.top, args.sort, args.callers, args.profile_out)
     else:
         (report,) = run_jobs([job], timeout=args.timeout, deadline=4 * args.timeout)
     wall = time.perf_counter() - start
@@ -133,6 +137,9 @@ def main() -> None:
               f"query tokens={report.attention_query_tokens}")
     per_rank = ", ".join(f"{r['peak_rss_mb']:.0f}" for r in report.ranks)
     print(f"  wall time {wall:.2f} s; peak RSS per rank: max {rss:.0f} MiB ({per_rank})")
+    if all("cpu_seconds" in r for r in report.ranks):
+        cpu = [r["cpu_seconds"] for r in report.ranks]
+        print(f"  CPU per rank: max {max(cpu):.2f} s, total {sum(cpu):.2f} s over {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,10 @@ class Collectives:
         raise NotImplementedError
 
 
+STAR_GATHER_FROM = 2
+"""Groups larger than this all-gather as a gather to the first member and a broadcast."""
+
+
 class GlooCollectives(Collectives):
     def __init__(self, rank: int, world_size: int, group=None, ranks=None, groups: dict | None = None):
         """``group``: a subgroup of the default process group (``rank`` and ``world_size``
@@ -104,9 +108,20 @@ class GlooCollectives(Collectives):
 
         tensor = tensor.contiguous()
         self.bytes_sent += tensor.numel() * tensor.element_size()
-        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor, group=self.group)
-        return out
+        if self.world_size <= STAR_GATHER_FROM:
+            out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+            dist.all_gather(out, tensor, group=self.group)
+            return out
+        # gather to the first member, then broadcast: gloo's all_gather is a ring of W - 1
+        # dependent hops, each waiting for the next rank to be scheduled, which costs ~5x
+        # more than these two star-shaped collectives when ranks outnumber cores
+        # (benchmarks/bench_collectives.py)
+        root = self.ranks[0]
+        stacked = torch.empty((self.world_size, *tensor.shape), dtype=tensor.dtype)
+        parts = list(stacked.unbind(0)) if self.rank == 0 else None
+        dist.gather(tensor, parts, dst=root, group=self.group)
+        dist.broadcast(stacked, src=root, group=self.group)
+        return list(stacked.unbind(0))
 
     def all_gather_object(self, obj):
         import torch.distributed as dist

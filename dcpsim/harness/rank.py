@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import time
 from dataclasses import dataclass
 
 from dcpsim.campaigns.faults import get_fault
@@ -282,6 +283,7 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                 pcp_rank=coords.pcp_rank, tp_rank=coords.tp_rank, dcp_group=coords.dcp_group,
                 dcp_rank=coords.dcp_rank)),
             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            cpu_seconds=time.process_time(),  # since the rank's process started (all its threads)
             kv_store_mb=view.kv_store_bytes / 2**20,
             bytes_sent=bytes_sent,
         )

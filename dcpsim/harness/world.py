@@ -44,7 +44,7 @@ from dcpsim.model.validate import check_int
 from dcpsim.plural import plural
 
 START_METHOD = "forkserver"
-BASE_PRELOAD = ("__main__", "torch", "torch.distributed", __name__)
+BASE_PRELOAD = ("__main__", "torch", "torch.distributed", "numpy.ma", __name__)
 MAX_GRACE_S = 2.0
 WAIT_REPORT_S = 5.0
 """How long the parent waits without news (an event) before saying what it waits for."""

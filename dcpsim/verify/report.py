@@ -222,6 +222,7 @@ class RunReport:
         for r in self.ranks:
             out.append(
                 f"  rank {r['rank']}: peak RSS {r['peak_rss_mb']:.0f} MiB, KV stores {r['kv_store_mb']:.2f} MiB"
+                + (f", CPU {r['cpu_seconds']:.2f} s" if "cpu_seconds" in r else "")
             )
         if self.attention is not None:
             a = self.attention
