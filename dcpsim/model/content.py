@@ -32,15 +32,20 @@ def random_tokens(seed_key: list[int], n: int) -> np.ndarray:
 
 
 def mix64(h: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: spreads every input bit over the output."""
-    with np.errstate(over="ignore"):
-        z = h.astype(np.uint64, copy=True)
-        z ^= z >> np.uint64(30)
-        z *= np.uint64(0xBF58476D1CE4E5B9)
-        z ^= z >> np.uint64(27)
-        z *= np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
+    """splitmix64 finaliser: spreads every input bit over the output. Array arithmetic wraps
+    mod 2**64 without a warning (only numpy scalars warn), so no ``errstate`` is needed: it
+    cost more than the hashing on the small arrays of a decode step."""
+    z = np.asarray(h).astype(np.uint64)
+    z ^= z >> _S30
+    z *= _M1
+    z ^= z >> _S27
+    z *= _M2
+    z ^= z >> _S31
     return z
+
+
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 def powers(base: np.uint64, n: int, block: int = 1024) -> np.ndarray:

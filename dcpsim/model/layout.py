@@ -44,7 +44,25 @@ __all__ = [
 ]
 
 
-def validate_layout(
+def validate_layout(**layout) -> None:
+    """Reject a layout that the DCP formulas do not cover, naming the values (keywords:
+    those of ``_validate_layout``). Remembers the layouts it accepted: every slot mapping
+    of every step validates its layout, and a run has a handful."""
+    key = tuple((name, type(value), value) for name, value in sorted(layout.items()))  # True == 1, 4.0 == 4
+    try:
+        if key in _VALID_LAYOUTS:
+            return
+    except TypeError:  # an unhashable value: validate (and reject) it every time
+        return _validate_layout(**layout)
+    _validate_layout(**layout)
+    if len(_VALID_LAYOUTS) < 4096:
+        _VALID_LAYOUTS.add(key)
+
+
+_VALID_LAYOUTS: set[tuple] = set()
+
+
+def _validate_layout(
     *,
     block_size: int,
     dcp_size: int = 1,

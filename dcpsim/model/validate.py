@@ -9,6 +9,8 @@ from dcpsim.errors import ConfigError
 
 def is_int(value) -> bool:
     """An integer (Python or numpy), never a bool."""
+    if type(value) is int:  # the common case, without the (slow) abstract-class check
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

@@ -16,19 +16,21 @@ _K2 = np.uint64(0xA0761D6478BD642F)
 
 
 def _pair_hash(index: np.ndarray, content: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return mix64(index.astype(np.uint64) * _K1 ^ content.view(np.uint64))
+    # array arithmetic wraps mod 2**64 silently (content.mix64)
+    return mix64(np.asarray(index).astype(np.uint64) * _K1 ^ np.asarray(content).view(np.uint64))
 
 
 def multiset_digest(index: np.ndarray, content: np.ndarray) -> int:
-    with np.errstate(over="ignore"):
-        return int(_pair_hash(index, content).sum(dtype=np.uint64))
+    if not len(index):
+        return 0
+    return int(_pair_hash(index, content).sum(dtype=np.uint64))
 
 
 def ordered_digest(index: np.ndarray, content: np.ndarray) -> int:
-    with np.errstate(over="ignore"):
-        order = (np.arange(1, len(index) + 1, dtype=np.uint64)) * _K2
-        return int(mix64(_pair_hash(index, content) ^ order).sum(dtype=np.uint64))
+    if not len(index):
+        return 0
+    order = np.arange(1, len(index) + 1, dtype=np.uint64) * _K2
+    return int(mix64(_pair_hash(index, content) ^ order).sum(dtype=np.uint64))
 
 
 def as_int64(u: int) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dcpsim.model.distinct import has_repeats
 from dcpsim.model.plan import StepPlan, WriteRecord
 
 MAX_KEPT = 20
@@ -88,8 +89,8 @@ class WriteGuard:
             written.setdefault(w.group, []).append((slots[inside], indices[inside], w.request_id))
         for g, parts in written.items():
             slots = np.concatenate([p[0] for p in parts])
-            uniq, first, counts = np.unique(slots, return_index=True, return_counts=True)
-            if (counts > 1).any():
+            if has_repeats(slots):
+                uniq, first, counts = np.unique(slots, return_index=True, return_counts=True)
                 owners = np.concatenate([[p[2]] * len(p[0]) for p in parts])
                 idx = np.concatenate([p[1] for p in parts])
                 for u, f in zip(uniq[counts > 1], first[counts > 1]):

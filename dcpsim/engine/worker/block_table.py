@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dcpsim.model.distinct import sorted_distinct
 from dcpsim.plural import plural
 
 
@@ -94,7 +95,7 @@ class BlockTable:
         """Request -> the distinct changed columns of its row (or ``ALL_COLUMNS``) since
         the last call, and forget them."""
         changed, self._changed = self._changed, {}
-        return {req: cols if cols is ALL_COLUMNS else np.unique(np.concatenate(cols))
+        return {req: cols if cols is ALL_COLUMNS else sorted_distinct(np.concatenate(cols))
                 for req, cols in changed.items()}
 
     def row(self, req: int) -> np.ndarray:

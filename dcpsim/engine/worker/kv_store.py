@@ -17,15 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dcpsim.model.distinct import sorted_distinct
 from dcpsim.model.kv_entry import EMPTY, FIELDS, GROUP, INDEX, WRITER
-
-
-def sorted_distinct(values: np.ndarray) -> np.ndarray:
-    """``np.unique`` by a sort (faster on the mostly sorted runs a step writes)."""
-    values = np.sort(values)
-    keep = np.ones(len(values), dtype=bool)
-    keep[1:] = values[1:] != values[:-1]
-    return values[keep]
 
 
 class KVStore:

@@ -1,0 +1,19 @@
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dcpsim.model.distinct import has_repeats, sorted_distinct
+
+ints = st.lists(st.integers(-5, 50), max_size=60).map(lambda v: np.array(v, dtype=np.int64))
+
+
+@given(ints)
+def test_sorted_distinct_is_np_unique(values):
+    got = sorted_distinct(values)
+    assert got.dtype == np.int64
+    assert np.array_equal(got, np.unique(values))
+
+
+@given(ints)
+def test_has_repeats_says_whether_a_value_occurs_twice(values):
+    assert has_repeats(values) == (len(set(values.tolist())) < len(values))
