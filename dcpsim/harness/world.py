@@ -246,6 +246,22 @@ def _context(preload: tuple[str, ...]):
     return ctx
 
 
+def start_forkserver(preload: tuple[str, ...] = ()) -> None:
+    """Start the forkserver now, with ``preload`` (what the first world would preload), so
+    that its imports (torch: ~2 s) run while the caller still imports and loads its own;
+    the first world then forks ranks at once. Best effort: if it fails, the first world
+    starts it again and reports what is wrong."""
+    if START_METHOD != "forkserver":
+        return
+    _context(tuple(preload))
+    from multiprocessing import forkserver
+
+    try:
+        forkserver.ensure_running()
+    except Exception:  # noqa: BLE001 - the first world reports it
+        pass
+
+
 def _new_store_dir() -> str:
     return tempfile.mkdtemp(prefix="dcpsim-world-")
 
