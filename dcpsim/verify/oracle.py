@@ -37,12 +37,23 @@ def expected_full(group: ExpectedGroup, view: RequestView) -> tuple[np.ndarray, 
     if group.storage is Storage.STATE:  # one state, summarising the whole committed prefix
         last = np.array([n - 1], dtype=np.int64)
         return last, view.fingerprints[last]
+    first, stop = _span(group, n)
+    return _with_content(group, view, np.arange(first, stop, dtype=np.int64))
+
+
+def _span(group: ExpectedGroup, n: int) -> tuple[int, int]:
+    """``[first, stop)`` of the indices a paged, records or ring group must hold."""
+    if group.storage is Storage.RECORDS:
+        return 0, n // group.tokens_per_state
+    return retained_start(group, n), n
+
+
+def _with_content(group: ExpectedGroup, view: RequestView, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``index`` with what each must hold: a record, the fingerprint of its last token."""
     if group.storage is Storage.RECORDS:
         R = group.tokens_per_state
-        records = np.arange(n // R, dtype=np.int64)
-        return records, view.fingerprints[records * R + R - 1]
-    positions = np.arange(retained_start(group, n), n, dtype=np.int64)
-    return positions, view.fingerprints[positions]
+        return index, view.fingerprints[index * R + R - 1]
+    return index, view.fingerprints[index]
 
 
 def expected_owner(group: ExpectedGroup, index: int) -> int | None:
@@ -60,10 +71,19 @@ def owned_mask(group: ExpectedGroup, index: np.ndarray, rank: int) -> np.ndarray
 
 
 def expected_on_rank(group: ExpectedGroup, view: RequestView, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """The indices rank ``rank`` must hold, in its local (attention) order, with contents."""
-    index, content = expected_full(group, view)
-    mine = owned_mask(group, index, rank)
-    return index[mine], content[mine]
+    """The indices rank ``rank`` must hold, in its local (attention) order, with contents.
+
+    Sharded: the rank's runs ``k = rank, rank + W, ...`` of ``I`` indices, each run listed
+    whole and cut to the span, so a rank enumerates only its ``1/W`` share of a long context."""
+    if not group.sharded or group.storage is Storage.STATE:
+        return expected_full(group, view)
+    first, stop = _span(group, view.num_committed)
+    I, W = group.interleave_size, group.dcp_size
+    k0 = first // I  # the run holding the first index; the rank's runs are k = rank mod W
+    runs = np.arange(k0 + (rank - k0) % W, -(-stop // I), W, dtype=np.int64)
+    index = (runs[:, None] * I + np.arange(I, dtype=np.int64)).reshape(-1)
+    index = index[(index >= first) & (index < stop)]
+    return _with_content(group, view, index)
 
 
 def state_column(group: ExpectedGroup, start: int, stop: int, num_drafts: int, num_committed: int) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dcpsim.model.config import SimConfig
 from dcpsim.model.kinds import Retention, Storage
@@ -18,7 +20,7 @@ from dcpsim.model.specs import (
 )
 from dcpsim.scenarios.scenario import RequestSpec, Scenario
 from dcpsim.verify.geometry import expected_groups
-from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, retained_start
+from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, retained_start
 from helpers import geometries
 
 LAYERS = {
@@ -131,3 +133,22 @@ def test_retained_start_formulas(n, window, chunk, ring):
     idx, con = expected_full(groups["swa"], v)
     assert list(idx) == list(range(window, n))
     assert np.array_equal(con, v.fingerprints[window:n])
+
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([(1, 1), (2, 1), (2, 4), (3, 2), (4, 8), (8, 16), (8, 1)]), st.integers(0, 700), st.data())
+def test_a_rank_enumerates_exactly_the_indices_it_owns(WI, n, data):
+    """``expected_on_rank`` lists the rank's runs of ``I``; by definition it holds index i
+    iff (i // I) % W == rank: both agree (DCP shards only spans that start at 0: a sliding
+    window or chunk must be dcp_replicated)."""
+    W, I = WI
+    rank = data.draw(st.integers(0, W - 1))
+    v = view(n)
+    groups = _groups(LAYERS, W, I)
+    for key in ("mla", "mla2"):
+        group = groups[key]
+        full_i, full_c = expected_full(group, v)
+        mine = owned_mask(group, full_i, rank)
+        idx, con = expected_on_rank(group, v, rank)
+        assert np.array_equal(idx, full_i[mine]) and np.array_equal(con, full_c[mine]), (key, W, I, n, rank)
