@@ -73,7 +73,7 @@ class BlockTable:
 
     def remove_row(self, req: int) -> None:
         row = self._row_of.pop(req)
-        self.table[row] = 0
+        self.table[row, : self.num_blocks[row]] = 0  # past num_blocks a row is null already (set_row)
         self._changed[req] = ALL_COLUMNS
         self.num_blocks[row] = 0
         self._free_rows.append(row)
@@ -86,10 +86,13 @@ class BlockTable:
             self.set_row(req, request_ids.get(req, str(req)), ids)
 
     def padded_row(self, req: int, entries: int) -> np.ndarray:
-        """The request's whole row as a kernel reads it: null (0) past the blocks it holds,
+        """The request's row as a kernel reads it: null (0) past the blocks it holds,
         and, past the table's width, null too (at least ``entries`` entries)."""
-        full = self.table[self._row_of[req]]
-        return np.concatenate([full, np.zeros(max(0, entries - len(full)), np.int64)])
+        r = self._row_of[req]
+        # past num_blocks the row is null: copy only what is asked for (a row of a 10^9-token
+        # max_model_len is 10^7 entries)
+        have = self.table[r, : min(self.width, max(int(self.num_blocks[r]), entries))]
+        return np.concatenate([have, np.zeros(max(0, entries - len(have)), np.int64)])
 
     def take_changes(self) -> dict[int, np.ndarray | None]:
         """Request -> the distinct changed columns of its row (or ``ALL_COLUMNS``) since

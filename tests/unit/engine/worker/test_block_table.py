@@ -20,3 +20,18 @@ def test_block_table_rows():
     assert list(t.row(0)) == [7] and list(t.row(2)) == [0, 2, 3]
     with pytest.raises(BlockTableOverflow, match="needs 5 block-table entries"):
         t.set_row(1, "b", np.arange(1, 6))
+
+
+def test_a_removed_row_is_null_again_for_the_next_request_and_padded_rows_are_null_past_the_blocks():
+    t = BlockTable("g", max_num_reqs=2, max_num_blocks_per_req=10)
+    t.set_row(0, "a", np.array([5, 6, 7]))
+    t.set_row(0, "a", np.array([5, 6]))  # cut back: entry 2 is null again
+    assert t.table[0].tolist() == [5, 6] + [0] * 8
+    t.set_row(0, "a", np.array([5, 6, 8, 9]))
+    t.remove_row(0)
+    assert not t.table.any(), "a freed row holds no block ids"
+    t.set_row(1, "b", np.array([3]))  # reuses the freed row
+    assert t.row(1).tolist() == [3] and t.table[t._row_of[1]].tolist() == [3] + [0] * 9
+    assert t.padded_row(1, 4).tolist() == [3, 0, 0, 0]
+    assert t.padded_row(1, 0).tolist() == [3], "never fewer entries than the blocks held"
+    assert t.padded_row(1, 13).tolist() == [3] + [0] * 12, "null past the table's width"
