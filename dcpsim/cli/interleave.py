@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import textwrap
 
 from dcpsim.cli.options import json_errors
-from dcpsim.errors import ConfigError
+from dcpsim.errors import EXIT_USAGE, ConfigError
 from dcpsim.views.backend_rules import RULES, broken_rules, layout_context
 
 DEFAULT_INTERLEAVES = "1,8,64,B"
@@ -175,4 +176,9 @@ def run(args) -> int:
 
             save_imbalance_png(doc, args.png)
     print(json.dumps(doc, indent=2) if args.json else render(doc))
+    if doc["rows"] and not any(row["valid"] for row in doc["rows"]):
+        labels = ", ".join(str(row["label"]) for row in doc["rows"])
+        print(f"dcpsim: error: --interleave: no size is valid here ({labels}; the reasons are above)",
+              file=sys.stderr)
+        return EXIT_USAGE
     return 0

@@ -138,3 +138,11 @@ def test_png_without_matplotlib_is_exit_2_naming_the_extra(capsys, monkeypatch, 
 def test_usage_errors_are_exit_2(capsys, decode_only, argv, message):
     assert main(["interleave", decode_only(), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_every_size_invalid_is_exit_2_after_the_reasons(capsys, decode_only):
+    assert main(["interleave", decode_only(), "--interleave", "32,64"]) == 2  # both > B = 16
+    captured = capsys.readouterr()
+    assert "I=32: invalid" in captured.out and "I=64: invalid" in captured.out
+    assert "--interleave: no size is valid here (32, 64" in captured.err
+    assert main(["interleave", decode_only(), "--interleave", "32,1"]) == 0, "one valid size is a comparison"
