@@ -77,6 +77,19 @@ def with_pd_overrides(scenario, overrides: dict):
     return out
 
 
+def _check_pd_budget(job, args) -> None:
+    """Refuse (exit 2) a P/D run the machine cannot hold, before the dry runs; warn when
+    the instances' ranks outnumber the CPUs."""
+    from dcpsim.harness.budget import check_pd_budget, cpu_warning
+    from dcpsim.scenarios.disagg import ROLES
+
+    instances = {role: job.instance(role) for role in ROLES}
+    check_pd_budget(instances, force=getattr(args, "force", False))
+    warning = cpu_warning(sum(sc.config.world_size for sc in instances.values()))
+    if warning:
+        print(warning, file=sys.stderr)
+
+
 def run_disaggregated(args, scenario) -> int:
     from dcpsim.cli.options import json_errors
     from dcpsim.cli.progress import print_waiting
@@ -91,6 +104,7 @@ def run_disaggregated(args, scenario) -> int:
                 raise ConfigError(f"--{flag.replace('_', '-')} is not supported for P/D runs yet")
         job = PDJob(scenario, inject=args.inject)
         try:
+            _check_pd_budget(job, args)
             prepare_pd(job)
         except ConfigError as exc:
             raise ConfigError(f"{scenario.source}: {exc}") from None

@@ -209,6 +209,21 @@ def check_budget(scenario: Scenario, *, in_process: bool = False, force: bool = 
     return budget
 
 
+def check_pd_budget(instances: dict[str, Scenario], *, force: bool = False, available: int | None = None,
+                    hint: str = "; --force to run anyway") -> int:
+    """A disaggregated run: one world of every instance's rank processes and one parent that
+    dry-runs each instance's schedule. Returns the bytes it needs, or a ``ConfigError``
+    with each instance's figures (the steps check applies to each instance)."""
+    budgets = {role: check_budget(sc, force=True, available=available, hint=hint) for role, sc in instances.items()}
+    need = PARENT_BYTES + sum(b.parent_bytes + b.ranks * (PROCESS_BYTES + b.rank_bytes) for b in budgets.values())
+    have = available_memory() if available is None else available
+    if not force and need > have:
+        per = "; ".join(f"{role}: {b.figures()}" for role, b in budgets.items())
+        raise ConfigError(f"the P/D run needs ~{gib(need)} GiB ({per}); the machine has {gib(have)} GiB "
+                          f"available{hint}")
+    return need
+
+
 def check_scheduler_fits(scenario: Scenario, *, available: int | None = None) -> Budget:
     """For commands that build one scheduler and no stores (``capacity``): refuse a
     scheduler (its pools and requests) larger than the memory ``available``."""

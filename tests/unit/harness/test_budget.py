@@ -104,3 +104,22 @@ def test_a_kv_cache_tokens_below_the_largest_request_says_which_pool_was_used():
     note = bd.pool_note(s)
     assert "kv_cache_tokens = 1" in note and "4 blocks (128 tokens)" in note
     assert bd.pool_note(dataclasses.replace(tiny(W=2), kv_cache_tokens=4096)) is None
+
+
+def test_a_pd_run_counts_both_instances_in_one_world_and_is_refused_with_their_figures():
+    from dcpsim.scenarios.disagg import ROLES, instance_scenario
+    from dcpsim.scenarios.load import load_scenario
+
+    pd = load_scenario("pd-dsv3")
+    instances = {role: instance_scenario(pd, role) for role in ROLES}
+    budgets = {role: bd.estimate(sc) for role, sc in instances.items()}
+    need = bd.check_pd_budget(instances, available=64 * GIB)
+    assert need == bd.PARENT_BYTES + sum(b.parent_bytes + b.ranks * (bd.PROCESS_BYTES + b.rank_bytes)
+                                         for b in budgets.values())
+    assert need < sum(b.total_bytes() for b in budgets.values()), "one parent, not one per instance"
+    with pytest.raises(ConfigError) as info:
+        bd.check_pd_budget(instances, available=need - 1)
+    message = str(info.value)
+    assert message.startswith("the P/D run needs ~") and "prefill: ~" in message and "decode: ~" in message
+    assert "--force" in message
+    assert bd.check_pd_budget(instances, available=need - 1, force=True) == need
