@@ -155,12 +155,14 @@ def _contiguous_range(pos: np.ndarray) -> range | None:
     first, last = int(pos[0]), int(pos[-1])
     if last - first != n - 1:
         return None
-    diff = np.empty(min(_CHECK_CHUNK, n - 1), dtype=np.int64)
+    # n integers spanning exactly n - 1 are that run iff each is above the one before: a
+    # strict comparison (a byte per position) instead of a difference (eight)
+    rising = np.empty(min(_CHECK_CHUNK, n - 1), dtype=bool)
     for lo in range(0, n - 1, _CHECK_CHUNK):
         hi = min(lo + _CHECK_CHUNK, n - 1)
-        d = diff[: hi - lo]
-        np.subtract(pos[lo + 1 : hi + 1], pos[lo:hi], out=d)
-        if not (d == 1).all():
+        r = rising[: hi - lo]
+        np.greater(pos[lo + 1 : hi + 1], pos[lo:hi], out=r)
+        if not r.all():
             return None
     return range(first, last + 1)
 
@@ -234,27 +236,30 @@ def _general(pos, bt, B, W, r, I, sharded) -> np.ndarray:
     virtual block's local offsets on rank ``r``, where the offsets of other ranks hold a
     sentinel so negative that ``bt[vb]*B + sentinel < 0``; a clamp at ``PAD`` then marks
     them, with no boolean mask over the positions.
-    Plain: ``bt[vb]*B + p - vb*B = (bt[vb] - vb)*B + p`` with ``vb = p // B``.
+    Plain: ``bt[vb]*B + p % B`` with ``vb = p // B``. A power-of-two ``B*W`` (or ``B``)
+    divides by a shift and a mask.
     """
-    if not sharded:
-        vb = np.floor_divide(pos, B)
-        slots = np.take(bt, vb, mode="clip")  # in range: _check_span; "clip" skips a bounds pass
-        slots -= vb
-        slots *= B
-        slots += pos
+    if not sharded:  # slot = bt[vb] * B + p % B: the table scaled once (it is short), then 4 passes
+        if B & (B - 1) == 0:
+            vb, off = np.right_shift(pos, B.bit_length() - 1), np.bitwise_and(pos, B - 1)
+        else:
+            vb, off = np.divmod(pos, B)
+        slots = np.take(bt * B, vb, out=vb, mode="clip")  # in range: _check_span; "clip" skips a bounds pass
+        slots += off
         return slots
     span = B * W
     off = np.arange(span, dtype=np.int64)
     sentinel = -(int(np.abs(bt).max()) + 1) * B - 1
     local = np.where((off // I) % W == r, (off // (W * I)) * I + off % I, sentinel)
-    vb = np.floor_divide(pos, span)
-    off = np.multiply(vb, span)
-    np.subtract(pos, off, out=off)
+    if span & (span - 1) == 0:  # B and W powers of two (the usual case): a shift and a mask
+        vb = np.right_shift(pos, span.bit_length() - 1)
+        off = np.bitwise_and(pos, span - 1)
+    else:
+        vb, off = np.divmod(pos, span)
     # both lookups write over their own index array (read before written, one element at a
     # time): two buffers in all; "clip" skips a bounds pass (indices checked by _check_span)
     np.take(local, off, out=off, mode="clip")
-    slots = np.take(bt, vb, out=vb, mode="clip")
-    slots *= B
+    slots = np.take(bt * B, vb, out=vb, mode="clip")
     if bt.min() < 0:  # not a real block id, but then the clamp could hide a slot: mask instead
         owned = off >= 0
         slots += off
