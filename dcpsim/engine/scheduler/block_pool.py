@@ -34,14 +34,15 @@ class BlockPool:
     def allocate(self, n: int) -> list[int]:
         if n > len(self._free):
             raise RuntimeError(f"allocate({n}) with only {len(self._free)} free blocks")
-        out = []
-        for _ in range(n):
-            block, _ = self._free.popitem(last=False)
-            self.evict(block)
-            self._ref[block] = 1
-            self.num_reused += self._ever_used[block]
-            self._ever_used[block] = True
-            out.append(block)
+        popitem, ref, ever = self._free.popitem, self._ref, self._ever_used
+        out = [popitem(last=False)[0] for _ in range(n)]
+        if self._key_of:  # a cached block loses its key (nothing to evict without prefix caching)
+            for block in out:
+                self.evict(block)
+        for block in out:
+            ref[block] = 1
+            self.num_reused += ever[block]
+            ever[block] = True
         return out
 
     def evict(self, block: int) -> None:
