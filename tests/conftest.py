@@ -8,10 +8,17 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import helpers
 
 VLLM_REQUIREMENT = "vllm==0.33.0"
+
+# Hypothesis's default 200 ms deadline per example is a timed test: under pytest -n 2 beside
+# the gloo worlds of other tests, an example of a pure function can take longer and fail as
+# flaky. Property tests judge results, never time (a test's own @settings still applies).
+settings.register_profile("dcpsim", deadline=None)
+settings.load_profile("dcpsim")
 
 
 def pytest_addoption(parser):

@@ -149,12 +149,13 @@ def expand(
                             decode_context_parallel_size=w, cp_kv_cache_interleave_size=i,
                             prefill_context_parallel_size=p,
                         )
-                        check_budget(scenario, force=force)
+                        engine = ReferenceEngine()
+                        geometries = engine.geometries(scenario.layers, scenario.config)
+                        check_budget(scenario, force=force, geometries=geometries)
                         if dry_run:
                             prepare(scenario)
-                        else:
-                            engine = ReferenceEngine()
-                            Scheduler(scenario, engine, engine.geometries(scenario.layers, scenario.config))
+                        else:  # the pools and tables validate; no schedule runs
+                            Scheduler(scenario, engine, geometries)
                     except ConfigError as exc:
                         out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
                         continue

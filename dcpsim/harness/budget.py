@@ -128,13 +128,15 @@ def cdiv(a: int, b: int) -> int:
 
 
 def estimate(scenario: Scenario, *, in_process: bool = False, attention_width: int = 0,
-             local_ranks: int | None = None) -> Budget:
+             local_ranks: int | None = None, geometries=None) -> Budget:
     """The estimate of a validated scenario, by arithmetic only (no pool, table or store
     is built). ``attention_width``: the K/V width of the attention check (0: off);
-    ``local_ranks``: the ranks on this machine, if not all of them."""
+    ``local_ranks``: the ranks on this machine, if not all of them; ``geometries``: the
+    reference engine's geometries of the scenario, if the caller has them already."""
     engine = ReferenceEngine()
     config = scenario.config
-    geometries = engine.geometries(scenario.layers, config)
+    if geometries is None:
+        geometries = engine.geometries(scenario.layers, config)
     pools = pool_sizes(scenario, engine, geometries)
     store = table = 0
     requests = scenario.requests
@@ -186,11 +188,12 @@ def _machine_memory() -> int:
 
 def check_budget(scenario: Scenario, *, in_process: bool = False, force: bool = False,
                  attention_width: int = 0, available: int | None = None, local_ranks: int | None = None,
-                 hint: str = "; --force to run anyway") -> Budget:
+                 hint: str = "; --force to run anyway", geometries=None) -> Budget:
     """The run's ``Budget``, or a ``ConfigError`` with its figures if the schedule cannot end
     within ``max_steps`` or (unless ``force``) the run needs more memory than ``available``
     (default: the machine's ``available_memory``)."""
-    budget = estimate(scenario, in_process=in_process, attention_width=attention_width, local_ranks=local_ranks)
+    budget = estimate(scenario, in_process=in_process, attention_width=attention_width, local_ranks=local_ranks,
+                      geometries=geometries)
     if budget.min_steps > budget.max_steps:
         raise ConfigError(
             f"the schedule needs at least {budget.min_steps:,} steps (the requests' "

@@ -71,7 +71,25 @@ def _group_key(spec: KVCacheSpec) -> tuple:
 
 
 def group_layer_specs(layer_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
-    """Group named layer specs, in order of first appearance."""
+    """Group named layer specs, in order of first appearance. Remembers the groupings it
+    made: the specs are frozen, and the matrix groups one model's layers for every cell."""
+    try:
+        key = tuple(layer_specs.items())
+        cached = _GROUPINGS.get(key)
+    except TypeError:  # an unhashable spec (a plugin's): group it every time
+        return _group_layer_specs(layer_specs)
+    if cached is None:
+        cached = _group_layer_specs(layer_specs)
+        if len(_GROUPINGS) >= 256:
+            _GROUPINGS.clear()
+        _GROUPINGS[key] = cached
+    return list(cached)
+
+
+_GROUPINGS: dict[tuple, list[KVCacheGroupSpec]] = {}
+
+
+def _group_layer_specs(layer_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
     if not layer_specs:
         raise ConfigError("a model needs at least one layer with a KV cache")
     buckets: dict[tuple, dict[str, KVCacheSpec]] = {}

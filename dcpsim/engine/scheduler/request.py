@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 
 import numpy as np
 
@@ -35,20 +36,38 @@ class Request:
     def __init__(self, index: int, spec: RequestSpec, seed: int, prefix_tokens: np.ndarray | None):
         self.index = index
         self.spec = spec
-        own = random_tokens(
-            stable_seed(seed, "request", spec.request_id),
-            spec.prompt_len - spec.shared_prefix_len + spec.output_len,
-        )
-        shared = prefix_tokens[: spec.shared_prefix_len] if prefix_tokens is not None else own[:0]
-        self.tokens = np.concatenate([shared, own])
-        self.raw_hash = raw_prefix_hash(self.tokens)
-        self.fingerprints = prefix_fingerprints(self.tokens, self.raw_hash)
+        self._seed = seed
+        self._prefix_tokens = prefix_tokens
         self.status = Status.PENDING
         self.num_computed = 0
         self.num_output = 0
         self.num_preemptions = 0
         self._accept_cursor = 0
-        self._accept_rng = np.random.default_rng(stable_seed(seed, "accept", spec.request_id))
+
+    # The token stream is drawn on first use: a scheduler built only to validate a
+    # configuration (every cell of the full matrix) never pays for it.
+
+    @functools.cached_property
+    def tokens(self) -> np.ndarray:
+        spec = self.spec
+        own = random_tokens(
+            stable_seed(self._seed, "request", spec.request_id),
+            spec.prompt_len - spec.shared_prefix_len + spec.output_len,
+        )
+        shared = self._prefix_tokens[: spec.shared_prefix_len] if self._prefix_tokens is not None else own[:0]
+        return np.concatenate([shared, own])
+
+    @functools.cached_property
+    def raw_hash(self) -> np.ndarray:
+        return raw_prefix_hash(self.tokens)
+
+    @functools.cached_property
+    def fingerprints(self) -> np.ndarray:
+        return prefix_fingerprints(self.tokens, self.raw_hash)
+
+    @functools.cached_property
+    def _accept_rng(self) -> np.random.Generator:
+        return np.random.default_rng(stable_seed(self._seed, "accept", self.spec.request_id))
 
     @property
     def request_id(self) -> str:
