@@ -145,7 +145,8 @@ def main() -> None:
         print(f"  attention checks={report.attention_checks} sampled={report.attention_sampled_checks} "
               f"query tokens={report.attention_query_tokens}")
     per_rank = ", ".join(f"{r['peak_rss_mb']:.0f}" for r in report.ranks)
-    print(f"  wall time {wall:.2f} s (this process, end to end: {time.perf_counter() - T0:.2f} s); peak RSS per rank: max {rss:.0f} MiB ({per_rank})")
+    print(f"  wall time {wall:.2f} s (this process, end to end: {time.perf_counter() - T0:.2f} s); "
+          f"peak RSS per rank: max {rss:.0f} MiB ({per_rank})")
     if all("cpu_seconds" in r for r in report.ranks):
         cpu = [r["cpu_seconds"] for r in report.ranks]
         print(f"  CPU per rank: max {max(cpu):.2f} s, total {sum(cpu):.2f} s over {os.cpu_count()} CPUs")
