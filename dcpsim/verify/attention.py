@@ -18,15 +18,20 @@ import numpy as np
 import torch
 
 from dcpsim.model.attention_config import AttentionConfig
-from dcpsim.model.kinds import Storage
+from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import AttentionResult, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.model.vectors import kv_vectors, query_vectors
 from dcpsim.plural import plural
 from dcpsim.verify.attention_reference import (
+    KEY_BLOCK,
+    block_mask,
+    blocked_reference_attention,
+    check_step,
     context_keys,
-    reference_attention,
-    reference_context,
+    emit_positions,
+    key_range,
+    keys_before,
     select_queries,
     state_error,
 )
@@ -47,46 +52,81 @@ class AttentionVerifier:
         self.checks = 0
         self.query_tokens = 0
         self.sampled = 0
+        self.skipped = 0
+        """(group, request, step) items left unchecked by the step rule (``max_step_keys``)."""
+        self.checked_steps = 0
         self.max_error = 0.0
-        self._true_kv: dict[tuple[int, int], np.ndarray] = {}
+        self._true_kv: dict[tuple[int, int], _History] = {}
+        self._seen: set[int] = set()
 
     def queries(self, plan: StepPlan) -> dict[tuple[int, int], np.ndarray]:
         """Which query tokens of each (group, write) the engine must compute: all of them,
-        or a deterministic sample of a huge prefill chunk (``max_query_keys``)."""
+        or a deterministic sample of a huge prefill chunk (``max_query_keys``); a (group,
+        write) whose context exceeds ``max_step_keys`` only on some steps (``check_step``).
+        Plan data only: every rank selects the same items."""
         out = {}
-        for store, group in self.groups.items():
-            for w in plan.writes:
+        finished = {v.req_index for v in plan.views if v.finished}
+        for w in plan.writes:
+            first, last = w.req_index not in self._seen, w.req_index in finished
+            self._seen.add(w.req_index)
+            for store, group in self.groups.items():
                 keys = context_keys(group, w.start, w.stop)
+                if not check_step(plan.step, keys, self.cfg.max_step_keys, first=first, last=last):
+                    self.skipped += 1
+                    continue
                 out[(store, w.req_index)] = select_queries(w.stop - w.start, keys, self.cfg.max_query_keys)
+        if out:
+            self.checked_steps += 1
         return out
 
     # --- the reference --------------------------------------------------------------
 
-    def _true_vectors(self, store: int, view, upto: int) -> np.ndarray:
-        """K/V of the request's true contents at positions ``[0, upto)`` (cached per request)."""
+    def _history(self, store: int, view, group: ExpectedGroup, lo: int, hi: int):
+        """K ``[hi - lo, dk]`` and V ``[hi - lo, dv]`` of keys ``[lo, hi)`` holding the
+        request's committed contents. Full attention and records read from key 0: cached
+        per request (views); a window or chunk reads only its last keys: computed."""
+        dk = self.cfg.head_dim
+
+        def vectors(a: int, b: int) -> np.ndarray:
+            emit = emit_positions(group, np.arange(a, b, dtype=np.int64))
+            return kv_vectors(store, view.fingerprints[emit], self.cfg.kv_width)
+
+        if group.retention in (Retention.WINDOW, Retention.CHUNK) and group.storage is not Storage.RECORDS:
+            kv = torch.from_numpy(vectors(lo, hi))
+            return kv[:, :dk], kv[:, dk:]
         key = (store, view.req_index)
-        have = self._true_kv.get(key)
-        n = 0 if have is None else len(have)
-        if n < upto:
-            new = kv_vectors(store, view.fingerprints[n:upto], self.cfg.kv_width)
-            have = new if have is None else np.concatenate([have, new])
-            self._true_kv[key] = have
-        return have
+        cache = self._true_kv.get(key)
+        if cache is None:
+            capacity = keys_before(group, len(view.fingerprints))
+            cache = self._true_kv[key] = _History(capacity, dk, self.cfg.value_dim)
+        return cache.keys(lo, hi, vectors)
 
     def _reference(self, res: AttentionResult, view):
         w, cfg, dk = res.write, self.cfg, self.cfg.head_dim
-        emit, mask = reference_context(self.groups[res.group], w.start, w.stop, res.rows)
-        kv = np.empty((len(emit), cfg.kv_width), dtype=np.float32)
-        hist = emit < w.start  # committed before the step: the request's true contents
-        if hist.any():
-            kv[hist] = self._true_vectors(res.group, view, w.start)[emit[hist]]
-        kv[~hist] = kv_vectors(res.group, w.contents[emit[~hist] - w.start], cfg.kv_width)
-        kv = torch.from_numpy(kv)
+        group = self.groups[res.group]
+        positions = w.start + np.asarray(res.rows, dtype=np.int64)
+        lo, hi = key_range(group, positions)
+        split = min(max(keys_before(group, w.start), lo), hi)  # keys before it: committed before the step
+        blocks = []
+        for a, b, history in ((lo, split, True), (split, hi, False)):
+            for b0 in range(a, b, KEY_BLOCK):
+                b1 = min(b0 + KEY_BLOCK, b)
+                if history:
+                    k, v = self._history(res.group, view, group, b0, b1)
+                else:  # written by the step: what it wrote
+                    emit = emit_positions(group, np.arange(b0, b1, dtype=np.int64))
+                    kv = torch.from_numpy(kv_vectors(res.group, w.contents[emit - w.start], cfg.kv_width))
+                    k, v = kv[:, :dk], kv[:, dk:]
+                mask = block_mask(group, b0, b1, positions)
+                blocks.append((k, v, None if mask is None else torch.from_numpy(mask)))
+        if not blocks:
+            blocks.append((torch.zeros((0, dk)), torch.zeros((0, cfg.value_dim)),
+                           torch.zeros((len(positions), 0), dtype=torch.bool)))
         # the queries come from plan data (request, position, content), as the engine's do
-        query = torch.from_numpy(query_vectors(res.group, w.req_index, w.start + res.rows,
-                                               w.contents[res.rows], cfg.heads, dk))
-        return reference_attention(query[:, res.head0:res.head1], kv[:, :dk], kv[:, dk:],
-                                   torch.from_numpy(mask), scale=cfg.softmax_scale, base=cfg.lse_base)
+        query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows],
+                                               cfg.heads, dk))
+        return blocked_reference_attention(query[:, res.head0:res.head1], blocks,
+                                           scale=cfg.softmax_scale, base=cfg.lse_base)
 
     # --- the verdict ----------------------------------------------------------------
 
@@ -160,3 +200,46 @@ class AttentionVerifier:
         live = {v.req_index for v in plan.views}
         for key in [key for key in self._true_kv if key[1] not in live]:
             del self._true_kv[key]
+        self._seen &= live
+
+
+HISTORY_FLOAT64_BYTES = 1 << 29
+"""A request's cached history is kept in float64 (what the reference computes in: no
+conversion per step) while it takes at most this (512 MiB: 2M keys of 16 + 16); beyond
+(a 10M-token context), in float32, converted block by block."""
+
+
+class _History:
+    """K (transposed, ``[dk, capacity]``) and V (``[capacity, dv]``) of a request's
+    committed keys ``[0, n)``, filled on demand. The buffers hold ``capacity`` keys (the
+    request's whole length) but the OS maps pages only when filled, so only filled keys
+    take memory; they double if ever outgrown. K is stored transposed so that a block of
+    keys is the matmul's operand as it is (a view, no copy)."""
+
+    def __init__(self, capacity: int, dk: int, dv: int):
+        capacity = max(capacity, 1)
+        self.dtype = np.float64 if capacity * (dk + dv) * 8 <= HISTORY_FLOAT64_BYTES else np.float32
+        self.kt = np.empty((dk, capacity), dtype=self.dtype)
+        self.v = np.empty((capacity, dv), dtype=self.dtype)
+        self.n = 0
+
+    def keys(self, lo: int, hi: int, vectors) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``(K [hi - lo, dk], V [hi - lo, dv])``; ``vectors(a, b)`` computes keys ``[a, b)``."""
+        if hi > self.n:
+            if hi > self.v.shape[0]:
+                self._grow(max(hi, 2 * self.v.shape[0]))
+            dk = self.kt.shape[0]
+            for a in range(self.n, hi, KEY_BLOCK):  # bounded temporaries
+                b = min(a + KEY_BLOCK, hi)
+                kv = vectors(a, b)
+                self.kt[:, a:b] = kv[:, :dk].T
+                self.v[a:b] = kv[:, dk:]
+            self.n = hi
+        return torch.from_numpy(self.kt[:, lo:hi]).t(), torch.from_numpy(self.v[lo:hi])
+
+    def _grow(self, capacity: int) -> None:
+        kt = np.empty((self.kt.shape[0], capacity), dtype=self.dtype)
+        v = np.empty((capacity, self.v.shape[1]), dtype=self.dtype)
+        kt[:, : self.n] = self.kt[:, : self.n]
+        v[: self.n] = self.v[: self.n]
+        self.kt, self.v = kt, v
