@@ -28,7 +28,7 @@ single key of a context of thousands moves the output by ~1e-3 (its weight ~1/n 
 |v - o| ~ 1), and a wrong lse of an empty shard moves it by O(1)."""
 
 
-DEFAULT_MAX_STEP_KEYS = 2**20
+DEFAULT_MAX_STEP_KEYS = 2**18
 """See ``AttentionConfig.max_step_keys``."""
 
 
