@@ -1,13 +1,16 @@
 """The attention check's verdict: the engine's per-step attention against a reference.
 
-For every step, every request written in it and every attention group (paged and
-compressed-records groups; rings are compressor state, not attention KV), the engine
-reports an ``AttentionResult`` per rank (``dcpsim.engine.attention.shard``). Here each
-rank recomputes the heads the engine gave it over the request's full context from plan
-data alone (``attention_reference``): positions before the write hold the request's true
-contents, the write's positions hold what it wrote. The ranks then all-gather one row per
-item (max error, where, LSEs) so that every rank reaches the same verdict; only on a
-mismatch do they gather each rank's contribution.
+For every checked step (``max_step_keys``), every request written in it and every
+attention group (paged and compressed-records groups; rings are compressor state, not
+attention KV), the engine reports an ``AttentionResult`` per rank
+(``dcpsim.engine.attention.shard``). Here the ranks recompute the request's full context
+from plan data alone (``attention_reference``): positions before the write hold the
+request's true contents, the write's positions hold what it wrote. The context is cut
+into blocks of ``KEY_BLOCK`` keys dealt round-robin to the ranks (not the engine's
+layout); each rank computes every head over its blocks, and one all-gather combines the
+partials by their LSEs, in float64. The ranks then all-gather one row per item (max
+error, where, LSEs) so that every rank reaches the same verdict; only on a mismatch do
+they gather each rank's contribution.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.report import Failure, FailureKind
 
 ERR, QUERY, HEAD, LSE_GOT, LSE_REF = range(5)
+_LOG2E = 1.0 / math.log(2.0)
 
 
 class AttentionVerifier:
@@ -82,9 +86,10 @@ class AttentionVerifier:
     # --- the reference --------------------------------------------------------------
 
     def _history(self, store: int, view, group: ExpectedGroup, lo: int, hi: int):
-        """K ``[hi - lo, dk]`` and V ``[hi - lo, dv]`` of keys ``[lo, hi)`` holding the
-        request's committed contents. Full attention and records read from key 0: cached
-        per request (views); a window or chunk reads only its last keys: computed."""
+        """K ``[hi - lo, dk]`` and V ``[hi - lo, dv]`` of keys ``[lo, hi)`` (in one block this
+        rank owns) holding the request's committed contents. Full attention and records read
+        from key 0: cached per request (views); a window or chunk reads only its last keys:
+        computed."""
         dk = self.cfg.head_dim
 
         def vectors(a: int, b: int) -> np.ndarray:
@@ -98,10 +103,13 @@ class AttentionVerifier:
         cache = self._true_kv.get(key)
         if cache is None:
             capacity = keys_before(group, len(view.fingerprints))
-            cache = self._true_kv[key] = _History(capacity, dk, self.cfg.value_dim)
+            cache = self._true_kv[key] = _History(capacity, dk, self.cfg.value_dim, self.rank, self.world)
         return cache.keys(lo, hi, vectors)
 
-    def _reference(self, res: AttentionResult, view):
+    def _partial_reference(self, res: AttentionResult, view):
+        """Every head's attention (natural LSE) over the key blocks of the context this rank
+        owns: block ``b`` (keys ``[b * KEY_BLOCK, (b + 1) * KEY_BLOCK)``) belongs to rank
+        ``b % W``. The ranks' partials are merged in ``_references``."""
         w, cfg, dk = res.write, self.cfg, self.cfg.head_dim
         group = self.groups[res.group]
         positions = w.start + np.asarray(res.rows, dtype=np.int64)
@@ -109,37 +117,57 @@ class AttentionVerifier:
         split = min(max(keys_before(group, w.start), lo), hi)  # keys before it: committed before the step
         blocks = []
         for a, b, history in ((lo, split, True), (split, hi, False)):
-            for b0 in range(a, b, KEY_BLOCK):
-                b1 = min(b0 + KEY_BLOCK, b)
-                if history:
-                    k, v = self._history(res.group, view, group, b0, b1)
-                else:  # written by the step: what it wrote
-                    emit = emit_positions(group, np.arange(b0, b1, dtype=np.int64))
-                    kv = torch.from_numpy(kv_vectors(res.group, w.contents[emit - w.start], cfg.kv_width))
-                    k, v = kv[:, :dk], kv[:, dk:]
-                mask = block_mask(group, b0, b1, positions)
-                blocks.append((k, v, None if mask is None else torch.from_numpy(mask)))
+            b0 = a
+            while b0 < b:
+                b1 = min((b0 // KEY_BLOCK + 1) * KEY_BLOCK, b)
+                if (b0 // KEY_BLOCK) % self.world == self.rank:
+                    if history:
+                        k, v = self._history(res.group, view, group, b0, b1)
+                    else:  # written by the step: what it wrote
+                        emit = emit_positions(group, np.arange(b0, b1, dtype=np.int64))
+                        kv = torch.from_numpy(kv_vectors(res.group, w.contents[emit - w.start], cfg.kv_width))
+                        k, v = kv[:, :dk], kv[:, dk:]
+                    mask = block_mask(group, b0, b1, positions)
+                    blocks.append((k, v, None if mask is None else torch.from_numpy(mask)))
+                b0 = b1
         if not blocks:
-            blocks.append((torch.zeros((0, dk)), torch.zeros((0, cfg.value_dim)),
-                           torch.zeros((len(positions), 0), dtype=torch.bool)))
+            blocks.append((torch.zeros((0, dk)), torch.zeros((0, cfg.value_dim)), None))
         # the queries come from plan data (request, position, content), as the engine's do
         query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows],
                                                cfg.heads, dk))
-        return blocked_reference_attention(query[:, res.head0:res.head1], blocks,
-                                           scale=cfg.softmax_scale, base=cfg.lse_base)
+        return blocked_reference_attention(query, blocks, scale=cfg.softmax_scale)
+
+    def _references(self, results: list[AttentionResult], views) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The reference ``(O, lse)`` of each result's heads: the ranks' partials over the
+        blocks they own, all-gathered in one call and combined by their LSEs (float64)."""
+        partials = [self._partial_reference(res, views[res.write.req_index]) for res in results]
+        flat = torch.cat([torch.cat([o.reshape(-1), lse.reshape(-1)]) for o, lse in partials])
+        gathered = torch.stack(self.coll.all_gather_tensor(flat))  # [W, total]
+        out, offset = [], 0
+        for res, (o, lse) in zip(results, partials):
+            n_o, n_l = o.numel(), lse.numel()
+            o_w = gathered[:, offset : offset + n_o].reshape(-1, *o.shape)
+            l_w = gathered[:, offset + n_o : offset + n_o + n_l].reshape(-1, *lse.shape)
+            offset += n_o + n_l
+            total = torch.logsumexp(l_w, dim=0)
+            weights = torch.exp(l_w - total).masked_fill_(torch.isneginf(total), 0.0)
+            o_ref = (weights.unsqueeze(-1) * o_w).sum(dim=0)
+            if self.cfg.lse_base == "2":
+                total = total * _LOG2E
+            out.append((o_ref[:, res.head0 : res.head1], total[:, res.head0 : res.head1]))
+        return out
 
     # --- the verdict ----------------------------------------------------------------
 
     def judge(self, plan: StepPlan, results: list[AttentionResult]) -> Failure | None:
         if not results:
             return None
-        views = {v.req_index: v for v in plan.views}
+        references = self._references(results, {v.req_index: v for v in plan.views})
         rows = np.zeros((len(results), 5), dtype=np.float64)
-        for k, res in enumerate(results):
+        for k, (res, (o_ref, l_ref)) in enumerate(zip(results, references)):
             if res.head1 <= res.head0:  # this rank holds no real head (more ranks than heads)
                 rows[k] = (0.0, -1, -1, math.nan, math.nan)
                 continue
-            o_ref, l_ref = self._reference(res, views[res.write.req_index])
             err = state_error(res.out, res.lse, o_ref, l_ref)
             j, h = divmod(int(torch.argmax(err)), res.head1 - res.head0)
             rows[k] = (float(err[j, h]), j, res.head0 + h, float(res.lse[j, h]), float(l_ref[j, h]))
@@ -204,42 +232,54 @@ class AttentionVerifier:
 
 
 HISTORY_FLOAT64_BYTES = 1 << 29
-"""A request's cached history is kept in float64 (what the reference computes in: no
-conversion per step) while it takes at most this (512 MiB: 2M keys of 16 + 16); beyond
-(a 10M-token context), in float32, converted block by block."""
+"""A request's cached history (this rank's blocks) is kept in float64 (what the reference
+computes in: no conversion per step) while it takes at most this (512 MiB: 2M keys of
+16 + 16); beyond, in float32, converted block by block."""
 
 
 class _History:
-    """K (transposed, ``[dk, capacity]``) and V (``[capacity, dv]``) of a request's
-    committed keys ``[0, n)``, filled on demand. The buffers hold ``capacity`` keys (the
-    request's whole length) but the OS maps pages only when filled, so only filled keys
-    take memory; they double if ever outgrown. K is stored transposed so that a block of
-    keys is the matmul's operand as it is (a view, no copy)."""
+    """K (transposed, ``[dk, capacity]``) and V (``[capacity, dv]``) of the key blocks of a
+    request's committed keys ``[0, n)`` that this rank owns (block ``b`` of ``KEY_BLOCK``
+    keys: rank ``b % W``, stored as local block ``b // W``), filled on demand. The buffers
+    hold the request's whole length but the OS maps pages only when filled, so only filled
+    keys take memory; they double if ever outgrown. K is stored transposed so that a block
+    of keys is the matmul's operand as it is (a view, no copy)."""
 
-    def __init__(self, capacity: int, dk: int, dv: int):
-        capacity = max(capacity, 1)
-        self.dtype = np.float64 if capacity * (dk + dv) * 8 <= HISTORY_FLOAT64_BYTES else np.float32
-        self.kt = np.empty((dk, capacity), dtype=self.dtype)
-        self.v = np.empty((capacity, dv), dtype=self.dtype)
+    def __init__(self, capacity: int, dk: int, dv: int, rank: int, world: int):
+        self.rank, self.world = rank, world
+        blocks = -(-capacity // KEY_BLOCK)
+        local = max(-(-blocks // world) * KEY_BLOCK, 1)  # this rank's share of the blocks
+        self.dtype = np.float64 if local * (dk + dv) * 8 <= HISTORY_FLOAT64_BYTES else np.float32
+        self.kt = np.empty((dk, local), dtype=self.dtype)
+        self.v = np.empty((local, dv), dtype=self.dtype)
         self.n = 0
 
+    def _local(self, key: int) -> int:
+        block, offset = divmod(key, KEY_BLOCK)
+        return block // self.world * KEY_BLOCK + offset
+
     def keys(self, lo: int, hi: int, vectors) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views ``(K [hi - lo, dk], V [hi - lo, dv])``; ``vectors(a, b)`` computes keys ``[a, b)``."""
+        """Views ``(K [hi - lo, dk], V [hi - lo, dv])`` of keys ``[lo, hi)``, within one owned
+        block; ``vectors(a, b)`` computes keys ``[a, b)``."""
         if hi > self.n:
-            if hi > self.v.shape[0]:
-                self._grow(max(hi, 2 * self.v.shape[0]))
-            dk = self.kt.shape[0]
-            for a in range(self.n, hi, KEY_BLOCK):  # bounded temporaries
-                b = min(a + KEY_BLOCK, hi)
-                kv = vectors(a, b)
-                self.kt[:, a:b] = kv[:, :dk].T
-                self.v[a:b] = kv[:, dk:]
+            dk, a = self.kt.shape[0], self.n
+            while a < hi:  # the owned blocks of the keys not yet filled, a block at a time
+                b = min((a // KEY_BLOCK + 1) * KEY_BLOCK, hi)
+                if (a // KEY_BLOCK) % self.world == self.rank:
+                    at = self._local(a)
+                    if at + b - a > self.v.shape[0]:
+                        self._grow(max(at + b - a, 2 * self.v.shape[0]))
+                    kv = vectors(a, b)
+                    self.kt[:, at : at + b - a] = kv[:, :dk].T
+                    self.v[at : at + b - a] = kv[:, dk:]
+                a = b
             self.n = hi
-        return torch.from_numpy(self.kt[:, lo:hi]).t(), torch.from_numpy(self.v[lo:hi])
+        at = self._local(lo)
+        return torch.from_numpy(self.kt[:, at : at + hi - lo]).t(), torch.from_numpy(self.v[at : at + hi - lo])
 
     def _grow(self, capacity: int) -> None:
         kt = np.empty((self.kt.shape[0], capacity), dtype=self.dtype)
         v = np.empty((capacity, self.v.shape[1]), dtype=self.dtype)
-        kt[:, : self.n] = self.kt[:, : self.n]
-        v[: self.n] = self.v[: self.n]
+        kt[:, : self.v.shape[0]] = self.kt
+        v[: self.v.shape[0]] = self.v
         self.kt, self.v = kt, v

@@ -37,7 +37,7 @@ class _View:
 
 
 def verifier(groups, **config):
-    coll = SimpleNamespace(rank=0, world_size=1)
+    coll = SimpleNamespace(rank=0, world_size=1, all_gather_tensor=lambda t: [t.clone()])
     return AttentionVerifier(AttentionConfig(**config), groups, coll, _View(groups))
 
 
@@ -90,7 +90,7 @@ def test_blocked_reference_equals_straightforward(monkeypatch, float64_history):
         for store, group in enumerate(groups):
             for h0, h1 in ((0, 4), (1, 2)):
                 res = SimpleNamespace(group=store, write=w, rows=rows, head0=h0, head1=h1)
-                o, lse = ver._reference(res, view)
+                ((o, lse),) = ver._references([res], {0: view})
                 o_ref, lse_ref = straightforward(cfg, store, group, w, fingerprints, rows, h0, h1)
                 lse_ref = lse_ref / np.log(2.0)
                 assert o.shape == o_ref.shape and lse.shape == lse_ref.shape
@@ -189,3 +189,16 @@ def test_attention_faults_still_caught_with_a_tiny_step_budget():
         reports = run_in_threads(run_rank, StepBudgetJob(sc, inject=fault), 2, timeout=120)
         rep = merge_rank_reports(reports)
         assert not rep.passed and rep.failure.kind == "attention-mismatch", fault
+
+
+def test_key_blocks_dealt_to_ranks(monkeypatch):
+    """With 32-key blocks every context is dealt over the 4 ranks: the merged reference
+    gives the same errors as one block per context, and a fault is still caught."""
+    sc = builtin("dsv41-hybrid", 4, 16)
+    whole = run(sc, attention=True)
+    monkeypatch.setattr(attention, "KEY_BLOCK", 32)
+    dealt = run(sc, attention=True)
+    assert dealt.passed and dealt.attention_checks == whole.attention_checks
+    assert abs(dealt.attention_max_error - whole.attention_max_error) < 1e-12
+    rep = run(sc, inject="empty-shard-lse-zero")
+    assert not rep.passed and rep.failure.kind == "attention-mismatch"
