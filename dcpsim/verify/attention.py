@@ -231,9 +231,9 @@ class AttentionVerifier:
         self._seen &= live
 
 
-HISTORY_FLOAT64_BYTES = 1 << 29
+HISTORY_FLOAT64_BYTES = 1 << 28
 """A request's cached history (this rank's blocks) is kept in float64 (what the reference
-computes in: no conversion per step) while it takes at most this (512 MiB: 2M keys of
+computes in: no conversion per step) while it takes at most this (256 MiB: 1M keys of
 16 + 16); beyond, in float32, converted block by block."""
 
 
