@@ -158,9 +158,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     return o, lse.transpose(0, 1)
 
 
-KEY_BLOCK = 1 << 16
-"""Keys per block of ``blocked_reference_attention``: bounds the float64 copies of K/V and
-the logits at a few tens of MiB whatever the context (1M keys: 16 blocks)."""
+KEY_BLOCK = 1 << 13
+"""Keys per block of the reference (``blocked_reference_attention``), the unit dealt to the
+ranks: small enough that a 64K context spreads over 8 ranks, and that the float64 logits
+and copies of a block stay at a few MiB whatever the context (1M keys: 128 blocks)."""
 
 
 def blocked_reference_attention(q: torch.Tensor, blocks, *, scale: float,
