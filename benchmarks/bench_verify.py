@@ -143,7 +143,9 @@ def main() -> None:
           f"verified indices={report.verified_indices:,}")
     if args.attention:
         print(f"  attention checks={report.attention_checks} sampled={report.attention_sampled_checks} "
-              f"query tokens={report.attention_query_tokens}")
+              f"skipped={getattr(report, 'attention_skipped_checks', 0)} "
+              f"checked steps={getattr(report, 'attention_checked_steps', report.steps)} "
+              f"query tokens={report.attention_query_tokens} max error={report.attention_max_error}")
     per_rank = ", ".join(f"{r['peak_rss_mb']:.0f}" for r in report.ranks)
     print(f"  wall time {wall:.2f} s (this process, end to end: {time.perf_counter() - T0:.2f} s); "
           f"peak RSS per rank: max {rss:.0f} MiB ({per_rank})")

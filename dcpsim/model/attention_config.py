@@ -28,6 +28,10 @@ single key of a context of thousands moves the output by ~1e-3 (its weight ~1/n 
 |v - o| ~ 1), and a wrong lse of an empty shard moves it by O(1)."""
 
 
+DEFAULT_MAX_STEP_KEYS = 2**18
+"""See ``AttentionConfig.max_step_keys``."""
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     heads: int = 8
@@ -48,6 +52,11 @@ class AttentionConfig:
     """Per (group, request, step): check every query token while ``tokens x context keys``
     stays within this; beyond it (a 16K-token chunk of a 256K context) check a deterministic
     sample of the tokens (``dcpsim.verify.attention_reference.select_queries``). Bounds memory and time."""
+    max_step_keys: int = DEFAULT_MAX_STEP_KEYS
+    """Per (group, request): check every step while the reference reads at most this many
+    keys (the last query token's context); beyond it, only the request's first and last
+    step and every ``ceil(keys / max_step_keys)``-th step (``step % stride == 0``;
+    ``dcpsim.verify.attention_reference.check_step``). Bounds the time of long contexts."""
 
     def __post_init__(self) -> None:
         # named as the run options (``Job`` fields, replay options) that set them
@@ -58,6 +67,8 @@ class AttentionConfig:
             raise ConfigError(f"lse_base must be 'e' or '2', got {self.lse_base!r}")
         if self.merge not in MERGE_VARIANTS:
             raise ConfigError(f"attention_merge must be allgather, alltoall or alternate, got {self.merge!r}")
+        for name in ("max_query_keys", "max_step_keys"):
+            check_int(name, getattr(self, name))
         if not self.tolerance > 0:
             raise ConfigError(f"attention tolerance must be > 0, got {self.tolerance!r}")
 
@@ -77,4 +88,4 @@ class AttentionConfig:
     def summary(self) -> dict:
         return dict(heads=self.heads, head_dim=self.head_dim, value_dim=self.value_dim,
                     lse_base=self.lse_base, merge=self.merge, tolerance=self.tolerance,
-                    max_query_keys=self.max_query_keys)
+                    max_query_keys=self.max_query_keys, max_step_keys=self.max_step_keys)

@@ -1,13 +1,16 @@
 """The attention check's verdict: the engine's per-step attention against a reference.
 
-For every step, every request written in it and every attention group (paged and
-compressed-records groups; rings are compressor state, not attention KV), the engine
-reports an ``AttentionResult`` per rank (``dcpsim.engine.attention.shard``). Here each
-rank recomputes the heads the engine gave it over the request's full context from plan
-data alone (``attention_reference``): positions before the write hold the request's true
-contents, the write's positions hold what it wrote. The ranks then all-gather one row per
-item (max error, where, LSEs) so that every rank reaches the same verdict; only on a
-mismatch do they gather each rank's contribution.
+For every checked step (``max_step_keys``), every request written in it and every
+attention group (paged and compressed-records groups; rings are compressor state, not
+attention KV), the engine reports an ``AttentionResult`` per rank
+(``dcpsim.engine.attention.shard``). Here the ranks recompute the request's full context
+from plan data alone (``attention_reference``): positions before the write hold the
+request's true contents, the write's positions hold what it wrote. The context is cut
+into blocks of ``KEY_BLOCK`` keys dealt round-robin to the ranks (not the engine's
+layout); each rank computes every head over its blocks, and one all-gather combines the
+partials by their LSEs, in float64. The ranks then all-gather one row per item (max
+error, where, LSEs) so that every rank reaches the same verdict; only on a mismatch do
+they gather each rank's contribution.
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ import numpy as np
 import torch
 
 from dcpsim.model.attention_config import AttentionConfig
-from dcpsim.model.kinds import Storage
+from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import AttentionResult, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.model.vectors import kv_vectors, query_vectors
 from dcpsim.plural import plural
 from dcpsim.verify.attention_reference import (
+    KEY_BLOCK,
+    block_mask,
+    blocked_reference_attention,
+    check_step,
     context_keys,
-    reference_attention,
-    reference_context,
+    emit_positions,
+    key_range,
+    keys_before,
     select_queries,
     state_error,
 )
@@ -34,6 +42,7 @@ from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.report import Failure, FailureKind
 
 ERR, QUERY, HEAD, LSE_GOT, LSE_REF = range(5)
+_LOG2E = 1.0 / math.log(2.0)
 
 
 class AttentionVerifier:
@@ -47,59 +56,118 @@ class AttentionVerifier:
         self.checks = 0
         self.query_tokens = 0
         self.sampled = 0
+        self.skipped = 0
+        """(group, request, step) items left unchecked by the step rule (``max_step_keys``)."""
+        self.checked_steps = 0
         self.max_error = 0.0
-        self._true_kv: dict[tuple[int, int], np.ndarray] = {}
+        self._true_kv: dict[tuple[int, int], _History] = {}
+        self._seen: set[int] = set()
 
     def queries(self, plan: StepPlan) -> dict[tuple[int, int], np.ndarray]:
         """Which query tokens of each (group, write) the engine must compute: all of them,
-        or a deterministic sample of a huge prefill chunk (``max_query_keys``)."""
+        or a deterministic sample of a huge prefill chunk (``max_query_keys``); a (group,
+        write) whose context exceeds ``max_step_keys`` only on some steps (``check_step``).
+        Plan data only: every rank selects the same items."""
         out = {}
-        for store, group in self.groups.items():
-            for w in plan.writes:
+        finished = {v.req_index for v in plan.views if v.finished}
+        for w in plan.writes:
+            first, last = w.req_index not in self._seen, w.req_index in finished
+            self._seen.add(w.req_index)
+            for store, group in self.groups.items():
                 keys = context_keys(group, w.start, w.stop)
+                if not check_step(plan.step, keys, self.cfg.max_step_keys, first=first, last=last):
+                    self.skipped += 1
+                    continue
                 out[(store, w.req_index)] = select_queries(w.stop - w.start, keys, self.cfg.max_query_keys)
+        if out:
+            self.checked_steps += 1
         return out
 
     # --- the reference --------------------------------------------------------------
 
-    def _true_vectors(self, store: int, view, upto: int) -> np.ndarray:
-        """K/V of the request's true contents at positions ``[0, upto)`` (cached per request)."""
-        key = (store, view.req_index)
-        have = self._true_kv.get(key)
-        n = 0 if have is None else len(have)
-        if n < upto:
-            new = kv_vectors(store, view.fingerprints[n:upto], self.cfg.kv_width)
-            have = new if have is None else np.concatenate([have, new])
-            self._true_kv[key] = have
-        return have
+    def _history(self, store: int, view, group: ExpectedGroup, lo: int, hi: int):
+        """K ``[hi - lo, dk]`` and V ``[hi - lo, dv]`` of keys ``[lo, hi)`` (in one block this
+        rank owns) holding the request's committed contents. Full attention and records read
+        from key 0: cached per request (views); a window or chunk reads only its last keys:
+        computed."""
+        dk = self.cfg.head_dim
 
-    def _reference(self, res: AttentionResult, view):
+        def vectors(a: int, b: int) -> np.ndarray:
+            emit = emit_positions(group, np.arange(a, b, dtype=np.int64))
+            return kv_vectors(store, view.fingerprints[emit], self.cfg.kv_width)
+
+        if group.retention in (Retention.WINDOW, Retention.CHUNK) and group.storage is not Storage.RECORDS:
+            kv = torch.from_numpy(vectors(lo, hi))
+            return kv[:, :dk], kv[:, dk:]
+        key = (store, view.req_index)
+        cache = self._true_kv.get(key)
+        if cache is None:
+            capacity = keys_before(group, len(view.fingerprints))
+            cache = self._true_kv[key] = _History(capacity, dk, self.cfg.value_dim, self.rank, self.world)
+        return cache.keys(lo, hi, vectors)
+
+    def _partial_reference(self, res: AttentionResult, view):
+        """Every head's attention (natural LSE) over the key blocks of the context this rank
+        owns: block ``b`` (keys ``[b * KEY_BLOCK, (b + 1) * KEY_BLOCK)``) belongs to rank
+        ``b % W``. The ranks' partials are merged in ``_references``."""
         w, cfg, dk = res.write, self.cfg, self.cfg.head_dim
-        emit, mask = reference_context(self.groups[res.group], w.start, w.stop, res.rows)
-        kv = np.empty((len(emit), cfg.kv_width), dtype=np.float32)
-        hist = emit < w.start  # committed before the step: the request's true contents
-        if hist.any():
-            kv[hist] = self._true_vectors(res.group, view, w.start)[emit[hist]]
-        kv[~hist] = kv_vectors(res.group, w.contents[emit[~hist] - w.start], cfg.kv_width)
-        kv = torch.from_numpy(kv)
+        group = self.groups[res.group]
+        positions = w.start + np.asarray(res.rows, dtype=np.int64)
+        lo, hi = key_range(group, positions)
+        split = min(max(keys_before(group, w.start), lo), hi)  # keys before it: committed before the step
+        blocks = []
+        for a, b, history in ((lo, split, True), (split, hi, False)):
+            b0 = a
+            while b0 < b:
+                b1 = min((b0 // KEY_BLOCK + 1) * KEY_BLOCK, b)
+                if (b0 // KEY_BLOCK) % self.world == self.rank:
+                    if history:
+                        k, v = self._history(res.group, view, group, b0, b1)
+                    else:  # written by the step: what it wrote
+                        emit = emit_positions(group, np.arange(b0, b1, dtype=np.int64))
+                        kv = torch.from_numpy(kv_vectors(res.group, w.contents[emit - w.start], cfg.kv_width))
+                        k, v = kv[:, :dk], kv[:, dk:]
+                    mask = block_mask(group, b0, b1, positions)
+                    blocks.append((k, v, None if mask is None else torch.from_numpy(mask)))
+                b0 = b1
+        if not blocks:
+            blocks.append((torch.zeros((0, dk)), torch.zeros((0, cfg.value_dim)), None))
         # the queries come from plan data (request, position, content), as the engine's do
-        query = torch.from_numpy(query_vectors(res.group, w.req_index, w.start + res.rows,
-                                               w.contents[res.rows], cfg.heads, dk))
-        return reference_attention(query[:, res.head0:res.head1], kv[:, :dk], kv[:, dk:],
-                                   torch.from_numpy(mask), scale=cfg.softmax_scale, base=cfg.lse_base)
+        query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows],
+                                               cfg.heads, dk))
+        return blocked_reference_attention(query, blocks, scale=cfg.softmax_scale)
+
+    def _references(self, results: list[AttentionResult], views) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The reference ``(O, lse)`` of each result's heads: the ranks' partials over the
+        blocks they own, all-gathered in one call and combined by their LSEs (float64)."""
+        partials = [self._partial_reference(res, views[res.write.req_index]) for res in results]
+        flat = torch.cat([torch.cat([o.reshape(-1), lse.reshape(-1)]) for o, lse in partials])
+        gathered = torch.stack(self.coll.all_gather_tensor(flat))  # [W, total]
+        out, offset = [], 0
+        for res, (o, lse) in zip(results, partials):
+            n_o, n_l = o.numel(), lse.numel()
+            o_w = gathered[:, offset : offset + n_o].reshape(-1, *o.shape)
+            l_w = gathered[:, offset + n_o : offset + n_o + n_l].reshape(-1, *lse.shape)
+            offset += n_o + n_l
+            total = torch.logsumexp(l_w, dim=0)
+            weights = torch.exp(l_w - total).masked_fill_(torch.isneginf(total), 0.0)
+            o_ref = (weights.unsqueeze(-1) * o_w).sum(dim=0)
+            if self.cfg.lse_base == "2":
+                total = total * _LOG2E
+            out.append((o_ref[:, res.head0 : res.head1], total[:, res.head0 : res.head1]))
+        return out
 
     # --- the verdict ----------------------------------------------------------------
 
     def judge(self, plan: StepPlan, results: list[AttentionResult]) -> Failure | None:
         if not results:
             return None
-        views = {v.req_index: v for v in plan.views}
+        references = self._references(results, {v.req_index: v for v in plan.views})
         rows = np.zeros((len(results), 5), dtype=np.float64)
-        for k, res in enumerate(results):
+        for k, (res, (o_ref, l_ref)) in enumerate(zip(results, references)):
             if res.head1 <= res.head0:  # this rank holds no real head (more ranks than heads)
                 rows[k] = (0.0, -1, -1, math.nan, math.nan)
                 continue
-            o_ref, l_ref = self._reference(res, views[res.write.req_index])
             err = state_error(res.out, res.lse, o_ref, l_ref)
             j, h = divmod(int(torch.argmax(err)), res.head1 - res.head0)
             rows[k] = (float(err[j, h]), j, res.head0 + h, float(res.lse[j, h]), float(l_ref[j, h]))
@@ -160,3 +228,58 @@ class AttentionVerifier:
         live = {v.req_index for v in plan.views}
         for key in [key for key in self._true_kv if key[1] not in live]:
             del self._true_kv[key]
+        self._seen &= live
+
+
+HISTORY_FLOAT64_BYTES = 1 << 28
+"""A request's cached history (this rank's blocks) is kept in float64 (what the reference
+computes in: no conversion per step) while it takes at most this (256 MiB: 1M keys of
+16 + 16); beyond, in float32, converted block by block."""
+
+
+class _History:
+    """K (transposed, ``[dk, capacity]``) and V (``[capacity, dv]``) of the key blocks of a
+    request's committed keys ``[0, n)`` that this rank owns (block ``b`` of ``KEY_BLOCK``
+    keys: rank ``b % W``, stored as local block ``b // W``), filled on demand. The buffers
+    hold the request's whole length but the OS maps pages only when filled, so only filled
+    keys take memory; they double if ever outgrown. K is stored transposed so that a block
+    of keys is the matmul's operand as it is (a view, no copy)."""
+
+    def __init__(self, capacity: int, dk: int, dv: int, rank: int, world: int):
+        self.rank, self.world = rank, world
+        blocks = -(-capacity // KEY_BLOCK)
+        local = max(-(-blocks // world) * KEY_BLOCK, 1)  # this rank's share of the blocks
+        self.dtype = np.float64 if local * (dk + dv) * 8 <= HISTORY_FLOAT64_BYTES else np.float32
+        self.kt = np.empty((dk, local), dtype=self.dtype)
+        self.v = np.empty((local, dv), dtype=self.dtype)
+        self.n = 0
+
+    def _local(self, key: int) -> int:
+        block, offset = divmod(key, KEY_BLOCK)
+        return block // self.world * KEY_BLOCK + offset
+
+    def keys(self, lo: int, hi: int, vectors) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``(K [hi - lo, dk], V [hi - lo, dv])`` of keys ``[lo, hi)``, within one owned
+        block; ``vectors(a, b)`` computes keys ``[a, b)``."""
+        if hi > self.n:
+            dk, a = self.kt.shape[0], self.n
+            while a < hi:  # the owned blocks of the keys not yet filled, a block at a time
+                b = min((a // KEY_BLOCK + 1) * KEY_BLOCK, hi)
+                if (a // KEY_BLOCK) % self.world == self.rank:
+                    at = self._local(a)
+                    if at + b - a > self.v.shape[0]:
+                        self._grow(max(at + b - a, 2 * self.v.shape[0]))
+                    kv = vectors(a, b)
+                    self.kt[:, at : at + b - a] = kv[:, :dk].T
+                    self.v[at : at + b - a] = kv[:, dk:]
+                a = b
+            self.n = hi
+        at = self._local(lo)
+        return torch.from_numpy(self.kt[:, at : at + hi - lo]).t(), torch.from_numpy(self.v[at : at + hi - lo])
+
+    def _grow(self, capacity: int) -> None:
+        kt = np.empty((self.kt.shape[0], capacity), dtype=self.dtype)
+        v = np.empty((capacity, self.v.shape[1]), dtype=self.dtype)
+        kt[:, : self.v.shape[0]] = self.kt
+        v[: self.v.shape[0]] = self.v
+        self.kt, self.v = kt, v

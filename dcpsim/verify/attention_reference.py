@@ -49,6 +49,59 @@ def select_queries(num_queries: int, keys: int, budget: int, minimum: int = 8) -
     return np.unique(np.concatenate([np.arange(edge), middle, np.arange(q - edge, q)]))
 
 
+def key_range(group: ExpectedGroup, positions: np.ndarray) -> tuple[int, int]:
+    """Keys ``[lo, hi)`` that query ``positions`` (non-empty) can see, in the group's key
+    order: a key is a position (paged groups) or a record index (record ``c`` is emitted
+    at ``(c + 1) * R - 1``). Always one contiguous range."""
+    first, last = int(positions.min()), int(positions.max())
+    if group.storage is Storage.RECORDS:
+        return 0, (last + 1) // group.tokens_per_state  # records emitted up to the last query
+    if group.retention is Retention.WINDOW:
+        return max(0, first - group.sliding_window + 1), last + 1
+    if group.retention is Retention.CHUNK:
+        return first - first % group.attention_chunk_size, last + 1
+    return 0, last + 1
+
+
+def keys_before(group: ExpectedGroup, position: int) -> int:
+    """Keys emitted at positions ``< position``: those holding the request's committed contents."""
+    return position // group.tokens_per_state if group.storage is Storage.RECORDS else position
+
+
+def emit_positions(group: ExpectedGroup, keys: np.ndarray) -> np.ndarray:
+    """The position whose content each key carries."""
+    return (keys + 1) * group.tokens_per_state - 1 if group.storage is Storage.RECORDS else keys
+
+
+def key_mask(group: ExpectedGroup, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``[len(positions), len(keys)]``: which keys each query position sees."""
+    emit, p = emit_positions(group, keys)[None, :], positions[:, None]
+    mask = emit <= p
+    if group.storage is Storage.RECORDS:
+        return mask
+    if group.retention is Retention.WINDOW:
+        mask &= emit > p - group.sliding_window
+    elif group.retention is Retention.CHUNK:
+        c = group.attention_chunk_size
+        mask &= emit // c == p // c
+    return mask
+
+
+def block_mask(group: ExpectedGroup, lo: int, hi: int, positions: np.ndarray) -> np.ndarray | None:
+    """``key_mask`` of keys ``[lo, hi)``, or None when every query position sees all of them
+    (a block of the history of a full-attention or records group): no mask to build or apply."""
+    first, last = int(positions.min()), int(positions.max())
+    e0, e1 = (int(e) for e in emit_positions(group, np.array([lo, hi - 1])))
+    visible = e1 <= first
+    if group.storage is not Storage.RECORDS:
+        if group.retention is Retention.WINDOW:
+            visible &= e0 > last - group.sliding_window
+        elif group.retention is Retention.CHUNK:
+            c = group.attention_chunk_size
+            visible &= e0 // c == last // c
+    return None if visible else key_mask(group, np.arange(lo, hi, dtype=np.int64), positions)
+
+
 def reference_context(group: ExpectedGroup, start: int, stop: int, rows=None):
     """The full context of query positions ``start + rows``: ``(emit_positions, mask)``.
 
@@ -58,48 +111,76 @@ def reference_context(group: ExpectedGroup, start: int, stop: int, rows=None):
     positions = np.arange(start, stop, dtype=np.int64)
     if rows is not None:
         positions = positions[np.asarray(rows, dtype=np.int64)]
-    first, last = int(positions.min(initial=start)), int(positions.max(initial=start - 1))
-    if group.storage is Storage.RECORDS:
-        R = group.tokens_per_state
-        emit = np.arange(R - 1, last + 1, R, dtype=np.int64)  # records emitted up to the last query
-        return emit, emit[None, :] <= positions[:, None]
-    if group.retention is Retention.WINDOW:
-        w = group.sliding_window
-        keys = np.arange(max(0, first - w + 1), last + 1, dtype=np.int64)
-        mask = (keys[None, :] <= positions[:, None]) & (keys[None, :] > positions[:, None] - w)
-    elif group.retention is Retention.CHUNK:
-        c = group.attention_chunk_size
-        keys = np.arange(first - first % c, last + 1, dtype=np.int64)
-        mask = (keys[None, :] <= positions[:, None]) & (keys[None, :] // c == positions[:, None] // c)
-    else:
-        keys = np.arange(last + 1, dtype=np.int64)
-        mask = keys[None, :] <= positions[:, None]
-    return keys, mask
+    if not len(positions):
+        return np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=bool)
+    lo, hi = key_range(group, positions)
+    keys = np.arange(lo, hi, dtype=np.int64)
+    return emit_positions(group, keys), key_mask(group, keys, positions)
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
+def check_step(step: int, keys: int, budget: int, *, first: bool, last: bool) -> bool:
+    """Whether a step's write of a request is checked in a group (``max_step_keys``): always
+    while its reference reads at most ``budget`` keys (``context_keys``), and on the
+    request's first and last step; beyond the budget, on every ``ceil(keys / budget)``-th
+    step (``step % stride == 0``). Plan data only, so every rank decides alike; the keys
+    read per checked (group, request), averaged over its steps, stay near the budget."""
+    if keys <= budget or first or last:
+        return True
+    return step % -(-keys // budget) == 0
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
                         scale: float, base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention in float64, natural logits (``torch.softmax``); the LSE is converted
-    to ``base`` at the end. ``q [nq, H, dk]``, ``k [n, dk]``, ``v [n, dv]``, ``mask [nq, n]``.
-    A row that sees nothing: ``O = 0``, ``lse = -inf``."""
-    q, k, v = q.double(), k.double(), v.double()
+    """Softmax attention in float64, natural logits; the LSE is converted to ``base`` at the
+    end. ``q [nq, H, dk]``, ``k [n, dk]``, ``v [n, dv]``, ``mask [nq, n]`` (None: every
+    query sees every key). With ``m`` the row's largest logit, ``e = exp(logits - m)``:
+    ``O = (e @ v) / sum(e)``, ``lse = m + log(sum(e))``. A row that sees nothing: ``O = 0``,
+    ``lse = -inf``."""
+    q, v = q.double(), v.double()
     nq, H, _ = q.shape
     n, dv = v.shape
     if nq == 0 or n == 0:
         return q.new_zeros((nq, H, dv)), q.new_full((nq, H), _NEG_INF)
-    logits = torch.matmul(q.transpose(0, 1).contiguous(), k.t().contiguous()).mul_(scale)  # [H, nq, n]
-    logits.masked_fill_(~mask.unsqueeze(0), _NEG_INF)
-    weights = torch.softmax(logits, dim=-1)
-    # the weight of the largest logit m is exp(m - lse) >= 1/n: lse = m - log(that weight)
-    lse = logits.amax(dim=-1) - torch.log(weights.amax(dim=-1))
-    empty = ~mask.any(dim=1)
-    if empty.any():
-        weights[:, empty] = 0.0  # softmax of a row of -inf is NaN
-        lse[:, empty] = _NEG_INF
-    o = torch.matmul(weights, v).permute(1, 0, 2)  # [nq, H, dv]
+    kt = k.t().double()
+    if kt.stride(-1) != 1:  # a view of a cache of K^T (the checker's history) is used as it is
+        kt = kt.contiguous()
+    logits = torch.matmul(q.transpose(0, 1).contiguous(), kt).mul_(scale)  # [H, nq, n]
+    if mask is not None:
+        logits.masked_fill_(~mask.unsqueeze(0), _NEG_INF)
+    m = logits.amax(dim=-1, keepdim=True)
+    m.masked_fill_(torch.isneginf(m), 0.0)  # a row that sees nothing: its weights are exp(-inf) = 0
+    weights = logits.sub_(m).exp_()
+    total = weights.sum(dim=-1, keepdim=True)
+    lse = (m + torch.log(total)).squeeze(-1)  # log(0) = -inf for a row that sees nothing
+    o = torch.matmul(weights, v).div_(total.masked_fill(total == 0, 1.0)).permute(1, 0, 2)  # [nq, H, dv]
     if base == "2":
         lse = lse * _LOG2E
     return o, lse.transpose(0, 1)
+
+
+KEY_BLOCK = 1 << 13
+"""Keys per block of the reference (``blocked_reference_attention``), the unit dealt to the
+ranks: small enough that a 64K context spreads over 8 ranks, and that the float64 logits
+and copies of a block stay at a few MiB whatever the context (1M keys: 128 blocks)."""
+
+
+def blocked_reference_attention(q: torch.Tensor, blocks, *, scale: float,
+                                base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference_attention`` over disjoint key blocks ``(k [n_b, dk], v [n_b, dv], mask
+    [nq, n_b] or None)``: each block's float64 softmax, then the blocks combined by their
+    LSEs, ``O = sum_b exp(lse_b - lse) O_b`` with ``lse = logsumexp_b lse_b``. One block is
+    exactly ``reference_attention``."""
+    if len(blocks) == 1:
+        k, v, mask = blocks[0]
+        return reference_attention(q, k, v, mask, scale=scale, base=base)
+    parts = [reference_attention(q, k, v, mask, scale=scale) for k, v, mask in blocks]
+    lses = torch.stack([lse for _, lse in parts])  # [blocks, nq, H], natural
+    lse = torch.logsumexp(lses, dim=0)
+    weights = torch.exp(lses - lse).masked_fill_(torch.isneginf(lse), 0.0)  # a row that sees nothing
+    o = sum(w.unsqueeze(-1) * o_b for w, (o_b, _) in zip(weights, parts))
+    if base == "2":
+        lse = lse * _LOG2E
+    return o, lse
 
 
 def state_error(o: torch.Tensor, lse: torch.Tensor, o_ref: torch.Tensor, lse_ref: torch.Tensor) -> torch.Tensor:

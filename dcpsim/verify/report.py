@@ -154,6 +154,10 @@ class RunReport:
     attention_query_tokens: int = 0
     attention_sampled_checks: int = 0
     """Checks of a huge prefill chunk done on a sample of its query tokens (``max_query_keys``)."""
+    attention_skipped_checks: int = 0
+    """(group, request, step) items of long contexts left unchecked by the step rule (``max_step_keys``)."""
+    attention_checked_steps: int = 0
+    """Steps with at least one attention check."""
     attention_max_error: float | None = None
     """Largest error (max abs over output and lse) seen over the run; inf if a check saw a
     NaN or an lse of -inf against a finite one."""
@@ -231,6 +235,8 @@ class RunReport:
             out.append(
                 f"  attention: {plural(self.attention_checks, 'check')} ({plural(self.attention_query_tokens, 'query token')}"
                 + (f", {plural(self.attention_sampled_checks, 'check')} sampled" if self.attention_sampled_checks else "")
+                + (f", {plural(self.attention_skipped_checks, 'check')} skipped by the step rule, "
+                   f"{plural(self.attention_checked_steps, 'step')} checked" if self.attention_skipped_checks else "")
                 + ", "
                 f"{plural(a['heads'], 'head')}, K/V dims {a['head_dim']}/{a['value_dim']}), max error {err} "
                 f"(tolerance {a['tolerance']:g}), lse base {a['lse_base']}, merges: {merges}, "
