@@ -14,6 +14,7 @@ import sys
 import time
 
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError, DcpsimError, HarnessError
+from dcpsim.model.attention_config import DEFAULT_MAX_STEP_KEYS
 from dcpsim.scenarios.scenario import Scenario
 
 
@@ -71,6 +72,10 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
                    help="query heads (one shared latent KV head per group; default 8)")
     a.add_argument("--attention-head-dim", type=int, default=16, metavar="D",
                    help="width of K and of V vectors (default 16)")
+    a.add_argument("--attention-max-step-keys", type=int, default=DEFAULT_MAX_STEP_KEYS, metavar="N",
+                   help="the step rule: a (group, request) whose context is at most N keys is checked every "
+                        "step; a longer one on its first and last step and every ceil(keys / N)-th step "
+                        f"(default {DEFAULT_MAX_STEP_KEYS})")
 
 
 def add_force_argument(p: argparse.ArgumentParser) -> None:
@@ -191,7 +196,7 @@ def make_job(args, scenario: Scenario):
     return Job(scenario, paranoid=args.paranoid, inject=args.inject, rank_failure=failure, verify=args.verify,
                attention=args.attention, lse_base=args.lse_base, attention_merge=args.attention_merge,
                attention_heads=args.attention_heads, attention_head_dim=args.attention_head_dim,
-               **engine_options(args))
+               attention_max_step_keys=args.attention_max_step_keys, **engine_options(args))
 
 
 def finish(report, as_json: bool) -> int:

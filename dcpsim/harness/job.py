@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from dcpsim.errors import ConfigError
-from dcpsim.model.attention_config import AttentionConfig
+from dcpsim.model.attention_config import DEFAULT_MAX_STEP_KEYS, AttentionConfig
 from dcpsim.model.validate import is_int
 from dcpsim.scenarios.scenario import Scenario
 
@@ -47,6 +47,9 @@ class Job:
     attention_heads: int = 8
     attention_head_dim: int = 16
     """Width of K and of V (each)."""
+    attention_max_step_keys: int = DEFAULT_MAX_STEP_KEYS
+    """The attention check's step rule (``AttentionConfig.max_step_keys``): a context up to
+    this many keys is checked every step, a longer one on a stated sample of steps."""
     engine: str = "reference"
     """The engine under test: ``reference``, ``vllm`` or ``MODULE:ATTR`` (``dcpsim.engine.registry``)."""
     vllm_source: str | None = None
@@ -101,7 +104,7 @@ class Job:
         """The attention check's options as one validated object."""
         return AttentionConfig(heads=self.attention_heads, head_dim=self.attention_head_dim,
                                value_dim=self.attention_head_dim, lse_base=self.lse_base,
-                               merge=self.attention_merge)
+                               merge=self.attention_merge, max_step_keys=self.attention_max_step_keys)
 
     @property
     def world_size(self) -> int:

@@ -67,8 +67,8 @@ class AttentionConfig:
             raise ConfigError(f"lse_base must be 'e' or '2', got {self.lse_base!r}")
         if self.merge not in MERGE_VARIANTS:
             raise ConfigError(f"attention_merge must be allgather, alltoall or alternate, got {self.merge!r}")
-        for name in ("max_query_keys", "max_step_keys"):
-            check_int(name, getattr(self, name))
+        check_int("max_query_keys", self.max_query_keys)
+        check_int("attention_max_step_keys", self.max_step_keys)
         if not self.tolerance > 0:
             raise ConfigError(f"attention tolerance must be > 0, got {self.tolerance!r}")
 
