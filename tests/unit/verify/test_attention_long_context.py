@@ -6,7 +6,6 @@ deterministically, always the first and last of a request, within its budget."""
 from __future__ import annotations
 
 import dataclasses
-from functools import cached_property
 from types import SimpleNamespace
 
 import numpy as np
@@ -159,19 +158,15 @@ def test_queries_follow_the_step_rule():
         sorted((s, 0) for s in taken if p.step in taken[s]) for p in plans]
 
 
-@dataclasses.dataclass(frozen=True)
-class StepBudgetJob(Job):
+def step_budget_job(scenario, **options) -> Job:
     """A job whose attention check reads at most 64 keys a step before the step rule skips."""
-
-    @cached_property
-    def attention_config(self):
-        return dataclasses.replace(super().attention_config, max_step_keys=64)
+    return Job(scenario, attention_max_step_keys=64, **options)
 
 
 def test_run_with_a_tiny_step_budget_passes_and_reports_skips():
     sc = builtin("dsv3", 2, 1)
     full = run(sc, attention=True)
-    reports = run_in_threads(run_rank, StepBudgetJob(sc, attention=True), 2, timeout=120)
+    reports = run_in_threads(run_rank, step_budget_job(sc, attention=True), 2, timeout=120)
     assert len({(r.passed, r.attention_checks, r.attention_skipped_checks) for r in reports}) == 1
     rep = merge_rank_reports(reports)
     assert rep.passed, "\n".join(rep.failure.lines())
@@ -186,7 +181,7 @@ def test_attention_faults_still_caught_with_a_tiny_step_budget():
     """The first step of a request is always checked: the attention faults show there."""
     sc = builtin("dsv3", 2, 16)
     for fault in ("multi-token-local-lens", "empty-shard-lse-zero"):
-        reports = run_in_threads(run_rank, StepBudgetJob(sc, inject=fault), 2, timeout=120)
+        reports = run_in_threads(run_rank, step_budget_job(sc, inject=fault), 2, timeout=120)
         rep = merge_rank_reports(reports)
         assert not rep.passed and rep.failure.kind == "attention-mismatch", fault
 
