@@ -35,6 +35,7 @@ from dcpsim.verify.attention_reference import (
     emit_positions,
     key_range,
     keys_before,
+    merge_by_lse,
     select_queries,
     state_error,
 )
@@ -42,7 +43,6 @@ from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.report import Failure, FailureKind
 
 ERR, QUERY, HEAD, LSE_GOT, LSE_REF = range(5)
-_LOG2E = 1.0 / math.log(2.0)
 
 
 class AttentionVerifier:
@@ -149,11 +149,7 @@ class AttentionVerifier:
             o_w = gathered[:, offset : offset + n_o].reshape(-1, *o.shape)
             l_w = gathered[:, offset + n_o : offset + n_o + n_l].reshape(-1, *lse.shape)
             offset += n_o + n_l
-            total = torch.logsumexp(l_w, dim=0)
-            weights = torch.exp(l_w - total).masked_fill_(torch.isneginf(total), 0.0)
-            o_ref = (weights.unsqueeze(-1) * o_w).sum(dim=0)
-            if self.cfg.lse_base == "2":
-                total = total * _LOG2E
+            o_ref, total = merge_by_lse(o_w, l_w, base=self.cfg.lse_base)
             out.append((o_ref[:, res.head0 : res.head1], total[:, res.head0 : res.head1]))
         return out
 

@@ -102,22 +102,6 @@ def block_mask(group: ExpectedGroup, lo: int, hi: int, positions: np.ndarray) ->
     return None if visible else key_mask(group, np.arange(lo, hi, dtype=np.int64), positions)
 
 
-def reference_context(group: ExpectedGroup, start: int, stop: int, rows=None):
-    """The full context of query positions ``start + rows``: ``(emit_positions, mask)``.
-
-    ``emit_positions[i]`` is the position whose content key ``i`` carries (the position
-    itself, or the emitting position of a record); ``mask`` is ``[len(rows), n]``.
-    """
-    positions = np.arange(start, stop, dtype=np.int64)
-    if rows is not None:
-        positions = positions[np.asarray(rows, dtype=np.int64)]
-    if not len(positions):
-        return np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=bool)
-    lo, hi = key_range(group, positions)
-    keys = np.arange(lo, hi, dtype=np.int64)
-    return emit_positions(group, keys), key_mask(group, keys, positions)
-
-
 def check_step(step: int, keys: int, budget: int, *, first: bool, last: bool) -> bool:
     """Whether a step's write of a request is checked in a group (``max_step_keys``): always
     while its reference reads at most ``budget`` keys (``context_keys``), and on the
@@ -174,10 +158,17 @@ def blocked_reference_attention(q: torch.Tensor, blocks, *, scale: float,
         k, v, mask = blocks[0]
         return reference_attention(q, k, v, mask, scale=scale, base=base)
     parts = [reference_attention(q, k, v, mask, scale=scale) for k, v, mask in blocks]
-    lses = torch.stack([lse for _, lse in parts])  # [blocks, nq, H], natural
+    return merge_by_lse(torch.stack([o for o, _ in parts]), torch.stack([lse for _, lse in parts]), base=base)
+
+
+def merge_by_lse(outs: torch.Tensor, lses: torch.Tensor, *, base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over disjoint key sets, combined: ``outs [P, nq, H, dv]`` and natural
+    ``lses [P, nq, H]`` of the ``P`` parts give ``O = sum_p exp(lse_p - lse) O_p`` with
+    ``lse = logsumexp_p lse_p`` (converted to ``base``). A row no part sees: ``O = 0``,
+    ``lse = -inf``."""
     lse = torch.logsumexp(lses, dim=0)
-    weights = torch.exp(lses - lse).masked_fill_(torch.isneginf(lse), 0.0)  # a row that sees nothing
-    o = sum(w.unsqueeze(-1) * o_b for w, (o_b, _) in zip(weights, parts))
+    weights = torch.exp(lses - lse).masked_fill_(torch.isneginf(lse), 0.0)
+    o = (weights.unsqueeze(-1) * outs).sum(dim=0)
     if base == "2":
         lse = lse * _LOG2E
     return o, lse

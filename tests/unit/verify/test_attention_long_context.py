@@ -22,7 +22,7 @@ from dcpsim.model.plan import RequestView, ReqWrite, StepPlan
 from dcpsim.model.vectors import kv_vectors, query_vectors
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.verify.attention import AttentionVerifier
-from dcpsim.verify.attention_reference import check_step, context_keys, reference_context
+from dcpsim.verify.attention_reference import check_step, context_keys, emit_positions, key_mask, key_range
 from dcpsim.verify.geometry import expected_groups
 from helpers import builtin, run
 
@@ -46,6 +46,14 @@ def groups_by_kind():
     swa, records, full, _ring = expected_groups(load_scenario("dsv41-hybrid"))
     _full, chunk = expected_groups(load_scenario("llama4-scout"))
     return [swa, records, full, dataclasses.replace(chunk, attention_chunk_size=300)]
+
+
+def reference_context(group, start: int, stop: int, rows):
+    """The whole context of query positions ``start + rows``: (emit positions, mask)."""
+    positions = np.arange(start, stop, dtype=np.int64)[np.asarray(rows, dtype=np.int64)]
+    lo, hi = key_range(group, positions)
+    keys = np.arange(lo, hi, dtype=np.int64)
+    return emit_positions(group, keys), key_mask(group, keys, positions)
 
 
 def straightforward(cfg, store, group, w, fingerprints, rows, h0, h1):
