@@ -9,6 +9,7 @@ one kind with differing page geometry gets ``UniformTypeKVCacheSpecs``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from dcpsim.errors import ConfigError
@@ -74,19 +75,14 @@ def group_layer_specs(layer_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupS
     """Group named layer specs, in order of first appearance. Remembers the groupings it
     made: the specs are frozen, and the matrix groups one model's layers for every cell."""
     try:
-        key = tuple(layer_specs.items())
-        cached = _GROUPINGS.get(key)
-    except TypeError:  # an unhashable spec (a plugin's): group it every time
+        return list(_grouped(tuple(layer_specs.items())))
+    except TypeError:  # an unhashable spec (a plugin's): group it uncached
         return _group_layer_specs(layer_specs)
-    if cached is None:
-        cached = _group_layer_specs(layer_specs)
-        if len(_GROUPINGS) >= 256:
-            _GROUPINGS.clear()
-        _GROUPINGS[key] = cached
-    return list(cached)
 
 
-_GROUPINGS: dict[tuple, list[KVCacheGroupSpec]] = {}
+@functools.lru_cache(maxsize=256)
+def _grouped(items: tuple) -> tuple[KVCacheGroupSpec, ...]:
+    return tuple(_group_layer_specs(dict(items)))
 
 
 def _group_layer_specs(layer_specs: dict[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:

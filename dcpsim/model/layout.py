@@ -18,6 +18,8 @@ rank does not store.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from dcpsim.errors import ConfigError
@@ -46,20 +48,13 @@ __all__ = [
 
 def validate_layout(**layout) -> None:
     """Reject a layout that the DCP formulas do not cover, naming the values (keywords:
-    those of ``_validate_layout``). Remembers the layouts it accepted: every slot mapping
-    of every step validates its layout, and a run has a handful."""
-    key = tuple((name, type(value), value) for name, value in sorted(layout.items()))  # True == 1, 4.0 == 4
+    those of ``_validate_layout``). Remembers the layouts it accepted (a rejection raises,
+    so it is never remembered; ``typed``: ``True`` is not ``1``): every slot mapping of
+    every step validates its layout, and a run has a handful."""
     try:
-        if key in _VALID_LAYOUTS:
-            return
-    except TypeError:  # an unhashable value: validate (and reject) it every time
-        return _validate_layout(**layout)
-    _validate_layout(**layout)
-    if len(_VALID_LAYOUTS) < 4096:
-        _VALID_LAYOUTS.add(key)
-
-
-_VALID_LAYOUTS: set[tuple] = set()
+        _validated(**layout)
+    except TypeError:  # an unhashable value: validate (and reject) it uncached
+        _validate_layout(**layout)
 
 
 def _validate_layout(
@@ -101,6 +96,9 @@ def _validate_layout(
             f"{prefix}block_size ({block_size}) must be a multiple of "
             f"cp_kv_cache_interleave_size ({interleave_size})"
         )
+
+
+_validated = functools.lru_cache(maxsize=4096, typed=True)(_validate_layout)
 
 
 def _check_rank(dcp_size: int, dcp_rank: int) -> None:
