@@ -113,9 +113,9 @@ class GlooCollectives(Collectives):
             dist.all_gather(out, tensor, group=self.group)
             return out
         # gather to the first member, then broadcast: gloo's all_gather is a ring of W - 1
-        # dependent hops, each waiting for the next rank to be scheduled, which costs ~5x
-        # more than these two star-shaped collectives when ranks outnumber cores
-        # (benchmarks/bench_collectives.py)
+        # dependent hops, each waiting for the next rank to be scheduled, which costs 3.5-4x
+        # more than these two star-shaped collectives when ranks outnumber cores (8 ranks on
+        # 2 cores: 16-18 ms a call against 3.4-5 ms; benchmarks/bench_collectives.py)
         root = self.ranks[0]
         stacked = torch.empty((self.world_size, *tensor.shape), dtype=tensor.dtype)
         parts = list(stacked.unbind(0)) if self.rank == 0 else None
