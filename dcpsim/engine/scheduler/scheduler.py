@@ -31,21 +31,58 @@ from dcpsim.engine.scheduler.managers import StateManager, make_manager, state_b
 from dcpsim.engine.scheduler.prefix_cache import PrefixCache
 from dcpsim.engine.scheduler.request import Request, Status
 from dcpsim.errors import ConfigError
+from dcpsim.model.config import SimConfig
 from dcpsim.model.content import random_tokens, stable_seed
-from dcpsim.model.kinds import Storage
+from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import RequestView, ReqWrite, StepPlan
+from dcpsim.model.specs import cdiv
 from dcpsim.plural import plural
 from dcpsim.scenarios.scenario import Scenario
 
 
+def windowed_live_blocks(geometry: GroupGeometry, config: SimConfig) -> int | None:
+    """The most blocks a request of a sliding-window or chunked-local group holds at once
+    (None for other groups, which hold their whole row).
+
+    Such a group releases the blocks below ``first_needed_position`` after every step, so
+    while a step with ``c`` committed tokens allocates up to ``c + n + k`` (``n`` at most
+    ``max_in_flight_tokens``, ``k`` drafts), its live entries run from the block of
+    ``c - reach`` to that of ``c + n + k - 1``, ``reach`` being the positions kept behind
+    the last committed one (``sliding_window - 1 + extra_retained_tokens``, or
+    ``attention_chunk_size - 1``): at most ``cdiv(reach + n + k, span) + 1`` blocks,
+    ``span`` the manager's block size. This is vLLM's per-request bound
+    (``max_memory_usage_bytes`` of the two specs) with the drafts added."""
+    spec = geometry.spec
+    if geometry.retention is Retention.WINDOW:
+        reach = spec.sliding_window - 1 + spec.extra_retained_tokens
+    elif geometry.retention is Retention.CHUNK:
+        reach = spec.attention_chunk_size - 1
+    else:
+        return None
+    tokens = reach + config.max_in_flight_tokens + config.num_speculative_tokens
+    return cdiv(tokens, geometry.manager_block_size) + 1
+
+
+def blocks_per_request(engine: Engine, geometry: GroupGeometry, config: SimConfig, num_tokens: int) -> int:
+    """The most blocks a request of ``num_tokens`` tokens holds at once in a group: its
+    whole row, or for a windowed group no more than ``windowed_live_blocks``."""
+    need = engine.blocks_needed(geometry, num_tokens)
+    live = windowed_live_blocks(geometry, config)
+    return need if live is None else min(need, live)
+
+
 def pool_sizes(scenario: Scenario, engine: Engine, geometries: list[GroupGeometry]) -> list[int]:
-    """Blocks in each group's pool (besides the null block)."""
+    """Blocks in each group's pool (besides the null block): without ``num_gpu_blocks`` or
+    ``kv_cache_tokens``, enough for every request at once, a windowed group's request
+    counted at the blocks it holds at once (``blocks_per_request``), not its whole row, so
+    a 10M-token context does not size a sliding-window pool for 10M tokens."""
     if scenario.num_gpu_blocks is not None:
         return [scenario.num_gpu_blocks] * len(geometries)
     k = scenario.config.num_speculative_tokens
     out = []
     for geometry in geometries:
-        needs = [engine.blocks_needed(geometry, r.prompt_len + r.output_len + k) for r in scenario.requests]
+        needs = [blocks_per_request(engine, geometry, scenario.config, r.prompt_len + r.output_len + k)
+                 for r in scenario.requests]
         if geometry.storage is Storage.RING:
             out.append(len(needs))
         elif geometry.storage is Storage.STATE:  # a few state blocks per request, however long
@@ -95,7 +132,7 @@ class Scheduler:
         for req in self.requests:
             total = req.spec.prompt_len + req.spec.output_len + self.config.num_speculative_tokens
             for m in self.managers:
-                need = self.engine.blocks_needed(m.geometry, total)
+                need = blocks_per_request(self.engine, m.geometry, self.config, total)
                 if isinstance(m, StateManager):
                     need = m.blocks_per_request()
                 if need > m.pool.num_blocks:
