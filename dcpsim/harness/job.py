@@ -62,6 +62,12 @@ class Job:
     """``--verify``: ``incremental`` (each check re-reads what the stores' and tables' change
     records say can have changed, a full sweep as each request finishes and at the end) or
     ``full`` (every check re-reads every live index)."""
+    exchange_every: int = 16
+    """Verified steps whose rows the ranks exchange in one collective (``Checker.exchange``):
+    each step is still read and judged as of that step; a failing step found in a later
+    exchange has the run redone in lockstep for its report. 1: one exchange a step (also
+    whenever the attention check, ``--paranoid``, several DCP groups or a disaggregated
+    instance are on, since those exchange every step anyway)."""
 
     def __post_init__(self) -> None:
         from dcpsim.campaigns.faults import get_fault
@@ -69,6 +75,8 @@ class Job:
         get_fault(self.inject)
         if self.verify not in VERIFY_MODES:
             raise ConfigError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {self.verify!r}")
+        if not is_int(self.exchange_every) or self.exchange_every < 1:
+            raise ConfigError(f"exchange_every must be an integer >= 1, got {self.exchange_every!r}")
         self.attention_config  # noqa: B018 - validates the attention options, once
         if self.inject and self.engine != "reference":
             raise ConfigError(f"--inject switches on a fault of the reference engine; it cannot be combined "

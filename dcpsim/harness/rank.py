@@ -37,7 +37,7 @@ from dcpsim.harness.job import Job, simulate_rank_failure
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder
 from dcpsim.scenarios.scenario import Scenario
 from dcpsim.verify.attention import AttentionVerifier
-from dcpsim.verify.check import Checker
+from dcpsim.verify.check import Checker, StaleFailure
 from dcpsim.verify.geometry import ExpectedGroup, expected_groups
 from dcpsim.verify.report import Failure, FailureKind, RunReport
 
@@ -145,7 +145,20 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     of the checker run hand-made engine variants this way). ``instance`` (an instance of a
     disaggregated run, ``harness.disagg``) gives the scheduler class and hears each step
     before its writes (``before_write(plan, runner)``) and after its checks
-    (``after_step(plan, runner, scheduler)``)."""
+    (``after_step(plan, runner, scheduler)``).
+
+    With ``job.exchange_every > 1`` the ranks exchange their verification rows every that
+    many verified steps; if an exchange finds a failure at an older step than its newest,
+    every rank of the DCP group (they judged the same data) runs the job again in
+    lockstep, which reports that failure with the stores as they were at its step."""
+    try:
+        return _run_rank(job, coll, engine, recorder, instance)
+    except StaleFailure:
+        lockstep = dataclasses.replace(job, exchange_every=1)
+        return _run_rank(lockstep, coll, engine, recorder, instance)
+
+
+def _run_rank(job: Job, coll: Collectives, engine: Engine | None, recorder: NullRecorder, instance) -> RunReport:
     # Imported here: set_progress lives with the launcher; in-process runs use a no-op.
     from dcpsim.harness.world import set_progress
 
@@ -176,6 +189,9 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
     groups = expected_groups(scenario)
     checker = Checker(groups, coll, view, request_ids, paranoid=job.paranoid, config=config, mode=job.verify)
     verifier = AttentionVerifier(cfg, groups, coll, view) if attention else None
+    batched = (job.exchange_every > 1 and not attention and not job.paranoid and instance is None
+               and par.num_dcp_groups == 1)
+    """Exchange the checker's rows every ``exchange_every`` verified steps, not every step."""
     rec.complete("setup", "setup", setup)
 
     report = RunReport(
@@ -217,8 +233,10 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                     set_progress(plan.step, "write")
                     runner.apply(computed, request_ids, during_step=during_step)
             except BlockTableOverflow as exc:
-                failure = Failure(kind=FailureKind.BLOCK_TABLE_OVERFLOW, step=plan.step, message=str(exc),
-                                  group=exc.group, request_id=exc.request_id)
+                # the steps still queued come first (every rank's table overflows alike)
+                failure = checker.exchange(metadata=True) if batched else None
+                failure = failure or Failure(kind=FailureKind.BLOCK_TABLE_OVERFLOW, step=plan.step,
+                                             message=str(exc), group=exc.group, request_id=exc.request_id)
                 break
             with rec.span("check writes", "verify"):
                 checker.record_writes(plan)
@@ -227,7 +245,12 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
                 set_progress(plan.step, "verify")
                 with rec.span("verify", "verify") as span:
                     indices = checker.verified_indices
-                    failure = agree(par, checker.verify(plan), plan.step)
+                    if not batched:
+                        failure = agree(par, checker.verify(plan), plan.step)
+                    else:
+                        checker.read(plan)
+                        if checker.pending >= job.exchange_every or plan.last:
+                            failure = checker.exchange(metadata=True)
                     span.set(step=plan.step, indices=checker.verified_indices - indices,
                              result=failure.kind if failure else "pass")
                 if failure:
@@ -254,6 +277,8 @@ def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
             if instance is not None:
                 instance.after_step(plan, runner, scheduler)
         scheduled = rec.now()
+    if failure is None and batched and checker.pending:  # the last step always exchanges; a safeguard
+        failure = checker.exchange(metadata=True)
     if failure is not None and world.rank == 0:  # rank 0's verdict is the report's
         rec.failure(failure)
     report.steps = scheduler.step_index

@@ -59,6 +59,32 @@ _WHAT = {
 }
 
 
+class StaleFailure(Exception):
+    """A queued step failed, but it is no longer the newest: the stores have moved on, so
+    its report's details cannot be read any more. The run is redone in lockstep (one
+    exchange a step), which stops at that step and builds the report there."""
+
+    def __init__(self, step: int):
+        super().__init__(f"verification of step {step} failed (found in a later exchange)")
+        self.step = step
+
+
+STALE = Failure(kind=FailureKind.WRONG_CONTENT, step=-1, message="stale")
+"""``Checker._judge``'s answer for a failing step older than the newest queued one."""
+
+
+@dataclasses.dataclass
+class _Pending:
+    """One step's half of a verification, waiting for the exchange."""
+
+    plan: StepPlan
+    items: list
+    local: list
+    message: np.ndarray
+    """This rank's header (violations, metadata and event counts, table digests) and rows."""
+    header_len: int
+
+
 class Checker:
     def __init__(self, groups: list[ExpectedGroup], collectives: Collectives, view: RankView,
                  request_ids: dict[int, str], paranoid: bool = False, config=None, mode: str = "incremental"):
@@ -91,6 +117,9 @@ class Checker:
         ) if config is not None else None
         self._last_write: dict[int, tuple[int, int, int]] = {}
         """Each request's last write (start, stop, drafts): where its Mamba states went."""
+        self._pending: list[_Pending] = []
+        """Steps read (``read``) whose rows wait for the next ``exchange``."""
+        self._last_reads: list | None = None
 
     # --- every step: the write log ----------------------------------------------------
 
@@ -142,6 +171,13 @@ class Checker:
                 for g, view in items]
 
     def verify(self, plan: StepPlan) -> Failure | None:
+        """Read and judge this step at once (lockstep): ``read`` then ``exchange``."""
+        self.read(plan)
+        return self.exchange()
+
+    def read(self, plan: StepPlan) -> None:
+        """This rank's half of a verification: read every item of the step, judge it
+        against the oracle, and queue its compact row for the next ``exchange``."""
         self.verifications += 1
         self.changes.take(plan.views)
         items = [(g, v) for g in range(len(self.groups)) for v in plan.views]
@@ -165,22 +201,62 @@ class Checker:
         meta_count = self.metadata.count if self.metadata is not None else 0
         event_count = self.router.count if self.router is not None else 0
         header = np.array([self.guard.count, meta_count, event_count, len(tables)] + tables, dtype=np.int64)
-        mine = torch.from_numpy(np.concatenate([header, rows.reshape(-1)]))
+        for g, view in items:  # as if it passes: a failure found later ends the run anyway
+            self.changes.checked(g, self.groups[g], view)
+        self._pending.append(_Pending(plan, items, local, np.concatenate([header, rows.reshape(-1)]), len(header)))
+        self._last_reads = reads  # kept for the details of a failure at this step
+
+    @property
+    def pending(self) -> int:
+        """Steps read but not yet exchanged."""
+        return len(self._pending)
+
+    def exchange(self, metadata: bool = False) -> Failure | None:
+        """Gather the queued rows of every rank in one collective and judge each queued
+        step in order; the first failure, or None.
+
+        The failure's details (phase 2) read the stores as they are now, so they are
+        only built for the newest queued step; a failure at an older one raises
+        ``StaleFailure`` (the run is then redone in lockstep, ``harness.rank``).
+        ``metadata``: also judge each step's attention-metadata and KV-event totals
+        right after its KV verdict (with a step queue; in lockstep ``metadata_verdict``
+        asks for them after the attention check)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return None
+        mine = torch.from_numpy(np.concatenate([p.message for p in pending]))
         gathered = np.stack([t.numpy() for t in self.coll.all_gather_tensor(mine)])
-        h = len(header)
+        offset = 0
+        for n, p in enumerate(pending):
+            newest = n == len(pending) - 1
+            part = gathered[:, offset:offset + len(p.message)]
+            offset += len(p.message)
+            failure = self._judge(p, part, self._last_reads if newest else None)
+            if failure is None and metadata:
+                failure = self.metadata_verdict(p.plan)
+            if failure is not None:
+                if failure is STALE:
+                    raise StaleFailure(p.plan.step)
+                return failure
+        return None
+
+    def _judge(self, p: _Pending, gathered: np.ndarray, reads) -> Failure | None:
+        """One step's verdict from every rank's row. ``reads``: this rank's reads of the
+        step (None: an older step, whose failure is reported as ``STALE``)."""
+        plan, items, local, h = p.plan, p.items, p.local, p.header_len
         violations, mismatches, event_errors = gathered[:, 0], gathered[:, 1], gathered[:, 2]
         table_digests = gathered[:, 4:h]
         per_item = gathered[:, h:].reshape(self.world, len(items), 6)
         self.verified_indices += int(per_item[:, :, COUNT].sum())
 
-        if self.paranoid:
+        if self.paranoid and reads is not None:  # paranoid runs in lockstep (harness.rank)
             failure = self._paranoid(plan, items, reads)
             if failure:
                 return failure
         if violations.any():
-            return self._violation_failure(plan, int(violations.sum()))
+            return self._violation_failure(plan, int(violations.sum())) if reads is not None else STALE
         if (table_digests != table_digests[0]).any():
-            return self._table_failure(plan)
+            return self._table_failure(plan) if reads is not None else STALE
         for k, (g, view) in enumerate(items):
             bad_total = int(per_item[:, k, BAD].sum())
             if self.groups[g].sharded:
@@ -191,18 +267,22 @@ class Checker:
                     want = int(per_item[:, k, WANT].astype(np.uint64).sum(dtype=np.uint64))
                 have = int(per_item[:, k, MULTISET].astype(np.uint64).sum(dtype=np.uint64))
                 if bad_total or want != have:
+                    if reads is None:
+                        return STALE
                     kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REASSEMBLY
                     return self._item_failure(plan, g, view, reads[k], bad_total, kind)
             else:
                 same_reads = (per_item[:, k, LOCALS] == per_item[0, k, LOCALS]).all()
                 differ = same_reads and (per_item[:, k, ORDERED] != per_item[0, k, ORDERED]).any()
                 if bad_total or differ:
+                    if reads is None:
+                        return STALE
                     kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REPLICAS_DIFFER
                     return self._item_failure(plan, g, view, reads[k], bad_total, kind)
-        for g, view in items:
-            self.changes.checked(g, self.groups[g], view)
         self._metadata_total = int(mismatches.sum())  # reported by metadata_verdict, last
         self._events_total = int(event_errors.sum())
+        if reads is None and (self._metadata_total or self._events_total):
+            return STALE
         return None
 
     def metadata_verdict(self, plan: StepPlan) -> Failure | None:
