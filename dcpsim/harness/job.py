@@ -66,8 +66,9 @@ class Job:
     """Verified steps whose rows the ranks exchange in one collective (``Checker.exchange``):
     each step is still read and judged as of that step; a failing step found in a later
     exchange has the run redone in lockstep for its report. 1: one exchange a step (also
-    whenever the attention check, ``--paranoid``, several DCP groups or a disaggregated
-    instance are on, since those exchange every step anyway)."""
+    whenever the attention check, ``--paranoid``, several DCP groups, PCP or a
+    disaggregated instance are on, since their ranks meet in collectives every step
+    anyway, and under ``--trace``)."""
 
     def __post_init__(self) -> None:
         from dcpsim.campaigns.faults import get_fault

@@ -189,9 +189,11 @@ def _run_rank(job: Job, coll: Collectives, engine: Engine | None, recorder: Null
     groups = expected_groups(scenario)
     checker = Checker(groups, coll, view, request_ids, paranoid=job.paranoid, config=config, mode=job.verify)
     verifier = AttentionVerifier(cfg, groups, coll, view) if attention else None
+    # Exchange the checker's rows every ``exchange_every`` verified steps, not every step;
+    # lockstep where collectives meet every step anyway (attention, paranoid, several DCP
+    # groups, PCP, a P/D instance) and under --trace, whose timeline shows each step's check.
     batched = (job.exchange_every > 1 and not attention and not job.paranoid and instance is None
-               and par.num_dcp_groups == 1)
-    """Exchange the checker's rows every ``exchange_every`` verified steps, not every step."""
+               and par.num_dcp_groups == 1 and layout.pcp == 1 and not rec.enabled)
     rec.complete("setup", "setup", setup)
 
     report = RunReport(

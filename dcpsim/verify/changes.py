@@ -55,12 +55,13 @@ def locals_of_slots(row: np.ndarray, slots: np.ndarray, page: int) -> np.ndarray
     """Local indices that read one of the sorted, distinct ``slots`` through ``row``."""
     if not len(slots) or not len(row):
         return NO_LOCALS
-    blocks = slots // page
-    hit = np.flatnonzero(np.isin(row, blocks))
+    blocks = slots // page  # sorted, as the slots are: membership by binary search, not np.isin
+    lo = np.searchsorted(blocks, row, side="left")
+    counts = np.searchsorted(blocks, row, side="right") - lo
+    hit = np.flatnonzero(counts)
     if not len(hit):
         return NO_LOCALS
-    lo = np.searchsorted(blocks, row[hit], side="left")
-    counts = np.searchsorted(blocks, row[hit], side="right") - lo
+    lo, counts = lo[hit], counts[hit]
     starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
     picked = slots[np.arange(int(counts.sum())) + starts]
     return np.repeat(hit, counts) * page + picked % page

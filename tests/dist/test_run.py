@@ -166,7 +166,7 @@ def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process
 
 
 def test_a_waiting_run_says_which_ranks_it_waits_for_and_where():
-    # rank 2 hangs at step 3; ranks 0 and 1 wait for it in step 3's verification until the
+    # rank 2 hangs at step 3; ranks 0 and 1 wait for it in step 15's verification until the
     # 6 s process-group timeout: after 5 s without news the parent says so on stderr
     proc = subprocess.run(
         [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--timeout", "6",
@@ -176,7 +176,9 @@ def test_a_waiting_run_says_which_ranks_it_waits_for_and_where():
     assert proc.returncode == 3, proc.stderr
     waits = [line for line in proc.stderr.splitlines() if line.startswith("dcpsim: waiting")]
     assert waits, proc.stderr
-    assert re.fullmatch(r"dcpsim: waiting [\d.]+ s for 3 of 3 ranks: ranks 0, 1 at step 3 \(verify\); "
+    # ranks 0 and 1 go on to their next exchange of verification rows (Job.exchange_every):
+    # 16 verified steps a queue, the first queue ends at step 15
+    assert re.fullmatch(r"dcpsim: waiting [\d.]+ s for 3 of 3 ranks: ranks 0, 1 at step 15 \(verify\); "
                         r"rank 2 at step 3 \(write\)", waits[0]), waits
     assert proc.stdout == ""
 

@@ -19,7 +19,7 @@ def test_traffic_is_counted_per_job_when_one_world_runs_several():
 def test_each_job_is_reported_as_it_ends_with_its_own_time(monkeypatch):
     import dcpsim.harness.batch as batch
 
-    long_job, short_job = Job(builtin("dsv3", 1)), Job(builtin("dsv3", 1), inject="foreign-block")  # fails at step 0
+    long_job, short_job = Job(builtin("dsv3", 1)), Job(builtin("dsv3", 1), inject="foreign-block", exchange_every=1)  # fails at step 0
     events = []
     run_rank = batch.run_rank
     monkeypatch.setattr(batch, "run_rank", lambda job, coll, **kw: (events.append(("run", job is short_job)), run_rank(job, coll, **kw))[1])
