@@ -39,7 +39,7 @@ from dcpsim.model.plan import RequestView, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
 from dcpsim.verify.changes import ChangeTracker, expected_at
-from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
+from dcpsim.verify.digest import as_int64, both_digests, multiset_digest, ordered_digest
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
@@ -189,11 +189,12 @@ class Checker:
         for k, (g, view) in enumerate(items):
             index, got, bad, content = self._local_read(g, view, local[k])
             reads.append((index, got, bad))
+            ordered, multiset = both_digests(got[:, INDEX], got[:, CONTENT])
             rows[k] = (
                 int(bad.sum()),
                 len(got),
-                as_int64(ordered_digest(got[:, INDEX], got[:, CONTENT])),
-                as_int64(multiset_digest(got[:, INDEX], got[:, CONTENT])),
+                as_int64(ordered),
+                as_int64(multiset),
                 as_int64(multiset_digest(index, content)) if local[k] is not None else 0,
                 as_int64(ordered_digest(local[k], local[k]) | 1) if local[k] is not None else 0,
             )

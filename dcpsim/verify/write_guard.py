@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcpsim.model.distinct import has_repeats
+from dcpsim.model.distinct import has_repeats, member_of
 from dcpsim.model.plan import StepPlan, WriteRecord
 
 MAX_KEPT = 20
@@ -80,7 +80,7 @@ class WriteGuard:
             held = plan.rows_before[w.group].get(w.req_index, np.zeros(0, np.int64))
             blocks = slots // per_block
             null = inside & (blocks == 0)
-            foreign = inside & ~null & ~np.isin(blocks, held)
+            foreign = inside & ~null & ~member_of(blocks, held)
             for i in np.nonzero(null)[0]:
                 self._add(w.group, w.request_id, indices[i], slots[i], "write into the null block 0")
             for i in np.nonzero(foreign)[0]:

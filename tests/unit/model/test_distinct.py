@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dcpsim.model.distinct import has_repeats, sorted_distinct
+from dcpsim.model.distinct import has_repeats, member_of, sorted_distinct
 
 ints = st.lists(st.integers(-5, 50), max_size=60).map(lambda v: np.array(v, dtype=np.int64))
 
@@ -17,3 +17,9 @@ def test_sorted_distinct_is_np_unique(values):
 @given(ints)
 def test_has_repeats_says_whether_a_value_occurs_twice(values):
     assert has_repeats(values) == (len(set(values.tolist())) < len(values))
+
+
+@given(ints, ints)
+def test_member_of_is_np_isin(values, pool):
+    got = member_of(values, pool)
+    assert got.dtype == bool and np.array_equal(got, np.isin(values, pool))
