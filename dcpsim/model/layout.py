@@ -314,17 +314,16 @@ def local_seq_lens(
     # (a block_size equal to I would report an invalid I as an invalid block_size).
     validate_layout(block_size=1, dcp_size=dcp_size, interleave_size=interleave_size, replicated=True)
     lens = np.asarray(seq_lens, dtype=np.int64)
-    if np.any(lens < 0):
+    if lens.size and lens.min() < 0:
         raise ValueError("seq_lens must be >= 0")
     W, I = dcp_size, interleave_size
     base = (lens // (I * W)) * I
+    # np.minimum(np.maximum(.)) is np.clip without its wrapper's cost on short arrays
     if dcp_rank is None:
         ranks = np.arange(W, dtype=np.int64)
-        return base[..., None] + np.clip(
-            lens[..., None] - base[..., None] * W - ranks * I, 0, I
-        )
+        return base[..., None] + np.minimum(np.maximum(lens[..., None] - base[..., None] * W - ranks * I, 0), I)
     _check_rank(W, dcp_rank)
-    return base + np.clip(lens - base * W - dcp_rank * I, 0, I)
+    return base + np.minimum(np.maximum(lens - base * W - dcp_rank * I, 0), I)
 
 
 def query_local_seq_lens(
