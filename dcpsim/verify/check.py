@@ -39,7 +39,7 @@ from dcpsim.model.plan import RequestView, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
 from dcpsim.verify.changes import ChangeTracker, expected_at
-from dcpsim.verify.digest import as_int64, both_digests, multiset_digest, ordered_digest
+from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
@@ -48,9 +48,10 @@ from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.write_guard import WriteGuard
 
-BAD, COUNT, ORDERED, MULTISET, WANT, LOCALS = range(6)
-"""Columns of a gathered row: ``WANT``, the multiset digest of what the rank expects at
-the indices it re-read; ``LOCALS``, a digest of which local indices it re-read (0: all)."""
+_ROW = BAD, COUNT, ORDERED, MULTISET, LOCALS = range(5)
+"""Columns of a gathered row: entries unlike the expectation, entries read, then a sharded
+group's ``MULTISET`` digest of a full read's pairs (partial reads: 0), or a replicated
+group's ``ORDERED`` digest and ``LOCALS``, a digest of which local indices it re-read (0: all)."""
 
 _WHAT = {
     FailureKind.WRONG_CONTENT: "a rank does not hold the right entry where attention reads it",
@@ -184,20 +185,23 @@ class Checker:
         local = self._locals(plan, items)
         if all(x is None for x in local):
             self.full_sweeps += 1
-        rows = np.zeros((len(items), 6), dtype=np.int64)
+        rows = np.zeros((len(items), len(_ROW)), dtype=np.int64)
         reads = []
         for k, (g, view) in enumerate(items):
             index, got, bad, content = self._local_read(g, view, local[k])
             reads.append((index, got, bad))
-            ordered, multiset = both_digests(got[:, INDEX], got[:, CONTENT])
-            rows[k] = (
-                int(bad.sum()),
-                len(got),
-                as_int64(ordered),
-                as_int64(multiset),
-                as_int64(multiset_digest(index, content)) if local[k] is not None else 0,
-                as_int64(ordered_digest(local[k], local[k]) | 1) if local[k] is not None else 0,
-            )
+            rows[k, BAD], rows[k, COUNT] = int(bad.sum()), len(got)
+            if self.groups[g].sharded:
+                # A full read's pieces must add up to the full context (_judge). A partial
+                # read sends no digest: with every entry equal to the rank's expectation
+                # (BAD 0 everywhere) the pieces add up to the expectations' sum by
+                # construction; the full sweeps prove the whole reassembly.
+                if local[k] is None:
+                    rows[k, MULTISET] = as_int64(multiset_digest(got[:, INDEX], got[:, CONTENT]))
+            else:  # the replicas must agree wherever every rank read the same local indices
+                rows[k, ORDERED] = as_int64(ordered_digest(got[:, INDEX], got[:, CONTENT]))
+                if local[k] is not None:
+                    rows[k, LOCALS] = as_int64(ordered_digest(local[k], local[k]) | 1)
         tables = [as_int64(self._table_digest(g, plan.views)) for g in range(len(self.groups))]
         meta_count = self.metadata.count if self.metadata is not None else 0
         event_count = self.router.count if self.router is not None else 0
@@ -247,7 +251,7 @@ class Checker:
         plan, items, local, h = p.plan, p.items, p.local, p.header_len
         violations, mismatches, event_errors = gathered[:, 0], gathered[:, 1], gathered[:, 2]
         table_digests = gathered[:, 4:h]
-        per_item = gathered[:, h:].reshape(self.world, len(items), 6)
+        per_item = gathered[:, h:].reshape(self.world, len(items), len(_ROW))
         self.verified_indices += int(per_item[:, :, COUNT].sum())
 
         if self.paranoid and reads is not None:  # paranoid runs in lockstep (harness.rank)
@@ -261,13 +265,12 @@ class Checker:
         for k, (g, view) in enumerate(items):
             bad_total = int(per_item[:, k, BAD].sum())
             if self.groups[g].sharded:
+                reassembles = True
                 if local[k] is None:
                     full_index, full_content = expected_full(self.groups[g], view)
                     want = multiset_digest(full_index, full_content)
-                else:  # every rank's expectation of the indices it re-read
-                    want = int(per_item[:, k, WANT].astype(np.uint64).sum(dtype=np.uint64))
-                have = int(per_item[:, k, MULTISET].astype(np.uint64).sum(dtype=np.uint64))
-                if bad_total or want != have:
+                    reassembles = want == int(per_item[:, k, MULTISET].astype(np.uint64).sum(dtype=np.uint64))
+                if bad_total or not reassembles:
                     if reads is None:
                         return STALE
                     kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REASSEMBLY

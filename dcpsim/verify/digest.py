@@ -33,15 +33,6 @@ def ordered_digest(index: np.ndarray, content: np.ndarray) -> int:
     return int(mix64(_pair_hash(index, content) ^ order).sum(dtype=np.uint64))
 
 
-def both_digests(index: np.ndarray, content: np.ndarray) -> tuple[int, int]:
-    """``(ordered_digest, multiset_digest)`` of the same pairs, hashing them once."""
-    if not len(index):
-        return 0, 0
-    pairs = _pair_hash(index, content)
-    order = np.arange(1, len(index) + 1, dtype=np.uint64) * _K2
-    return int(mix64(pairs ^ order).sum(dtype=np.uint64)), int(pairs.sum(dtype=np.uint64))
-
-
 def as_int64(u: int) -> int:
     """A uint64 digest as the int64 with the same bits (for int64 tensors)."""
     return int(np.array([u], dtype=np.uint64).view(np.int64)[0])

@@ -55,11 +55,3 @@ def test_as_int64_keeps_the_bits():
         i = as_int64(u)
         assert -2**63 <= i < 2**63 and i % 2**64 == u
 
-
-def test_both_digests_are_the_two_digests_hashed_once():
-    from dcpsim.verify.digest import both_digests
-
-    rng = np.random.default_rng(3)
-    for n in (0, 1, 7, 300):
-        index, content = rng.integers(0, 10**6, n), rng.integers(-(2**62), 2**62, n)
-        assert both_digests(index, content) == (ordered_digest(index, content), multiset_digest(index, content))
