@@ -115,8 +115,10 @@ class ChangeTracker:
         else:
             lo, hi = first, stop
             new = np.arange(max(last, first), stop, dtype=np.int64)
-        local = np.concatenate([new, locals_of_slots(row, self.written[g], page),
-                                locals_of_columns(changed, page)])
+        rewritten = locals_of_slots(row, self.written[g], page)
+        if not len(rewritten) and not len(changed):
+            return new  # only the new indices (sorted, distinct, inside [lo, hi)): most steps
+        local = np.concatenate([new, rewritten, locals_of_columns(changed, page)])
         local = np.sort(local[(local >= lo) & (local < hi)])
         distinct = np.ones(len(local), dtype=bool)
         distinct[1:] = local[1:] != local[:-1]

@@ -23,6 +23,8 @@ def read_slots(group: ExpectedGroup, row: np.ndarray, local_index: np.ndarray) -
         return int(row[0]) * group.block_size + local_index % group.block_size
     page = group.page_states
     bk = group.kernel_block_size or page
+    if bk == page and len(local_index) and local_index.max() < len(row) * page:
+        return row[local_index // page] * page + local_index % page  # every index has an entry
     per_page = page // bk
     entry, sub = np.divmod(local_index // bk, per_page)  # block-table entry, kernel block in it
     inside = entry < len(row)

@@ -16,6 +16,7 @@ from dcpsim.model.distinct import has_repeats, member_of
 from dcpsim.model.plan import StepPlan, WriteRecord
 
 MAX_KEPT = 20
+_NONE = np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,23 @@ class WriteGuard:
         for w in writes:
             num_blocks, per_block = store_shapes[w.group]
             slots, indices = w.slots, w.index
+            held = plan.rows_before[w.group].get(w.req_index, _NONE)
+            if not len(slots):
+                continue
+            if slots.min() >= per_block and slots.max() < num_blocks * per_block:
+                # the usual case, in four array operations: inside the store, none in block 0
+                blocks = slots // per_block
+                foreign = ~member_of(blocks, held)
+                if foreign.any():
+                    for i in np.flatnonzero(foreign):
+                        self._add(w.group, w.request_id, indices[i], slots[i],
+                                  f"write into block {blocks[i]}, which the request does not hold")
+                written.setdefault(w.group, []).append((slots, indices, w.request_id))
+                continue
             inside = (slots >= 0) & (slots < num_blocks * per_block)
             for i in np.nonzero(~inside)[0][:MAX_KEPT]:
                 self._add(w.group, w.request_id, indices[i], slots[i], "slot outside the KV store")
             self.count += max(0, int((~inside).sum()) - MAX_KEPT)
-            held = plan.rows_before[w.group].get(w.req_index, np.zeros(0, np.int64))
             blocks = slots // per_block
             null = inside & (blocks == 0)
             foreign = inside & ~null & ~member_of(blocks, held)

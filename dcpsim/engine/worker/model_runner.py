@@ -87,14 +87,20 @@ class ModelRunner:
                     self._build_metadata(plan, self.engine.draft_geometry(geometry), rows, store)
             for write, (slots, index) in zip(plan.writes, mapped):
                 slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
-                mine = slots != PAD
-                slots, index = slots[mine], index[mine]
+                if len(slots) and slots.min() < 0:  # drop PAD (not this rank's); other negatives stay, for the guard
+                    mine = slots != PAD
+                    slots, index = slots[mine], index[mine]
                 self.write_log.append(WriteRecord(geometry.group_id, write.req_index, write.request_id, slots, index))
+                if not len(slots):
+                    continue
                 # what a state holds: the KV of its position, or of the position emitting a
                 # record; an index the step does not compute has no KV to store
-                emit = index * tps + tps - 1 - write.start
-                keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < len(write.contents))
-                slots, index, content = slots[keep], index[keep], write.contents[emit[keep]]
+                emit = index * tps + (tps - 1 - write.start)
+                if not (slots.min() >= 0 and slots.max() < store.num_slots
+                        and emit.min() >= 0 and emit.max() < len(write.contents)):
+                    keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < len(write.contents))
+                    slots, index, emit = slots[keep], index[keep], emit[keep]
+                content = write.contents[emit]
                 entries = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
                 entries[:, 0] = geometry.group_id
                 entries[:, 1] = index
