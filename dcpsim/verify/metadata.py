@@ -27,6 +27,7 @@ from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, StepPlan
 from dcpsim.verify.geometry import ExpectedGroup
 
 MAX_KEPT = 20
+_NONE = np.zeros(0, np.int64)
 TOKEN_ALIGNMENT = 128
 """Block-table rows span a multiple of 128 tokens (vLLM 0.33.0's ``get_block_table_width``)."""
 
@@ -71,45 +72,56 @@ def uniform_decode_padding(group: ExpectedGroup, q_lens: list[int], capture_size
     return 0 if size is None else (size - tokens) // q
 
 
+def _runs(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For runs of ``lengths``, each element's run and its place in the run (flat)."""
+    run = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return run, np.arange(len(run), dtype=np.int64) - starts[run]
+
+
 def expected_metadata(group: ExpectedGroup, plan: StepPlan, rows: dict[int, np.ndarray], rank: int,
                       max_model_len: int, capture_sizes: tuple[int, ...]) -> dict:
-    """Every field of the metadata the rank must build for the group in this step."""
+    """Every field of the metadata the rank must build for the group in this step (all the
+    requests at once: one pass per field, not one per request)."""
     R = group.tokens_per_state if group.storage is Storage.RECORDS else 1
     writes = plan.writes
-    q_lens = [w.stop - w.start for w in writes]
-    seq = [w.stop // R for w in writes]
-    bounds = [owned_below((np.arange(w.start, w.stop, dtype=np.int64) + 1) // R, rank, group) for w in writes]
-    held = [np.asarray(rows.get(w.req_index, np.zeros(0)), dtype=np.int64) for w in writes]
-    dummies = uniform_decode_padding(group, q_lens, capture_sizes)
+    starts = np.array([w.start for w in writes], dtype=np.int64)
+    stops = np.array([w.stop for w in writes], dtype=np.int64)
+    dummies = uniform_decode_padding(group, (stops - starts).tolist(), capture_sizes)
     q = 1 + group.num_speculative_tokens
     dummy_len = group.dcp_size * group.interleave_size
-    seq += [dummy_len] * dummies
-    q_lens += [q] * dummies
-    local = owned_below(np.array(seq, dtype=np.int64), rank, group)
-    bounds += [np.full(q, local[-1] if dummies else 0, np.int64)] * dummies
-    held += [np.zeros(0, np.int64)] * dummies
+    q_lens = np.concatenate([stops - starts, np.full(dummies, q, np.int64)])
+    seq = np.concatenate([stops // R, np.full(dummies, dummy_len, np.int64)])
+    local = owned_below(seq, rank, group)
+    # the keys query token j of a request sees: positions <= start + j, in records of R
+    run, j = _runs(stops - starts)
+    bounds = owned_below((starts[run] + j + 1) // R, rank, group)
+    if dummies:
+        bounds = np.concatenate([bounds, np.full(dummies * q, local[-1], np.int64)])
+    held = [np.asarray(rows.get(w.req_index, _NONE), dtype=np.int64) for w in writes] + [_NONE] * dummies
     kernel = kernel_states(group)
     per_block = group.page_states // kernel
     pages = -(-local // kernel)
-    indices = []
-    for row, n in zip(held, pages):
-        # kernel page t of a row lies in KV block row[t // per_block], part t % per_block
-        # (-1 past the row: the request holds too few blocks, which _blocks_held reports)
-        if not len(row):  # a dummy request: its pages are the null block's
-            indices.append(np.zeros(n, np.int64))
-            continue
-        t = np.arange(n, dtype=np.int64)
-        inside = t // per_block < len(row)
-        block = row[np.minimum(t // per_block, len(row) - 1)]
-        indices.append(np.where(inside, block * per_block + t % per_block, -1))
+    # kernel page t of a row lies in KV block row[t // per_block], part t % per_block; -1
+    # past the row (the request holds too few blocks, which _blocks_held reports); a dummy
+    # request (no row) reads the null block's pages
+    held_lens = np.array([len(r) for r in held], dtype=np.int64)
+    flat = np.concatenate(held + [np.zeros(1, np.int64)])
+    first = np.cumsum(held_lens) - held_lens
+    run, t = _runs(pages)
+    entry = t // per_block
+    n_held = held_lens[run]
+    block = flat[first[run] + np.minimum(entry, np.maximum(n_held - 1, 0))]
+    indices = np.where(entry < n_held, block * per_block + t % per_block, -1)
+    indices[n_held == 0] = 0
     return dict(
         request_ids=tuple(w.request_id for w in writes) + (PAD_REQUEST,) * dummies,
-        seq_lens=np.array(seq, dtype=np.int64),
+        seq_lens=seq,
         query_start_loc=np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int64),
         dcp_local_seq_lens=local,
-        query_local_bounds=np.concatenate(bounds) if bounds else np.zeros(0, np.int64),
+        query_local_bounds=bounds,
         kv_indptr=np.concatenate([[0], np.cumsum(pages)]).astype(np.int64),
-        kv_indices=np.concatenate(indices) if indices else np.zeros(0, np.int64),
+        kv_indices=indices,
         kv_last_page_len=np.where(pages > 0, local - (pages - 1) * kernel, 0),
         block_table_width=expected_width(group, max_model_len),
         num_dummy_requests=dummies,
