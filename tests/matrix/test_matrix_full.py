@@ -41,7 +41,9 @@ def pytest_generate_tests(metafunc):
     cells = list(grid())
     if shard is not None:
         cells = [cells[i] for i in select(cells, *parse_shard(shard, "--dcpsim-shard"))]
-    chunks = chunks_of(cells)
+    # the costliest first (rank processes x cells), so that xdist's workers end together
+    # instead of one finishing a W = 8 chunk alone
+    chunks = sorted(chunks_of(cells), key=lambda c: -sum(r.cell.dcp for r in c))
     # id: the chunk's first cell and how many follow, e.g. dsv3-dcp4-il1-bs64+6
     metafunc.parametrize("chunk", chunks, ids=[f"{c[0].cell.id}+{len(c) - 1}" for c in chunks])
 
