@@ -1,9 +1,10 @@
 """The full correctness matrix under pytest: ``campaigns.grid.full_grid`` on real gloo worlds.
 
-Off by default (its cost is in README.md's table): ``--dcpsim-full-matrix`` runs every
-cell, ``--dcpsim-shard K/N`` the cells of ``dcpsim matrix --full --shard K/N``, so a CI
-system can fan it out over machines. One test item is one chunk of at most ``UNIT``
-cells of one (scenario, W) world (a work unit of ``campaigns.shard``), so pytest-xdist spreads the chunks over its workers;
+Part of the default test command (about 4 minutes on 2 cores, README.md's table);
+``--dcpsim-skip-full-matrix`` leaves it out of a quick local run, ``--dcpsim-shard K/N`` runs
+only the cells of ``dcpsim matrix --full --shard K/N``, so a CI system can fan it out over
+machines. One test item is one chunk of at most ``UNIT`` cells of one (scenario, W) world
+(a work unit of ``campaigns.shard``), so pytest-xdist spreads the chunks over its workers;
 a failing chunk names each of its failing cells.
 """
 
@@ -35,7 +36,7 @@ def pytest_generate_tests(metafunc):
         return
     config = metafunc.config
     shard = config.getoption("dcpsim_shard")
-    if shard is None and not config.getoption("dcpsim_full_matrix"):
+    if shard is None and config.getoption("dcpsim_skip_full_matrix"):
         metafunc.parametrize("chunk", [None], ids=["off"])
         return
     cells = list(grid())
@@ -66,7 +67,7 @@ def problems(res: mx.CellResult) -> str:
 @pytest.mark.dist
 def test_full_matrix_chunk(chunk):
     if chunk is None:
-        pytest.skip("the full matrix runs with --dcpsim-full-matrix, or one shard with --dcpsim-shard K/N")
+        pytest.skip("--dcpsim-skip-full-matrix leaves out the full matrix")
     fresh = [mx.CellResult(c.cell, mx.CellStatus.PENDING, scenario=c.scenario) for c in chunk]
     mx.run_cells(fresh)
     bad = [p for p in map(problems, fresh) if p]
