@@ -61,3 +61,42 @@ def test_a_signal_ends_the_run_in_one_line_and_kills_the_ranks(tmp_path, sig):
     while marked(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marked(mark) == [], "ranks outlived the interrupted run"
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM-again", "then-SIGINT"])
+def test_a_second_signal_while_winding_down_changes_nothing(tmp_path, second):
+    # `timeout` and a supervisor both sending SIGTERM, or Ctrl-C pressed after it: the
+    # first signal decides, the rest are ignored (they used to raise inside the cleanup
+    # or inside main's handler, ending in a traceback and exit 1)
+    mark = f"DCPSIM_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": ROOT, mark.split("=")[0]: mark.split("=")[1]}
+    err_path = tmp_path / "stderr"
+    with open(err_path, "w") as err:
+        parent = subprocess.Popen([sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "2",
+                                   "--simulate-rank-failure", "hang:0:1", "--timeout", "120"],
+                                  stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
+        try:
+            deadline = time.monotonic() + 120
+            while "waiting" not in err_path.read_text():
+                assert time.monotonic() < deadline and parent.poll() is None, err_path.read_text()
+                time.sleep(0.2)
+            parent.send_signal(signal.SIGTERM)
+            for _ in range(20):  # keep signalling while it winds down
+                if parent.poll() is not None:
+                    break
+                parent.send_signal(second)
+                time.sleep(0.005)
+            parent.wait(timeout=30)
+        finally:
+            parent.kill()
+    stderr = err_path.read_text()
+    lines = [line for line in stderr.splitlines() if not line.startswith("dcpsim: waiting")]
+    # signals pending together are handled in signal-number order, so a SIGINT that arrives
+    # before the SIGTERM's handler ran is the first: either way one signal decides
+    first = {130: "dcpsim: interrupted", 143: "dcpsim: interrupted by SIGTERM"}
+    allowed = (143,) if second == signal.SIGTERM else (143, 130)
+    assert parent.returncode in allowed and lines == [first[parent.returncode]], stderr
+    deadline = time.monotonic() + 10
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(mark) == [], "ranks outlived the interrupted run"
