@@ -23,10 +23,10 @@ def read_slots(group: ExpectedGroup, row: np.ndarray, local_index: np.ndarray) -
         return int(row[0]) * group.block_size + local_index % group.block_size
     page = group.page_states
     bk = group.kernel_block_size or page
-    if bk == page and len(local_index) and local_index.max() < len(row) * page:
-        return row[local_index // page] * page + local_index % page  # every index has an entry
     per_page = page // bk
     entry, sub = np.divmod(local_index // bk, per_page)  # block-table entry, kernel block in it
+    if len(entry) and entry.max() < len(row):  # every index has an entry (most reads): no mask
+        return (row[entry] * per_page + sub) * bk + local_index % bk
     inside = entry < len(row)
     slots = np.full(len(local_index), -1, dtype=np.int64)
     slots[inside] = (row[entry[inside]] * per_page + sub[inside]) * bk + local_index[inside] % bk

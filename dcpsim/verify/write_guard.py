@@ -74,32 +74,28 @@ class WriteGuard:
         for w in writes:
             num_blocks, per_block = store_shapes[w.group]
             slots, indices = w.slots, w.index
-            held = plan.rows_before[w.group].get(w.req_index, _NONE)
             if not len(slots):
                 continue
-            if slots.min() >= per_block and slots.max() < num_blocks * per_block:
-                # the usual case, in four array operations: inside the store, none in block 0
-                blocks = slots // per_block
-                foreign = ~member_of(blocks, held)
-                if foreign.any():
-                    for i in np.flatnonzero(foreign):
-                        self._add(w.group, w.request_id, indices[i], slots[i],
-                                  f"write into block {blocks[i]}, which the request does not hold")
-                written.setdefault(w.group, []).append((slots, indices, w.request_id))
-                continue
-            inside = (slots >= 0) & (slots < num_blocks * per_block)
-            for i in np.nonzero(~inside)[0][:MAX_KEPT]:
-                self._add(w.group, w.request_id, indices[i], slots[i], "slot outside the KV store")
-            self.count += max(0, int((~inside).sum()) - MAX_KEPT)
+            held = plan.rows_before[w.group].get(w.req_index, _NONE)
             blocks = slots // per_block
-            null = inside & (blocks == 0)
-            foreign = inside & ~null & ~member_of(blocks, held)
-            for i in np.nonzero(null)[0]:
-                self._add(w.group, w.request_id, indices[i], slots[i], "write into the null block 0")
-            for i in np.nonzero(foreign)[0]:
+            inside = None  # the usual case: every slot inside the store, none in block 0
+            if slots.min() >= per_block and slots.max() < num_blocks * per_block:
+                foreign = ~member_of(blocks, held)
+            else:
+                inside = (slots >= 0) & (slots < num_blocks * per_block)
+                for i in np.nonzero(~inside)[0][:MAX_KEPT]:
+                    self._add(w.group, w.request_id, indices[i], slots[i], "slot outside the KV store")
+                self.count += max(0, int((~inside).sum()) - MAX_KEPT)
+                null = inside & (blocks == 0)
+                for i in np.nonzero(null)[0]:
+                    self._add(w.group, w.request_id, indices[i], slots[i], "write into the null block 0")
+                foreign = inside & ~null & ~member_of(blocks, held)
+            for i in np.flatnonzero(foreign):
                 self._add(w.group, w.request_id, indices[i], slots[i],
                           f"write into block {blocks[i]}, which the request does not hold")
-            written.setdefault(w.group, []).append((slots[inside], indices[inside], w.request_id))
+            if inside is not None:
+                slots, indices = slots[inside], indices[inside]
+            written.setdefault(w.group, []).append((slots, indices, w.request_id))
         for g, parts in written.items():
             slots = np.concatenate([p[0] for p in parts])
             if has_repeats(slots):

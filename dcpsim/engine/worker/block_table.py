@@ -57,8 +57,7 @@ class BlockTable:
             self._row_of[req] = row
             self._changed[req] = ALL_COLUMNS
         n, old = len(block_ids), int(self.num_blocks[row])
-        current = self.table[row, :n]
-        if n == old and (current == block_ids).all():  # most rows of a step: nothing to change
+        if n == old and (self.table[row, :n] == block_ids).all():  # most rows of a step: nothing to change
             return
         if self._changed.get(req, ()) is not ALL_COLUMNS:
             span = max(n, old)
