@@ -16,7 +16,7 @@ import pytest
 
 from dcpsim.campaigns import matrix as mx
 from dcpsim.campaigns.grid import full_grid
-from dcpsim.campaigns.shard import UNIT, parse_shard, select, work_units
+from dcpsim.campaigns.shard import UNIT, parse_shard, select, unit_cost, work_units
 from dcpsim.scenarios.registry import builtin_scenario_names
 
 
@@ -27,8 +27,11 @@ def grid() -> tuple[mx.CellResult, ...]:
 
 
 def chunks_of(cells: list[mx.CellResult]) -> list[list[mx.CellResult]]:
-    """The work units of ``campaigns.shard`` (at most ``UNIT`` cells of one world), as cells."""
-    return [[cells[i] for i in unit] for unit in work_units(cells)]
+    """The work units of ``campaigns.shard`` (at most ``UNIT`` cells of one world), as cells,
+    the costliest first (``unit_cost``: rank processes x cells), so that xdist's workers end
+    together instead of one finishing a W = 8 chunk alone."""
+    units = sorted(work_units(cells), key=lambda unit: -unit_cost(cells, unit))
+    return [[cells[i] for i in unit] for unit in units]
 
 
 def pytest_generate_tests(metafunc):
@@ -42,9 +45,7 @@ def pytest_generate_tests(metafunc):
     cells = list(grid())
     if shard is not None:
         cells = [cells[i] for i in select(cells, *parse_shard(shard, "--dcpsim-shard"))]
-    # the costliest first (rank processes x cells), so that xdist's workers end together
-    # instead of one finishing a W = 8 chunk alone
-    chunks = sorted(chunks_of(cells), key=lambda c: -sum(r.cell.dcp for r in c))
+    chunks = chunks_of(cells)
     # id: the chunk's first cell and how many follow, e.g. dsv3-dcp4-il1-bs64+6
     metafunc.parametrize("chunk", chunks, ids=[f"{c[0].cell.id}+{len(c) - 1}" for c in chunks])
 

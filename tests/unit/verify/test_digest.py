@@ -54,4 +54,3 @@ def test_as_int64_keeps_the_bits():
     for u in (0, 1, 2**63 - 1, 2**63, 2**64 - 1):
         i = as_int64(u)
         assert -2**63 <= i < 2**63 and i % 2**64 == u
-
