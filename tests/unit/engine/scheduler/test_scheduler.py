@@ -201,3 +201,52 @@ def test_request_that_can_never_fit_names_the_right_group():
         Scheduler(sc, ReferenceEngine(), layouts)
     rep = next(lay for lay in layouts if lay.replicated)
     assert rep.name in str(exc.value) and "'r'" in str(exc.value)
+
+
+# ----------------------------------------------------------------------------- windowed pools
+
+
+def test_windowed_live_blocks_covers_every_window_position_exactly():
+    # the live entries of a windowed request span the reach + n + k positions from the
+    # block of c - reach to that of c + n + k - 1: counted here block by block for every
+    # offset of that run inside its first block; the bound must cover the worst offset and
+    # be at most one block above it (cdiv(L, span) + 1 is the closed form)
+    from types import SimpleNamespace
+
+    from dcpsim.engine.scheduler.scheduler import windowed_live_blocks
+    from dcpsim.model.kinds import Retention
+
+    for span in (1, 2, 16, 64):
+        for reach in (0, 1, 5, 63, 127, 128):
+            for n, k in ((1, 0), (16, 3), (256, 0), (100, 2)):
+                positions = reach + n + k
+                worst = max(len({p // span for p in range(o, o + positions)}) for o in range(span))
+                geometry = SimpleNamespace(retention=Retention.WINDOW, manager_block_size=span,
+                                           spec=SimpleNamespace(sliding_window=reach + 1, extra_retained_tokens=0))
+                config = SimpleNamespace(max_in_flight_tokens=n, num_speculative_tokens=k)
+                bound = windowed_live_blocks(geometry, config)
+                assert worst <= bound <= worst + 1, (span, reach, n, k, worst, bound)
+
+
+@pytest.mark.parametrize("name", ["dsv41-hybrid", "gpt-oss-hybrid", "heavy-rejection", "llama4-chunked",
+                                  "llama4-scout"])
+@pytest.mark.parametrize("W", [1, 2, 4])
+def test_no_windowed_request_holds_more_blocks_than_its_pool_counts_it_at(name, W):
+    # the pools count a windowed request at windowed_live_blocks, not its whole row: every
+    # request of every step of the built-ins must fit in that
+    from dcpsim.engine.scheduler.scheduler import windowed_live_blocks
+
+    sched = scheduler(load_scenario(name).with_overrides(decode_context_parallel_size=W))
+    bounds = [windowed_live_blocks(g, sched.config) for g in sched.geometries]
+    assert any(b is not None for b in bounds)
+    most = [0] * len(bounds)
+    for plan in sched.plans():
+        for g, bound in enumerate(bounds):
+            if bound is None:
+                continue
+            for rows in (plan.rows_before[g], plan.rows_after[g]):
+                for row in rows.values():
+                    held = int(np.count_nonzero(np.asarray(row)))
+                    most[g] = max(most[g], held)
+                    assert held <= bound, (sched.geometries[g].spec, held, bound)
+    assert all(m > 0 for m, b in zip(most, bounds) if b is not None)
