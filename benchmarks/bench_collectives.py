@@ -61,12 +61,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--numel", type=int, default=60, help="int64 entries per rank's row (default 60)")
     args = parser.parse_args()
-    print(f"{args.calls} calls of a {args.numel}-int64 row per rank, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f} at start")
+    print(f"{args.calls} calls of a {args.numel}-int64 row per rank, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     print(f"{'ranks':>5} | {'way':<16} | {'wall ms/call':>12} | {'CPU ms/call (max rank)':>22}")
     for world in (int(w) for w in args.ranks.split(",")):
-        per_rank = run_world(rank_timings, (args.calls, args.numel), world_size=world, pg_timeout_s=60,
-                             deadline_s=600)
+        per_rank = run_world(rank_timings, (args.calls, args.numel), world_size=world, pg_timeout_s=60, deadline_s=600)
         for way in WAYS:
             wall = max(r[way][0] for r in per_rank) / args.calls * 1e3
             cpu = max(r[way][1] for r in per_rank) / args.calls * 1e3

@@ -55,11 +55,12 @@ def main() -> None:
         return cfg.decode_context_parallel_size * (cfg.prefill_context_parallel_size or 1)
 
     rank_steps = sum(ranks(c) * steps[id(c)] for c in valid)
-    print(f"full matrix: {len(cells):,} cells, {len(valid):,} valid; {sum(steps.values()):,} steps, "
-          f"{rank_steps:,} rank-steps (grid {grid_s:.1f} s, dry runs {dry_s:.1f} s)")
+    print(
+        f"full matrix: {len(cells):,} cells, {len(valid):,} valid; {sum(steps.values()):,} steps, "
+        f"{rank_steps:,} rank-steps (grid {grid_s:.1f} s, dry runs {dry_s:.1f} s)"
+    )
 
-    world = [c for c in valid if c.cell.scenario == args.scenario and c.cell.dcp == args.dcp
-             and c.cell.pcp is None][:args.cells]
+    world = [c for c in valid if c.cell.scenario == args.scenario and c.cell.dcp == args.dcp and c.cell.pcp is None][: args.cells]
     if not world:
         parser.error(f"no valid cell of {args.scenario} at W = {args.dcp}")
     jobs = [Job(c.scenario) for c in world]
@@ -79,15 +80,14 @@ def main() -> None:
     cpu = [r["cpu_seconds"] for r in reports[-1].ranks]  # since each rank's process started
     per_rank_step = sum(cpu) / (world_steps * len(cpu))
     cores = os.cpu_count() or 1
-    print(f"{args.scenario} W={args.dcp}: {len(world)} cells, {world_steps} steps, "
-          f"{'all passed' if not failed else 'FAILED: ' + ', '.join(failed)} (load average {load:.1f} at start)")
-    print(f"  world wall time {wall:.2f} s; CPU per rank: {', '.join(f'{c:.2f}' for c in cpu)} s "
-          f"(total {sum(cpu):.2f} s)")
-    print(f"  CPU per rank-step {1e3 * per_rank_step:.2f} ms (world start and setup included); "
-          f"wall per cell {wall / len(world):.2f} s")
+    print(
+        f"{args.scenario} W={args.dcp}: {len(world)} cells, {world_steps} steps, "
+        f"{'all passed' if not failed else 'FAILED: ' + ', '.join(failed)} (load average {load:.1f} at start)"
+    )
+    print(f"  world wall time {wall:.2f} s; CPU per rank: {', '.join(f'{c:.2f}' for c in cpu)} s (total {sum(cpu):.2f} s)")
+    print(f"  CPU per rank-step {1e3 * per_rank_step:.2f} ms (world start and setup included); wall per cell {wall / len(world):.2f} s")
     projected = rank_steps * per_rank_step / cores
-    print(f"  projected full matrix at this rate on {cores} CPUs: {projected:.0f} s ({projected / 60:.1f} min; "
-          f"budget 300 s)")
+    print(f"  projected full matrix at this rate on {cores} CPUs: {projected:.0f} s ({projected / 60:.1f} min; budget 300 s)")
 
 
 if __name__ == "__main__":

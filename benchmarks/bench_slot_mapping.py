@@ -69,8 +69,10 @@ def main() -> None:
     }
     kw = dict(block_size=B, dcp_size=W, interleave_size=I)
 
-    print(f"slot_mapping benchmark: N={N:,} positions, W={W}, I={I}, B={B}, "
-          f"{num_blocks:,} block-table entries, ranks 0..{args.ranks - 1}, best of {REPEATS}")
+    print(
+        f"slot_mapping benchmark: N={N:,} positions, W={W}, I={I}, B={B}, "
+        f"{num_blocks:,} block-table entries, ranks 0..{args.ranks - 1}, best of {REPEATS}"
+    )
     totals = {name: [0.0, 0.0] for name in inputs}  # summed best times: dcpsim, naive
     for r in range(args.ranks):
         for name, positions in inputs.items():
@@ -95,8 +97,7 @@ def main() -> None:
         verdict = "OK" if speedup >= target else "BELOW TARGET"
         print(f"{name:>16} | {mps(t_fast):>12} | {mps(t_naive)} | {speedup:7.1f}x | >= {target:.0f}x {verdict}")
     t_range, t_array = totals["range"][0], totals["contiguous array"][0]
-    print(f"contiguous array / range time: {t_array / t_range:.2f} "
-          f"(range {t_range:.3f} s, array {t_array:.3f} s summed over ranks)")
+    print(f"contiguous array / range time: {t_array / t_range:.2f} (range {t_range:.3f} s, array {t_array:.3f} s summed over ranks)")
 
 
 if __name__ == "__main__":

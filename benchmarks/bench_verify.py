@@ -54,11 +54,23 @@ def long_request_scenario(layout: str, context: int, dcp: int, verify_every: int
     base = load_scenario(str(LAYOUTS[layout]))
     if max_model_len is None:
         max_model_len = SCOUT_MAX_MODEL_LEN if layout == "scout" else context + DECODE + 8
-    config = dataclasses.replace(base.config, max_model_len=max_model_len, max_num_batched_tokens=CHUNK,
-                                 decode_context_parallel_size=dcp, enable_prefix_caching=False)
+    config = dataclasses.replace(
+        base.config,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=CHUNK,
+        decode_context_parallel_size=dcp,
+        enable_prefix_caching=False,
+    )
     request = RequestSpec(request_id="long", prompt_len=context, output_len=DECODE)
-    return dataclasses.replace(base, name=f"{base.name}-{context}", config=config, requests=(request,),
-                               kv_cache_tokens=None, num_gpu_blocks=None, verify_every=verify_every)
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}-{context}",
+        config=config,
+        requests=(request,),
+        kv_cache_tokens=None,
+        num_gpu_blocks=None,
+        verify_every=verify_every,
+    )
 
 
 def profiled_rank_batch(payload, rank: int, world_size: int):
@@ -92,8 +104,14 @@ def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None, sav
     import bench_verify  # by module name, so the ranks can unpickle the target
 
     path = os.path.join(tempfile.mkdtemp(), "rank0.prof")
-    per_rank = run_world(bench_verify.profiled_rank_batch, ((jobs, None), path), world_size=jobs[0].world_size,
-                         pg_timeout_s=timeout, deadline_s=4 * timeout, preload=("dcpsim.harness.batch",))
+    per_rank = run_world(
+        bench_verify.profiled_rank_batch,
+        ((jobs, None), path),
+        world_size=jobs[0].world_size,
+        pg_timeout_s=timeout,
+        deadline_s=4 * timeout,
+        preload=("dcpsim.harness.batch",),
+    )
     out = io.StringIO()
     stats = pstats.Stats(path, stream=out).sort_stats(sort)
     stats.print_stats(top)
@@ -102,6 +120,7 @@ def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None, sav
     print(out.getvalue())
     if save:
         import shutil
+
         shutil.copy(path, save)
     return [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]
 
@@ -137,18 +156,23 @@ def main() -> None:
     wall = time.perf_counter() - start
     rss = max(r["peak_rss_mb"] for r in report.ranks)
     mode = args.verify if has_modes else "full (no --verify in this checkout)"
-    print(f"{scenario.name}: W={args.dcp} context={args.context:,} max_model_len={scenario.config.max_model_len:,} "
-          f"verify={mode} attention={'on' if args.attention else 'off'} (load average {load:.1f} at start)")
-    print(f"  passed={report.passed} steps={report.steps} checks={report.verifications} "
-          f"verified indices={report.verified_indices:,}")
+    print(
+        f"{scenario.name}: W={args.dcp} context={args.context:,} max_model_len={scenario.config.max_model_len:,} "
+        f"verify={mode} attention={'on' if args.attention else 'off'} (load average {load:.1f} at start)"
+    )
+    print(f"  passed={report.passed} steps={report.steps} checks={report.verifications} verified indices={report.verified_indices:,}")
     if args.attention:
-        print(f"  attention checks={report.attention_checks} sampled={report.attention_sampled_checks} "
-              f"skipped={getattr(report, 'attention_skipped_checks', 0)} "
-              f"checked steps={getattr(report, 'attention_checked_steps', report.steps)} "
-              f"query tokens={report.attention_query_tokens} max error={report.attention_max_error}")
+        print(
+            f"  attention checks={report.attention_checks} sampled={report.attention_sampled_checks} "
+            f"skipped={getattr(report, 'attention_skipped_checks', 0)} "
+            f"checked steps={getattr(report, 'attention_checked_steps', report.steps)} "
+            f"query tokens={report.attention_query_tokens} max error={report.attention_max_error}"
+        )
     per_rank = ", ".join(f"{r['peak_rss_mb']:.0f}" for r in report.ranks)
-    print(f"  wall time {wall:.2f} s (this process, end to end: {time.perf_counter() - T0:.2f} s); "
-          f"peak RSS per rank: max {rss:.0f} MiB ({per_rank})")
+    print(
+        f"  wall time {wall:.2f} s (this process, end to end: {time.perf_counter() - T0:.2f} s); "
+        f"peak RSS per rank: max {rss:.0f} MiB ({per_rank})"
+    )
     if all("cpu_seconds" in r for r in report.ranks):
         cpu = [r["cpu_seconds"] for r in report.ranks]
         print(f"  CPU per rank: max {max(cpu):.2f} s, total {sum(cpu):.2f} s over {os.cpu_count()} CPUs")

@@ -23,12 +23,19 @@ settings.load_profile("dcpsim")
 
 def pytest_addoption(parser):
     group = parser.getgroup("dcpsim")
-    group.addoption("--dcpsim-skip-full-matrix", action="store_true",
-                    help="leave out the full correctness matrix (tests/matrix/test_matrix_full.py, ~4 min on 2 cores)")
-    group.addoption("--dcpsim-full-matrix", action="store_true",
-                    help="run the full correctness matrix (the default; kept so that existing commands still work)")
-    group.addoption("--dcpsim-shard", metavar="K/N",
-                    help="run shard K of N (1-based) of the full matrix, the cells of dcpsim matrix --full --shard K/N")
+    group.addoption(
+        "--dcpsim-skip-full-matrix",
+        action="store_true",
+        help="leave out the full correctness matrix (tests/matrix/test_matrix_full.py, ~4 min on 2 cores)",
+    )
+    group.addoption(
+        "--dcpsim-full-matrix",
+        action="store_true",
+        help="run the full correctness matrix (the default; kept so that existing commands still work)",
+    )
+    group.addoption(
+        "--dcpsim-shard", metavar="K/N", help="run shard K of N (1-based) of the full matrix, the cells of dcpsim matrix --full --shard K/N"
+    )
 
 
 def pytest_configure(config):

@@ -21,8 +21,7 @@ WRITE_PATH_FAULTS = [name for name, fault in FAULTS.items() if name != "none" an
 
 def builtin(name: str, W: int, I: int = 1, **overrides):
     """A built-in scenario at ``W`` ranks and interleave ``I`` (plus ``with_overrides``)."""
-    return load_scenario(name).with_overrides(
-        decode_context_parallel_size=W, cp_kv_cache_interleave_size=I, **overrides)
+    return load_scenario(name).with_overrides(decode_context_parallel_size=W, cp_kv_cache_interleave_size=I, **overrides)
 
 
 def geometries(scenario, engine=None):
@@ -74,16 +73,16 @@ def swa_spec(B=8, window=20, extra=0, rep=True):
     """A sliding-window layer (replicated unless ``rep=False``)."""
     from dcpsim.model.specs import SlidingWindowSpec
 
-    return SlidingWindowSpec(block_size=B, num_kv_heads=1, head_size=8, sliding_window=window,
-                             extra_retained_tokens=extra, dcp_replicated=rep)
+    return SlidingWindowSpec(
+        block_size=B, num_kv_heads=1, head_size=8, sliding_window=window, extra_retained_tokens=extra, dcp_replicated=rep
+    )
 
 
 def chunked_spec(B=8, size=24, rep=True):
     """A chunked-local-attention layer (replicated unless ``rep=False``)."""
     from dcpsim.model.specs import ChunkedLocalAttentionSpec
 
-    return ChunkedLocalAttentionSpec(block_size=B, num_kv_heads=1, head_size=8,
-                                     attention_chunk_size=size, dcp_replicated=rep)
+    return ChunkedLocalAttentionSpec(block_size=B, num_kv_heads=1, head_size=8, attention_chunk_size=size, dcp_replicated=rep)
 
 
 def ring_spec(C=8):
@@ -98,8 +97,9 @@ def mamba_spec(B=2048, k=0, mode="none"):
     ``none`` mode), ``k`` speculative state blocks, ``mode`` none or align."""
     from dcpsim.model.specs import MambaSpec
 
-    return MambaSpec(block_size=B, shapes=((3, 16), (2, 4, 4)), dtypes=("bfloat16", "float32"),
-                     mamba_cache_mode=mode, num_speculative_blocks=k)
+    return MambaSpec(
+        block_size=B, shapes=((3, 16), (2, 4, 4)), dtypes=("bfloat16", "float32"), mamba_cache_mode=mode, num_speculative_blocks=k
+    )
 
 
 def request_spec(rid, P, O, **kw):
@@ -109,19 +109,45 @@ def request_spec(rid, P, O, **kw):
     return RequestSpec(request_id=rid, prompt_len=P, output_len=O, **kw)
 
 
-def make_scenario(layers, requests, *, W=1, I=1, k=0, budget=64, max_len=2048, prefix=True,
-                  num_gpu_blocks=None, kv_cache_tokens=None, seed=0, name="t", max_steps=10_000):
+def make_scenario(
+    layers,
+    requests,
+    *,
+    W=1,
+    I=1,
+    k=0,
+    budget=64,
+    max_len=2048,
+    prefix=True,
+    num_gpu_blocks=None,
+    kv_cache_tokens=None,
+    seed=0,
+    name="t",
+    max_steps=10_000,
+):
     """A scenario of named layer specs and requests; ``W``, ``I``, ``k`` drafts, token
     ``budget`` per step, ``max_len`` (max_model_len), ``prefix`` caching on or off."""
     from dcpsim.model.config import SimConfig
     from dcpsim.scenarios.scenario import Scenario
 
-    cfg = SimConfig(max_model_len=max_len, max_num_batched_tokens=budget,
-                    decode_context_parallel_size=W, cp_kv_cache_interleave_size=I,
-                    num_speculative_tokens=k, enable_prefix_caching=prefix)
-    return Scenario(name=name, layers=dict(layers), config=cfg, requests=tuple(requests),
-                    num_gpu_blocks=num_gpu_blocks, kv_cache_tokens=kv_cache_tokens, seed=seed,
-                    max_steps=max_steps)
+    cfg = SimConfig(
+        max_model_len=max_len,
+        max_num_batched_tokens=budget,
+        decode_context_parallel_size=W,
+        cp_kv_cache_interleave_size=I,
+        num_speculative_tokens=k,
+        enable_prefix_caching=prefix,
+    )
+    return Scenario(
+        name=name,
+        layers=dict(layers),
+        config=cfg,
+        requests=tuple(requests),
+        num_gpu_blocks=num_gpu_blocks,
+        kv_cache_tokens=kv_cache_tokens,
+        seed=seed,
+        max_steps=max_steps,
+    )
 
 
 # --- trace files (--trace) -------------------------------------------------------------------
@@ -188,8 +214,7 @@ def trace_problems(doc) -> list[str]:
                 open_ends.pop()
             end = e["ts"] + e["dur"]
             if open_ends and end > open_ends[-1][0] + slack:
-                problems.append(f"thread {tid} of {pid}: {e['name']} at {e['ts']} overlaps {open_ends[-1][1]} "
-                                "without nesting in it")
+                problems.append(f"thread {tid} of {pid}: {e['name']} at {e['ts']} overlaps {open_ends[-1][1]} without nesting in it")
             open_ends.append((end, e["name"]))
     return problems
 
@@ -231,8 +256,13 @@ def nixl_takes_pcp_prefill(pcp: int, tp: int, w: int, decode_w: int) -> bool:
 def pd_pcp_sizes(max_world: int = 8) -> list[tuple[tuple[int, int, int], int]]:
     """Every ``((prefill pcp, tp, W), decode W)`` with prefill PCP > 1 that NIXL takes, at
     most ``max_world`` processes in all."""
-    return [(p, d) for p in allowed_parallel_sizes(max_world - 1) if p[0] > 1
-            for d in range(1, max_world - p[0] * p[1] + 1) if nixl_takes_pcp_prefill(*p, d)]
+    return [
+        (p, d)
+        for p in allowed_parallel_sizes(max_world - 1)
+        if p[0] > 1
+        for d in range(1, max_world - p[0] * p[1] + 1)
+        if nixl_takes_pcp_prefill(*p, d)
+    ]
 
 
 def pcp_scenario(pcp: int, tp: int, dcp: int, I: int = 1, k: int = 1):
@@ -241,10 +271,16 @@ def pcp_scenario(pcp: int, tp: int, dcp: int, I: int = 1, k: int = 1):
     6-token prompt arriving alone (too short for 2 * pcp chunks with DCP on), ``k`` drafts."""
     import dataclasses
 
-    sc = make_scenario({"mla": mla_spec(B=16), "rep": full_rep_spec(B=16)},
-                       [request_spec("long", 150, 6), request_spec("two", 2, 4, arrival_step=5),
-                        request_spec("six", 6, 3, arrival_step=9)],
-                       W=dcp, I=I, k=k, budget=64, max_len=512, name=f"pcp{pcp}-tp{tp}-dcp{dcp}")
+    sc = make_scenario(
+        {"mla": mla_spec(B=16), "rep": full_rep_spec(B=16)},
+        [request_spec("long", 150, 6), request_spec("two", 2, 4, arrival_step=5), request_spec("six", 6, 3, arrival_step=9)],
+        W=dcp,
+        I=I,
+        k=k,
+        budget=64,
+        max_len=512,
+        name=f"pcp{pcp}-tp{tp}-dcp{dcp}",
+    )
     config = dataclasses.replace(sc.config, prefill_context_parallel_size=pcp, tensor_parallel_size=tp)
     return dataclasses.replace(sc, config=config)
 
@@ -271,18 +307,19 @@ def run_cli(argv, *, cwd=None, timeout=120, memory=CLI_MEMORY_LIMIT, env=None):
 
     root = str(Path(__file__).resolve().parents[1])
     full_env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "dcpsim", *argv], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, preexec_fn=limit, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-m", "dcpsim", *argv], capture_output=True, text=True, cwd=cwd, timeout=timeout, preexec_fn=limit, env=full_env
+    )
 
 
 # --- bad inputs: a small scenario and the values a new user may type into it --------------
 
 TINY_SCENARIO = {
-    "name": "tiny", "seed": 0, "kv_cache_tokens": 2048,
-    "config": {"max_model_len": 2048, "max_num_batched_tokens": 128, "decode_context_parallel_size": 2,
-               "cp_kv_cache_interleave_size": 4},
-    "layers": [{"name": "layers.{i}.attn", "layers": "0-1", "kind": "full_attention", "block_size": 16,
-                "num_kv_heads": 1, "head_size": 8}],
+    "name": "tiny",
+    "seed": 0,
+    "kv_cache_tokens": 2048,
+    "config": {"max_model_len": 2048, "max_num_batched_tokens": 128, "decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 4},
+    "layers": [{"name": "layers.{i}.attn", "layers": "0-1", "kind": "full_attention", "block_size": 16, "num_kv_heads": 1, "head_size": 8}],
     "requests": [{"id": "r{i}", "count": 2, "prompt_len": 100, "output_len": 10}],
 }
 """Two requests of 100 + 10 tokens on two full-attention layers: runs in about a second."""
@@ -293,6 +330,7 @@ EXTREME_INTS = (-(2**63), -3, -1, 0, 1, 2, 7, 10**9, 2 * 10**9, 2**31, 9 * 10**1
 
 def scenario_toml(data: dict) -> str:
     """A scenario dict (``TINY_SCENARIO`` changed) as TOML text."""
+
     def toml_value(v) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"

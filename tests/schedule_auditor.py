@@ -115,7 +115,7 @@ class Auditor:
         self.mbs = []
         for lay, used in zip(self.geometries, sched.geometries):
             spec = lay.spec
-            sharded = (isinstance(spec, FullAttentionSpec) and not spec.dcp_replicated and W > 1)
+            sharded = isinstance(spec, FullAttentionSpec) and not spec.dcp_replicated and W > 1
             self.mbs.append(spec.block_size * (W if sharded else 1))
             for have in (lay, used):
                 assert have.sharded == sharded, f"{have.name}: sharded={have.sharded}"
@@ -123,10 +123,7 @@ class Auditor:
         self.req = {r.index: ReqState(r.spec, r.fingerprints.copy()) for r in sched.requests}
         self.by_id = {st.spec.request_id: i for i, st in self.req.items()}
         # logical KV: [block id, offset inside the block-table entry] -> content (EMPTY: never)
-        self.store = [
-            np.full((m.pool.num_blocks + 1, self.span(g)), EMPTY, dtype=np.int64)
-            for g, m in enumerate(sched.managers)
-        ]
+        self.store = [np.full((m.pool.num_blocks + 1, self.span(g)), EMPTY, dtype=np.int64) for g, m in enumerate(sched.managers)]
         self.steps = 0
         self.events: list[str] = []
         self.reused_seen = 0
@@ -185,23 +182,23 @@ class Auditor:
                 elif kind == "state":
                     window = 1 + self.k
                     assert len(row) == cdiv(st.reach, mbs) + self.k, (
-                        f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry + {self.k}")
+                        f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry + {self.k}"
+                    )
                     assert 0 not in row[-window:], f"{where}: a state block of the window is null: {row}"
                     if when == "after":  # released below the committed state
                         first = self.first_needed(g, committed_of(ri))
                         assert all(b == 0 for j, b in enumerate(row) if (j + 1) * mbs <= first), (
-                            f"{where}: {row} keeps a block below position {first}")
+                            f"{where}: {row} keeps a block below position {first}"
+                        )
                 else:
-                    assert len(row) == cdiv(st.reach, mbs), (
-                        f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry")
+                    assert len(row) == cdiv(st.reach, mbs), f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry"
                 if kind in ("ring", "state"):
                     pass
                 elif kind == "released":
                     first = self.first_needed(g, committed_of(ri))
                     for j, b in enumerate(row):
                         below = (j + 1) * mbs <= first
-                        assert (b == 0) == below, (
-                            f"{where}: entry {j} is {b} but the first needed position is {first}")
+                        assert (b == 0) == below, f"{where}: entry {j} is {b} but the first needed position is {first}"
                 else:
                     assert 0 not in row, f"{where}: block 0 handed to a request: {row}"
                 assert len({b for b in row if b}) == len([b for b in row if b]), f"{where}: {row}"
@@ -281,13 +278,12 @@ class Auditor:
             if todo == 1 and self.k:
                 remaining = st.spec.output_len - st.num_output
                 drafts = max(0, min(self.k, remaining - 1, cap - 1))
-            assert n == min(todo + drafts, cap), (
-                f"{where}: {n} tokens, expected min({todo} + {drafts}, {cap})")
+            assert n == min(todo + drafts, cap), f"{where}: {n} tokens, expected min({todo} + {drafts}, {cap})"
             if todo == 1:
                 assert n == 1 + drafts, f"{where}: a decode step writes 1 + drafts tokens"
             left -= n
             contents = np.asarray(w.contents)
-            true = st.fp[w.start:w.stop]
+            true = st.fp[w.start : w.stop]
             if w.start + n < known:  # a prefill chunk
                 assert np.array_equal(contents, true), f"{where}: prefill content"
                 new_committed = w.start + n
@@ -338,7 +334,7 @@ class Auditor:
                 others = {int(b) for r, rr in table.items() if r != w.req_index for b in rr if b}
                 shared = set(blk.tolist()) & others
                 assert not shared, f"{where}: writes into blocks {shared} held by another request"
-                self.store[g][blk, off] = contents[lo - w.start:]
+                self.store[g][blk, off] = contents[lo - w.start :]
         # views: exactly the running requests with committed > 0
         running = {self.req_index(st) for st in self.req.values() if st.running and st.committed > 0}
         assert set(views) == running, f"step {step}: views {sorted(views)} vs running {sorted(running)}"
@@ -356,7 +352,8 @@ class Auditor:
                     got = self.store[g][table[ri][col], 0]
                     assert got == st.fp[n - 1], (
                         f"step {step} group {self.geometries[g].name} request {st.spec.request_id}: the "
-                        f"state in column {col} holds {got}, want the state after position {n - 1}")
+                        f"state in column {col} holds {got}, want the state after position {n - 1}"
+                    )
                     continue
                 positions = np.arange(self.first_needed(g, n), n)
                 blk, off = self.slots(g, table[ri], positions)
@@ -366,7 +363,8 @@ class Auditor:
                     p = int(positions[bad[0]])
                     raise AssertionError(
                         f"step {step} group {self.geometries[g].name} request {st.spec.request_id} "
-                        f"position {p}: logical store holds {int(got[bad[0]])}, want {int(st.fp[p])}")
+                        f"position {p}: logical store holds {int(got[bad[0]])}, want {int(st.fp[p])}"
+                    )
         for ev in plan.events:
             if m := _FINISH.match(ev):
                 st = self.req[self.by_id[m.group(1)]]
@@ -381,8 +379,8 @@ class Auditor:
         for g, m in enumerate(self.s.managers):
             held = {int(b) for row in m.blocks.values() for b in row if b}
             assert len(held) + m.pool.num_free == m.pool.num_blocks, (
-                f"step {step} group {self.geometries[g].name}: {len(held)} held + "
-                f"{m.pool.num_free} free != {m.pool.num_blocks}")
+                f"step {step} group {self.geometries[g].name}: {len(held)} held + {m.pool.num_free} free != {m.pool.num_blocks}"
+            )
         assert plan.last == all(st.finished for st in self.req.values())
 
     def req_index(self, st):
@@ -442,12 +440,15 @@ def audit(sc: Scenario, engine=None) -> tuple[Scheduler, Auditor]:
 
 # ----------------------------------------------------------------------------- scenarios
 
+
 def mixed(W=2, I=2, **kw):
     """Every kind of group at once: sharded MLA, replicated full, window, chunk, ring."""
     layers = {
-        "mla.0": mla(16), "mla.1": mla(16),
+        "mla.0": mla(16),
+        "mla.1": mla(16),
         "rep.0": full_rep(16),
-        "swa.0": swa(8, window=20), "swa.1": swa(8, window=20),
+        "swa.0": swa(8, window=20),
+        "swa.1": swa(8, window=20),
         "chunk.0": chunked(8, 24),
         "ring.0": ring(8),
     }
@@ -477,8 +478,7 @@ def prefix_scenario(W=2, B=64, extra_layers=None, **kw):
 def pressure(W=2, num_gpu_blocks=9, **kw):
     """Two long decoders that cannot both grow: one is preempted for blocks."""
     layers = {"mla.0": mla(16)}
-    reqs = [R("x", 60, 120, acceptance=(2, 1)), R("y", 60, 120, acceptance=(0, 3)),
-            R("z", 40, 10, arrival_step=2)]
+    reqs = [R("x", 60, 120, acceptance=(2, 1)), R("y", 60, 120, acceptance=(0, 3)), R("z", 40, 10, arrival_step=2)]
     return scenario(layers, reqs, W=W, k=3, budget=64, num_gpu_blocks=num_gpu_blocks, **kw)
 
 

@@ -88,7 +88,8 @@ class PrefixHashUnitB(Fault):
         """Where the hash block (the GCD of the block spans) is not ``B`` itself: beside a
         replicated group of the same ``B`` (llama-draft) hashing per ``B`` is right."""
         return all(g.prefix_cacheable for g in geometries) and (
-            math.gcd(*(g.block_size for g in geometries)) != math.gcd(*(g.manager_block_size for g in geometries)))
+            math.gcd(*(g.block_size for g in geometries)) != math.gcd(*(g.manager_block_size for g in geometries))
+        )
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
         """Where two requests share a prefix that ends inside a hash unit: a prefix of whole
@@ -155,8 +156,9 @@ class MultiTokenLocalLens(Fault):
         if q == 0:
             return np.zeros(0, np.int64)
         last = stop if geometry.storage is not Storage.RECORDS else stop // geometry.tokens_per_state
-        local_last = local_seq_lens(np.array([last], np.int64), dcp_size=geometry.dcp_size,
-                                    interleave_size=geometry.interleave_size, dcp_rank=dcp_rank)[0]
+        local_last = local_seq_lens(
+            np.array([last], np.int64), dcp_size=geometry.dcp_size, interleave_size=geometry.interleave_size, dcp_rank=dcp_rank
+        )[0]
         return np.maximum(0, local_last - (q - 1 - np.arange(q, dtype=np.int64)))
 
 
@@ -218,10 +220,7 @@ class MergeDropsDcpReplicated(Fault):
     )
 
     def applies_to(self, geometries) -> bool:
-        return any(
-            g.replicated and g.dcp_size > 1 and isinstance(g.group_spec, FullAttentionSpec)
-            for g in geometries
-        )
+        return any(g.replicated and g.dcp_size > 1 and isinstance(g.group_spec, FullAttentionSpec) for g in geometries)
 
     def kv_cache_groups(self, layer_specs):
         groups = []
@@ -307,10 +306,7 @@ class InterleaveOffByOne(Fault):
 
 class ForeignBlock(Fault):
     name = "foreign-block"
-    bug_class = (
-        "not in section 8 (write-guard check): a write into a block the request does not hold "
-        "(stale or off-by-one block index)"
-    )
+    bug_class = "not in section 8 (write-guard check): a write into a block the request does not hold (stale or off-by-one block index)"
     description = "positions that belong in the request's last block go to a block it does not hold"
 
     def write_slots(self, geometry, write, block_row, dcp_rank):
@@ -334,9 +330,11 @@ def _plan_from_global_lens(engine, geometry, meta, block_rows):
     table += [np.zeros(0, np.int64)] * meta.num_dummy_requests
     indices = [np.resize(t, n) if len(t) else np.zeros(n, np.int64) for t, n in zip(table, pages)]
     return dataclasses.replace(
-        meta, kv_indptr=np.concatenate([[0], np.cumsum(pages)]),
+        meta,
+        kv_indptr=np.concatenate([[0], np.cumsum(pages)]),
         kv_indices=np.concatenate(indices) if indices else np.zeros(0, np.int64),
-        kv_last_page_len=np.where(pages > 0, meta.seq_lens - (pages - 1) * kernel, 0))
+        kv_last_page_len=np.where(pages > 0, meta.seq_lens - (pages - 1) * kernel, 0),
+    )
 
 
 class _ShardedMetadataFault(Fault):
@@ -436,8 +434,10 @@ class CudagraphPaddingWrites(Fault):
 
 class KvEventsHashUnitB(Fault):
     name = "kv-events-hash-unit-b"
-    bug_class = ("21. KV events hashed at another unit than the lookups (vllm#49971, sglang#35298, "
-                 "ai-dynamo/dynamo#12765: a router's hit rate silently exactly 0)")
+    bug_class = (
+        "21. KV events hashed at another unit than the lookups (vllm#49971, sglang#35298, "
+        "ai-dynamo/dynamo#12765: a router's hit rate silently exactly 0)"
+    )
     description = (
         "the engine advertises its prefix-cache blocks (BlockStored events) per B tokens of the "
         "spec while its lookups, and a router's hashes, use the manager block of B*W tokens"
@@ -447,14 +447,14 @@ class KvEventsHashUnitB(Fault):
     def applies_to(self, geometries) -> bool:
         """Where the two units differ (a replicated group of the same B keeps the GCD at B)."""
         return all(g.prefix_cacheable for g in geometries) and (
-            math.gcd(*(g.block_size for g in geometries)) != math.gcd(*(g.manager_block_size for g in geometries)))
+            math.gcd(*(g.block_size for g in geometries)) != math.gcd(*(g.manager_block_size for g in geometries))
+        )
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
         return scenario.config.enable_prefix_caching and self.applies_to(geometries)
 
     def prefix_hash_block_size(self, geometries) -> int:
         return math.gcd(*(g.block_size for g in geometries))
-
 
 
 def _compressed(g: GroupGeometry) -> bool:
@@ -511,8 +511,13 @@ class DraftDropsDcp(Fault):
         draft = super().draft_geometry(geometry)
         if not _sharded_draft(geometry):
             return draft
-        return dataclasses.replace(draft, dcp_size=1, sharded=False, manager_block_size=geometry.block_size,
-                                   block_table_width=geometry.block_table_width * geometry.dcp_size)
+        return dataclasses.replace(
+            draft,
+            dcp_size=1,
+            sharded=False,
+            manager_block_size=geometry.block_size,
+            block_table_width=geometry.block_table_width * geometry.dcp_size,
+        )
 
 
 class DraftIndptrFromGlobalLens(Fault):
@@ -545,8 +550,7 @@ class LseBaseMismatch(Fault):
         "as natural logs (and the other way round), so every rank's weight is wrong"
     )
     needs = {"attention": True}
-    configs = ({"decode_context_parallel_size": 2, "lse_base": "2"},
-               {"decode_context_parallel_size": 2, "lse_base": "e"})
+    configs = ({"decode_context_parallel_size": 2, "lse_base": "2"}, {"decode_context_parallel_size": 2, "lse_base": "e"})
 
     def applies_to(self, geometries) -> bool:
         return _has_sharded_attention(geometries)
@@ -607,8 +611,7 @@ def _is_align_state(g: GroupGeometry) -> bool:
 class MambaBlockSizeScaledByW(Fault):
     name = "mamba-block-size-scaled-by-w"
     bug_class = (
-        "19. the DCP factor applied to every group's block span, Mamba states included (vllm#49962: "
-        "KV offload stored 2 of 4 Mamba blocks)"
+        "19. the DCP factor applied to every group's block span, Mamba states included (vllm#49962: KV offload stored 2 of 4 Mamba blocks)"
     )
     description = (
         "every group's manager block size is B*W, right for sharded attention but wrong for a replicated "
@@ -676,8 +679,10 @@ def _pcp_dcp(scenario) -> tuple[int, int]:
 
 class PcpGatherRankLocal(Fault):
     name = "pcp-gather-rank-local"
-    bug_class = ("24. a PCP KV-gather plan built from rank-local metadata: one rank skips the collective "
-                 "on a 2-token prefill and the group hangs (vllm#53573)")
+    bug_class = (
+        "24. a PCP KV-gather plan built from rank-local metadata: one rank skips the collective "
+        "on a 2-token prefill and the group hangs (vllm#53573)"
+    )
     description = (
         "before vllm#56157: a prefill too short for 2 * pcp chunks is still split, and each PCP rank "
         "enters the KV all-gather only if one of its own chunks has earlier context; on a fresh 2-token "
@@ -692,8 +697,7 @@ class PcpGatherRankLocal(Fault):
         """A fresh prompt so short that PCP rank 0's mirror chunk is empty."""
         pcp, _ = _pcp_dcp(scenario)
         size = lambda q: cdiv(q, 2 * pcp)  # noqa: E731
-        return pcp > 1 and any(not r.shared_prefix_len and (2 * pcp - 1) * size(r.prompt_len) >= r.prompt_len
-                               for r in scenario.requests)
+        return pcp > 1 and any(not r.shared_prefix_len and (2 * pcp - 1) * size(r.prompt_len) >= r.prompt_len for r in scenario.requests)
 
     def pcp_replicated(self, query_len, prefill, pcp, dcp):
         return pcp == 1 or not prefill
@@ -704,8 +708,9 @@ class PcpGatherRankLocal(Fault):
 
 class PcpChunksNotMirrored(Fault):
     name = "pcp-chunks-not-mirrored"
-    bug_class = ("25. PCP chunk assignment not mirrored: rank r computes chunks r and r + pcp while the "
-                 "gather restores chunks r and 2 * pcp - 1 - r")
+    bug_class = (
+        "25. PCP chunk assignment not mirrored: rank r computes chunks r and r + pcp while the gather restores chunks r and 2 * pcp - 1 - r"
+    )
     description = (
         "PCP rank r computes the KV of chunks r and r + pcp of a split prefill, but the all-gathered rows are "
         "put back where the mirrored plan (r, 2 * pcp - 1 - r) says: chunk 2's KV lands on chunk 3's positions"
@@ -726,8 +731,10 @@ class PcpChunksNotMirrored(Fault):
 
 class DcpRankNotTransposed(Fault):
     name = "dcp-rank-not-transposed"
-    bug_class = ("26. DCP ranks cut from the (PCP, TP) grid without the transpose: dcp_rank = rank % dcp "
-                 "instead of tp_rank * pcp + pcp_rank (vllm/distributed/parallel_state.py)")
+    bug_class = (
+        "26. DCP ranks cut from the (PCP, TP) grid without the transpose: dcp_rank = rank % dcp "
+        "instead of tp_rank * pcp + pcp_rank (vllm/distributed/parallel_state.py)"
+    )
     description = (
         "each rank takes its DCP rank from the untransposed grid, rank % dcp: with TP > 1 two ranks of one "
         "DCP group write as the same DCP rank and the positions of another are stored by nobody"
@@ -739,8 +746,12 @@ class DcpRankNotTransposed(Fault):
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
         c = scenario.config
-        return (c.prefill_context_parallel_size > 1 and c.tp_size > 1 and c.decode_context_parallel_size > 1
-                and _has_sharded_attention(geometries))
+        return (
+            c.prefill_context_parallel_size > 1
+            and c.tp_size > 1
+            and c.decode_context_parallel_size > 1
+            and _has_sharded_attention(geometries)
+        )
 
     def dcp_rank_of(self, layout, rank):
         return rank % layout.dcp
@@ -748,8 +759,10 @@ class DcpRankNotTransposed(Fault):
 
 class PcpSpecRegularMask(Fault):
     name = "pcp-spec-regular-mask"
-    bug_class = ("27. PCP/DCP with speculative decoding: a speculative step's per-token bounds taken from one "
-                 "regular causal mask instead of the irregular one (vllm-ascend#6491)")
+    bug_class = (
+        "27. PCP/DCP with speculative decoding: a speculative step's per-token bounds taken from one "
+        "regular causal mask instead of the irregular one (vllm-ascend#6491)"
+    )
     description = (
         "the PCP/DCP metadata gives the 1 + k query tokens of a speculative step the bounds of one regular "
         "(bottom-right) causal mask over the rank's shard, local(L) - (q - 1 - j), instead of each token's "
@@ -761,8 +774,12 @@ class PcpSpecRegularMask(Fault):
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
         c = scenario.config
-        return (c.prefill_context_parallel_size > 1 and c.num_speculative_tokens > 0
-                and c.decode_context_parallel_size > 1 and _has_sharded_attention(geometries))
+        return (
+            c.prefill_context_parallel_size > 1
+            and c.num_speculative_tokens > 0
+            and c.decode_context_parallel_size > 1
+            and _has_sharded_attention(geometries)
+        )
 
     def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
         meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
@@ -773,9 +790,10 @@ class PcpSpecRegularMask(Fault):
             if not w.num_drafts:
                 continue
             q = w.stop - w.start
-            last = local_seq_lens(np.array([w.stop], np.int64), dcp_size=geometry.dcp_size,
-                                  interleave_size=geometry.interleave_size, dcp_rank=dcp_rank)[0]
-            bounds[starts[i]:starts[i + 1]] = np.maximum(0, last - (q - 1 - np.arange(q, dtype=np.int64)))
+            last = local_seq_lens(
+                np.array([w.stop], np.int64), dcp_size=geometry.dcp_size, interleave_size=geometry.interleave_size, dcp_rank=dcp_rank
+            )[0]
+            bounds[starts[i] : starts[i + 1]] = np.maximum(0, last - (q - 1 - np.arange(q, dtype=np.int64)))
         return dataclasses.replace(meta, query_local_bounds=bounds)
 
 
@@ -823,6 +841,4 @@ def get_fault(name: str | None) -> Fault:
     try:
         return FAULTS[name]
     except KeyError:
-        raise ConfigError(
-            f"--inject: unknown fault {name!r}; known: {', '.join(n for n in FAULTS if n != 'none')}"
-        ) from None
+        raise ConfigError(f"--inject: unknown fault {name!r}; known: {', '.join(n for n in FAULTS if n != 'none')}") from None

@@ -60,17 +60,14 @@ def _layers(family: str, B: int, k: int) -> dict:
             "attn.1": MLAAttentionSpec(block_size=B, head_size=32),
         }
     if family == "window":
-        window = SlidingWindowSpec(block_size=B, num_kv_heads=2, head_size=16, sliding_window=2 * B + 3,
-                                   dcp_replicated=True)
+        window = SlidingWindowSpec(block_size=B, num_kv_heads=2, head_size=16, sliding_window=2 * B + 3, dcp_replicated=True)
         return {"attn.0": full, "swa.1": window}
     if family == "chunked":
-        chunk = ChunkedLocalAttentionSpec(block_size=B, num_kv_heads=2, head_size=16,
-                                          attention_chunk_size=3 * B, dcp_replicated=True)
+        chunk = ChunkedLocalAttentionSpec(block_size=B, num_kv_heads=2, head_size=16, attention_chunk_size=3 * B, dcp_replicated=True)
         return {"attn.0": full, "chunk.1": chunk}
     ring_c = max(8, 1 << (k + 1).bit_length())
     return {
-        "swa.0": SlidingWindowSpec(block_size=B, num_kv_heads=1, head_size=16, sliding_window=B + 5,
-                                   dcp_replicated=True),
+        "swa.0": SlidingWindowSpec(block_size=B, num_kv_heads=1, head_size=16, sliding_window=B + 5, dcp_replicated=True),
         "main.0": MLAAttentionSpec(block_size=2 * B, head_size=32, tokens_per_state=2),
         "ring.0": CircularBufferSpec(block_size=ring_c, num_kv_heads=1, head_size=16, dcp_replicated=True),
     }
@@ -106,16 +103,18 @@ def scenarios(max_requests: int = 5):
             arrival = draw(st.integers(7, 24)) if revisit and j == n - 1 else 0 if returning else draw(st.integers(0, 6))
             # preemptions a few steps after arrival land inside the prefill more often than not
             preempt = draw(st.lists(st.integers(1, 24), max_size=2))
-            requests.append(RequestSpec(
-                request_id=f"r{j}",
-                prompt_len=prompt,
-                output_len=draw(st.integers(1, 24)),
-                arrival_step=arrival,
-                prefix="shared" if shared else None,
-                shared_prefix_len=shared,
-                acceptance=tuple(draw(st.lists(st.integers(0, k), max_size=4))),
-                preempt_at_steps=tuple(sorted({arrival + d for d in preempt})),
-            ))
+            requests.append(
+                RequestSpec(
+                    request_id=f"r{j}",
+                    prompt_len=prompt,
+                    output_len=draw(st.integers(1, 24)),
+                    arrival_step=arrival,
+                    prefix="shared" if shared else None,
+                    shared_prefix_len=shared,
+                    acceptance=tuple(draw(st.lists(st.integers(0, k), max_size=4))),
+                    preempt_at_steps=tuple(sorted({arrival + d for d in preempt})),
+                )
+            )
         longest = max(r.prompt_len + r.output_len for r in requests)
         if revisit:  # hardly more than the longest request: the middle ones must evict
             pool_tokens = draw(st.integers(longest + k, longest + k + 2 * B * W))
@@ -159,8 +158,10 @@ def describe(scenario: Scenario) -> str:
     """One drawn scenario in a line: ``fuzz-window W=3 I=2 k=1: 2 requests, 143 tokens``."""
     c = scenario.config
     tokens = sum(r.prompt_len + r.output_len for r in scenario.requests)
-    return (f"{scenario.name} W={c.decode_context_parallel_size} I={c.cp_kv_cache_interleave_size} "
-            f"k={c.num_speculative_tokens}: {plural(len(scenario.requests), 'request')}, {plural(tokens, 'token')}")
+    return (
+        f"{scenario.name} W={c.decode_context_parallel_size} I={c.cp_kv_cache_interleave_size} "
+        f"k={c.num_speculative_tokens}: {plural(len(scenario.requests), 'request')}, {plural(tokens, 'token')}"
+    )
 
 
 def check(scenario: Scenario, inject: str | None = None, engine: dict | None = None):
@@ -185,8 +186,15 @@ def hypothesis_storage(directory: Path):
         set_hypothesis_home_dir(None)  # back to $HYPOTHESIS_STORAGE_DIRECTORY or ./.hypothesis
 
 
-def find_failure(inject: str | None = None, *, max_examples: int = 200, seed: int = 0,
-                 engine: dict | None = None, storage: Path | None = None, on_example=None) -> Scenario | None:
+def find_failure(
+    inject: str | None = None,
+    *,
+    max_examples: int = 200,
+    seed: int = 0,
+    engine: dict | None = None,
+    storage: Path | None = None,
+    on_example=None,
+) -> Scenario | None:
     """The minimal scenario whose run fails (with ``inject`` on), or None if none was found.
 
     ``storage``: where Hypothesis keeps its files (default ``$DCPSIM_CACHE/hypothesis``).

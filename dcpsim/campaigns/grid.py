@@ -38,6 +38,5 @@ def full_grid(scenarios: list[str], *, dry_run: bool = False) -> list[CellResult
         for bs in sizes:
             out += expand([name], FULL_DCP, [str(i) for i in divisors(bs)], [bs], dry_run=dry_run)
         if b % 2 == 0 and b > 1:
-            out += expand([name], FULL_DCP[1:], [str(b)], [b], dry_run=dry_run,
-                          kernel_block_size=b // 2)
+            out += expand([name], FULL_DCP[1:], [str(b)], [b], dry_run=dry_run, kernel_block_size=b // 2)
     return out

@@ -22,13 +22,19 @@ def to_xml(entries: list[dict], *, details: dict[str, str] | None = None) -> ET.
     details = details or {}
     count = {s: sum(e["status"] == s for e in entries) for s in ("fail", "error", "skipped")}
     root = ET.Element("testsuites")
-    suite = ET.SubElement(root, "testsuite", name=SUITE, tests=str(len(entries)), failures=str(count["fail"]),
-                          errors=str(count["error"]), skipped=str(count["skipped"]),
-                          time=f"{sum(e.get('seconds') or 0 for e in entries):.3f}")
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=SUITE,
+        tests=str(len(entries)),
+        failures=str(count["fail"]),
+        errors=str(count["error"]),
+        skipped=str(count["skipped"]),
+        time=f"{sum(e.get('seconds') or 0 for e in entries):.3f}",
+    )
     for e in entries:
         scenario = e["cell"].split("-dcp")[0]
-        case = ET.SubElement(suite, "testcase", classname=f"dcpsim.matrix.{scenario}", name=e["cell"],
-                             time=f"{e.get('seconds') or 0:.3f}")
+        case = ET.SubElement(suite, "testcase", classname=f"dcpsim.matrix.{scenario}", name=e["cell"], time=f"{e.get('seconds') or 0:.3f}")
         if "index" in e:
             props = ET.SubElement(case, "properties")
             ET.SubElement(props, "property", name="dcpsim.index", value=str(e["index"]))
@@ -58,8 +64,7 @@ def read(path: str) -> list[dict]:
         raise ConfigError(f"{path}: not a JUnit XML report: {exc}") from None
     entries = []
     for case in root.iter("testcase"):
-        entry = {"cell": case.get("name"), "status": "pass", "reason": "", "seconds": float(case.get("time") or 0),
-                 "report": None}
+        entry = {"cell": case.get("name"), "status": "pass", "reason": "", "seconds": float(case.get("time") or 0), "report": None}
         for kind, status in (("failure", "fail"), ("error", "error"), ("skipped", "skipped")):
             node = case.find(kind)
             if node is not None:

@@ -146,7 +146,8 @@ def expand(
                     seen[i] = cell.id
                     try:
                         scenario = sized.with_overrides(
-                            decode_context_parallel_size=w, cp_kv_cache_interleave_size=i,
+                            decode_context_parallel_size=w,
+                            cp_kv_cache_interleave_size=i,
                             prefill_context_parallel_size=p,
                         )
                         engine = ReferenceEngine()
@@ -163,8 +164,9 @@ def expand(
     return out
 
 
-def run_cells(results: list[CellResult], *, in_process: bool = False, timeout: float = 30.0, progress=None,
-              engine: dict | None = None, on_wait=None) -> None:
+def run_cells(
+    results: list[CellResult], *, in_process: bool = False, timeout: float = 30.0, progress=None, engine: dict | None = None, on_wait=None
+) -> None:
     """Run every pending cell (in place), one world per (scenario, W) group. ``progress(res)``
     is called as each cell ends (with the time its slowest rank took); ``on_wait(message)``
     when a world keeps the parent waiting. ``engine``: the engine ``Job`` fields

@@ -41,9 +41,11 @@ class _StrideByDcp(NixlConnector):
 class NixlStrideByDcp(PDFault):
     name = "nixl-stride-by-dcp"
     bug_class = "P/D 1. NIXL block matching strides by dcp instead of pcp * dcp (vllm#38433, novitalabs/pegaflow#428)"
-    description = ("the prefill rank's blocks are taken as rank, rank + dcp, ... instead of rank, rank + pcp * dcp, ...: "
-                   "with pcp = dcp = 2 a rank's blocks 0, 2, 4 are loaded where it holds 0, 4, 8; on a vLLM 0.33.0 "
-                   "PCP prefill (W == pcp at TP 1: pcp shards of one DCP rank each) the stride is 1 where it is pcp")
+    description = (
+        "the prefill rank's blocks are taken as rank, rank + dcp, ... instead of rank, rank + pcp * dcp, ...: "
+        "with pcp = dcp = 2 a rank's blocks 0, 2, 4 are loaded where it holds 0, 4, 8; on a vLLM 0.33.0 "
+        "PCP prefill (W == pcp at TP 1: pcp shards of one DCP rank each) the stride is 1 where it is pcp"
+    )
     needs_pcp = True
 
     def connector(self, kind):
@@ -62,10 +64,14 @@ class _ParallelDefaultInterleave(Fault):
 
 class NixlInterleaveNotBlockSize(PDFault):
     name = "nixl-interleave-not-block-size"
-    bug_class = ("P/D 2. under NIXL the interleave is not the smallest group block size "
-                 "(vllm#54457: forcing it elsewhere breaks block-level matching)")
-    description = ("both instances shard with cp_kv_cache_interleave_size = 1 (ParallelConfig's default) while the "
-                   "NIXL connector matches whole blocks, as if I = B")
+    bug_class = (
+        "P/D 2. under NIXL the interleave is not the smallest group block size "
+        "(vllm#54457: forcing it elsewhere breaks block-level matching)"
+    )
+    description = (
+        "both instances shard with cp_kv_cache_interleave_size = 1 (ParallelConfig's default) while the "
+        "NIXL connector matches whole blocks, as if I = B"
+    )
 
     def engine(self, role):
         return _ParallelDefaultInterleave()
@@ -96,5 +102,4 @@ def get_pd_fault(name: str | None) -> PDFault:
     try:
         return PD_FAULTS[name]
     except KeyError:
-        raise ConfigError(f"--inject: {name!r} is not a P/D fault; P/D faults: "
-                          f"{', '.join(n for n in PD_FAULTS if n != 'none')}") from None
+        raise ConfigError(f"--inject: {name!r} is not a P/D fault; P/D faults: {', '.join(n for n in PD_FAULTS if n != 'none')}") from None

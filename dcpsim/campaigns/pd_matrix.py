@@ -45,15 +45,17 @@ def pair_scenario(scenario, prefill: int, decode: int):
     from dcpsim.scenarios.disagg import check_disaggregation
 
     pd = scenario.disaggregated
-    pd = dataclasses.replace(pd, prefill=dataclasses.replace(pd.prefill, decode_context_parallel_size=prefill),
-                             decode=dataclasses.replace(pd.decode, decode_context_parallel_size=decode))
+    pd = dataclasses.replace(
+        pd,
+        prefill=dataclasses.replace(pd.prefill, decode_context_parallel_size=prefill),
+        decode=dataclasses.replace(pd.decode, decode_context_parallel_size=decode),
+    )
     out = dataclasses.replace(scenario, disaggregated=pd)
     check_disaggregation(out)
     return out
 
 
-def run_pd_matrix(names: list[str], pairs: list[tuple[int, int]], *, timeout: float = 30.0,
-                  on_wait=None) -> list[PDCell]:
+def run_pd_matrix(names: list[str], pairs: list[tuple[int, int]], *, timeout: float = 30.0, on_wait=None) -> list[PDCell]:
     from dcpsim.harness.disagg import PDJob, prepare_pd, run_pd_batch
     from dcpsim.scenarios.load import load_scenario
 
@@ -88,6 +90,8 @@ def pd_table(cells: list[PDCell]) -> str:
     lines = [f"{'cell':<{width}}  result   note", f"{'-' * width}  -------  ----"]
     lines += [f"{c.id:<{width}}  {c.status:<7}  {c.reason}".rstrip() for c in cells]
     ran = [c for c in cells if c.status in ("pass", "FAIL")]
-    lines.append(f"{len(ran)} P/D cells run: {sum(c.status == 'pass' for c in ran)} passed, "
-                 f"{sum(c.status == 'FAIL' for c in ran)} failed; {len(cells) - len(ran)} skipped")
+    lines.append(
+        f"{len(ran)} P/D cells run: {sum(c.status == 'pass' for c in ran)} passed, "
+        f"{sum(c.status == 'FAIL' for c in ran)} failed; {len(cells) - len(ran)} skipped"
+    )
     return "\n".join(lines)

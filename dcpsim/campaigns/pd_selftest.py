@@ -18,8 +18,7 @@ import time
 from dcpsim.campaigns.selftest import BASELINE, DETECTED, ERROR, FALSE_POSITIVE, MISSED, PASS, Row
 
 PD_SCENARIO = "pd-dsv3"
-RESHARDING = {"kv_connector": "resharding", "prefill": {"cp_kv_cache_interleave_size": 1},
-              "decode": {"cp_kv_cache_interleave_size": 16}}
+RESHARDING = {"kv_connector": "resharding", "prefill": {"cp_kv_cache_interleave_size": 1}, "decode": {"cp_kv_cache_interleave_size": 16}}
 """The re-sharding run: prefill I = 1, decode I = 16 (the interleaves differ)."""
 PCP_PREFILL = {"prefill_context_parallel_size": 2, "decode_context_parallel_size": 2, "tensor_parallel_size": 1}
 """The ``nixl-pcp`` run: the built-in's NIXL transfer from a PCP = 2 prefill instance."""
@@ -42,9 +41,12 @@ def _scenario(kind: str):
         return dataclasses.replace(scenario, disaggregated=pd)
     if kind != "resharding":
         return scenario
-    pd = dataclasses.replace(pd, kv_connector="resharding",
-                             prefill=dataclasses.replace(pd.prefill, **RESHARDING["prefill"]),
-                             decode=dataclasses.replace(pd.decode, **RESHARDING["decode"]))
+    pd = dataclasses.replace(
+        pd,
+        kv_connector="resharding",
+        prefill=dataclasses.replace(pd.prefill, **RESHARDING["prefill"]),
+        decode=dataclasses.replace(pd.decode, **RESHARDING["decode"]),
+    )
     return dataclasses.replace(scenario, disaggregated=pd)
 
 
@@ -55,8 +57,10 @@ def _config(scenario) -> str:
     for role in ("prefill", "decode"):
         lay = instance_layout(scenario, role)
         inst = scenario.disaggregated.instance(role)
-        parts.append(f"{role[0].upper()}: W={inst.decode_context_parallel_size} I={lay.cp_kv_cache_interleave_size} "
-                     f"PCP={inst.prefill_context_parallel_size}")
+        parts.append(
+            f"{role[0].upper()}: W={inst.decode_context_parallel_size} I={lay.cp_kv_cache_interleave_size} "
+            f"PCP={inst.prefill_context_parallel_size}"
+        )
     return f"{scenario.disaggregated.kv_connector} " + " -> ".join(parts)
 
 
@@ -67,8 +71,7 @@ def run_case(fault_name: str, kind: str, *, timeout: float = 30.0, on_wait=None)
     start = time.perf_counter()
     row = Row(fault_name, PD_SCENARIO, _config(scenario), ERROR)
     try:
-        report = run_pd(PDJob(scenario, inject=None if fault_name == BASELINE else fault_name),
-                        timeout=timeout, on_wait=on_wait)
+        report = run_pd(PDJob(scenario, inject=None if fault_name == BASELINE else fault_name), timeout=timeout, on_wait=on_wait)
     except Exception as exc:  # noqa: BLE001 - an error row
         row.report = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         row.seconds = time.perf_counter() - start

@@ -47,6 +47,7 @@ _SHORT = {
     "kernel_block_size": "Bk",
 }
 
+
 class Outcome(enum.StrEnum):
     """The outcome of a row (a string in the table and in JSON)."""
 
@@ -251,8 +252,9 @@ def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True
         if not scenario_names:
             return "applies to no built-in scenario in its configs" + tail
         options = [canonical_options({**cfg, **fault.needs}) for cfg in fault.configs or ({},)]
-        elsewhere = [s for s in (fault.scenarios or builtins)
-                     if s in builtins and s not in chosen and any(applies(name, s, o) for o in options)]
+        elsewhere = [
+            s for s in (fault.scenarios or builtins) if s in builtins and s not in chosen and any(applies(name, s, o) for o in options)
+        ]
         where = f"applies on: {', '.join(elsewhere)}" if elsewhere else "nor on any other built-in scenario"
         return f"not on {', '.join(chosen)} ({where}){tail}"
 
@@ -266,8 +268,15 @@ def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True
                 if scenario_names and scenario not in scenario_names:
                     continue
                 if scenario not in builtins:
-                    plan.rows.append(Row(name, scenario, options_text(options), ERROR,
-                                         report=f"the fault names {scenario!r}, which is not a built-in scenario"))
+                    plan.rows.append(
+                        Row(
+                            name,
+                            scenario,
+                            options_text(options),
+                            ERROR,
+                            report=f"the fault names {scenario!r}, which is not a built-in scenario",
+                        )
+                    )
                     continue
                 try:
                     why = check(scenario, options)
@@ -335,8 +344,7 @@ def is_collective_hang(exc: BaseException | None) -> bool:
     from dcpsim.harness.collectives import CollectiveTimeout
     from dcpsim.harness.world import RankFailureError
 
-    return isinstance(exc, CollectiveTimeout) or (
-        isinstance(exc, RankFailureError) and str(exc).startswith("collective hang"))
+    return isinstance(exc, CollectiveTimeout) or (isinstance(exc, RankFailureError) and str(exc).startswith("collective hang"))
 
 
 def _expects_hang(fault: str) -> bool:
@@ -345,11 +353,17 @@ def _expects_hang(fault: str) -> bool:
     return FAULTS[fault].expects == "hang"
 
 
-def _row(plan: Plan, case: Case, *, report=None, error: str | None = None, seconds: float = 0.0,
-         exc: BaseException | None = None) -> Row:
+def _row(plan: Plan, case: Case, *, report=None, error: str | None = None, seconds: float = 0.0, exc: BaseException | None = None) -> Row:
     scenario, _, text = plan.resolved[(case.scenario, case.options)]
-    row = Row(case.fault, case.scenario, text, ERROR, seconds=seconds,
-              dcp_size=scenario.config.decode_context_parallel_size, options=dict(case.options))
+    row = Row(
+        case.fault,
+        case.scenario,
+        text,
+        ERROR,
+        seconds=seconds,
+        dcp_size=scenario.config.decode_context_parallel_size,
+        options=dict(case.options),
+    )
     if error is not None:
         row.report = error
         if not case.baseline and _expects_hang(case.fault) and is_collective_hang(exc):
@@ -368,8 +382,9 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}"
 
 
-def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, engine: dict | None = None,
-             progress=None, on_wait=None) -> list[Row]:
+def run_plan(
+    plan: Plan, *, in_process: bool = False, timeout: float = 30.0, engine: dict | None = None, progress=None, on_wait=None
+) -> list[Row]:
     """Run every case; rows in plan order (planning rows of a fault after its cases). The
     faults are variants of the reference engine; the baselines run ``engine`` (``Job``
     fields), which must pass them all. ``progress(row)`` is called as each case ends (with
@@ -391,16 +406,14 @@ def run_plan(plan: Plan, *, in_process: bool = False, timeout: float = 30.0, eng
 
         def settle(j, outcome, ks=ks, cases=cases):
             if outcome.error is not None:
-                row = _row(plan, cases[j], error=_first_line(outcome.error), seconds=outcome.seconds,
-                           exc=outcome.error)
+                row = _row(plan, cases[j], error=_first_line(outcome.error), seconds=outcome.seconds, exc=outcome.error)
             else:
                 row = _row(plan, cases[j], report=outcome.report, seconds=outcome.seconds)
             rows[ks[j]] = row
             if progress:
                 progress(row)
 
-        run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=world_timeout, on_outcome=settle,
-                 on_wait=on_wait)
+        run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=world_timeout, on_outcome=settle, on_wait=on_wait)
     out: list[Row] = []
     for name in plan.faults:
         out += [r for r, c in zip(rows, plan.cases) if c.fault == name]
@@ -460,8 +473,7 @@ def row_line(row: Row) -> str:
 def format_table(rows: list[Row]) -> str:
     headers = ("fault", "scenario", "config", "result", "first line of the report")
     cells = [
-        (r.fault if not r.baseline else "(baseline)", r.scenario, r.config, r.outcome,
-         (f"[{r.kind}] " if r.kind else "") + r.report)
+        (r.fault if not r.baseline else "(baseline)", r.scenario, r.config, r.outcome, (f"[{r.kind}] " if r.kind else "") + r.report)
         for r in rows
     ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers[:4])]

@@ -45,7 +45,7 @@ def work_units(results: list) -> list[list[int]]:
     for i, res in enumerate(results):
         if res.status == "pending":
             groups.setdefault(res.cell.group, []).append(i)
-    return [idx[j:j + UNIT] for idx in groups.values() for j in range(0, len(idx), UNIT)]
+    return [idx[j : j + UNIT] for idx in groups.values() for j in range(0, len(idx), UNIT)]
 
 
 def unit_cost(results: list, unit: list[int]) -> int:
@@ -73,8 +73,10 @@ def select(results: list, k: int, n: int) -> list[int]:
     empty (more shards than work units)."""
     units = len(work_units(results))
     if n > max(units, 1):
-        raise ConfigError(f"--shard {k}/{n}: the matrix has only {plural(units, 'work unit')} "
-                          f"(runs of at most {UNIT} cells of one world) to share out; use N <= {max(units, 1)}")
+        raise ConfigError(
+            f"--shard {k}/{n}: the matrix has only {plural(units, 'work unit')} "
+            f"(runs of at most {UNIT} cells of one world) to share out; use N <= {max(units, 1)}"
+        )
     return partition(results, n)[k - 1]
 
 
@@ -105,8 +107,10 @@ def merge(shards: list[tuple[str, list[dict]]]) -> list[dict]:
         for entry in entries:
             meta = entry.get("matrix") if isinstance(entry, dict) else None
             if not isinstance(meta, dict) or not isinstance(entry.get("index"), int):
-                raise ConfigError(f"{path}: cell {entry.get('cell') if isinstance(entry, dict) else entry!r} has no "
-                                  "matrix shard record (index, matrix); run matrix with --shard K/N --json")
+                raise ConfigError(
+                    f"{path}: cell {entry.get('cell') if isinstance(entry, dict) else entry!r} has no "
+                    "matrix shard record (index, matrix); run matrix with --shard K/N --json"
+                )
             metas.append((meta.get("hash"), meta.get("cells"), meta.get("shard")))
         if len(set(metas)) != 1:
             raise ConfigError(f"{path}: its cells belong to different matrices or shards")
@@ -115,16 +119,17 @@ def merge(shards: list[tuple[str, list[dict]]]) -> list[dict]:
         if meta0 is None:
             first_path, meta0 = path, (digest, total, n)
         elif (digest, total, n) != meta0:
-            raise ConfigError(f"{path} and {first_path} are not shards of one matrix: "
-                              f"hash {digest} vs {meta0[0]}, {total} vs {meta0[1]} cells, {n} vs {meta0[2]} shards")
+            raise ConfigError(
+                f"{path} and {first_path} are not shards of one matrix: "
+                f"hash {digest} vs {meta0[0]}, {total} vs {meta0[1]} cells, {n} vs {meta0[2]} shards"
+            )
         if k in seen:
             raise ConfigError(f"shard {k}/{n} given twice: {seen[k]} and {path}")
         seen[k] = path
     digest, total, n = meta0
     missing = [k for k in range(1, n + 1) if k not in seen]
     if missing:
-        raise ConfigError(f"missing {plural(len(missing), 'shard')} of {n}: "
-                          + ", ".join(f"{k}/{n}" for k in missing))
+        raise ConfigError(f"missing {plural(len(missing), 'shard')} of {n}: " + ", ".join(f"{k}/{n}" for k in missing))
     cells: dict[int, dict] = {}
     source: dict[int, str] = {}
     for path, entries in shards:

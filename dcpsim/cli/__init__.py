@@ -41,16 +41,12 @@ COMMANDS = (
     ("layout", "show which rank stores each position, and its slots", "dcpsim.cli.layout"),
     ("list", "the built-in scenarios, one line each", "dcpsim.cli.listing"),
     ("matrix", "run every valid scenario x W x I x B cell and print a table", "dcpsim.cli.matrix"),
-    ("merge", "join the JSON or JUnit reports of matrix --shard K/N runs; exit 1 if a cell failed",
-     "dcpsim.cli.merge"),
+    ("merge", "join the JSON or JUnit reports of matrix --shard K/N runs; exit 1 if a cell failed", "dcpsim.cli.merge"),
     ("fuzz", "search random schedules for a failure, shrink it and save it", "dcpsim.cli.fuzz"),
-    ("selftest", "inject every known DCP bug where it applies; each must be caught, baselines must pass",
-     "dcpsim.cli.selftest"),
+    ("selftest", "inject every known DCP bug where it applies; each must be caught, baselines must pass", "dcpsim.cli.selftest"),
     ("engine", "fetch vLLM's source, or show what an engine under test runs", "dcpsim.cli.engine"),
-    ("capacity", "per KV-cache group and rank: page bytes, pool tokens and concurrency for each DCP size",
-     "dcpsim.cli.capacity"),
-    ("interleave", "run a scenario's schedule at several interleave sizes and compare the ranks' loads",
-     "dcpsim.cli.interleave"),
+    ("capacity", "per KV-cache group and rank: page bytes, pool tokens and concurrency for each DCP size", "dcpsim.cli.capacity"),
+    ("interleave", "run a scenario's schedule at several interleave sizes and compare the ranks' loads", "dcpsim.cli.interleave"),
 )
 
 
@@ -67,8 +63,7 @@ Run 'python -m dcpsim COMMAND --help' for the flags of one command."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="dcpsim", description=DESCRIPTION, epilog=EPILOG,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="dcpsim", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, help_text, module_name in COMMANDS:
         module = importlib.import_module(module_name)
@@ -96,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except MemoryError as exc:  # the estimate (harness.budget) let through a run that did not fit
-        error = HarnessError(f"out of memory in the parent process{': ' + str(exc) if str(exc) else ''}; "
-                             "the run needs more memory than this machine (or its limits) can give")
+        error = HarnessError(
+            f"out of memory in the parent process{': ' + str(exc) if str(exc) else ''}; "
+            "the run needs more memory than this machine (or its limits) can give"
+        )
         print(f"dcpsim: error: {error}", file=sys.stderr)
         _json_error(args, error)
         return error.exit_code

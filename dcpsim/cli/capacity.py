@@ -21,16 +21,23 @@ NOTE_WIDTH = 100
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", help="a scenario .toml file or the name of a built-in scenario")
-    p.add_argument("--decode-context-parallel-size", "--dcp", dest="dcp", metavar="W,...",
-                   help="comma list of DCP sizes (default: the scenario's)")
-    p.add_argument("--block-size", type=int, metavar="B",
-                   help="states per page of every paged layer (as for run)")
-    p.add_argument("--gpu-memory-gib", type=float, metavar="G",
-                   help="size the pool from a per-rank KV budget of G * U GiB instead of the scenario's "
-                        "kv_cache_tokens / num_gpu_blocks (nothing is subtracted for weights or activations)")
-    p.add_argument("--gpu-memory-utilization", type=float, metavar="U",
-                   help=f"share of --gpu-memory-gib given to the KV cache (default "
-                        f"{cap.DEFAULT_GPU_MEMORY_UTILIZATION})")
+    p.add_argument(
+        "--decode-context-parallel-size", "--dcp", dest="dcp", metavar="W,...", help="comma list of DCP sizes (default: the scenario's)"
+    )
+    p.add_argument("--block-size", type=int, metavar="B", help="states per page of every paged layer (as for run)")
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="G",
+        help="size the pool from a per-rank KV budget of G * U GiB instead of the scenario's "
+        "kv_cache_tokens / num_gpu_blocks (nothing is subtracted for weights or activations)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        metavar="U",
+        help=f"share of --gpu-memory-gib given to the KV cache (default {cap.DEFAULT_GPU_MEMORY_UTILIZATION})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -121,12 +128,15 @@ GROUP_ROWS = (
 def render(p: cap.CapacityPlan) -> str:
     pool = p.pool
     if pool["mode"] == "scenario":
-        setting = next((f"{k} = {pool[k]}" for k in ("kv_cache_tokens", "num_gpu_blocks") if pool[k] is not None),
-                       "room for every request at once")
+        setting = next(
+            (f"{k} = {pool[k]}" for k in ("kv_cache_tokens", "num_gpu_blocks") if pool[k] is not None), "room for every request at once"
+        )
         head = f"pool from the scenario: {setting}"
     else:
-        head = (f"pool from a KV budget of {pool['gpu_memory_gib']:g} GiB * {pool['gpu_memory_utilization']:g} = "
-                f"{fmt_bytes(pool['budget_bytes_per_rank'])} per rank")
+        head = (
+            f"pool from a KV budget of {pool['gpu_memory_gib']:g} GiB * {pool['gpu_memory_utilization']:g} = "
+            f"{fmt_bytes(pool['budget_bytes_per_rank'])} per rank"
+        )
     out = [f"capacity: {p.scenario} (max_model_len {p.max_model_len:,}); {head}"]
     cols = p.columns
     valid = [c for c in cols if c.valid]
@@ -146,15 +156,19 @@ def render(p: cap.CapacityPlan) -> str:
         ("pool bytes", lambda c: fmt_bytes(c.pool_bytes)),
     ]
     if budget:
-        totals += [("block bytes (largest group page)", lambda c: fmt_bytes(c.block_bytes)),
-                   ("num_blocks (shared pool)", lambda c: fmt_int(c.num_blocks))]
+        totals += [
+            ("block bytes (largest group page)", lambda c: fmt_bytes(c.block_bytes)),
+            ("num_blocks (shared pool)", lambda c: fmt_int(c.num_blocks)),
+        ]
     totals += [
         ("concurrency at max_model_len", lambda c: fmt_ratio(c.concurrency)),
         ("context the DCP group holds (tokens)", lambda c: fmt_int(c.context_tokens)),
     ]
     if budget:
-        totals += [("  concurrency without padding", lambda c: fmt_ratio(c.concurrency_without_padding)),
-                   ("  context without padding (tokens)", lambda c: fmt_int(c.context_tokens_without_padding))]
+        totals += [
+            ("  concurrency without padding", lambda c: fmt_ratio(c.concurrency_without_padding)),
+            ("  context without padding (tokens)", lambda c: fmt_int(c.context_tokens_without_padding)),
+        ]
     for label, get in totals:
         rows.append((f"  {label}", [get(c) if c.valid else "-" for c in cols]))
     label_w = max(len(label) for label, _ in rows)
@@ -168,8 +182,10 @@ def render(p: cap.CapacityPlan) -> str:
     if budget:
         pad = [(g.name, g.padding_bytes_per_block) for g in valid[0].groups if g.padding_bytes_per_block]
         if pad:
-            out.append("padding per block (the shared block is as large as the largest group page): "
-                       + ", ".join(f"{name} {fmt_bytes(b)}" for name, b in pad))
+            out.append(
+                "padding per block (the shared block is as large as the largest group page): "
+                + ", ".join(f"{name} {fmt_bytes(b)}" for name, b in pad)
+            )
     out.append("notes:")
     for n in p.notes:
         out += textwrap.wrap(n, NOTE_WIDTH, initial_indent="  - ", subsequent_indent="    ")

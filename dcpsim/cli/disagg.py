@@ -26,18 +26,36 @@ _INSTANCE_FLAGS = {
 def add_pd_arguments(p) -> None:
     g = p.add_argument_group("disaggregated prefill/decode (scenarios with a [disaggregated] table)")
     for role in ("prefill", "decode"):
-        g.add_argument(f"--{role}-dcp", dest=f"{role}_dcp", type=int, metavar="W",
-                       help=f"the {role} instance's decode_context_parallel_size")
-        g.add_argument(f"--{role}-interleave", dest=f"{role}_interleave", type=int, metavar="I",
-                       help=f"the {role} instance's cp_kv_cache_interleave_size (nixl: its smallest block size when unset)")
-        g.add_argument(f"--{role}-block-size", dest=f"{role}_block_size", type=int, metavar="B",
-                       help=f"the {role} instance's block size")
-        g.add_argument(f"--{role}-pcp", dest=f"{role}_pcp", type=int, metavar="N",
-                       help=f"the {role} instance's prefill_context_parallel_size (nixl: prefill only, W == N at TP 1)")
-        g.add_argument(f"--{role}-tp", dest=f"{role}_tp", type=int, metavar="N",
-                       help=f"the {role} instance's tensor_parallel_size (default: as for a plain run)")
-    g.add_argument("--kv-connector", choices=("nixl", "resharding"),
-                   help="nixl: vLLM's block-level matching; resharding: position by position, any two layouts")
+        g.add_argument(
+            f"--{role}-dcp", dest=f"{role}_dcp", type=int, metavar="W", help=f"the {role} instance's decode_context_parallel_size"
+        )
+        g.add_argument(
+            f"--{role}-interleave",
+            dest=f"{role}_interleave",
+            type=int,
+            metavar="I",
+            help=f"the {role} instance's cp_kv_cache_interleave_size (nixl: its smallest block size when unset)",
+        )
+        g.add_argument(f"--{role}-block-size", dest=f"{role}_block_size", type=int, metavar="B", help=f"the {role} instance's block size")
+        g.add_argument(
+            f"--{role}-pcp",
+            dest=f"{role}_pcp",
+            type=int,
+            metavar="N",
+            help=f"the {role} instance's prefill_context_parallel_size (nixl: prefill only, W == N at TP 1)",
+        )
+        g.add_argument(
+            f"--{role}-tp",
+            dest=f"{role}_tp",
+            type=int,
+            metavar="N",
+            help=f"the {role} instance's tensor_parallel_size (default: as for a plain run)",
+        )
+    g.add_argument(
+        "--kv-connector",
+        choices=("nixl", "resharding"),
+        help="nixl: vLLM's block-level matching; resharding: position by position, any two layouts",
+    )
 
 
 def pd_overrides(args) -> dict:
@@ -62,11 +80,9 @@ def with_pd_overrides(scenario, overrides: dict):
     if not overrides:
         return scenario
     if scenario.disaggregated is None:
-        raise ConfigError(f"{scenario.source}: --prefill-*/--decode-*/--kv-connector need a scenario with a "
-                          "[disaggregated] table")
+        raise ConfigError(f"{scenario.source}: --prefill-*/--decode-*/--kv-connector need a scenario with a [disaggregated] table")
     pd = scenario.disaggregated
-    changes = {role: dataclasses.replace(pd.instance(role), **overrides[role]) for role in ("prefill", "decode")
-               if role in overrides}
+    changes = {role: dataclasses.replace(pd.instance(role), **overrides[role]) for role in ("prefill", "decode") if role in overrides}
     if "kv_connector" in overrides:
         changes["kv_connector"] = overrides["kv_connector"]
     out = dataclasses.replace(scenario, disaggregated=dataclasses.replace(pd, **changes))
@@ -97,8 +113,9 @@ def run_disaggregated(args, scenario) -> int:
 
     with json_errors(args.json):
         if getattr(args, "dcp", None) is not None:
-            raise ConfigError("--decode-context-parallel-size sizes one instance; a P/D scenario's instances take "
-                              "--prefill-dcp and --decode-dcp")
+            raise ConfigError(
+                "--decode-context-parallel-size sizes one instance; a P/D scenario's instances take --prefill-dcp and --decode-dcp"
+            )
         for flag in ("in_process", "trace", "attention", "simulate_rank_failure"):
             if getattr(args, flag, None):
                 raise ConfigError(f"--{flag.replace('_', '-')} is not supported for P/D runs yet")

@@ -71,8 +71,7 @@ def run(args) -> int:
         raise ConfigError(f"--inject switches on a fault of the reference engine; not with --engine {args.engine}")
     with progress_view("fuzz: searching", args.examples) as view:
         watch = _Watch(view)
-        found = find_failure(args.inject, max_examples=args.examples, seed=args.seed, engine=engine,
-                             on_example=watch.example)
+        found = find_failure(args.inject, max_examples=args.examples, seed=args.seed, engine=engine, on_example=watch.example)
     searched = time.perf_counter() - start
     if found is None:
         print(f"fuzz: no failing schedule in {plural(watch.searched, 'random example')} ({searched:.1f} s)")
@@ -92,8 +91,9 @@ def run(args) -> int:
     path.write_text(scenario_to_toml(found, header=header), encoding="utf-8")
     print(f"fuzz: shrunk failing schedule written to {path}", file=sys.stderr)
     print(f"fuzz: rerunning it on {'threads' if args.in_process else 'a gloo world'}", file=sys.stderr)
-    (report,) = run_jobs([Job(found, inject=args.inject, **engine)], in_process=args.in_process, timeout=args.timeout,
-                         on_wait=print_waiting)
+    (report,) = run_jobs(
+        [Job(found, inject=args.inject, **engine)], in_process=args.in_process, timeout=args.timeout, on_wait=print_waiting
+    )
     print(report.text())
     print(f"rerun with: {rerun}")
     return EXIT_CHECK_FAILED

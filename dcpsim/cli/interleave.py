@@ -22,24 +22,31 @@ DEFAULT_INTERLEAVES = "1,8,64,B"
 WRAP = 100
 DEFINITIONS = {
     "stored": "entries (positions, or records of a compressed group) of the requests' final contexts each "
-              "rank wrote, each (request, index) once",
+    "rank wrote, each (request, index) once",
     "imbalance": "per decode step, max - min over ranks of the local length summed over the step's decoding "
-                 "requests; max and mean over decode steps",
+    "requests; max and mean over decode steps",
     "speculative": "ranks the 1 + k tokens of a speculative step land on: mean, and share of steps on one rank",
     "empty_shards": "per rank, requests whose final context it holds nothing of; decode writes where a rank's "
-                    "shard was empty (its LSE must be -inf)",
+    "shard was empty (its LSE must be -inf)",
     "fragmentation": "runs of consecutive tokens at consecutive slots in a rank's part of one write: mean runs "
-                     "per write and mean run length (slots per run)",
+    "per write and mean run length (slots per run)",
 }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", help="a scenario .toml file or the name of a built-in scenario")
-    p.add_argument("--cp-kv-cache-interleave-size", "--interleave", dest="interleave", default=DEFAULT_INTERLEAVES,
-                   metavar="I,...", help=f"comma list of interleave sizes; B = the scenario's block size "
-                                         f"(its smallest page, in states) (default {DEFAULT_INTERLEAVES})")
-    p.add_argument("--decode-context-parallel-size", "--dcp", dest="dcp", type=int, metavar="W",
-                   help="DCP world size (default: the scenario's)")
+    p.add_argument(
+        "--cp-kv-cache-interleave-size",
+        "--interleave",
+        dest="interleave",
+        default=DEFAULT_INTERLEAVES,
+        metavar="I,...",
+        help=f"comma list of interleave sizes; B = the scenario's block size "
+        f"(its smallest page, in states) (default {DEFAULT_INTERLEAVES})",
+    )
+    p.add_argument(
+        "--decode-context-parallel-size", "--dcp", dest="dcp", type=int, metavar="W", help="DCP world size (default: the scenario's)"
+    )
     p.add_argument("--block-size", type=int, metavar="B", help="states per page of every paged layer (as for run)")
     p.add_argument("--png", metavar="FILE", help="also draw the load imbalance per interleave size (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -77,9 +84,11 @@ def compare(args) -> dict:
     context = layout_context(base)
     sharded = [g for g in context.groups if g.sharded]
     if not sharded:
-        raise ConfigError(f"{base.source}: no sharded group at W={W}: the interleave has no effect "
-                          "(pass --dcp W with W > 1)" if W == 1 else
-                          f"{base.source}: every group is replicated; the interleave has no effect")
+        raise ConfigError(
+            f"{base.source}: no sharded group at W={W}: the interleave has no effect (pass --dcp W with W > 1)"
+            if W == 1
+            else f"{base.source}: every group is replicated; the interleave has no effect"
+        )
     B = min(g.states_per_page for g in context.groups)
     rows = []
     for interleave, label in parse_interleaves(args.interleave, B):
@@ -133,8 +142,10 @@ COLUMNS = (
 
 
 def render(doc: dict) -> str:
-    out = [f"interleave: {doc['scenario']} at W={doc['decode_context_parallel_size']} (B = {doc['block_size']}, "
-           f"num_speculative_tokens = {doc['num_speculative_tokens']}), reference engine, one run per interleave size"]
+    out = [
+        f"interleave: {doc['scenario']} at W={doc['decode_context_parallel_size']} (B = {doc['block_size']}, "
+        f"num_speculative_tokens = {doc['num_speculative_tokens']}), reference engine, one run per interleave size"
+    ]
     for name in doc["groups"]:
         out += ["", f"{name} ({doc['units'][name]})"]
         cells = [[h for h, _ in COLUMNS]]
@@ -145,8 +156,7 @@ def render(doc: dict) -> str:
                 cells.append([row["label"], "invalid"] + [""] * (len(COLUMNS) - 2))
         widths = [max(len(c[j]) for c in cells) for j in range(len(COLUMNS))]
         for c in cells:
-            out.append(("  " + "  ".join(v.rjust(w) if j else v.ljust(w) for j, (v, w) in enumerate(zip(c, widths))))
-                       .rstrip())
+            out.append(("  " + "  ".join(v.rjust(w) if j else v.ljust(w) for j, (v, w) in enumerate(zip(c, widths)))).rstrip())
     if doc["not_compared"]:
         out += ["", "not compared (replicated or ring: every rank holds every entry): " + ", ".join(doc["not_compared"])]
     invalid = [row for row in doc["rows"] if not row["valid"]]
@@ -160,8 +170,9 @@ def render(doc: dict) -> str:
         broken.update({r["id"]: r for r in row["rules"]})
     for rule in RULES:
         if rule.id in broken:
-            out += textwrap.wrap(f"{rule.id} ({rule.kind}): {rule.rule}. Source: {rule.source}", WRAP,
-                                 initial_indent="  - ", subsequent_indent="    ")
+            out += textwrap.wrap(
+                f"{rule.id} ({rule.kind}): {rule.rule}. Source: {rule.source}", WRAP, initial_indent="  - ", subsequent_indent="    "
+            )
     out += ["", "definitions:"]
     for key, text in doc["definitions"].items():
         out += textwrap.wrap(f"{key}: {text}", WRAP, initial_indent="  - ", subsequent_indent="    ")
@@ -178,7 +189,6 @@ def run(args) -> int:
     print(json.dumps(doc, indent=2) if args.json else render(doc))
     if doc["rows"] and not any(row["valid"] for row in doc["rows"]):
         labels = ", ".join(str(row["label"]) for row in doc["rows"])
-        print(f"dcpsim: error: --interleave: no size is valid here ({labels}; the reasons are above)",
-              file=sys.stderr)
+        print(f"dcpsim: error: --interleave: no size is valid here ({labels}; the reasons are above)", file=sys.stderr)
         return EXIT_USAGE
     return 0

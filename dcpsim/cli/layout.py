@@ -19,49 +19,115 @@ from dcpsim.views.layout_text import header, render
 from dcpsim.views.layout_view import LayoutQuery, compute, parse_block_table, public
 
 # flags that --from-report takes from the report instead (dest, flag)
-_FROM_REPORT = (("dcp_size", "--decode-context-parallel-size"), ("interleave_size", "--cp-kv-cache-interleave-size"),
-                ("block_size", "--block-size"), ("kernel_block_size", "--kernel-block-size"),
-                ("tokens_per_state", "--tokens-per-state"), ("positions", "--positions"),
-                ("block_table", "--block-table"), ("replicated", "--dcp-replicated"))
+_FROM_REPORT = (
+    ("dcp_size", "--decode-context-parallel-size"),
+    ("interleave_size", "--cp-kv-cache-interleave-size"),
+    ("block_size", "--block-size"),
+    ("kernel_block_size", "--kernel-block-size"),
+    ("tokens_per_state", "--tokens-per-state"),
+    ("positions", "--positions"),
+    ("block_table", "--block-table"),
+    ("replicated", "--dcp-replicated"),
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--decode-context-parallel-size", "--dcp", dest="dcp_size", type=int,
-                   default=None, metavar="W", help="number of DCP ranks (W; required unless --from-report)")
-    p.add_argument("--cp-kv-cache-interleave-size", "--interleave", dest="interleave_size",
-                   type=int, default=None, metavar="I",
-                   help="consecutive positions (records) stored on one rank before moving on (I, default 1)")
-    p.add_argument("--block-size", dest="block_size", type=int, default=None, metavar="B",
-                   help="states per page of the group: B tokens, or B records (B*R tokens) with "
-                        "--tokens-per-state R, as in run --block-size (required unless --from-report)")
-    p.add_argument("--kernel-block-size", dest="kernel_block_size", type=int, default=None,
-                   metavar="Bk", help="attention-kernel block size in states, divides B (default B)")
-    p.add_argument("--tokens-per-state", dest="tokens_per_state", type=int, default=None, metavar="R",
-                   help="a compressed cache: one record per R tokens, record c emitted at position "
-                        "(c+1)*R-1 and sharded by record index (default 1)")
-    p.add_argument("--positions", default=None, metavar="SPEC",
-                   help="a:b (half-open), a: (to the end of the block table), a comma list, "
-                        "or a mix such as 0:8,40:48 (default: 2 virtual blocks, or what "
-                        "--block-table covers)")
-    p.add_argument("--around", type=int, default=None, metavar="P",
-                   help="show a window of positions centred on P instead of --positions")
-    p.add_argument("--window", type=int, default=None, metavar="N",
-                   help="with --around (or --from-report): positions in the window (default: "
-                        "4 rounds of W*I*R positions, at least 32 and at most 256)")
-    p.add_argument("--block-table", dest="block_table", default=None, metavar="IDS",
-                   help="comma list of KV block ids of the request; 0 is the reserved null "
-                        "block (default: 1..n, enough for the positions)")
-    p.add_argument("--dcp-replicated", dest="replicated", action="store_true", default=None,
-                   help="replicated group: every rank stores every position")
-    p.add_argument("--from-report", dest="from_report", default=None, metavar="REPORT.json",
-                   help="show the first failure of a run/worker --json report (its group, around its "
-                        "first bad index, with the expected and the actual owner and slot)")
-    p.add_argument("--pcp", "--prefill-context-parallel-size", dest="pcp", type=int, default=None, metavar="P",
-                   help="also show which PCP rank computes each position of a prefill row (chunks r and "
-                        "2P-1-r), before the KV all-gather")
-    p.add_argument("--prefill-start", dest="prefill_start", type=int, default=0, metavar="S",
-                   help="with --pcp: the prefill row starts at position S (earlier ones computed before; "
-                        "default 0) and ends at the last position shown")
+    p.add_argument(
+        "--decode-context-parallel-size",
+        "--dcp",
+        dest="dcp_size",
+        type=int,
+        default=None,
+        metavar="W",
+        help="number of DCP ranks (W; required unless --from-report)",
+    )
+    p.add_argument(
+        "--cp-kv-cache-interleave-size",
+        "--interleave",
+        dest="interleave_size",
+        type=int,
+        default=None,
+        metavar="I",
+        help="consecutive positions (records) stored on one rank before moving on (I, default 1)",
+    )
+    p.add_argument(
+        "--block-size",
+        dest="block_size",
+        type=int,
+        default=None,
+        metavar="B",
+        help="states per page of the group: B tokens, or B records (B*R tokens) with "
+        "--tokens-per-state R, as in run --block-size (required unless --from-report)",
+    )
+    p.add_argument(
+        "--kernel-block-size",
+        dest="kernel_block_size",
+        type=int,
+        default=None,
+        metavar="Bk",
+        help="attention-kernel block size in states, divides B (default B)",
+    )
+    p.add_argument(
+        "--tokens-per-state",
+        dest="tokens_per_state",
+        type=int,
+        default=None,
+        metavar="R",
+        help="a compressed cache: one record per R tokens, record c emitted at position (c+1)*R-1 and sharded by record index (default 1)",
+    )
+    p.add_argument(
+        "--positions",
+        default=None,
+        metavar="SPEC",
+        help="a:b (half-open), a: (to the end of the block table), a comma list, "
+        "or a mix such as 0:8,40:48 (default: 2 virtual blocks, or what "
+        "--block-table covers)",
+    )
+    p.add_argument("--around", type=int, default=None, metavar="P", help="show a window of positions centred on P instead of --positions")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --around (or --from-report): positions in the window (default: "
+        "4 rounds of W*I*R positions, at least 32 and at most 256)",
+    )
+    p.add_argument(
+        "--block-table",
+        dest="block_table",
+        default=None,
+        metavar="IDS",
+        help="comma list of KV block ids of the request; 0 is the reserved null block (default: 1..n, enough for the positions)",
+    )
+    p.add_argument(
+        "--dcp-replicated", dest="replicated", action="store_true", default=None, help="replicated group: every rank stores every position"
+    )
+    p.add_argument(
+        "--from-report",
+        dest="from_report",
+        default=None,
+        metavar="REPORT.json",
+        help="show the first failure of a run/worker --json report (its group, around its "
+        "first bad index, with the expected and the actual owner and slot)",
+    )
+    p.add_argument(
+        "--pcp",
+        "--prefill-context-parallel-size",
+        dest="pcp",
+        type=int,
+        default=None,
+        metavar="P",
+        help="also show which PCP rank computes each position of a prefill row (chunks r and 2P-1-r), before the KV all-gather",
+    )
+    p.add_argument(
+        "--prefill-start",
+        dest="prefill_start",
+        type=int,
+        default=0,
+        metavar="S",
+        help="with --pcp: the prefill row starts at position S (earlier ones computed before; "
+        "default 0) and ends at the last position shown",
+    )
     p.add_argument("--png", default=None, metavar="FILE", help="also draw the view as a PNG picture")
     p.add_argument("--svg", default=None, metavar="FILE", help="also draw the view as an SVG picture")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
@@ -111,10 +177,7 @@ def _draw(d: dict, args: argparse.Namespace, view) -> list[str]:
     from dcpsim.views.layout_picture import draw
 
     for path, fmt in outputs:
-        draw(d, path, fmt,
-             marks=view.marks(d) if view else (),
-             notes=view.notes(d) if view else (),
-             title=view.title() if view else None)
+        draw(d, path, fmt, marks=view.marks(d) if view else (), notes=view.notes(d) if view else (), title=view.title() if view else None)
     return [path for path, _ in outputs]
 
 
@@ -128,8 +191,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pcp is not None:
         from dcpsim.views.pcp_chunks import pcp_chunk_view
 
-        pcp = pcp_chunk_view(d["positions"], args.pcp, d["config"]["decode_context_parallel_size"],
-                             args.prefill_start, None)
+        pcp = pcp_chunk_view(d["positions"], args.pcp, d["config"]["decode_context_parallel_size"], args.prefill_start, None)
     if args.json:
         doc = public(d)
         if pcp is not None:

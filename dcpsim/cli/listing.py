@@ -10,8 +10,7 @@ from dcpsim.plural import plural
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--verbose", "-v", action="store_true",
-                   help="also print each scenario's layers, requests and KV-cache groups")
+    p.add_argument("--verbose", "-v", action="store_true", help="also print each scenario's layers, requests and KV-cache groups")
     p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
 
 
@@ -28,8 +27,7 @@ def run(args) -> int:
             f"{g.name.split('[')[0]} ({'replicated' if is_dcp_replicated_spec(g.kv_cache_spec) else 'sharded'})"
             for g in group_layer_specs(s.layers)
         )
-        rows.append({"name": name, "description": s.description, "layers": len(s.layers),
-                     "groups": kinds, "requests": len(s.requests)})
+        rows.append({"name": name, "description": s.description, "layers": len(s.layers), "groups": kinds, "requests": len(s.requests)})
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK

@@ -22,27 +22,42 @@ DEFAULT_INTERLEAVE = "1,2,4,8,16,B"
 def add_arguments(p) -> None:
     add_engine_arguments(p)
     p.add_argument("scenarios", nargs="*", help="scenario names or files (default: every built-in)")
-    p.add_argument("--dcp", "--decode-context-parallel-size", dest="dcp",
-                   help=f"comma list of DCP sizes (default {DEFAULT_DCP})")
-    p.add_argument("--interleave", "--cp-kv-cache-interleave-size", dest="interleave",
-                   help=f"comma list of interleave sizes; B = the scenario's page size (default {DEFAULT_INTERLEAVE})")
+    p.add_argument("--dcp", "--decode-context-parallel-size", dest="dcp", help=f"comma list of DCP sizes (default {DEFAULT_DCP})")
+    p.add_argument(
+        "--interleave",
+        "--cp-kv-cache-interleave-size",
+        dest="interleave",
+        help=f"comma list of interleave sizes; B = the scenario's page size (default {DEFAULT_INTERLEAVE})",
+    )
     p.add_argument("--block-size", help="comma list of block sizes (default: each scenario's)")
-    p.add_argument("--full", action="store_true",
-                   help="the full grid: W 1..8 x every I dividing B x block sizes B and B/2, and Bk = B/2 cells "
-                        "(not with --dcp, --interleave, --block-size)")
-    p.add_argument("--shard", metavar="K/N",
-                   help="run only shard K of N (1-based): a balanced share of the runs of at most 12 cells of "
-                        "one world; join the shards' --json or --junit reports with dcpsim merge")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the full grid: W 1..8 x every I dividing B x block sizes B and B/2, and Bk = B/2 cells "
+        "(not with --dcp, --interleave, --block-size)",
+    )
+    p.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run only shard K of N (1-based): a balanced share of the runs of at most 12 cells of "
+        "one world; join the shards' --json or --junit reports with dcpsim merge",
+    )
     p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report, one testcase per cell")
-    p.add_argument("--pcp", "--prefill-context-parallel-size", dest="pcp",
-                   help="comma list of PCP sizes (default: each scenario's); a cell's world is PCP x TP "
-                        "processes, TP the smallest that fits its W")
+    p.add_argument(
+        "--pcp",
+        "--prefill-context-parallel-size",
+        dest="pcp",
+        help="comma list of PCP sizes (default: each scenario's); a cell's world is PCP x TP processes, TP the smallest that fits its W",
+    )
     p.add_argument("--in-process", action="store_true", help="run ranks as threads (no gloo)")
     p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout in seconds")
     p.add_argument("--json", action="store_true", help="print every cell as JSON")
-    p.add_argument("--pd", metavar="P:D,...",
-                   help="P/D cells instead: each scenario with a [disaggregated] table at these (prefill W, decode W) "
-                        "pairs, e.g. 1:2,2:4,4:2 (default scenarios: the built-ins with a [disaggregated] table)")
+    p.add_argument(
+        "--pd",
+        metavar="P:D,...",
+        help="P/D cells instead: each scenario with a [disaggregated] table at these (prefill W, decode W) "
+        "pairs, e.g. 1:2,2:4,4:2 (default scenarios: the built-ins with a [disaggregated] table)",
+    )
     add_force_argument(p)
     add_verify_argument(p)
 
@@ -68,8 +83,22 @@ def _run_pd(args) -> int:
     names = args.scenarios or [n for n in builtin_scenario_names() if load_scenario(n).disaggregated is not None]
     cells = run_pd_matrix(names, pairs, timeout=args.timeout, on_wait=print_waiting)
     if args.json:
-        print(json.dumps([{"cell": c.id, "status": c.status, "reason": c.reason, "seconds": round(c.seconds, 3),
-                           "report": c.report.to_dict() if c.report else None} for c in cells], indent=2, default=str))
+        print(
+            json.dumps(
+                [
+                    {
+                        "cell": c.id,
+                        "status": c.status,
+                        "reason": c.reason,
+                        "seconds": round(c.seconds, 3),
+                        "report": c.report.to_dict() if c.report else None,
+                    }
+                    for c in cells
+                ],
+                indent=2,
+                default=str,
+            )
+        )
     else:
         print(pd_table(cells))
     return EXIT_CHECK_FAILED if any(c.status == "FAIL" for c in cells) else EXIT_OK
@@ -84,9 +113,16 @@ def cells_of(args) -> list:
     check_seconds("--timeout", args.timeout)
     scenarios = args.scenarios or builtin_scenario_names()
     if args.full:
-        given = [flag for flag, value in (("--dcp", args.dcp), ("--interleave", args.interleave),
-                                          ("--block-size", args.block_size),
-                                          ("--pcp", args.pcp)) if value is not None]
+        given = [
+            flag
+            for flag, value in (
+                ("--dcp", args.dcp),
+                ("--interleave", args.interleave),
+                ("--block-size", args.block_size),
+                ("--pcp", args.pcp),
+            )
+            if value is not None
+        ]
         if given:
             raise ConfigError(f"--full fixes the grid: drop {', '.join(given)}")
         return full_grid(scenarios)  # no dry runs: the layouts and pools are validated
@@ -101,8 +137,13 @@ def cells_of(args) -> list:
 
 def entry(res) -> dict:
     """One cell of the ``--json`` list."""
-    return {"cell": res.cell.id, "status": res.status, "reason": res.reason, "seconds": round(res.seconds, 3),
-            "report": json.loads(res.report.to_json()) if res.report else None}
+    return {
+        "cell": res.cell.id,
+        "status": res.status,
+        "reason": res.reason,
+        "seconds": round(res.seconds, 3),
+        "report": json.loads(res.report.to_json()) if res.report else None,
+    }
 
 
 def run(args) -> int:
@@ -125,25 +166,31 @@ def run(args) -> int:
     pending = sum(r.status == mx.CellStatus.PENDING for r in results)
     if not pending:
         reasons = sorted({r.reason for r in results if r.reason})
-        raise ConfigError(f"no cell can run ({plural(len(results), 'cell')}, every one skipped)"
-                          + (f": {reasons[0]}" if reasons else ""))
-    warning = None if args.in_process else cpu_warning(
-        max(r.scenario.config.world_size for r in results if r.status == mx.CellStatus.PENDING))
+        raise ConfigError(f"no cell can run ({plural(len(results), 'cell')}, every one skipped)" + (f": {reasons[0]}" if reasons else ""))
+    warning = (
+        None if args.in_process else cpu_warning(max(r.scenario.config.world_size for r in results if r.status == mx.CellStatus.PENDING))
+    )
     if warning:
         print(warning, file=sys.stderr)
     where = f" (shard {shard[0]}/{shard[1]} of {plural(len(everything), 'cell')})" if shard else ""
-    print(f"matrix: {plural(len(results), 'cell')}{where}, {pending} to run, {len(results) - pending} skipped",
-          file=sys.stderr)
+    print(f"matrix: {plural(len(results), 'cell')}{where}, {pending} to run, {len(results) - pending} skipped", file=sys.stderr)
     with progress_view("matrix", pending) as view:
-        mx.run_cells(results, in_process=args.in_process, timeout=args.timeout, engine=engine,
-                     progress=lambda res: view.done(mx.cell_line(res), ok=not res.status.bad), on_wait=view.waiting)
+        mx.run_cells(
+            results,
+            in_process=args.in_process,
+            timeout=args.timeout,
+            engine=engine,
+            progress=lambda res: view.done(mx.cell_line(res), ok=not res.status.bad),
+            on_wait=view.waiting,
+        )
     entries = [entry(r) for r in results]
     if shard is not None:
         digest = sh.matrix_hash([r.cell.id for r in everything], engine)
         sh.stamp(entries, indices, digest=digest, total=len(everything), shard=shard)
     if args.junit:
-        junit.write(entries, args.junit, details={r.cell.id: r.report.text() for r in results
-                                                  if r.report is not None and not r.report.passed})
+        junit.write(
+            entries, args.junit, details={r.cell.id: r.report.text() for r in results if r.report is not None and not r.report.passed}
+        )
     if args.json:
         print(json.dumps(entries, indent=2))
     else:

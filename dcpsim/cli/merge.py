@@ -17,8 +17,7 @@ from dcpsim.report_file import read_report_text
 
 
 def add_arguments(p) -> None:
-    p.add_argument("reports", nargs="+", metavar="REPORT",
-                   help="each shard's matrix --shard K/N --json output or --junit file")
+    p.add_argument("reports", nargs="+", metavar="REPORT", help="each shard's matrix --shard K/N --json output or --junit file")
     p.add_argument("--json-out", metavar="FILE", help="write the merged cells as one matrix --json list")
     p.add_argument("--junit-out", metavar="FILE", help="write the merged cells as one JUnit XML file")
 
@@ -55,6 +54,8 @@ def run(args) -> int:
     counts = {s: sum(e["status"] == s for e in cells) for s in ("pass", "fail", "error", "skipped")}
     for e in bad:
         print(f"{e['cell']} {e['status'].upper()}: {e.get('reason', '')}")
-    print(f"merged {plural(len(args.reports), 'shard')}: {plural(len(cells), 'cell')}: {counts['pass']} passed, "
-          f"{counts['fail']} failed, {plural(counts['error'], 'error')}, {counts['skipped']} skipped")
+    print(
+        f"merged {plural(len(args.reports), 'shard')}: {plural(len(cells), 'cell')}: {counts['pass']} passed, "
+        f"{counts['fail']} failed, {plural(counts['error'], 'error')}, {counts['skipped']} skipped"
+    )
     return EXIT_CHECK_FAILED if bad else EXIT_OK

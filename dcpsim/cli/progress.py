@@ -42,9 +42,17 @@ class ProgressView:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("{task.fields[status]}", markup=False),
-                console=self.console, transient=True, redirect_stdout=False, redirect_stderr=False)
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}", markup=False),
+                console=self.console,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
             self._bar.start()
             self._task = self._bar.add_task(self.title, total=self.total, status="")
         return self

@@ -31,15 +31,11 @@ from dcpsim.plural import plural
 
 def add_arguments(p) -> None:
     add_engine_arguments(p)
-    p.add_argument("--list", action="store_true",
-                   help="list every fault, the bug class it stands for and where it runs; run nothing")
+    p.add_argument("--list", action="store_true", help="list every fault, the bug class it stands for and where it runs; run nothing")
     p.add_argument("--fault", action="append", metavar="NAME", help="only this fault (repeatable)")
-    p.add_argument("--scenario", action="append", metavar="NAME",
-                   help="only this built-in scenario, for faults and baselines (repeatable)")
-    p.add_argument("--in-process", action="store_true",
-                   help="run the ranks as threads of this process (no gloo)")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                   help="process-group timeout in seconds (default 30)")
+    p.add_argument("--scenario", action="append", metavar="NAME", help="only this built-in scenario, for faults and baselines (repeatable)")
+    p.add_argument("--in-process", action="store_true", help="run the ranks as threads of this process (no gloo)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="process-group timeout in seconds (default 30)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -49,15 +45,20 @@ def _list(plan: Plan, as_json: bool, pd_names: list[str]) -> int:
     entries = []
     for name in plan.faults:
         fault = FAULTS[name]
-        runs = [
-            dict(scenario=c.scenario, config=plan.resolved[(c.scenario, c.options)][2])
-            for c in plan.cases if c.fault == name
-        ]
-        entries.append(dict(name=name, bug_class=fault.bug_class, description=fault.description,
-                            needs=dict(fault.needs), configs=[dict(c) for c in fault.configs],
-                            scenarios=list(fault.scenarios) if fault.scenarios else None,
-                            runs=runs, applicable=bool(runs),
-                            why_not=next((r.report for r in plan.rows if r.fault == name), None) if not runs else None))
+        runs = [dict(scenario=c.scenario, config=plan.resolved[(c.scenario, c.options)][2]) for c in plan.cases if c.fault == name]
+        entries.append(
+            dict(
+                name=name,
+                bug_class=fault.bug_class,
+                description=fault.description,
+                needs=dict(fault.needs),
+                configs=[dict(c) for c in fault.configs],
+                scenarios=list(fault.scenarios) if fault.scenarios else None,
+                runs=runs,
+                applicable=bool(runs),
+                why_not=next((r.report for r in plan.rows if r.fault == name), None) if not runs else None,
+            )
+        )
     entries += _pd_entries(pd_names)
     if as_json:
         print(json.dumps({"faults": entries}, indent=2, default=str))
@@ -83,9 +84,19 @@ def _pd_entries(names: list[str]) -> list[dict]:
     for name in names:
         fault = PD_FAULTS[name]
         how = "nixl P/D run, prefill PCP = 2" if fault.needs_pcp else f"{fault.kv_connector} P/D run"
-        out.append(dict(name=name, bug_class=fault.bug_class, description=fault.description, needs={}, configs=[],
-                        scenarios=[PD_SCENARIO], runs=[dict(scenario=PD_SCENARIO, config=how)], applicable=True,
-                        why_not=None))
+        out.append(
+            dict(
+                name=name,
+                bug_class=fault.bug_class,
+                description=fault.description,
+                needs={},
+                configs=[],
+                scenarios=[PD_SCENARIO],
+                runs=[dict(scenario=PD_SCENARIO, config=how)],
+                applicable=True,
+                why_not=None,
+            )
+        )
     return out
 
 
@@ -121,23 +132,34 @@ def run(args) -> int:
     Job.validate_engine(**engine)
     pd_runs = len(pd_chosen) + 3 if pd_chosen else 0
     with progress_view("selftest", len(plan.cases) + pd_runs) as view:
+
         def progress(row):
             view.done(row_line(row), ok=row.outcome in (DETECTED, PASS))
-        rows = run_plan(plan, in_process=args.in_process, timeout=args.timeout, engine=engine,
-                        progress=progress, on_wait=view.waiting) if plan.cases or plan.rows else []
+
+        rows = (
+            run_plan(plan, in_process=args.in_process, timeout=args.timeout, engine=engine, progress=progress, on_wait=view.waiting)
+            if plan.cases or plan.rows
+            else []
+        )
         if pd_chosen:
             rows += run_pd_selftest(pd_chosen, timeout=args.timeout, progress=progress, on_wait=view.waiting)
     passed, summary = verdict(rows, plan.faults + pd_chosen)
     seconds = time.perf_counter() - start
     if args.json:
-        print(json.dumps({
-            "passed": passed,
-            "faults": {n: fault_status(rows, n) for n in plan.faults + pd_chosen},
-            "rows": [dataclasses.asdict(r) for r in rows],
-            "skipped": plan.skipped,
-            "summary": summary,
-            "wall_time_s": round(seconds, 2),
-        }, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "passed": passed,
+                    "faults": {n: fault_status(rows, n) for n in plan.faults + pd_chosen},
+                    "rows": [dataclasses.asdict(r) for r in rows],
+                    "skipped": plan.skipped,
+                    "summary": summary,
+                    "wall_time_s": round(seconds, 2),
+                },
+                indent=2,
+                default=str,
+            )
+        )
     else:
         print(format_table(rows))
         print()
@@ -146,8 +168,10 @@ def run(args) -> int:
         if pd_chosen:
             print("\n".join(pd_bug_class_legend(pd_chosen)))
         if plan.skipped:
-            print(f"({plural(len(plan.skipped), 'combination')} skipped: config invalid for the scenario, or a "
-                  "baseline identical to another one; see --json)")
+            print(
+                f"({plural(len(plan.skipped), 'combination')} skipped: config invalid for the scenario, or a "
+                "baseline identical to another one; see --json)"
+            )
         print()
         print("\n".join(summary) + f" ({seconds:.1f} s)")
     return EXIT_OK if passed else EXIT_CHECK_FAILED

@@ -42,11 +42,17 @@ def run(args) -> int:
                 raise ConfigError(
                     f"prefill_context_parallel_size {scenario.config.prefill_context_parallel_size} x "
                     f"tensor_parallel_size {scenario.config.tp_size} = {scenario.config.world_size} "
-                    f"processes, but the torchrun world size is {world}")
+                    f"processes, but the torchrun world size is {world}"
+                )
             job = make_job(args, scenario)
             local = os.environ.get("LOCAL_WORLD_SIZE", "")
-            check_run_budget(scenario, args, local_ranks=int(local) if local.isdigit() else None, say=rank == 0,
-                             attention_width=job.attention_config.kv_width if job.attention else 0)
+            check_run_budget(
+                scenario,
+                args,
+                local_ranks=int(local) if local.isdigit() else None,
+                say=rank == 0,
+                attention_width=job.attention_config.kv_width if job.attention else 0,
+            )
             check_dry_run(job, args, say=rank == 0)
             start = time.perf_counter()
             (mine,) = run_batch([job], GlooCollectives(rank, world))

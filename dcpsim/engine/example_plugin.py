@@ -52,13 +52,25 @@ class ExampleEngine(Engine):
             unit = 128 // math.gcd(128, spec.block_size)
             width = -(-width // unit) * unit
         return GroupGeometry(
-            group_id=group_id, name=group.name, layer_names=group.layer_names, spec=spec,
-            group_spec=group.kv_cache_spec, storage=storage, retention=retention_of(spec),
-            block_size=spec.block_size, tokens_per_state=tps, sharded=sharded, dcp_size=W, interleave_size=I,
+            group_id=group_id,
+            name=group.name,
+            layer_names=group.layer_names,
+            spec=spec,
+            group_spec=group.kv_cache_spec,
+            storage=storage,
+            retention=retention_of(spec),
+            block_size=spec.block_size,
+            tokens_per_state=tps,
+            sharded=sharded,
+            dcp_size=W,
+            interleave_size=I,
             kernel_block_size=None if storage is Storage.RING else config.kernel_block_size,
-            num_speculative_tokens=config.num_speculative_tokens, manager_block_size=per_entry,
-            block_table_width=width, cudagraph_capture_sizes=config.cudagraph_capture_sizes,
-            draft=any(n in config.draft_layers for n in group.layer_names))
+            num_speculative_tokens=config.num_speculative_tokens,
+            manager_block_size=per_entry,
+            block_table_width=width,
+            cudagraph_capture_sizes=config.cudagraph_capture_sizes,
+            draft=any(n in config.draft_layers for n in group.layer_names),
+        )
 
     # --- scheduler ------------------------------------------------------------------
 
@@ -109,14 +121,25 @@ class ExampleEngine(Engine):
         spec = group.representative
         k = spec.num_speculative_blocks
         return GroupGeometry(
-            group_id=group_id, name=group.name, layer_names=group.layer_names, spec=spec,
-            group_spec=group.kv_cache_spec, storage=Storage.STATE, retention=retention_of(spec),
-            block_size=spec.block_size, tokens_per_state=1, sharded=False,
-            dcp_size=config.decode_context_parallel_size, interleave_size=config.cp_kv_cache_interleave_size,
-            kernel_block_size=None, num_speculative_tokens=config.num_speculative_tokens,
-            manager_block_size=spec.block_size, block_table_width=-(-config.max_model_len // spec.block_size) + k,
+            group_id=group_id,
+            name=group.name,
+            layer_names=group.layer_names,
+            spec=spec,
+            group_spec=group.kv_cache_spec,
+            storage=Storage.STATE,
+            retention=retention_of(spec),
+            block_size=spec.block_size,
+            tokens_per_state=1,
+            sharded=False,
+            dcp_size=config.decode_context_parallel_size,
+            interleave_size=config.cp_kv_cache_interleave_size,
+            kernel_block_size=None,
+            num_speculative_tokens=config.num_speculative_tokens,
+            manager_block_size=spec.block_size,
+            block_table_width=-(-config.max_model_len // spec.block_size) + k,
             cudagraph_capture_sizes=config.cudagraph_capture_sizes,
-            draft=any(n in config.draft_layers for n in group.layer_names))
+            draft=any(n in config.draft_layers for n in group.layer_names),
+        )
 
     def _slot(self, g: GroupGeometry, row, index: int, rank: int) -> int:
         page = g.states_per_page
@@ -145,8 +168,7 @@ class ExampleEngine(Engine):
             return np.array(slots, np.int64), np.array(positions, np.int64)
         if g.storage is Storage.RING:
             states = list(range(max(write.start, write.stop - g.block_size), write.stop))
-            return (np.array([int(block_row[0]) * g.block_size + s % g.block_size for s in states], np.int64),
-                    np.array(states, np.int64))
+            return (np.array([int(block_row[0]) * g.block_size + s % g.block_size for s in states], np.int64), np.array(states, np.int64))
         R = g.tokens_per_state
         index = list(range(write.start // R, write.stop // R)) if R > 1 else list(range(write.start, write.stop))
         slots = [self._slot(g, block_row, i, dcp_rank) for i in index]
@@ -178,9 +200,17 @@ class ExampleEngine(Engine):
             local = np.arange(int(counts.max(initial=0)))
             mask = local[None, :] < counts[:, None]
         else:
-            lo = np.array([p - p % g.spec.attention_chunk_size if g.retention is Retention.CHUNK else
-                           max(0, p - g.spec.sliding_window + 1) if g.retention is Retention.WINDOW else 0
-                           for p in positions], np.int64)
+            lo = np.array(
+                [
+                    p - p % g.spec.attention_chunk_size
+                    if g.retention is Retention.CHUNK
+                    else max(0, p - g.spec.sliding_window + 1)
+                    if g.retention is Retention.WINDOW
+                    else 0
+                    for p in positions
+                ],
+                np.int64,
+            )
             local = np.arange(int(lo.min(initial=start)), int(positions.max(initial=start - 1)) + 1)
             mask = (local[None, :] <= positions[:, None]) & (local[None, :] >= lo[:, None])
         bk = g.kernel_block_size or g.states_per_page
@@ -192,8 +222,16 @@ class ExampleEngine(Engine):
         g = geometry
         R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
         q = 1 + g.num_speculative_tokens
-        reqs = [(w.request_id, w.stop // R, w.stop - w.start, list(self.query_local_bounds(g, w.start, w.stop, dcp_rank)),
-                 np.asarray(row, np.int64)) for w, row in zip(writes, block_rows)]
+        reqs = [
+            (
+                w.request_id,
+                w.stop // R,
+                w.stop - w.start,
+                list(self.query_local_bounds(g, w.start, w.stop, dcp_rank)),
+                np.asarray(row, np.int64),
+            )
+            for w, row in zip(writes, block_rows)
+        ]
         dummies = 0
         if writes and g.cudagraph_capture_sizes and all(w.stop - w.start == q for w in writes):
             fits = [c for c in g.cudagraph_capture_sizes if c >= len(writes) * q and c % q == 0]
@@ -215,12 +253,20 @@ class ExampleEngine(Engine):
         for r in reqs:
             starts.append(starts[-1] + r[2])
         return AttentionMetadata(
-            group=g.group_id, request_ids=tuple(r[0] for r in reqs), seq_lens=np.array([r[1] for r in reqs], np.int64),
-            query_start_loc=np.array(starts, np.int64), dcp_local_seq_lens=np.array(local, np.int64),
+            group=g.group_id,
+            request_ids=tuple(r[0] for r in reqs),
+            seq_lens=np.array([r[1] for r in reqs], np.int64),
+            query_start_loc=np.array(starts, np.int64),
+            dcp_local_seq_lens=np.array(local, np.int64),
             query_local_bounds=np.array([b for r in reqs for b in r[3]], np.int64),
-            kv_indptr=np.array(indptr, np.int64), kv_indices=np.array(indices, np.int64),
-            kv_last_page_len=np.array(last, np.int64), block_table_width=g.block_table_width * (g.states_per_page // bk),
-            num_dummy_requests=dummies, model=g.model, padded_slot_mapping=np.full(dummies * q, PAD, np.int64))
+            kv_indptr=np.array(indptr, np.int64),
+            kv_indices=np.array(indices, np.int64),
+            kv_last_page_len=np.array(last, np.int64),
+            block_table_width=g.block_table_width * (g.states_per_page // bk),
+            num_dummy_requests=dummies,
+            model=g.model,
+            padded_slot_mapping=np.full(dummies * q, PAD, np.int64),
+        )
 
     def draft_geometry(self, geometry):
         return dataclasses.replace(geometry, model="draft")

@@ -85,9 +85,7 @@ def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -
     sharded = group.sharded and config.decode_context_parallel_size > 1
     tps = records_per_state(spec)
     what = f"group {group.name}" + (
-        f" ({spec.block_size}-token pages of {spec.block_size // tps} records; "
-        "block_size below counts records)"
-        if tps > 1 else ""
+        f" ({spec.block_size}-token pages of {spec.block_size // tps} records; block_size below counts records)" if tps > 1 else ""
     )
     kbs = config.kernel_block_size
     if storage is Storage.STATE:
@@ -132,4 +130,3 @@ def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -
         draft=any(n in config.draft_layers for n in group.layer_names),
         draft_only=all(n in config.draft_layers for n in group.layer_names),
     )
-

@@ -101,8 +101,7 @@ class Engine:
 
     # --- the worker: the write path -------------------------------------------------
 
-    def write_slots(self, geometry: GroupGeometry, write: ReqWrite, block_row: np.ndarray,
-                    dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+    def write_slots(self, geometry: GroupGeometry, write: ReqWrite, block_row: np.ndarray, dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
         """``(slots, index)`` of one request's write ``[write.start, write.stop)`` on rank
         ``dcp_rank``, given its block-table row in the group. ``index[i]`` is what
         ``slots[i]`` stores: a position (paged), a record index (records, emitted at
@@ -111,8 +110,9 @@ class Engine:
         speculative drafts."""
         raise NotImplementedError
 
-    def step_write_slots(self, geometry: GroupGeometry, writes: list[ReqWrite], block_rows: list[np.ndarray],
-                         dcp_rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    def step_write_slots(
+        self, geometry: GroupGeometry, writes: list[ReqWrite], block_rows: list[np.ndarray], dcp_rank: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """``write_slots`` of every write of a step in one group, in order (``block_rows[i]``
         is the row of ``writes[i]``'s request). The default calls ``write_slots`` per write;
         an engine whose kernel maps a whole batch at once overrides this one."""
@@ -135,16 +135,18 @@ class Engine:
         the whole context)."""
         raise NotImplementedError
 
-    def attention_metadata(self, geometry: GroupGeometry, start: int, stop: int, block_row: np.ndarray,
-                           dcp_rank: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    def attention_metadata(
+        self, geometry: GroupGeometry, start: int, stop: int, block_row: np.ndarray, dcp_rank: int, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
         """What rank ``dcp_rank``'s attention reads for query tokens ``start + rows``:
         ``(slots, mask, merged)``: the store slots of the keys it reads, the
         ``[len(rows), len(slots)]`` visibility mask, and whether its result is merged
         across ranks (sharded) or stands alone (replicated: attention as with ``W = 1``)."""
         raise NotImplementedError
 
-    def build_attention_metadata(self, geometry: GroupGeometry, writes: list[ReqWrite],
-                                 block_rows: list[np.ndarray], dcp_rank: int) -> AttentionMetadata:
+    def build_attention_metadata(
+        self, geometry: GroupGeometry, writes: list[ReqWrite], block_rows: list[np.ndarray], dcp_rank: int
+    ) -> AttentionMetadata:
         """The step's attention metadata for a paged or compressed (attention) group on rank ``dcp_rank``
         (``dcpsim.model.plan.AttentionMetadata``): global and local lengths, query offsets
         and per-token bounds, the paged plan over the rank's own kernel pages, the block
@@ -177,20 +179,19 @@ class Engine:
         """Merged LSE ``[...]`` and each shard's weight ``[W, ...]`` from ``lses [W, ...]``."""
         raise NotImplementedError
 
-    def merge_attention_states(self, outputs: torch.Tensor, lses: torch.Tensor,
-                               base: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def merge_attention_states(self, outputs: torch.Tensor, lses: torch.Tensor, base: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Merge ``W`` partial states ``outputs [W, ..., D]``, ``lses [W, ...]``."""
         raise NotImplementedError
 
-    def merge_across_ranks(self, out: torch.Tensor, lse: torch.Tensor, group, *, variant: str,
-                           base: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def merge_across_ranks(
+        self, out: torch.Tensor, lse: torch.Tensor, group, *, variant: str, base: str
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Merge this rank's partial attention ``out [q, H, D]``, ``lse [q, H]`` with the
         other ranks' over ``group`` (``rank``, ``world_size``, ``all_gather_tensor``,
         ``reduce_scatter_tensor``, ``all_to_all_tensor``; ``H`` is a multiple of
         ``world_size``). ``variant`` is ``allgather`` or ``alltoall``. Returns one slice of
         ``H / world_size`` merged heads ``(out, lse, slice_index)``."""
         raise NotImplementedError
-
 
     # --- prefill context parallelism (PCP x TP x DCP) ------------------------------------
     # Defaults: vLLM 0.33.0's rules (dcpsim.model.parallel), so an engine that knows
@@ -214,8 +215,7 @@ class Engine:
     def pcp_restore_offsets(self, query_len: int, pcp: int) -> np.ndarray:
         """For the all-gathered rows of a split row (rank-major: rank 0's pieces, then rank
         1's, ...), the query offset each row belongs at (vLLM's restore index)."""
-        return np.concatenate([np.arange(o, o + n) for r in range(pcp)
-                               for o, n in parallel.pcp_chunks(query_len, pcp, r)]).astype(np.int64)
+        return np.concatenate([np.arange(o, o + n) for r in range(pcp) for o, n in parallel.pcp_chunks(query_len, pcp, r)]).astype(np.int64)
 
     def pcp_enters_gather(self, split_rows: list[tuple[int, int]], pcp: int, pcp_rank: int) -> bool:
         """Whether this PCP rank enters the step's KV all-gather; ``split_rows`` are the
@@ -229,10 +229,27 @@ PCP_DECISIONS = ("dcp_rank_of", "pcp_replicated", "pcp_chunks", "pcp_restore_off
 need not."""
 
 ENGINE_DECISIONS = (
-    "kv_cache_groups", "group_geometry", "blocks_needed", "first_needed_position", "num_released_blocks",
-    "prefix_block_tokens", "prefix_hash_unit", "prefix_hash_block_size", "prefix_key_position", "write_slots",
-    "kernel_block_table", "local_seq_lens", "query_local_bounds", "attention_metadata", "build_attention_metadata",
-    "draft_geometry", "shard_lse", "shard_output", "merge_lse", "merge_attention_states", "merge_across_ranks",
+    "kv_cache_groups",
+    "group_geometry",
+    "blocks_needed",
+    "first_needed_position",
+    "num_released_blocks",
+    "prefix_block_tokens",
+    "prefix_hash_unit",
+    "prefix_hash_block_size",
+    "prefix_key_position",
+    "write_slots",
+    "kernel_block_table",
+    "local_seq_lens",
+    "query_local_bounds",
+    "attention_metadata",
+    "build_attention_metadata",
+    "draft_geometry",
+    "shard_lse",
+    "shard_output",
+    "merge_lse",
+    "merge_attention_states",
+    "merge_across_ranks",
     *PCP_DECISIONS,
 )
 """Every decision of the interface, in the order above (reports list who makes each)."""

@@ -89,12 +89,12 @@ class ReferenceEngine(Engine):
 
     # --- the worker: writes ---------------------------------------------------------
 
-    def write_slots(self, geometry: GroupGeometry, write: ReqWrite, block_row: np.ndarray,
-                    dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+    def write_slots(self, geometry: GroupGeometry, write: ReqWrite, block_row: np.ndarray, dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
         g, start, stop = geometry, write.start, write.stop
         if g.storage is Storage.STATE:
-            positions, columns = state_writes(start, stop, write.num_drafts, block_size=g.block_size,
-                                              align=g.spec.mamba_cache_mode == "align")
+            positions, columns = state_writes(
+                start, stop, write.num_drafts, block_size=g.block_size, align=g.spec.mamba_cache_mode == "align"
+            )
             return state_slot_mapping(columns, block_row), positions
         if g.storage is Storage.RING:
             states = ring_states_to_write(start, stop, g.block_size)
@@ -104,14 +104,25 @@ class ReferenceEngine(Engine):
             R = g.tokens_per_state
             records = records_emitted(start, stop, R)
             slots = record_slot_mapping(
-                records, block_row, block_size=g.block_size, tokens_per_state=R,
-                dcp_size=g.dcp_size, dcp_rank=dcp_rank, interleave_size=g.interleave_size,
-                kernel_block_size=kbs * R if kbs else None, replicated=g.replicated,
+                records,
+                block_row,
+                block_size=g.block_size,
+                tokens_per_state=R,
+                dcp_size=g.dcp_size,
+                dcp_rank=dcp_rank,
+                interleave_size=g.interleave_size,
+                kernel_block_size=kbs * R if kbs else None,
+                replicated=g.replicated,
             )
             return slots, records
         slots = slot_mapping(
-            range(start, stop), block_row, block_size=g.block_size, dcp_size=g.dcp_size,
-            dcp_rank=dcp_rank, interleave_size=g.interleave_size, kernel_block_size=kbs,
+            range(start, stop),
+            block_row,
+            block_size=g.block_size,
+            dcp_size=g.dcp_size,
+            dcp_rank=dcp_rank,
+            interleave_size=g.interleave_size,
+            kernel_block_size=kbs,
             replicated=g.replicated,
         )
         return slots, np.arange(start, stop, dtype=np.int64)
@@ -125,16 +136,16 @@ class ReferenceEngine(Engine):
     def local_seq_lens(self, geometry: GroupGeometry, seq_lens: np.ndarray, dcp_rank: int) -> np.ndarray:
         if not geometry.sharded:
             return np.asarray(seq_lens, dtype=np.int64)
-        return local_seq_lens(seq_lens, dcp_size=geometry.dcp_size,
-                              interleave_size=geometry.interleave_size, dcp_rank=dcp_rank)
+        return local_seq_lens(seq_lens, dcp_size=geometry.dcp_size, interleave_size=geometry.interleave_size, dcp_rank=dcp_rank)
 
     def query_local_bounds(self, geometry: GroupGeometry, start: int, stop: int, dcp_rank: int) -> np.ndarray:
         if geometry.storage is Storage.RECORDS or not geometry.sharded:  # records emitted at positions <= p
             tps = geometry.tokens_per_state if geometry.storage is Storage.RECORDS else 1
             lens = (np.arange(start, stop, dtype=np.int64) + 1) // tps
             return self.local_seq_lens(geometry, lens, dcp_rank)
-        return query_local_seq_lens(start, stop - start, dcp_size=geometry.dcp_size, dcp_rank=dcp_rank,
-                                    interleave_size=geometry.interleave_size)
+        return query_local_seq_lens(
+            start, stop - start, dcp_size=geometry.dcp_size, dcp_rank=dcp_rank, interleave_size=geometry.interleave_size
+        )
 
     def attention_metadata(self, geometry, start, stop, block_row, dcp_rank, rows):
         local, mask, merged = self._attention_keys(geometry, start, stop, dcp_rank, rows)
@@ -193,8 +204,7 @@ class ReferenceEngine(Engine):
         local = np.asarray(self.local_seq_lens(g, seq_lens, dcp_rank), dtype=np.int64)
         kernel = g.kernel_block_size or g.states_per_page
         pages = -(-local // kernel)
-        indices = [self.kernel_block_table(g, row)[:n] if len(row) else np.zeros(n, np.int64)
-                   for row, n in zip(rows, pages)]
+        indices = [self.kernel_block_table(g, row)[:n] if len(row) else np.zeros(n, np.int64) for row, n in zip(rows, pages)]
         return AttentionMetadata(
             group=g.group_id,
             request_ids=tuple(w.request_id for w in writes) + (PAD_REQUEST,) * dummies,

@@ -31,16 +31,18 @@ def _plugin(name: str) -> Engine:
     try:
         obj = getattr(module, attr)
     except AttributeError:
-        raise ConfigError(f"--engine {name}: module {module_name} ({getattr(module, '__file__', '?')}) "
-                          f"has no attribute {attr!r}") from None
+        raise ConfigError(f"--engine {name}: module {module_name} ({getattr(module, '__file__', '?')}) has no attribute {attr!r}") from None
     engine = obj() if inspect.isclass(obj) else obj
     if not isinstance(engine, Engine):
-        raise ConfigError(f"--engine {name}: {module_name}.{attr} is not a dcpsim.engine.interface.Engine "
-                          f"(subclass Engine, or ReferenceEngine to change one decision)")
+        raise ConfigError(
+            f"--engine {name}: {module_name}.{attr} is not a dcpsim.engine.interface.Engine "
+            f"(subclass Engine, or ReferenceEngine to change one decision)"
+        )
     missing = [m for m in unimplemented(engine)]
     if missing:
-        raise ConfigError(f"--engine {name}: {type(engine).__name__} does not implement "
-                          f"{', '.join(missing)} (see dcpsim.engine.interface.Engine)")
+        raise ConfigError(
+            f"--engine {name}: {type(engine).__name__} does not implement {', '.join(missing)} (see dcpsim.engine.interface.Engine)"
+        )
     return engine
 
 
@@ -55,8 +57,7 @@ def unimplemented(engine: Engine) -> list[str]:
     return out
 
 
-def build_engine(name: str = "reference", *, vllm_source: str | None = None, vllm_runner: str = "v2",
-                 vllm_merge: bool = False) -> Engine:
+def build_engine(name: str = "reference", *, vllm_source: str | None = None, vllm_runner: str = "v2", vllm_merge: bool = False) -> Engine:
     """The engine called ``name`` (see the module docstring); raises ``ConfigError``."""
     key = (name, vllm_source, vllm_runner, vllm_merge)
     if key in _CACHE:

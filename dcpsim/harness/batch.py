@@ -90,8 +90,16 @@ class JobTally:
             self.add(rank, *payload[1:])
 
 
-def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0,
-             deadline: float | None = None, on_job=None, on_wait=None, trace: Trace | None = None) -> list[RunReport]:
+def run_jobs(
+    jobs: list[Job],
+    *,
+    in_process: bool = False,
+    timeout: float = 30.0,
+    deadline: float | None = None,
+    on_job=None,
+    on_wait=None,
+    trace: Trace | None = None,
+) -> list[RunReport]:
     """Run jobs of one W in turn in one world; one merged report per job.
 
     ``on_job(k, report, seconds)`` is called as job ``k`` ends on every rank (the merged
@@ -119,9 +127,17 @@ def run_jobs(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
         preload = ("dcpsim.harness.batch",)
         if any(j.engine == "vllm" for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.vllm.preload",)
-        per_rank = run_world(gloo_rank_batch, payload, world_size=world, pg_timeout_s=timeout,
-                             deadline_s=deadline, preload=preload, on_event=tally.on_event, on_wait=on_wait,
-                             phase_order=STEP_PHASES)
+        per_rank = run_world(
+            gloo_rank_batch,
+            payload,
+            world_size=world,
+            pg_timeout_s=timeout,
+            deadline_s=deadline,
+            preload=preload,
+            on_event=tally.on_event,
+            on_wait=on_wait,
+            phase_order=STEP_PHASES,
+        )
     launcher.complete(f"{'threads' if in_process else 'gloo world'} of {world} ranks", "launcher", started)
     started = launcher.now()
     merged = [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]
@@ -145,8 +161,7 @@ class JobOutcome:
     world, the wall time of the world it ran alone in."""
 
 
-def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0,
-             on_outcome=None, on_wait=None) -> list[JobOutcome]:
+def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0, on_outcome=None, on_wait=None) -> list[JobOutcome]:
     """Run jobs of one W in one world; if that world breaks, rerun each job it did not
     finish in a world of its own, so that the breakage is attributed to the job(s) that
     cause it. ``on_outcome(k, outcome)`` is called once per job, as it ends. The one batch
@@ -172,8 +187,13 @@ def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
             continue
         start = time.perf_counter()
         try:
-            run_jobs([job], in_process=in_process, timeout=timeout, on_wait=on_wait,
-                     on_job=lambda _, report, seconds, k=k: done(k, report, seconds))
+            run_jobs(
+                [job],
+                in_process=in_process,
+                timeout=timeout,
+                on_wait=on_wait,
+                on_job=lambda _, report, seconds, k=k: done(k, report, seconds),
+            )
         except Exception as exc:  # noqa: BLE001 - reported in the outcome
             if k not in outcomes:
                 settle(k, JobOutcome(None, exc, time.perf_counter() - start))
@@ -193,7 +213,8 @@ def merge_rank_reports(reports: list[RunReport]) -> RunReport:
             kind=FailureKind.RANKS_DISAGREE,
             step=min(r.steps for r in reports),
             message="ranks reached different verdicts: "
-            + "; ".join(f"rank {i}: {'pass' if r.passed else r.failure.kind} after {plural(r.steps, 'step')}"
-                        for i, r in enumerate(reports)),
+            + "; ".join(
+                f"rank {i}: {'pass' if r.passed else r.failure.kind} after {plural(r.steps, 'step')}" for i, r in enumerate(reports)
+            ),
         )
     return merged

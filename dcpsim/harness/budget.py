@@ -68,8 +68,11 @@ class Budget:
     @property
     def scheduler_bytes(self) -> int:
         """One scheduler (the parent's dry run, or a rank's): pools, tokens, a step."""
-        return (self.pool_blocks * POOL_BLOCK_BYTES + self.workload_tokens * WORKLOAD_TOKEN_BYTES
-                + self.step_tokens * STEP_TOKEN_BYTES * self.groups)
+        return (
+            self.pool_blocks * POOL_BLOCK_BYTES
+            + self.workload_tokens * WORKLOAD_TOKEN_BYTES
+            + self.step_tokens * STEP_TOKEN_BYTES * self.groups
+        )
 
     @property
     def rank_bytes(self) -> int:
@@ -101,10 +104,12 @@ class Budget:
     def figures(self, in_process: bool = False) -> str:
         """``~X GiB across N ranks (per rank: ... of KV stores, ... of block tables, ...)``."""
         ranks = self.ranks if self.local_ranks is None else self.local_ranks
-        return (f"~{gib(self.total_bytes(in_process))} GiB across {plural(ranks, 'rank')} (per rank: "
-                f"{size(self.store_bytes)} of KV stores, {size(self.table_bytes)} of block tables, "
-                f"{size(self.scheduler_bytes)} of scheduler for {self.pool_blocks:,} pool blocks, "
-                f"{self.workload_tokens:,} request tokens and steps of up to {self.step_tokens:,} tokens)")
+        return (
+            f"~{gib(self.total_bytes(in_process))} GiB across {plural(ranks, 'rank')} (per rank: "
+            f"{size(self.store_bytes)} of KV stores, {size(self.table_bytes)} of block tables, "
+            f"{size(self.scheduler_bytes)} of scheduler for {self.pool_blocks:,} pool blocks, "
+            f"{self.workload_tokens:,} request tokens and steps of up to {self.step_tokens:,} tokens)"
+        )
 
 
 def gib(n: int) -> str:
@@ -127,8 +132,9 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def estimate(scenario: Scenario, *, in_process: bool = False, attention_width: int = 0,
-             local_ranks: int | None = None, geometries=None) -> Budget:
+def estimate(
+    scenario: Scenario, *, in_process: bool = False, attention_width: int = 0, local_ranks: int | None = None, geometries=None
+) -> Budget:
     """The estimate of a validated scenario, by arithmetic only (no pool, table or store
     is built). ``attention_width``: the K/V width of the attention check (0: off);
     ``local_ranks``: the ranks on this machine, if not all of them; ``geometries``: the
@@ -148,13 +154,20 @@ def estimate(scenario: Scenario, *, in_process: bool = False, attention_width: i
     workload = sum(r.prompt_len + r.output_len for r in requests)
     computed = sum(r.prompt_len - r.shared_prefix_len + r.output_len for r in requests)
     step_cap = config.max_num_batched_tokens + max(config.max_cudagraph_capture_size, 0)
-    min_steps = max(cdiv(computed, config.max_num_batched_tokens),
-                    max(r.arrival_step + cdiv(r.output_len, 1 + k) for r in requests))
-    return Budget(ranks=config.world_size,
-                  processes=1 if in_process else config.world_size + 1,
-                  store_bytes=store, table_bytes=table, pool_blocks=sum(pools), workload_tokens=workload,
-                  step_tokens=min(step_cap, workload), min_steps=min_steps, max_steps=scenario.max_steps,
-                  groups=len(geometries), local_ranks=local_ranks)
+    min_steps = max(cdiv(computed, config.max_num_batched_tokens), max(r.arrival_step + cdiv(r.output_len, 1 + k) for r in requests))
+    return Budget(
+        ranks=config.world_size,
+        processes=1 if in_process else config.world_size + 1,
+        store_bytes=store,
+        table_bytes=table,
+        pool_blocks=sum(pools),
+        workload_tokens=workload,
+        step_tokens=min(step_cap, workload),
+        min_steps=min_steps,
+        max_steps=scenario.max_steps,
+        groups=len(geometries),
+        local_ranks=local_ranks,
+    )
 
 
 def available_memory() -> int:
@@ -186,34 +199,44 @@ def _machine_memory() -> int:
         return 2**62  # unknown: refuse nothing on memory
 
 
-def check_budget(scenario: Scenario, *, in_process: bool = False, force: bool = False,
-                 attention_width: int = 0, available: int | None = None, local_ranks: int | None = None,
-                 hint: str = "; --force to run anyway", geometries=None) -> Budget:
+def check_budget(
+    scenario: Scenario,
+    *,
+    in_process: bool = False,
+    force: bool = False,
+    attention_width: int = 0,
+    available: int | None = None,
+    local_ranks: int | None = None,
+    hint: str = "; --force to run anyway",
+    geometries=None,
+) -> Budget:
     """The run's ``Budget``, or a ``ConfigError`` with its figures if the schedule cannot end
     within ``max_steps`` or (unless ``force``) the run needs more memory than ``available``
     (default: the machine's ``available_memory``)."""
-    budget = estimate(scenario, in_process=in_process, attention_width=attention_width, local_ranks=local_ranks,
-                      geometries=geometries)
+    budget = estimate(scenario, in_process=in_process, attention_width=attention_width, local_ranks=local_ranks, geometries=geometries)
     if budget.min_steps > budget.max_steps:
         raise ConfigError(
             f"the schedule needs at least {budget.min_steps:,} steps (the requests' "
             f"{budget.workload_tokens:,} tokens at max_num_batched_tokens = {scenario.config.max_num_batched_tokens:,} "
             f"a step, and their decodes), more than max_steps = {budget.max_steps:,}; shorten the requests "
-            f"or raise max_num_batched_tokens or max_steps")
+            f"or raise max_num_batched_tokens or max_steps"
+        )
     have = available_memory() if available is None else available
     if not force and budget.total_bytes(in_process) > have:
-        raise ConfigError(f"the run needs {budget.figures(in_process)}; the machine has {gib(have)} GiB "
-                          f"available{hint}")
+        raise ConfigError(f"the run needs {budget.figures(in_process)}; the machine has {gib(have)} GiB available{hint}")
     limit = address_space_limit() if available is None else None
     if not force and limit is not None and budget.process_bytes(in_process) > limit:
-        raise ConfigError(f"the run needs ~{gib(budget.process_bytes(in_process))} GiB in one process "
-                          f"({budget.figures(in_process)}); the address-space limit (ulimit -v) is "
-                          f"{gib(limit)} GiB{hint}")
+        raise ConfigError(
+            f"the run needs ~{gib(budget.process_bytes(in_process))} GiB in one process "
+            f"({budget.figures(in_process)}); the address-space limit (ulimit -v) is "
+            f"{gib(limit)} GiB{hint}"
+        )
     return budget
 
 
-def check_pd_budget(instances: dict[str, Scenario], *, force: bool = False, available: int | None = None,
-                    hint: str = "; --force to run anyway") -> int:
+def check_pd_budget(
+    instances: dict[str, Scenario], *, force: bool = False, available: int | None = None, hint: str = "; --force to run anyway"
+) -> int:
     """A disaggregated run: one world of every instance's rank processes and one parent that
     dry-runs each instance's schedule. Returns the bytes it needs, or a ``ConfigError``
     with each instance's figures (the steps check applies to each instance)."""
@@ -222,8 +245,7 @@ def check_pd_budget(instances: dict[str, Scenario], *, force: bool = False, avai
     have = available_memory() if available is None else available
     if not force and need > have:
         per = "; ".join(f"{role}: {b.figures()}" for role, b in budgets.items())
-        raise ConfigError(f"the P/D run needs ~{gib(need)} GiB ({per}); the machine has {gib(have)} GiB "
-                          f"available{hint}")
+        raise ConfigError(f"the P/D run needs ~{gib(need)} GiB ({per}); the machine has {gib(have)} GiB available{hint}")
     return need
 
 
@@ -235,9 +257,11 @@ def check_scheduler_fits(scenario: Scenario, *, available: int | None = None) ->
     if available is None and address_space_limit() is not None:
         have = min(have, address_space_limit())
     if PARENT_BYTES + budget.scheduler_bytes > have:
-        raise ConfigError(f"its scheduler alone needs ~{gib(PARENT_BYTES + budget.scheduler_bytes)} GiB "
-                          f"({budget.pool_blocks:,} pool blocks, {budget.workload_tokens:,} request tokens); "
-                          f"the machine has {gib(have)} GiB available")
+        raise ConfigError(
+            f"its scheduler alone needs ~{gib(PARENT_BYTES + budget.scheduler_bytes)} GiB "
+            f"({budget.pool_blocks:,} pool blocks, {budget.workload_tokens:,} request tokens); "
+            f"the machine has {gib(have)} GiB available"
+        )
     return budget
 
 
@@ -246,8 +270,10 @@ def cpu_warning(ranks: int, cpus: int | None = None) -> str | None:
     wrong one), else None."""
     cpus = os.cpu_count() if cpus is None else cpus
     if cpus and ranks > cpus:
-        return (f"dcpsim: warning: {plural(ranks, 'rank')} on {plural(cpus, 'CPU')}: the ranks share them, "
-                f"so the run is slower (timeouts count wall time)")
+        return (
+            f"dcpsim: warning: {plural(ranks, 'rank')} on {plural(cpus, 'CPU')}: the ranks share them, "
+            f"so the run is slower (timeouts count wall time)"
+        )
     return None
 
 
@@ -258,10 +284,13 @@ def pool_note(scenario: Scenario) -> str | None:
         return None
     engine = ReferenceEngine()
     geometries = engine.geometries(scenario.layers, scenario.config)
-    grown = [f"{g.name} {plural(n, 'block')} ({n * g.manager_block_size:,} tokens)"
-             for g, n in zip(geometries, pool_sizes(scenario, engine, geometries))
-             if g.storage not in (Storage.RING, Storage.STATE) and n > engine.blocks_needed(g, scenario.kv_cache_tokens)]
+    grown = [
+        f"{g.name} {plural(n, 'block')} ({n * g.manager_block_size:,} tokens)"
+        for g, n in zip(geometries, pool_sizes(scenario, engine, geometries))
+        if g.storage not in (Storage.RING, Storage.STATE) and n > engine.blocks_needed(g, scenario.kv_cache_tokens)
+    ]
     if not grown:
         return None
-    return (f"kv_cache_tokens = {scenario.kv_cache_tokens:,} does not hold the largest request, so the pools "
-            f"hold it instead: " + ", ".join(grown))
+    return f"kv_cache_tokens = {scenario.kv_cache_tokens:,} does not hold the largest request, so the pools hold it instead: " + ", ".join(
+        grown
+    )

@@ -97,7 +97,8 @@ class GlooCollectives(Collectives):
                 raise HarnessError(
                     f"the {name} group of world ranks {', '.join(map(str, world_ranks))} was not made at world "
                     "start: a subgroup's collectives cannot make process groups (dist.new_group is collective "
-                    "over the whole world); make them on every rank first (harness.groups.make_world_groups)")
+                    "over the whole world); make them on every rank first (harness.groups.make_world_groups)"
+                )
             # its own group even over every rank (its own collectives), with the world's timeout
             # (new_group's default is 30 minutes)
             self.groups[key] = dist.new_group(list(world_ranks), timeout=_world_timeout())
@@ -178,8 +179,14 @@ class _Exchange:
     """Shared slots and a barrier for ranks that are threads of one process; the
     subgroups' exchanges, made on first use, by ``(name, members)``."""
 
-    def __init__(self, world_size: int, timeout: float | None = None, name: str = "world",
-                 members: tuple[int, ...] | None = None, registry: dict | None = None):
+    def __init__(
+        self,
+        world_size: int,
+        timeout: float | None = None,
+        name: str = "world",
+        members: tuple[int, ...] | None = None,
+        registry: dict | None = None,
+    ):
         self.world_size = world_size
         self.timeout = timeout
         self.name = name
@@ -225,7 +232,8 @@ class ThreadCollectives(Collectives):
                 raise CollectiveTimeout(
                     f"collective timeout: rank {me} waited more than {ex.timeout:g} s in a collective of "
                     f"its {ex.name} group (world ranks {', '.join(map(str, ex.members))}) that a peer never "
-                    f"entered; waiting then: {where}") from None
+                    f"entered; waiting then: {where}"
+                ) from None
             raise
         finally:
             waiting.pop(me, None)
@@ -313,6 +321,8 @@ class ThreadRankError(HarnessError, RuntimeError):
 
     def __init__(self, rank: int, exc: BaseException):
         lines = traceback.format_exception(exc)
-        super().__init__(f"rank {rank} failed: {type(exc).__name__}: {exc}\n"
-                         + "".join("    " + line for line in "".join(lines).rstrip().splitlines(True)))
+        super().__init__(
+            f"rank {rank} failed: {type(exc).__name__}: {exc}\n"
+            + "".join("    " + line for line in "".join(lines).rstrip().splitlines(True))
+        )
         self.rank, self.exc = rank, exc

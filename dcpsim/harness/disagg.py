@@ -61,7 +61,8 @@ def require_one_dcp_group(scenario: Scenario) -> None:
         raise ConfigError(
             f"disaggregated.decode: prefill_context_parallel_size {layout.pcp}, tensor_parallel_size {layout.tp}, "
             f"decode_context_parallel_size {layout.dcp}: the decode instance of a P/D run is one DCP group "
-            "(prefill_context_parallel_size 1, tensor_parallel_size = decode_context_parallel_size)")
+            "(prefill_context_parallel_size 1, tensor_parallel_size = decode_context_parallel_size)"
+        )
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,10 @@ class PDJob:
         fault = get_pd_fault(self.inject)
         kind = self.scenario.disaggregated.kv_connector
         if self.inject and fault.connector(kind) is not None and fault.kv_connector != kind:
-            raise ConfigError(f"--inject {self.inject}: the fault is in the {fault.kv_connector} connector; this run uses "
-                              f"kv_connector = {kind} (--kv-connector {fault.kv_connector})")
+            raise ConfigError(
+                f"--inject {self.inject}: the fault is in the {fault.kv_connector} connector; this run uses "
+                f"kv_connector = {kind} (--kv-connector {fault.kv_connector})"
+            )
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -100,8 +103,7 @@ class PDJob:
         return instance_scenario(self.scenario, role)
 
     def connector(self):
-        return self.fault().connector(self.scenario.disaggregated.kv_connector) or \
-            CONNECTORS[self.scenario.disaggregated.kv_connector]()
+        return self.fault().connector(self.scenario.disaggregated.kv_connector) or CONNECTORS[self.scenario.disaggregated.kv_connector]()
 
     def pairs(self) -> dict[tuple[int, int], list]:
         """(prefill rank, decode rank) -> [(request index, group, Route)], in one order for both sides."""
@@ -132,7 +134,8 @@ def prepare_pd(job: PDJob) -> dict:
                 raise ConfigError(
                     f"disaggregated: group {g.name} ({g.storage}, {'sharded' if g.sharded else 'replicated'}) "
                     "is not supported in P/D runs yet: every KV-cache group must be a sharded, paged, "
-                    "uncompressed attention cache of the target model")
+                    "uncompressed attention cache of the target model"
+                )
         if len({g.block_size for g in geometries}) != 1:
             raise ConfigError("disaggregated: P/D runs need one block size for every KV-cache group")
         scheduler = (LoadedScheduler if role == "decode" else Scheduler)(sc, engine, geometries)
@@ -159,8 +162,11 @@ class PrefillInstance:
     def after_step(self, plan, runner, scheduler) -> None:
         for req in scheduler.requests:
             if req.status is Status.FINISHED and req.index not in self.pages:
-                self.pages[req.index] = {g: read_pages(runner, g, plan.rows_after[g][req.index])
-                                         for g in range(len(runner.stores)) if req.index in plan.rows_after[g]}
+                self.pages[req.index] = {
+                    g: read_pages(runner, g, plan.rows_after[g][req.index])
+                    for g in range(len(runner.stores))
+                    if req.index in plan.rows_after[g]
+                }
 
 
 class DecodeInstance:
@@ -217,10 +223,12 @@ def _receive_prompts(pairs, rank: int, shards: list[int]) -> dict:
         entries, at = buf.numpy(), 0
         for i, g, route in items:
             n = len(route.dst_local)
-            parts.setdefault(i, {}).setdefault(g, []).append((route.dst_local, entries[at:at + n]))
+            parts.setdefault(i, {}).setdefault(g, []).append((route.dst_local, entries[at : at + n]))
             at += n
-    return {i: {g: (np.concatenate([a for a, _ in chunks]), np.concatenate([b for _, b in chunks]))
-                for g, chunks in by_group.items()} for i, by_group in parts.items()}
+    return {
+        i: {g: (np.concatenate([a for a, _ in chunks]), np.concatenate([b for _, b in chunks])) for g, chunks in by_group.items()}
+        for i, by_group in parts.items()
+    }
 
 
 def pd_rank(job: PDJob, rank: int, world: GlooCollectives):
@@ -287,23 +295,35 @@ class PDReport:
         return self.prefill.failure or self.decode.failure
 
     def to_dict(self) -> dict:
-        return dict(scenario=self.scenario, passed=self.passed, kv_connector=self.kv_connector,
-                    inject=self.inject, layouts=self.layouts, entries_sent=self.entries_sent,
-                    entries_written=self.entries_written, wall_time_s=round(self.wall_time_s, 3),
-                    prefill=json.loads(self.prefill.to_json()), decode=json.loads(self.decode.to_json()))
+        return dict(
+            scenario=self.scenario,
+            passed=self.passed,
+            kv_connector=self.kv_connector,
+            inject=self.inject,
+            layouts=self.layouts,
+            entries_sent=self.entries_sent,
+            entries_written=self.entries_written,
+            wall_time_s=round(self.wall_time_s, 3),
+            prefill=json.loads(self.prefill.to_json()),
+            decode=json.loads(self.decode.to_json()),
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
     def text(self) -> str:
-        lay = " -> ".join(f"{role} W={v['decode_context_parallel_size']} I={v['cp_kv_cache_interleave_size']} "
-                          f"B={v['block_size']} PCP={v['prefill_context_parallel_size']} TP={v['tensor_parallel_size']}"
-                          for role, v in self.layouts.items())
-        lines = [f"P/D {self.scenario} via {self.kv_connector}: {lay}",
-                 f"prefill instance: {self.prefill.text()}",
-                 f"kv transfer: {self.entries_sent} entries sent, {self.entries_written} written on the decode ranks",
-                 f"decode instance: {self.decode.text()}",
-                 "P/D PASSED" if self.passed else "P/D FAILED"]
+        lay = " -> ".join(
+            f"{role} W={v['decode_context_parallel_size']} I={v['cp_kv_cache_interleave_size']} "
+            f"B={v['block_size']} PCP={v['prefill_context_parallel_size']} TP={v['tensor_parallel_size']}"
+            for role, v in self.layouts.items()
+        )
+        lines = [
+            f"P/D {self.scenario} via {self.kv_connector}: {lay}",
+            f"prefill instance: {self.prefill.text()}",
+            f"kv transfer: {self.entries_sent} entries sent, {self.entries_written} written on the decode ranks",
+            f"decode instance: {self.decode.text()}",
+            "P/D PASSED" if self.passed else "P/D FAILED",
+        ]
         return "\n".join(lines)
 
 
@@ -311,11 +331,14 @@ def instance_sizes(scenario: Scenario, role: str) -> dict:
     """An instance's sizes as run (``W`` its DCP group's) and its connector layout's shards."""
     config = instance_scenario(scenario, role).config
     layout = instance_layout(scenario, role)
-    return dict(decode_context_parallel_size=config.decode_context_parallel_size,
-                prefill_context_parallel_size=config.prefill_context_parallel_size,
-                tensor_parallel_size=config.parallel_layout.tp,
-                cp_kv_cache_interleave_size=layout.cp_kv_cache_interleave_size, block_size=layout.block_size,
-                kv_shards=layout.cp_size)
+    return dict(
+        decode_context_parallel_size=config.decode_context_parallel_size,
+        prefill_context_parallel_size=config.prefill_context_parallel_size,
+        tensor_parallel_size=config.parallel_layout.tp,
+        cp_kv_cache_interleave_size=layout.cp_kv_cache_interleave_size,
+        block_size=layout.block_size,
+        kv_shards=layout.cp_size,
+    )
 
 
 def run_pd(job: PDJob, *, timeout: float = 30.0, deadline: float | None = None, on_wait=None) -> PDReport:
@@ -323,8 +346,7 @@ def run_pd(job: PDJob, *, timeout: float = 30.0, deadline: float | None = None, 
     return run_pd_batch([job], timeout=timeout, deadline=deadline, on_wait=on_wait)[0]
 
 
-def run_pd_batch(jobs: list[PDJob], *, timeout: float = 30.0, deadline: float | None = None,
-                 on_wait=None) -> list[PDReport]:
+def run_pd_batch(jobs: list[PDJob], *, timeout: float = 30.0, deadline: float | None = None, on_wait=None) -> list[PDReport]:
     """Several P/D runs in turn in one world of the largest ``P + D`` (world start-up and
     forks once); each validated first."""
     import time
@@ -337,18 +359,32 @@ def run_pd_batch(jobs: list[PDJob], *, timeout: float = 30.0, deadline: float | 
     start = time.perf_counter()
     if deadline is None:
         deadline = 2 * timeout + 30 + 10 * (len(jobs) - 1)
-    per_rank = run_world(pd_world, jobs, world_size=max(j.world_size for j in jobs), pg_timeout_s=timeout,
-                         deadline_s=deadline, preload=("dcpsim.harness.disagg",), on_wait=on_wait)
+    per_rank = run_world(
+        pd_world,
+        jobs,
+        world_size=max(j.world_size for j in jobs),
+        pg_timeout_s=timeout,
+        deadline_s=deadline,
+        preload=("dcpsim.harness.disagg",),
+        on_wait=on_wait,
+    )
     seconds = (time.perf_counter() - start) / len(jobs)
     reports = []
     for k, job in enumerate(jobs):
         results = [ranks[k] for ranks in per_rank if ranks[k] is not None]
         by_role = {role: [r for r in results if r[0] == role] for role in ROLES}
         layouts = {role: instance_sizes(job.scenario, role) for role in ROLES}
-        reports.append(PDReport(
-            scenario=job.scenario.name, kv_connector=job.scenario.disaggregated.kv_connector,
-            prefill=merge_rank_reports([r[1] for r in by_role["prefill"]]),
-            decode=merge_rank_reports([r[1] for r in by_role["decode"]]),
-            entries_sent=sum(r[2] for r in by_role["prefill"]), entries_written=sum(r[2] for r in by_role["decode"]),
-            inject=job.inject, wall_time_s=seconds, layouts=layouts))
+        reports.append(
+            PDReport(
+                scenario=job.scenario.name,
+                kv_connector=job.scenario.disaggregated.kv_connector,
+                prefill=merge_rank_reports([r[1] for r in by_role["prefill"]]),
+                decode=merge_rank_reports([r[1] for r in by_role["decode"]]),
+                entries_sent=sum(r[2] for r in by_role["prefill"]),
+                entries_written=sum(r[2] for r in by_role["decode"]),
+                inject=job.inject,
+                wall_time_s=seconds,
+                layouts=layouts,
+            )
+        )
     return reports

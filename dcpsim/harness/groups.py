@@ -57,8 +57,10 @@ def build_groups(config: SimConfig, world: Collectives) -> ParallelGroups:
     """The rank's groups; ``world`` must hold ``config.world_size`` ranks."""
     layout = config.parallel_layout
     if world.world_size != layout.world_size:
-        raise ValueError(f"a world of {world.world_size} ranks for prefill_context_parallel_size "
-                         f"{layout.pcp} x tensor_parallel_size {layout.tp} (= {layout.world_size})")
+        raise ValueError(
+            f"a world of {world.world_size} ranks for prefill_context_parallel_size "
+            f"{layout.pcp} x tensor_parallel_size {layout.tp} (= {layout.world_size})"
+        )
     coords = layout.coords(world.rank)
     made = {name: world.subgroup(name, groups) for name, groups in group_kinds(layout)}
     if not made:

@@ -80,8 +80,7 @@ class Job:
             raise ConfigError(f"exchange_every must be an integer >= 1, got {self.exchange_every!r}")
         self.attention_config  # noqa: B018 - validates the attention options, once
         if self.inject and self.engine != "reference":
-            raise ConfigError(f"--inject switches on a fault of the reference engine; it cannot be combined "
-                              f"with --engine {self.engine}")
+            raise ConfigError(f"--inject switches on a fault of the reference engine; it cannot be combined with --engine {self.engine}")
         if self.engine == "vllm":
             from dcpsim.engine.vllm.adapter import source_dir
 
@@ -93,8 +92,9 @@ class Job:
                 raise ConfigError(f"rank_failure must be (raise|hang|exit, rank, step), got {self.rank_failure!r}")
 
     @staticmethod
-    def validate_engine(engine: str = "reference", vllm_source: str | None = None, vllm_runner: str = "v2",
-                        vllm_merge: bool = False) -> None:
+    def validate_engine(
+        engine: str = "reference", vllm_source: str | None = None, vllm_runner: str = "v2", vllm_merge: bool = False
+    ) -> None:
         """Refuse engine options that cannot run (``ConfigError``, before any rank starts);
         builds the engine once, which loads a vLLM source tree and checks its functions."""
         from dcpsim.engine.registry import VLLM_RUNNERS, build_engine
@@ -111,9 +111,14 @@ class Job:
     @cached_property
     def attention_config(self) -> AttentionConfig:
         """The attention check's options as one validated object."""
-        return AttentionConfig(heads=self.attention_heads, head_dim=self.attention_head_dim,
-                               value_dim=self.attention_head_dim, lse_base=self.lse_base,
-                               merge=self.attention_merge, max_step_keys=self.attention_max_step_keys)
+        return AttentionConfig(
+            heads=self.attention_heads,
+            head_dim=self.attention_head_dim,
+            value_dim=self.attention_head_dim,
+            lse_base=self.lse_base,
+            merge=self.attention_merge,
+            max_step_keys=self.attention_max_step_keys,
+        )
 
     @property
     def world_size(self) -> int:
@@ -127,9 +132,7 @@ def parse_rank_failure(text: str, world_size: int) -> tuple[str, int, int]:
     kinds = tuple(RankFailureKind)
     parts = text.split(":")
     if len(parts) != 3 or parts[0] not in kinds or not all(p.isdigit() for p in parts[1:]):
-        raise ConfigError(
-            f"--simulate-rank-failure expects KIND:RANK:STEP with KIND in {'/'.join(kinds)}, got {text!r}"
-        )
+        raise ConfigError(f"--simulate-rank-failure expects KIND:RANK:STEP with KIND in {'/'.join(kinds)}, got {text!r}")
     kind, rank, step = parts[0], int(parts[1]), int(parts[2])
     if rank >= world_size:
         raise ConfigError(f"--simulate-rank-failure: rank {rank} is not in a world of {world_size}")

@@ -47,8 +47,7 @@ def job_engine(job: Job) -> Engine:
     injected fault, else the reference engine (``FAULTS["none"]``, the catalogue's
     correct engine)."""
     if job.engine != "reference":
-        return build_engine(job.engine, vllm_source=job.vllm_source, vllm_runner=job.vllm_runner,
-                            vllm_merge=job.vllm_merge)
+        return build_engine(job.engine, vllm_source=job.vllm_source, vllm_runner=job.vllm_runner, vllm_merge=job.vllm_merge)
     return get_fault(job.inject)
 
 
@@ -57,9 +56,11 @@ def engine_info(engine: Engine) -> dict:
     own = getattr(engine, "decisions", {})
     decisions = {}
     for name in ENGINE_DECISIONS:
-        decisions[name] = own.get(name) or ("reference" if isinstance(engine, ReferenceEngine) and
-                                            getattr(type(engine), name) is getattr(ReferenceEngine, name)
-                                            else type(engine).__name__)
+        decisions[name] = own.get(name) or (
+            "reference"
+            if isinstance(engine, ReferenceEngine) and getattr(type(engine), name) is getattr(ReferenceEngine, name)
+            else type(engine).__name__
+        )
     return dict(name=engine.name, version=getattr(engine, "version", None), decisions=decisions)
 
 
@@ -88,10 +89,12 @@ def dry_run(scenario: Scenario) -> DryRun:
     scheduler = Scheduler(scenario, engine, engine.geometries(scenario.layers, scenario.config))
     fired = set()
     for plan in scheduler.plans():
-        fired.update((event.removeprefix("preempted ").removesuffix(" (scenario)"), plan.step) for event in plan.events
-                     if event.startswith("preempted ") and event.endswith(" (scenario)"))
-    unfired = tuple((r.request_id, s) for r in scenario.requests for s in r.preempt_at_steps
-                    if (r.request_id, s) not in fired)
+        fired.update(
+            (event.removeprefix("preempted ").removesuffix(" (scenario)"), plan.step)
+            for event in plan.events
+            if event.startswith("preempted ") and event.endswith(" (scenario)")
+        )
+    unfired = tuple((r.request_id, s) for r in scenario.requests for s in r.preempt_at_steps if (r.request_id, s) not in fired)
     return DryRun(scheduler.summary, scheduler.step_index, unfired)
 
 
@@ -134,13 +137,11 @@ def agree(groups: ParallelGroups, failure: Failure | None, step: int) -> Failure
         if found is not None:
             members = groups.layout.dcp_groups()
             g = next(k for k, m in enumerate(members) if rank in m)
-            return dataclasses.replace(found, message=f"DCP group {g} (world ranks "
-                                       f"{', '.join(map(str, members[g]))}): {found.message}")
+            return dataclasses.replace(found, message=f"DCP group {g} (world ranks {', '.join(map(str, members[g]))}): {found.message}")
     return None
 
 
-def run_rank(job: Job, coll: Collectives, engine: Engine | None = None,
-             recorder: NullRecorder = NULL_RECORDER, instance=None) -> RunReport:
+def run_rank(job: Job, coll: Collectives, engine: Engine | None = None, recorder: NullRecorder = NULL_RECORDER, instance=None) -> RunReport:
     """One rank's run of ``job``. ``engine`` replaces the job's engine under test (tests
     of the checker run hand-made engine variants this way). ``instance`` (an instance of a
     disaggregated run, ``harness.disagg``) gives the scheduler class and hears each step
@@ -178,10 +179,15 @@ def _run_rank(job: Job, coll: Collectives, engine: Engine | None, recorder: Null
     geometries = engine.geometries(scenario.layers, config)
     scheduler = (instance.scheduler_class if instance else Scheduler)(scenario, engine, geometries)
     request_ids = {r.index: r.request_id for r in scheduler.requests}
-    runner = ModelRunner(engine, geometries, pool_sizes(scenario, engine, geometries),
-                         engine.dcp_rank_of(layout, world.rank),
-                         max_num_reqs=len(scheduler.requests), vector_width=cfg.kv_width if attention else 0,
-                         observer=rec.write_observer(geometries))
+    runner = ModelRunner(
+        engine,
+        geometries,
+        pool_sizes(scenario, engine, geometries),
+        engine.dcp_rank_of(layout, world.rank),
+        max_num_reqs=len(scheduler.requests),
+        vector_width=cfg.kv_width if attention else 0,
+        observer=rec.write_observer(geometries),
+    )
     shard_attention = ShardAttention(engine, cfg, coll) if attention else None
 
     # the checker: its expectation from the scenario alone, the rank through a read-only view
@@ -192,8 +198,15 @@ def _run_rank(job: Job, coll: Collectives, engine: Engine | None, recorder: Null
     # Exchange the checker's rows every ``exchange_every`` verified steps, not every step;
     # lockstep where collectives meet every step anyway (attention, paranoid, several DCP
     # groups, PCP, a P/D instance) and under --trace, whose timeline shows each step's check.
-    batched = (job.exchange_every > 1 and not attention and not job.paranoid and instance is None
-               and par.num_dcp_groups == 1 and layout.pcp == 1 and not rec.enabled)
+    batched = (
+        job.exchange_every > 1
+        and not attention
+        and not job.paranoid
+        and instance is None
+        and par.num_dcp_groups == 1
+        and layout.pcp == 1
+        and not rec.enabled
+    )
     rec.complete("setup", "setup", setup)
 
     report = RunReport(
@@ -205,11 +218,20 @@ def _run_rank(job: Job, coll: Collectives, engine: Engine | None, recorder: Null
         groups=group_info(groups),
         prefill_context_parallel_size=layout.pcp,
         tensor_parallel_size=None if layout.world_size == layout.dcp and layout.pcp == 1 else layout.tp,
-        engine=dict(engine_info(engine), groups=[
-            dict(name=g.name, sharded=g.sharded, manager_block_size=g.manager_block_size,
-                 block_table_width=g.block_table_width, page_size_bytes=g.page_size_bytes,
-                 max_memory_usage_bytes=g.max_memory_usage_bytes)
-            for g in geometries]),
+        engine=dict(
+            engine_info(engine),
+            groups=[
+                dict(
+                    name=g.name,
+                    sharded=g.sharded,
+                    manager_block_size=g.manager_block_size,
+                    block_table_width=g.block_table_width,
+                    page_size_bytes=g.page_size_bytes,
+                    max_memory_usage_bytes=g.max_memory_usage_bytes,
+                )
+                for g in geometries
+            ],
+        ),
     )
     failure: Failure | None = None
     attention_bytes = 0
@@ -226,24 +248,32 @@ def _run_rank(job: Job, coll: Collectives, engine: Engine | None, recorder: Null
                 def during_step(plan, runner, queries=queries):
                     with rec.span("attention compute", "attention"):
                         shard_attention.compute(plan, runner, queries)
+
             try:
                 with rec.span("write (all groups)", "write"):
                     if instance is not None:
                         instance.before_write(plan, runner)
-                    computed = pcp_prefill(engine, plan, par.pcp, coords.pcp_rank, layout.pcp, layout.dcp,
-                                           on_phase=lambda what, step=plan.step: set_progress(step, what))
+                    computed = pcp_prefill(
+                        engine,
+                        plan,
+                        par.pcp,
+                        coords.pcp_rank,
+                        layout.pcp,
+                        layout.dcp,
+                        on_phase=lambda what, step=plan.step: set_progress(step, what),
+                    )
                     set_progress(plan.step, "write")
                     runner.apply(computed, request_ids, during_step=during_step)
             except BlockTableOverflow as exc:
                 # the steps still queued come first (every rank's table overflows alike)
                 failure = checker.exchange(metadata=True) if batched else None
-                failure = failure or Failure(kind=FailureKind.BLOCK_TABLE_OVERFLOW, step=plan.step,
-                                             message=str(exc), group=exc.group, request_id=exc.request_id)
+                failure = failure or Failure(
+                    kind=FailureKind.BLOCK_TABLE_OVERFLOW, step=plan.step, message=str(exc), group=exc.group, request_id=exc.request_id
+                )
                 break
             with rec.span("check writes", "verify"):
                 checker.record_writes(plan)
-            if (plan.step % scenario.verify_every == 0 or plan.last
-                    or (checker.incremental and any(v.finished for v in plan.views))):
+            if plan.step % scenario.verify_every == 0 or plan.last or (checker.incremental and any(v.finished for v in plan.views)):
                 set_progress(plan.step, "verify")
                 with rec.span("verify", "verify") as span:
                     indices = checker.verified_indices
@@ -253,8 +283,7 @@ def _run_rank(job: Job, coll: Collectives, engine: Engine | None, recorder: Null
                         checker.read(plan)
                         if checker.pending >= job.exchange_every or plan.last:
                             failure = checker.exchange(metadata=True)
-                    span.set(step=plan.step, indices=checker.verified_indices - indices,
-                             result=failure.kind if failure else "pass")
+                    span.set(step=plan.step, indices=checker.verified_indices - indices, result=failure.kind if failure else "pass")
                 if failure:
                     break
             if attention:
@@ -265,8 +294,7 @@ def _run_rank(job: Job, coll: Collectives, engine: Engine | None, recorder: Null
                 with rec.span("attention check", "attention") as span:
                     checks = verifier.checks
                     failure = agree(par, verifier.judge(plan, results), plan.step)
-                    span.set(step=plan.step, checks=verifier.checks - checks,
-                             result=failure.kind if failure else "pass")
+                    span.set(step=plan.step, checks=verifier.checks - checks, result=failure.kind if failure else "pass")
                 attention_bytes += coll.bytes_sent - before
                 if failure:
                     break
@@ -308,9 +336,11 @@ def _run_rank(job: Job, coll: Collectives, engine: Engine | None, recorder: Null
     report.ranks = [
         dict(
             rank=world.rank,
-            **({} if par.num_dcp_groups == 1 and layout.pcp == 1 else dict(
-                pcp_rank=coords.pcp_rank, tp_rank=coords.tp_rank, dcp_group=coords.dcp_group,
-                dcp_rank=coords.dcp_rank)),
+            **(
+                {}
+                if par.num_dcp_groups == 1 and layout.pcp == 1
+                else dict(pcp_rank=coords.pcp_rank, tp_rank=coords.tp_rank, dcp_group=coords.dcp_group, dcp_rank=coords.dcp_rank)
+            ),
             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             cpu_seconds=time.process_time(),  # since the rank's process started (all its threads)
             kv_store_mb=view.kv_store_bytes / 2**20,

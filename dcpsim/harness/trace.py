@@ -102,17 +102,25 @@ def describe_indices(index) -> str:
 
 
 def step_args(plan: StepPlan) -> dict:
-    return dict(step=plan.step, requests=len(plan.writes), tokens=sum(len(w.contents) for w in plan.writes),
-                drafts=sum(w.num_drafts for w in plan.writes), live_requests=len(plan.views),
-                events=list(plan.events), last=plan.last)
+    return dict(
+        step=plan.step,
+        requests=len(plan.writes),
+        tokens=sum(len(w.contents) for w in plan.writes),
+        drafts=sum(w.num_drafts for w in plan.writes),
+        live_requests=len(plan.views),
+        events=list(plan.events),
+        last=plan.last,
+    )
 
 
 def write_args(step: int, records: list[WriteRecord], what: str) -> dict:
     """A group's write slice: the requests, slots and positions (``what``) it wrote."""
-    return dict(step=step, requests=[r.request_id for r in records],
-                slots_written=sum(len(r.slots) for r in records),
-                writes=[{"request": r.request_id, "slots": len(r.slots), what: describe_indices(r.index)}
-                        for r in records])
+    return dict(
+        step=step,
+        requests=[r.request_id for r in records],
+        slots_written=sum(len(r.slots) for r in records),
+        writes=[{"request": r.request_id, "slots": len(r.slots), what: describe_indices(r.index)} for r in records],
+    )
 
 
 def failure_event(failure) -> tuple[str, dict]:
@@ -155,8 +163,7 @@ class NullRecorder:
         """The slice of one scheduler step (its args: what the plan holds)."""
         return _NULL_SPAN
 
-    def complete(self, name: str, cat: str, start_ns: int, *, tid: int | None = None,
-                 args: dict | None = None) -> None:
+    def complete(self, name: str, cat: str, start_ns: int, *, tid: int | None = None, args: dict | None = None) -> None:
         """A slice from ``start_ns`` to now (on the harness track unless ``tid``)."""
 
     def instant(self, name: str, cat: str, *, args: dict | None = None) -> None:
@@ -227,25 +234,32 @@ class TraceRecorder(NullRecorder):
         return _Span(self, f"step {plan.step}", "step", None, step_args(plan))
 
     def complete(self, name, cat, start_ns, *, tid=None, args=None):
-        self.events.append(dict(name=name, cat=cat, ph="X", ts=_us(start_ns), dur=_us(self.now() - start_ns),
-                                pid=self.pid, tid=self.tid if tid is None else tid, args=args or {}))
+        self.events.append(
+            dict(
+                name=name,
+                cat=cat,
+                ph="X",
+                ts=_us(start_ns),
+                dur=_us(self.now() - start_ns),
+                pid=self.pid,
+                tid=self.tid if tid is None else tid,
+                args=args or {},
+            )
+        )
 
     def instant(self, name, cat, *, args=None):
-        self.events.append(dict(name=name, cat=cat, ph="i", s="t", ts=_us(self.now()), pid=self.pid,
-                                tid=self.tid, args=args or {}))
+        self.events.append(dict(name=name, cat=cat, ph="i", s="t", ts=_us(self.now()), pid=self.pid, tid=self.tid, args=args or {}))
 
     def failure(self, failure):
         name, args = failure_event(failure)
         self.instant(name, "failure", args=args)
 
     def counter(self, name, values):
-        self.events.append(dict(name=name, cat="counter", ph="C", ts=_us(self.now()), pid=self.pid,
-                                tid=self.tid, args=values))
+        self.events.append(dict(name=name, cat="counter", ph="C", ts=_us(self.now()), pid=self.pid, tid=self.tid, args=values))
 
     def name_thread(self, tid, name, sort_index):
         self.events.append(dict(name="thread_name", ph="M", pid=self.pid, tid=tid, args={"name": name}))
-        self.events.append(dict(name="thread_sort_index", ph="M", pid=self.pid, tid=tid,
-                                args={"sort_index": sort_index}))
+        self.events.append(dict(name="thread_sort_index", ph="M", pid=self.pid, tid=tid, args={"sort_index": sort_index}))
 
     def write_observer(self, geometries):
         return WriteTracer(self, geometries)
@@ -272,8 +286,9 @@ class TracedCollectives(Collectives):
         rec, before, start = self.rec, self.inner.bytes_sent, self.rec.now()
         out = fn(arg)
         sent = self.inner.bytes_sent - before
-        rec.complete(op, "collective", start, args=dict(
-            bytes=sent, phase=rec.open[-1] if rec.open else None, world_size=self.world_size, **what))
+        rec.complete(
+            op, "collective", start, args=dict(bytes=sent, phase=rec.open[-1] if rec.open else None, world_size=self.world_size, **what)
+        )
         rec.counter("collective bytes", {"sent": self.inner.bytes_sent})
         return out
 
@@ -304,12 +319,14 @@ class WriteTracer:
         self._start = 0
         for g in geometries:
             layout = "sharded" if g.sharded else "replicated"
-            recorder.name_thread(group_tid(recorder.rank, g.group_id),
-                                 f"group {g.group_id}: {g.name} ({g.storage}, {layout})", 1 + g.group_id)
+            recorder.name_thread(
+                group_tid(recorder.rank, g.group_id), f"group {g.group_id}: {g.name} ({g.storage}, {layout})", 1 + g.group_id
+            )
 
     def group_started(self, step: int, group_id: int) -> None:
         self._start = self.rec.now()
 
     def group_written(self, step: int, group_id: int, records: list[WriteRecord]) -> None:
-        self.rec.complete("write", "write", self._start, tid=group_tid(self.rec.rank, group_id),
-                          args=write_args(step, records, self.what[group_id]))
+        self.rec.complete(
+            "write", "write", self._start, tid=group_tid(self.rec.rank, group_id), args=write_args(step, records, self.what[group_id])
+        )

@@ -17,8 +17,10 @@ import time
 from dcpsim.errors import ConfigError
 from dcpsim.harness.trace import TraceRecorder, harness_tid, json_default, json_safe, rank_pid
 
-CLOCK = ("ts: microseconds since the parent's wall clock (time.time_ns) just before the world started; "
-         "each rank's time.perf_counter_ns, moved onto that wall clock by one reading of both")
+CLOCK = (
+    "ts: microseconds since the parent's wall clock (time.time_ns) just before the world started; "
+    "each rank's time.perf_counter_ns, moved onto that wall clock by one reading of both"
+)
 
 
 def check_trace_path(path: str) -> str:

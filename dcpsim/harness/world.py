@@ -192,15 +192,14 @@ def _rank_main(conn, job: bytes, rank, world_size, store_path, pg_timeout_s):
         rank_fn, payload = pickle.loads(job)
         set_progress(None, "rendezvous")
         dist.init_process_group(
-            "gloo", store=dist.FileStore(store_path, world_size), rank=rank,
-            world_size=world_size, timeout=timedelta(seconds=pg_timeout_s))
+            "gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size, timeout=timedelta(seconds=pg_timeout_s)
+        )
         set_progress(None, "started")
         result = rank_fn(payload, rank, world_size)
         dist.destroy_process_group()
         _send(("ok", result))
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
-        _send(("fail", RankFailure(rank, *_progress, type(exc).__name__, str(exc),
-                                   traceback.format_exc())))
+        _send(("fail", RankFailure(rank, *_progress, type(exc).__name__, str(exc), traceback.format_exc())))
 
 
 def init_env_process_group(pg_timeout_s: float) -> tuple[int, int]:
@@ -211,8 +210,8 @@ def init_env_process_group(pg_timeout_s: float) -> tuple[int, int]:
     missing = [k for k in need if not os.environ.get(k)]
     if missing:  # a usage error: nothing was started
         raise ConfigError(
-            f"environment variable(s) {', '.join(missing)} not set: start this entry "
-            f"point with torchrun (or set {', '.join(need)})")
+            f"environment variable(s) {', '.join(missing)} not set: start this entry point with torchrun (or set {', '.join(need)})"
+        )
     try:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except ValueError as exc:
@@ -222,14 +221,13 @@ def init_env_process_group(pg_timeout_s: float) -> tuple[int, int]:
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method="env://", rank=rank,
-                                world_size=world_size,
-                                timeout=timedelta(seconds=pg_timeout_s))
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size, timeout=timedelta(seconds=pg_timeout_s))
     except Exception as exc:
         raise HarnessError(
             f"rendezvous failed for rank {rank} of {world_size} at "
             f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}: "
-            f"{type(exc).__name__}: {_first_line(str(exc))}") from exc
+            f"{type(exc).__name__}: {_first_line(str(exc))}"
+        ) from exc
     return rank, world_size
 
 
@@ -266,10 +264,19 @@ def _new_store_dir() -> str:
     return tempfile.mkdtemp(prefix="dcpsim-world-")
 
 
-def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
-              deadline_s: float | None = None, preload: tuple[str, ...] = (),
-              on_event=None, on_wait=None, wait_report_s: float = WAIT_REPORT_S,
-              phase_order: tuple[str, ...] = ()) -> list:
+def run_world(
+    rank_fn,
+    payload,
+    *,
+    world_size: int,
+    pg_timeout_s: float = 30.0,
+    deadline_s: float | None = None,
+    preload: tuple[str, ...] = (),
+    on_event=None,
+    on_wait=None,
+    wait_report_s: float = WAIT_REPORT_S,
+    phase_order: tuple[str, ...] = (),
+) -> list:
     """Run rank_fn(payload, rank, world_size) in world_size processes joined by a gloo
     process group; return the per-rank return values (index = rank).
 
@@ -297,15 +304,24 @@ def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
             recv_end, send_end = ctx.Pipe(duplex=False)
             conns.append(recv_end)
             proc = ctx.Process(
-                target=_rank_main, name=f"dcpsim-rank{rank}", daemon=True,
-                args=(send_end, job, rank, world_size,
-                      os.path.join(store_dir, "store"), pg_timeout_s))
+                target=_rank_main,
+                name=f"dcpsim-rank{rank}",
+                daemon=True,
+                args=(send_end, job, rank, world_size, os.path.join(store_dir, "store"), pg_timeout_s),
+            )
             proc.start()
             procs.append(proc)
             send_end.close()
-        return _supervise(procs, conns, deadline_s, min(MAX_GRACE_S, pg_timeout_s),
-                          on_event=on_event, on_wait=on_wait, wait_report_s=wait_report_s,
-                          phase_order=phase_order)
+        return _supervise(
+            procs,
+            conns,
+            deadline_s,
+            min(MAX_GRACE_S, pg_timeout_s),
+            on_event=on_event,
+            on_wait=on_wait,
+            wait_report_s=wait_report_s,
+            phase_order=phase_order,
+        )
     finally:
         _kill(procs)
         for conn in conns:
@@ -313,8 +329,17 @@ def run_world(rank_fn, payload, *, world_size: int, pg_timeout_s: float = 30.0,
         shutil.rmtree(store_dir, ignore_errors=True)
 
 
-def _supervise(procs, conns, deadline_s, grace_s, *, on_event=None, on_wait=None,
-               wait_report_s: float = WAIT_REPORT_S, phase_order: tuple[str, ...] = ()) -> list:
+def _supervise(
+    procs,
+    conns,
+    deadline_s,
+    grace_s,
+    *,
+    on_event=None,
+    on_wait=None,
+    wait_report_s: float = WAIT_REPORT_S,
+    phase_order: tuple[str, ...] = (),
+) -> list:
     world_size = len(procs)
     progress: list[tuple[int | None, str]] = [(None, "")] * world_size
     results: dict[int, object] = {}
@@ -371,13 +396,12 @@ def _supervise(procs, conns, deadline_s, grace_s, *, on_event=None, on_wait=None
     if running and not failures:
         raise HarnessError(
             f"world of {plural(world_size, 'rank')} did not finish within deadline_s={deadline_s:g} s; "
-            "killed the ranks still running:\n"
-            + "\n".join(f"  rank {r}, last progress: {_where(progress[r])}"
-                        for r in sorted(running)))
+            "killed the ranks still running:\n" + "\n".join(f"  rank {r}, last progress: {_where(progress[r])}" for r in sorted(running))
+        )
     if failures:
-        killed = [RankFailure(r, *progress[r], "Killed",
-                              f"still running {grace_s:g} s after the first failure", "")
-                  for r in sorted(running)]
+        killed = [
+            RankFailure(r, *progress[r], "Killed", f"still running {grace_s:g} s after the first failure", "") for r in sorted(running)
+        ]
         raise _failure_error(list(failures.values()), killed, world_size, phase_order)
     exit_by = time.monotonic() + 1.0  # ranks exit right after reporting; _kill does the rest
     for proc in procs:
@@ -391,8 +415,7 @@ def waiting_message(seconds: float, running: list[int], progress, world_size: in
     where: dict[str, list[int]] = {}
     for rank in running:
         where.setdefault(_where(progress[rank]), []).append(rank)
-    parts = [f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} at {at}"
-             for at, ranks in where.items()]
+    parts = [f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} at {at}" for at, ranks in where.items()]
     took = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
     return f"waiting {took} s for {len(running)} of {plural(world_size, 'rank')}: " + "; ".join(parts)
 
@@ -423,8 +446,7 @@ _COLLECTIVE = re.compile(r"gloo|connection (closed|reset)|timed? ?out|socket", r
 
 def _is_collective_error(f: RankFailure) -> bool:
     """Did a collective (or the rendezvous) give up because of some other rank?"""
-    return f.exc_type.startswith("Dist") or (
-        f.exc_type == "RuntimeError" and bool(_COLLECTIVE.search(f.message)))
+    return f.exc_type.startswith("Dist") or (f.exc_type == "RuntimeError" and bool(_COLLECTIVE.search(f.message)))
 
 
 def _ran_ahead(failed: list[RankFailure], phase_order: tuple[str, ...]) -> list[RankFailure]:
@@ -439,8 +461,9 @@ def _ran_ahead(failed: list[RankFailure], phase_order: tuple[str, ...]) -> list[
     return [f for f in failed if at[f.rank] == ahead]
 
 
-def _failure_error(failed: list[RankFailure], killed: list[RankFailure],
-                   world_size: int, phase_order: tuple[str, ...] = ()) -> RankFailureError:
+def _failure_error(
+    failed: list[RankFailure], killed: list[RankFailure], world_size: int, phase_order: tuple[str, ...] = ()
+) -> RankFailureError:
     """Primary: ranks that failed on their own; if there are none, the ranks that hung
     while the others timed out in a collective; then the ranks that ran ahead past a
     collective the others timed out in (``_ran_ahead``); failing that, the first failure."""
@@ -456,21 +479,24 @@ def _failure_error(failed: list[RankFailure], killed: list[RankFailure],
     rendezvous = any(f.step is None and f.what in ("", "rendezvous") for f in failed + killed)
     if ahead:
         behind = [f for f in failed if not f.primary]
-        lines = [f"collective hang in a world of {plural(world_size, 'rank')}: "
-                 f"{'rank' if len(ahead) == 1 else 'ranks'} {', '.join(str(f.rank) for f in ahead)} skipped a "
-                 f"collective: ran ahead to {first.where()} while "
-                 + "; ".join(f"rank {f.rank} waited at {f.where()}" for f in behind)
-                 + "; every rank then timed out"]
+        lines = [
+            f"collective hang in a world of {plural(world_size, 'rank')}: "
+            f"{'rank' if len(ahead) == 1 else 'ranks'} {', '.join(str(f.rank) for f in ahead)} skipped a "
+            f"collective: ran ahead to {first.where()} while "
+            + "; ".join(f"rank {f.rank} waited at {f.where()}" for f in behind)
+            + "; every rank then timed out"
+        ]
     else:
-        lines = [f"{'rendezvous failed' if rendezvous else 'rank failure'} in a world of "
-                 f"{plural(world_size, 'rank')}: rank {first.rank} {first.exc_type}: "
-                 f"{_first_line(first.message)}"]
+        lines = [
+            f"{'rendezvous failed' if rendezvous else 'rank failure'} in a world of "
+            f"{plural(world_size, 'rank')}: rank {first.rank} {first.exc_type}: "
+            f"{_first_line(first.message)}"
+        ]
     for f in primary:
         lines.append(f"primary: rank {f.rank} at {f.where()}: {f.exc_type}: {f.message}")
         lines += ["    " + line for line in f.traceback.rstrip().splitlines()]
     for f in secondary:
-        lines.append(f"secondary: rank {f.rank} at {f.where()}: {f.exc_type}: "
-                     f"{_first_line(f.message)}")
+        lines.append(f"secondary: rank {f.rank} at {f.where()}: {f.exc_type}: {_first_line(f.message)}")
     for f in killed:
         lines.append(f"killed: rank {f.rank} at {f.where()}: {f.message}")
     return RankFailureError("\n".join(lines), primary + secondary + killed)

@@ -31,8 +31,9 @@ class WriteTrace:
         self.scheduler = Scheduler(scenario, self.engine, self.geometries)
         self.request_ids = {r.index: r.request_id for r in self.scheduler.requests}
         pools = pool_sizes(scenario, self.engine, self.geometries)
-        self.runners = [ModelRunner(self.engine, self.geometries, pools, rank, max_num_reqs=len(self.request_ids))
-                        for rank in range(self.dcp_size)]
+        self.runners = [
+            ModelRunner(self.engine, self.geometries, pools, rank, max_num_reqs=len(self.request_ids)) for rank in range(self.dcp_size)
+        ]
 
     def steps(self) -> Iterator[tuple[StepPlan, list[list[WriteRecord]]]]:
         """Every step's plan and each rank's write log of it."""
@@ -51,8 +52,9 @@ class WriteTrace:
     def local_lens(self, geometry: GroupGeometry, lengths) -> np.ndarray:
         """``[len(lengths), W]``: what each rank holds of contexts of ``lengths`` tokens."""
         entries = self.entries(geometry, lengths)
-        return np.stack([np.asarray(self.engine.local_seq_lens(geometry, entries, r), dtype=np.int64).reshape(-1)
-                         for r in range(self.dcp_size)], axis=1)
+        return np.stack(
+            [np.asarray(self.engine.local_seq_lens(geometry, entries, r), dtype=np.int64).reshape(-1) for r in range(self.dcp_size)], axis=1
+        )
 
 
 def interleave_stats(scenario: Scenario, engine: Engine | None = None) -> list[tuple[GroupGeometry, dict]]:
@@ -71,7 +73,8 @@ def interleave_stats(scenario: Scenario, engine: Engine | None = None) -> list[t
     for g in sharded:
         final = trace.entries(g, [r.num_computed for r in requests])
         local = trace.local_lens(g, [r.num_computed for r in requests])
-        result = stats[g.group_id].result({r.index: int(n) for r, n in zip(requests, final)},
-                                          {r.index: lens for r, lens in zip(requests, local)})
+        result = stats[g.group_id].result(
+            {r.index: int(n) for r, n in zip(requests, final)}, {r.index: lens for r, lens in zip(requests, local)}
+        )
         out.append((g, result))
     return out

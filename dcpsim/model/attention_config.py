@@ -60,8 +60,7 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         # named as the run options (``Job`` fields, replay options) that set them
-        for name, field in (("attention_heads", "heads"), ("attention_head_dim", "head_dim"),
-                            ("attention_value_dim", "value_dim")):
+        for name, field in (("attention_heads", "heads"), ("attention_head_dim", "head_dim"), ("attention_value_dim", "value_dim")):
             check_int(name, getattr(self, field))
         if self.lse_base not in LSE_BASES:
             raise ConfigError(f"lse_base must be 'e' or '2', got {self.lse_base!r}")
@@ -86,6 +85,13 @@ class AttentionConfig:
         return self.merge
 
     def summary(self) -> dict:
-        return dict(heads=self.heads, head_dim=self.head_dim, value_dim=self.value_dim,
-                    lse_base=self.lse_base, merge=self.merge, tolerance=self.tolerance,
-                    max_query_keys=self.max_query_keys, max_step_keys=self.max_step_keys)
+        return dict(
+            heads=self.heads,
+            head_dim=self.head_dim,
+            value_dim=self.value_dim,
+            lse_base=self.lse_base,
+            merge=self.merge,
+            tolerance=self.tolerance,
+            max_query_keys=self.max_query_keys,
+            max_step_keys=self.max_step_keys,
+        )

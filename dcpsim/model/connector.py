@@ -105,18 +105,21 @@ def check_block_matching(src: InstanceLayout, dst: InstanceLayout, what: str = "
         if layout.cp_kv_cache_interleave_size != layout.block_size and layout.cp_size > 1:
             raise ConfigError(
                 f"{what}: block-level matching needs the {side} instance's cp_kv_cache_interleave_size "
-                f"({layout.cp_kv_cache_interleave_size}) equal to its block_size ({layout.block_size})")
+                f"({layout.cp_kv_cache_interleave_size}) equal to its block_size ({layout.block_size})"
+            )
     if src.block_size != dst.block_size:
-        raise ConfigError(f"{what}: block-level matching needs equal block_size on both instances, "
-                          f"got prefill {src.block_size} and decode {dst.block_size}")
+        raise ConfigError(
+            f"{what}: block-level matching needs equal block_size on both instances, "
+            f"got prefill {src.block_size} and decode {dst.block_size}"
+        )
     a, b = src.cp_size, dst.cp_size
     if a % b and b % a:
-        raise ConfigError(f"{what}: the instances' context-parallel sizes (pcp * dcp) must divide one "
-                          f"another, got prefill {a} and decode {b}")
+        raise ConfigError(
+            f"{what}: the instances' context-parallel sizes (pcp * dcp) must divide one another, got prefill {a} and decode {b}"
+        )
 
 
-def block_matches(num_tokens: int, src: InstanceLayout, dst: InstanceLayout, *,
-                  src_stride: int | None = None) -> list[Route]:
+def block_matches(num_tokens: int, src: InstanceLayout, dst: InstanceLayout, *, src_stride: int | None = None) -> list[Route]:
     """NIXL-style routes of a ``num_tokens`` prompt, one per (decode rank, decode local
     block): decode rank ``d`` takes global blocks ``d, d + N_dst, ...``; block ``g`` comes
     from prefill rank ``p = g % N_src``, whose blocks are ``p, p + N_src, ...``: its local
@@ -137,8 +140,7 @@ def block_matches(num_tokens: int, src: InstanceLayout, dst: InstanceLayout, *,
     return routes
 
 
-def token_routes(num_tokens: int, src: InstanceLayout, dst: InstanceLayout, *,
-                 dst_as: InstanceLayout | None = None) -> list[Route]:
+def token_routes(num_tokens: int, src: InstanceLayout, dst: InstanceLayout, *, dst_as: InstanceLayout | None = None) -> list[Route]:
     """Re-sharding routes of a ``num_tokens`` prompt, one per (prefill rank, decode rank)
     pair that shares positions. ``dst_as`` (a fault) is the layout the connector believes
     the decode instance has (e.g. the prefill's interleave)."""
@@ -166,6 +168,8 @@ def routes_cover(routes: list[Route], num_tokens: int, src: InstanceLayout, dst:
                 return False
             got[key] = (r.src_rank, s)
     pos = np.arange(num_tokens, dtype=np.int64)
-    want = {(int(dr), int(dl)): (int(sr), int(sl)) for dr, dl, sr, sl in
-            zip(dst.owner(pos), dst.local_index(pos), src.owner(pos), src.local_index(pos))}
+    want = {
+        (int(dr), int(dl)): (int(sr), int(sl))
+        for dr, dl, sr, sl in zip(dst.owner(pos), dst.local_index(pos), src.owner(pos), src.local_index(pos))
+    }
     return got == want

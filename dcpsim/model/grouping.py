@@ -58,10 +58,7 @@ def _group_key(spec: KVCacheSpec) -> tuple:
         raise ConfigError("group_layer_specs takes layer specs, not a UniformTypeKVCacheSpecs")
     if isinstance(spec, MambaSpec):
         return ("MambaSpec", spec)  # one state layout, one mode: equal specs only
-    kind_fields = tuple(
-        getattr(spec, name, None)
-        for name in ("sliding_window", "extra_retained_tokens", "attention_chunk_size")
-    )
+    kind_fields = tuple(getattr(spec, name, None) for name in ("sliding_window", "extra_retained_tokens", "attention_chunk_size"))
     return (
         type(spec).__name__,
         spec.block_size,

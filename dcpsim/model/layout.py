@@ -80,22 +80,13 @@ def _validate_layout(
     if kernel_block_size is not None:
         check_int(f"{prefix}kernel_block_size", kernel_block_size)
         if block_size % kernel_block_size:
-            raise ConfigError(
-                f"{prefix}kernel_block_size ({kernel_block_size}) must divide "
-                f"block_size ({block_size})"
-            )
+            raise ConfigError(f"{prefix}kernel_block_size ({kernel_block_size}) must divide block_size ({block_size})")
     if replicated or dcp_size == 1:
         return
     if interleave_size > block_size:
-        raise ConfigError(
-            f"{prefix}cp_kv_cache_interleave_size ({interleave_size}) must be <= "
-            f"block_size ({block_size})"
-        )
+        raise ConfigError(f"{prefix}cp_kv_cache_interleave_size ({interleave_size}) must be <= block_size ({block_size})")
     if block_size % interleave_size:
-        raise ConfigError(
-            f"{prefix}block_size ({block_size}) must be a multiple of "
-            f"cp_kv_cache_interleave_size ({interleave_size})"
-        )
+        raise ConfigError(f"{prefix}block_size ({block_size}) must be a multiple of cp_kv_cache_interleave_size ({interleave_size})")
 
 
 _validated = functools.lru_cache(maxsize=4096, typed=True)(_validate_layout)
@@ -103,10 +94,7 @@ _validated = functools.lru_cache(maxsize=4096, typed=True)(_validate_layout)
 
 def _check_rank(dcp_size: int, dcp_rank: int) -> None:
     if not 0 <= dcp_rank < dcp_size:
-        raise ConfigError(
-            f"dcp_rank must be in [0, {dcp_size}) for decode_context_parallel_size "
-            f"{dcp_size}, got {dcp_rank}"
-        )
+        raise ConfigError(f"dcp_rank must be in [0, {dcp_size}) for decode_context_parallel_size {dcp_size}, got {dcp_rank}")
 
 
 def owner_rank(positions, *, dcp_size: int, interleave_size: int = 1) -> np.ndarray:
@@ -302,9 +290,7 @@ def _sharded_range(rng: range, bt: np.ndarray, B: int, W: int, r: int, I: int) -
     return buf[lo : lo + len(rng)]
 
 
-def local_seq_lens(
-    seq_lens, *, dcp_size: int, interleave_size: int = 1, dcp_rank: int | None = None
-) -> np.ndarray:
+def local_seq_lens(seq_lens, *, dcp_size: int, interleave_size: int = 1, dcp_rank: int | None = None) -> np.ndarray:
     """Number of positions ``< L`` that a rank stores, for each sequence length ``L``.
 
     Returns a vector for one rank, or a matrix ``[num_reqs, dcp_size]`` when
@@ -343,9 +329,7 @@ def query_local_seq_lens(
     if history_len < 0 or num_query_tokens < 0:
         raise ValueError("history_len and num_query_tokens must be >= 0")
     lens = history_len + 1 + np.arange(num_query_tokens, dtype=np.int64)
-    return local_seq_lens(
-        lens, dcp_size=dcp_size, interleave_size=interleave_size, dcp_rank=dcp_rank
-    )
+    return local_seq_lens(lens, dcp_size=dcp_size, interleave_size=interleave_size, dcp_rank=dcp_rank)
 
 
 # --- compressed records (tokens_per_state = R > 1) ---------------------------------
@@ -389,10 +373,7 @@ def record_slot_mapping(
     kbs = None
     if kernel_block_size is not None:
         if kernel_block_size % R:
-            raise ConfigError(
-                f"kernel_block_size ({kernel_block_size}) must be a multiple of "
-                f"tokens_per_state ({R})"
-            )
+            raise ConfigError(f"kernel_block_size ({kernel_block_size}) must be a multiple of tokens_per_state ({R})")
         kbs = kernel_block_size // R
     return slot_mapping(
         records,
@@ -424,8 +405,7 @@ def ring_slot_mapping(states, block_id: int, capacity: int) -> np.ndarray:
 # --- Mamba / linear-attention recurrent state (MambaSpec) -------------------------------
 
 
-def state_writes(start: int, stop: int, num_drafts: int, *, block_size: int,
-                 align: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def state_writes(start: int, stop: int, num_drafts: int, *, block_size: int, align: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``(positions, columns)`` of the states a step of ``[start, stop)`` writes: the state
     after ``positions[i]`` goes to block-table column ``columns[i]``.
 

@@ -31,8 +31,7 @@ def check_parallel_sizes(pcp: int, tp: int, dcp: int) -> None:
     """vLLM 0.33.0's rule for ``prefill_context_parallel_size`` (pcp),
     ``tensor_parallel_size`` (tp) and ``decode_context_parallel_size`` (dcp); a
     ``ConfigError`` (exit 2) that states the rule otherwise."""
-    for name, value in (("prefill_context_parallel_size", pcp), ("tensor_parallel_size", tp),
-                        ("decode_context_parallel_size", dcp)):
+    for name, value in (("prefill_context_parallel_size", pcp), ("tensor_parallel_size", tp), ("decode_context_parallel_size", dcp)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     if pcp == 1:
@@ -40,7 +39,8 @@ def check_parallel_sizes(pcp: int, tp: int, dcp: int) -> None:
             raise ConfigError(
                 f"tensor_parallel_size {tp} must be divisible by decode_context_parallel_size {dcp}: "
                 "without prefill context parallelism DCP reuses the TP ranks (vLLM 0.33.0, "
-                "vllm/config/parallel.py)")
+                "vllm/config/parallel.py)"
+            )
         return
     allowed = sorted({1, pcp, tp * pcp})
     if dcp not in allowed:
@@ -48,7 +48,8 @@ def check_parallel_sizes(pcp: int, tp: int, dcp: int) -> None:
             f"decode_context_parallel_size {dcp} with prefill_context_parallel_size {pcp} and "
             f"tensor_parallel_size {tp}: with PCP, DCP must be off (1), span the PCP axis ({pcp}) or "
             f"span the whole TP x PCP grid ({tp * pcp}); valid sizes are {allowed} (vLLM 0.33.0, "
-            "vllm/config/parallel.py)")
+            "vllm/config/parallel.py)"
+        )
 
 
 def default_tensor_parallel_size(pcp: int, dcp: int) -> int:
@@ -145,5 +146,5 @@ def chunk_computer(query_len: int, pcp: int) -> np.ndarray:
     out = np.full(query_len, -1, np.int64)
     for r in range(pcp):
         for offset, length in pcp_chunks(query_len, pcp, r):
-            out[offset:offset + length] = r
+            out[offset : offset + length] = r
     return out

@@ -127,8 +127,16 @@ class AttentionMetadata:
     """``target``, or ``draft``: the drafter's own metadata of a group holding draft layers."""
     padded_slot_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
-    ARRAYS = ("seq_lens", "query_start_loc", "dcp_local_seq_lens", "query_local_bounds", "kv_indptr",
-              "kv_indices", "kv_last_page_len", "padded_slot_mapping")
+    ARRAYS = (
+        "seq_lens",
+        "query_start_loc",
+        "dcp_local_seq_lens",
+        "query_local_bounds",
+        "kv_indptr",
+        "kv_indices",
+        "kv_last_page_len",
+        "padded_slot_mapping",
+    )
 
 
 @dataclass

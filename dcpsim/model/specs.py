@@ -56,8 +56,7 @@ def _check_padded_page(spec, name: str) -> None:
         _positive_int(name, "page_size_padded", spec.page_size_padded)
         if spec.page_size_padded < spec.real_page_size_bytes:
             raise ConfigError(
-                f"{name}.page_size_padded ({spec.page_size_padded}) must be >= the real "
-                f"page size ({spec.real_page_size_bytes})"
+                f"{name}.page_size_padded ({spec.page_size_padded}) must be >= the real page size ({spec.real_page_size_bytes})"
             )
 
 
@@ -88,8 +87,9 @@ class KVCacheSpec:
 
     def block_table_width(self, config: SimConfig, max_len: int) -> int:
         """Entries of the worker's block-table row: ``max_num_blocks_per_req``, aligned."""
-        return get_block_table_width(self.max_num_blocks_per_req(config, max_len), self.block_size,
-                                     token_alignment=self.block_table_token_alignment)
+        return get_block_table_width(
+            self.max_num_blocks_per_req(config, max_len), self.block_size, token_alignment=self.block_table_token_alignment
+        )
 
     def max_memory_usage_bytes(self, config: SimConfig) -> int:
         raise NotImplementedError
@@ -111,9 +111,7 @@ class KVCacheSpec:
         first = specs[0]
         named = {str(i): s for i, s in enumerate(specs)}
         if not first.is_same_kind(named):
-            raise ConfigError(
-                f"cannot merge specs of different kinds into one group: {_kinds(specs)}"
-            )
+            raise ConfigError(f"cannot merge specs of different kinds into one group: {_kinds(specs)}")
         for other in specs[1:]:
             for f in dataclasses.fields(first):
                 if getattr(other, f.name) != getattr(first, f.name):
@@ -126,9 +124,7 @@ class KVCacheSpec:
 
 
 def _kinds(specs) -> str:
-    return ", ".join(
-        f"{type(s).__name__}(dcp_replicated={getattr(s, 'dcp_replicated', None)})" for s in specs
-    )
+    return ", ".join(f"{type(s).__name__}(dcp_replicated={getattr(s, 'dcp_replicated', None)})" for s in specs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,9 +158,7 @@ class AttentionSpec(KVCacheSpec):
         _positive_int(name, "head_size", self.head_size)
         check_int(f"{name}.head_size_v", self.head_size_v, 0)
         if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
-            raise ConfigError(
-                f"{name}.dtype {self.dtype!r} is not known; use one of {sorted(DTYPE_BYTES)}"
-            )
+            raise ConfigError(f"{name}.dtype {self.dtype!r} is not known; use one of {sorted(DTYPE_BYTES)}")
         if not isinstance(self.dcp_replicated, bool):
             raise ConfigError(f"{name}.dcp_replicated must be true or false, got {self.dcp_replicated!r}")
         for opt in ("num_head_slots", "state_content_bytes"):
@@ -178,8 +172,7 @@ class AttentionSpec(KVCacheSpec):
         n = Fraction(self.block_size) / Fraction(self.tokens_per_state)
         if n.denominator != 1:
             raise ConfigError(
-                f"{name}: block_size ({self.block_size}) must hold a whole number of states "
-                f"(tokens_per_state={self.tokens_per_state})"
+                f"{name}: block_size ({self.block_size}) must hold a whole number of states (tokens_per_state={self.tokens_per_state})"
             )
         _check_padded_page(self, name)
 
@@ -190,9 +183,7 @@ class AttentionSpec(KVCacheSpec):
     @property
     def real_page_size_bytes(self) -> int:
         heads = self.num_head_slots or self.num_kv_heads
-        content = self.state_content_bytes or (
-            (self.head_size + self.head_size_v) * DTYPE_BYTES[self.dtype]
-        )
+        content = self.state_content_bytes or ((self.head_size + self.head_size_v) * DTYPE_BYTES[self.dtype])
         return heads * self.states_per_block * content
 
     @property
@@ -207,9 +198,7 @@ class AttentionSpec(KVCacheSpec):
         return cdiv(max_len, self.block_size * self.kv_shard_count(config))
 
     def _same_fields(self, spec: KVCacheSpec, *names: str) -> bool:
-        return isinstance(spec, type(self)) and all(
-            getattr(spec, n) == getattr(self, n) for n in ("dcp_replicated", *names)
-        )
+        return isinstance(spec, type(self)) and all(getattr(spec, n) == getattr(self, n) for n in ("dcp_replicated", *names))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,9 +215,7 @@ class FullAttentionSpec(AttentionSpec):
         # MLA and plain full attention are both "full"; a group never mixes
         # replicated and sharded layers, nor compression ratios.
         return all(
-            isinstance(s, FullAttentionSpec)
-            and s.dcp_replicated == self.dcp_replicated
-            and s.tokens_per_state == self.tokens_per_state
+            isinstance(s, FullAttentionSpec) and s.dcp_replicated == self.dcp_replicated and s.tokens_per_state == self.tokens_per_state
             for s in kv_cache_specs.values()
         )
 
@@ -289,9 +276,7 @@ class SlidingWindowSpec(AttentionSpec):
                 f"{config.decode_context_parallel_size}) does not support a sharded sliding "
                 "window; mark the spec dcp_replicated"
             )
-        blocks = self.max_admission_blocks_per_request(
-            max_in_flight_tokens=config.max_in_flight_tokens, max_model_len=config.max_model_len
-        )
+        blocks = self.max_admission_blocks_per_request(max_in_flight_tokens=config.max_in_flight_tokens, max_model_len=config.max_model_len)
         return blocks * self.page_size_bytes
 
     def first_needed_position(self, num_committed: int) -> int:
@@ -299,10 +284,7 @@ class SlidingWindowSpec(AttentionSpec):
         return max(0, num_committed - self.sliding_window + 1 - self.extra_retained_tokens)
 
     def is_same_kind(self, kv_cache_specs) -> bool:
-        return all(
-            self._same_fields(s, "sliding_window", "extra_retained_tokens")
-            for s in kv_cache_specs.values()
-        )
+        return all(self._same_fields(s, "sliding_window", "extra_retained_tokens") for s in kv_cache_specs.values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,9 +322,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         return (num_committed // self.attention_chunk_size) * self.attention_chunk_size
 
     def is_same_kind(self, kv_cache_specs) -> bool:
-        return all(
-            self._same_fields(s, "attention_chunk_size") for s in kv_cache_specs.values()
-        )
+        return all(self._same_fields(s, "attention_chunk_size") for s in kv_cache_specs.values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -393,8 +373,7 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
         sizes = {s.block_size for s in self.kv_cache_specs.values()}
         if sizes != {self.block_size}:
             raise ConfigError(
-                f"UniformTypeKVCacheSpecs.block_size ({self.block_size}) differs from its "
-                f"layers' block sizes {sorted(sizes)}"
+                f"UniformTypeKVCacheSpecs.block_size ({self.block_size}) differs from its layers' block sizes {sorted(sizes)}"
             )
 
     @classmethod
@@ -407,10 +386,7 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
             len({s.block_size for s in specs}) == 1
             and all(type(s) is type(first) for s in specs)
             and first.is_same_kind(kv_cache_specs)
-            and all(
-                getattr(s, "dcp_replicated", None) == getattr(first, "dcp_replicated", None)
-                for s in specs
-            )
+            and all(getattr(s, "dcp_replicated", None) == getattr(first, "dcp_replicated", None) for s in specs)
         )
 
     @classmethod
@@ -447,16 +423,12 @@ class UniformTypeKVCacheSpecs(KVCacheSpec):
     def max_memory_usage_bytes(self, config: SimConfig) -> int:
         """Every layer gets the same number of pages (one block id addresses a page in
         each): the most any layer needs, times the group page (vLLM 0.33.0's rule)."""
-        pages = max(
-            cdiv(s.max_memory_usage_bytes(config), s.page_size_bytes) for s in self.kv_cache_specs.values()
-        )
+        pages = max(cdiv(s.max_memory_usage_bytes(config), s.page_size_bytes) for s in self.kv_cache_specs.values())
         return pages * self.page_size_bytes
 
     def is_same_kind(self, kv_cache_specs) -> bool:
         return all(
-            isinstance(s, UniformTypeKVCacheSpecs)
-            and s.block_size == self.block_size
-            and self.first.is_same_kind(s.kv_cache_specs)
+            isinstance(s, UniformTypeKVCacheSpecs) and s.block_size == self.block_size and self.first.is_same_kind(s.kv_cache_specs)
             for s in kv_cache_specs.values()
         )
 
@@ -472,17 +444,13 @@ def is_dcp_replicated_spec(kv_cache_spec: KVCacheSpec) -> bool:
     """Every layer is an attention spec marked ``dcp_replicated``, or a Mamba state
     (replicated by nature)."""
     layers = iter_layer_specs(kv_cache_spec)
-    return bool(layers) and all(
-        (isinstance(s, AttentionSpec) and s.dcp_replicated) or isinstance(s, MambaSpec) for s in layers
-    )
+    return bool(layers) and all((isinstance(s, AttentionSpec) and s.dcp_replicated) or isinstance(s, MambaSpec) for s in layers)
 
 
 def is_dcp_sharded_spec(kv_cache_spec: KVCacheSpec) -> bool:
     """Every layer is full attention (MLA included) and not replicated."""
     layers = iter_layer_specs(kv_cache_spec)
-    return bool(layers) and all(
-        isinstance(s, FullAttentionSpec) and not s.dcp_replicated for s in layers
-    )
+    return bool(layers) and all(isinstance(s, FullAttentionSpec) and not s.dcp_replicated for s in layers)
 
 
 MAMBA_CACHE_MODES = ("none", "align")
@@ -519,10 +487,13 @@ class MambaSpec(KVCacheSpec):
         super().__post_init__()
         name = type(self).__name__
         shapes = self.shapes
-        if not isinstance(shapes, (list, tuple)) or not shapes or not all(
-            isinstance(s, (list, tuple)) and s and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
-                                                       for d in s)
-            for s in shapes
+        if (
+            not isinstance(shapes, (list, tuple))
+            or not shapes
+            or not all(
+                isinstance(s, (list, tuple)) and s and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in s)
+                for s in shapes
+            )
         ):
             raise ConfigError(
                 f"{name}.shapes must be a non-empty list of state shapes, each a non-empty list of "
@@ -531,17 +502,13 @@ class MambaSpec(KVCacheSpec):
         object.__setattr__(self, "shapes", tuple(tuple(s) for s in shapes))
         dtypes = self.dtypes
         if not isinstance(dtypes, (list, tuple)) or len(dtypes) != len(self.shapes):
-            raise ConfigError(
-                f"{name}.dtypes must list one dtype per state shape ({len(self.shapes)}), got {dtypes!r}"
-            )
+            raise ConfigError(f"{name}.dtypes must list one dtype per state shape ({len(self.shapes)}), got {dtypes!r}")
         for d in dtypes:
             if not isinstance(d, str) or d not in DTYPE_BYTES:
                 raise ConfigError(f"{name}.dtypes entry {d!r} is not known; use one of {sorted(DTYPE_BYTES)}")
         object.__setattr__(self, "dtypes", tuple(dtypes))
         if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
-            raise ConfigError(
-                f"{name}.mamba_cache_mode must be one of {list(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}"
-            )
+            raise ConfigError(f"{name}.mamba_cache_mode must be one of {list(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}")
         if self.mamba_type not in MAMBA_TYPES:
             raise ConfigError(f"{name}.mamba_type must be one of {list(MAMBA_TYPES)}, got {self.mamba_type!r}")
         check_int(f"{name}.num_speculative_blocks", self.num_speculative_blocks, 0)

@@ -61,12 +61,7 @@ def query_vectors(group_id: int, req_index: int, positions, contents, heads: int
     """Queries ``[q, heads, dim]`` float32 of a request's tokens at ``positions`` with ``contents``."""
     positions = _u64(positions)
     with np.errstate(over="ignore"):
-        base = mix64(
-            positions * _POS_MUL
-            + np.uint64(req_index + 1) * _REQ_MUL
-            + np.uint64(group_id + 1) * _GROUP_SALT
-            + _QUERY_SALT
-        )
+        base = mix64(positions * _POS_MUL + np.uint64(req_index + 1) * _REQ_MUL + np.uint64(group_id + 1) * _GROUP_SALT + _QUERY_SALT)
         seeds = mix64(_u64(contents) ^ base)
     return uniform_rows(seeds, heads * dim).reshape(len(positions), heads, dim)
 

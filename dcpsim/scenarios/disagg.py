@@ -44,8 +44,13 @@ from dcpsim.model.specs import CircularBufferSpec, MambaSpec
 from dcpsim.model.validate import is_int
 
 KV_CONNECTORS = ("nixl", "resharding")
-INSTANCE_KEYS = ("decode_context_parallel_size", "prefill_context_parallel_size", "tensor_parallel_size",
-                 "cp_kv_cache_interleave_size", "block_size")
+INSTANCE_KEYS = (
+    "decode_context_parallel_size",
+    "prefill_context_parallel_size",
+    "tensor_parallel_size",
+    "cp_kv_cache_interleave_size",
+    "block_size",
+)
 ROLES = ("prefill", "decode")
 
 
@@ -138,14 +143,16 @@ def instance_scenario(scenario, role: str):
             layers = scenario.with_overrides(decode_context_parallel_size=1, block_size=inst.block_size).layers
             interleave = smallest_block_size(layers) or interleave
     # every size at once: the interleave is checked against the instance's block size, not [config]'s
-    out = scenario.with_overrides(decode_context_parallel_size=inst.decode_context_parallel_size,
-                                  prefill_context_parallel_size=inst.prefill_context_parallel_size,
-                                  tensor_parallel_size=inst.tensor_parallel_size, block_size=inst.block_size,
-                                  cp_kv_cache_interleave_size=interleave)
+    out = scenario.with_overrides(
+        decode_context_parallel_size=inst.decode_context_parallel_size,
+        prefill_context_parallel_size=inst.prefill_context_parallel_size,
+        tensor_parallel_size=inst.tensor_parallel_size,
+        block_size=inst.block_size,
+        cp_kv_cache_interleave_size=interleave,
+    )
     out = dataclasses.replace(out, name=f"{scenario.name}[{role}]", disaggregated=None)
     if role == "prefill":
-        out = dataclasses.replace(out, requests=tuple(
-            dataclasses.replace(r, output_len=1, preempt_at_steps=()) for r in out.requests))
+        out = dataclasses.replace(out, requests=tuple(dataclasses.replace(r, output_len=1, preempt_at_steps=()) for r in out.requests))
     return out
 
 
@@ -161,10 +168,12 @@ def instance_layout(scenario, role: str):
     w, pcp = inst.decode_context_parallel_size, inst.prefill_context_parallel_size
     if w == 1 or w % pcp:
         pcp = 1  # replicated PCP: one shard (W % pcp != 0 is refused by the size rules)
-    return InstanceLayout(decode_context_parallel_size=w // pcp,
-                          cp_kv_cache_interleave_size=sc.config.cp_kv_cache_interleave_size,
-                          block_size=smallest_block_size(sc.layers) or 1,
-                          prefill_context_parallel_size=pcp)
+    return InstanceLayout(
+        decode_context_parallel_size=w // pcp,
+        cp_kv_cache_interleave_size=sc.config.cp_kv_cache_interleave_size,
+        block_size=smallest_block_size(sc.layers) or 1,
+        prefill_context_parallel_size=pcp,
+    )
 
 
 def shard_ranks(scenario, role: str) -> list[int]:
@@ -184,10 +193,12 @@ def check_disaggregation(scenario) -> None:
     if pd.decode.prefill_context_parallel_size > 1:
         raise ConfigError(
             "disaggregated.decode.prefill_context_parallel_size: the NIXL connector supports PCP on the "
-            "prefill (kv_producer) instance only; the decode instance needs 1 (vLLM 0.33.0)")
+            "prefill (kv_producer) instance only; the decode instance needs 1 (vLLM 0.33.0)"
+        )
     check_nixl_pcp(pd)
-    check_block_matching(instance_layout(scenario, "prefill"), instance_layout(scenario, "decode"),
-                         what="disaggregated (kv_connector = nixl)")
+    check_block_matching(
+        instance_layout(scenario, "prefill"), instance_layout(scenario, "decode"), what="disaggregated (kv_connector = nixl)"
+    )
 
 
 def check_nixl_pcp(pd: Disaggregation) -> None:
@@ -204,10 +215,12 @@ def check_nixl_pcp(pd: Disaggregation) -> None:
             f"disaggregated.prefill: prefill_context_parallel_size {pcp} with decode_context_parallel_size {w} "
             f"and tensor_parallel_size {tp}: the NIXL connector takes PCP + DCP only at TP 1 with DCP spanning "
             "the full PCP group (decode_context_parallel_size == prefill_context_parallel_size, vLLM 0.33.0 "
-            "NixlConnector); use kv_connector = \"resharding\" for other sizes")
+            'NixlConnector); use kv_connector = "resharding" for other sizes'
+        )
     if w == 1 and pd.decode.decode_context_parallel_size > 1:
         raise ConfigError(
             f"disaggregated.decode.decode_context_parallel_size {pd.decode.decode_context_parallel_size}: the "
             f"NIXL connector cannot pair replicated PCP (prefill PCP {pcp}, DCP 1) with a DCP-sharded decode "
             "instance (vLLM 0.33.0 NixlConnector); use decode_context_parallel_size = 1 or kv_connector = "
-            "\"resharding\"")
+            '"resharding"'
+        )

@@ -69,8 +69,9 @@ def scenario_to_dict(s: Scenario) -> dict:
             out[key] = getattr(s, key)
     if s.max_steps != Scenario.__dataclass_fields__["max_steps"].default:
         out["max_steps"] = s.max_steps
-    out["config"] = {k: v for k, v in dataclasses.asdict(s.config).items()
-                     if v is not None and k != "draft_layers"}  # layers carry draft = true
+    out["config"] = {
+        k: v for k, v in dataclasses.asdict(s.config).items() if v is not None and k != "draft_layers"
+    }  # layers carry draft = true
     out["layers"] = layers
     if s.aliases:
         out["aliases"] = [{"names": [n], "target": t} for n, t in s.aliases.items()]

@@ -27,12 +27,23 @@ from dcpsim.scenarios.disagg import check_disaggregation, parse_disaggregated
 from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_path
 from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
-TOP_KEYS = {"name", "description", "seed", "verify_every", "num_gpu_blocks", "kv_cache_tokens", "max_steps",
-            "config", "layers", "aliases", "requests", "disaggregated"}
+TOP_KEYS = {
+    "name",
+    "description",
+    "seed",
+    "verify_every",
+    "num_gpu_blocks",
+    "kv_cache_tokens",
+    "max_steps",
+    "config",
+    "layers",
+    "aliases",
+    "requests",
+    "disaggregated",
+}
 CONFIG_KEYS = {f.name for f in dataclasses.fields(SimConfig)} - {"draft_layers"}
 """``draft_layers`` is not written in [config]: layers say ``draft = true`` themselves."""
-REQUEST_KEYS = {"id", "count", "prompt_len", "output_len", "arrival_step", "prefix",
-                "shared_prefix_len", "acceptance", "preempt_at_steps"}
+REQUEST_KEYS = {"id", "count", "prompt_len", "output_len", "arrival_step", "prefix", "shared_prefix_len", "acceptance", "preempt_at_steps"}
 
 
 class _Problems:
@@ -71,10 +82,7 @@ def resolve(name_or_path: str) -> Path:
         names = builtin_scenario_names()
         close = difflib.get_close_matches(name_or_path, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ScenarioError(
-            f"{name_or_path}: not a scenario file nor a built-in scenario{hint}; "
-            f"built-ins: {', '.join(names)}"
-        )
+        raise ScenarioError(f"{name_or_path}: not a scenario file nor a built-in scenario{hint}; built-ins: {', '.join(names)}")
     return builtin
 
 
@@ -104,7 +112,7 @@ def _layer_indices(value, problems: _Problems, path: str) -> list[int] | None:
         lo, hi = int(match.group(1)), int(match.group(2))
         if lo <= hi and hi - lo < MAX_STAMPED:
             return list(range(lo, hi + 1))
-    problems.add(path, f"expected a list of layer numbers >= 0 or a range like \"0-39\", got {value!r}")
+    problems.add(path, f'expected a list of layer numbers >= 0 or a range like "0-39", got {value!r}')
     return None
 
 
@@ -147,8 +155,7 @@ def _cache_block_size_default(cls, fields: dict, config: SimConfig | None) -> No
     fields["block_size"] = config.block_size * (tps if isinstance(tps, int) and tps > 1 else 1)
 
 
-def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None,
-                  draft_layers: list[str] | None = None) -> dict:
+def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None, draft_layers: list[str] | None = None) -> dict:
     """The named layer specs; the names of ``draft = true`` entries go to ``draft_layers``."""
     draft_layers = [] if draft_layers is None else draft_layers
     layers: dict = {}
@@ -181,7 +188,7 @@ def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None,
             try:
                 fields["tokens_per_state"] = Fraction(tps)
             except (ValueError, ZeroDivisionError):
-                problems.add(f"{path}.tokens_per_state", f"expected an int or a fraction like \"1/4\", got {tps!r}")
+                problems.add(f"{path}.tokens_per_state", f'expected an int or a fraction like "1/4", got {tps!r}')
         names = _layer_names(entry, problems, path)
         if len(problems.items) > before:
             continue
@@ -362,11 +369,9 @@ def _check_requests(stamped: list[tuple[str, RequestSpec]], config: SimConfig | 
             continue
         total = r.prompt_len + r.output_len
         if total > config.max_model_len:
-            problems.add(path, f"request {r.request_id!r}: prompt_len + output_len = {total} exceeds "
-                               f"max_model_len {config.max_model_len}")
+            problems.add(path, f"request {r.request_id!r}: prompt_len + output_len = {total} exceeds max_model_len {config.max_model_len}")
         if any(a > config.num_speculative_tokens for a in r.acceptance):
-            problems.add(f"{path}.acceptance", f"an acceptance count exceeds num_speculative_tokens "
-                                               f"{config.num_speculative_tokens}")
+            problems.add(f"{path}.acceptance", f"an acceptance count exceeds num_speculative_tokens {config.num_speculative_tokens}")
 
 
 def scenario_from_dict(data: dict, *, source: str, default_name: str = "scenario") -> Scenario:

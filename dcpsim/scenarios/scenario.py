@@ -43,10 +43,7 @@ class RequestSpec:
         if self.arrival_step < 0:
             raise ConfigError(f"{where}: arrival_step must be >= 0, got {self.arrival_step}")
         if not 0 <= self.shared_prefix_len <= self.prompt_len:
-            raise ConfigError(
-                f"{where}: shared_prefix_len must be in [0, prompt_len={self.prompt_len}], "
-                f"got {self.shared_prefix_len}"
-            )
+            raise ConfigError(f"{where}: shared_prefix_len must be in [0, prompt_len={self.prompt_len}], got {self.shared_prefix_len}")
         if self.shared_prefix_len and not self.prefix:
             raise ConfigError(f"{where}: shared_prefix_len needs a prefix name")
         if any(a < 0 for a in self.acceptance):
@@ -96,17 +93,17 @@ class Scenario:
             total = r.prompt_len + r.output_len
             if total > self.config.max_model_len:
                 raise ConfigError(
-                    f"request {r.request_id!r}: prompt_len + output_len = {total} exceeds "
-                    f"max_model_len {self.config.max_model_len}"
+                    f"request {r.request_id!r}: prompt_len + output_len = {total} exceeds max_model_len {self.config.max_model_len}"
                 )
             late = [s for s in r.preempt_at_steps if s >= self.max_steps]
             if late:
-                raise ConfigError(f"request {r.request_id!r}: preempt_at_steps {late[0]} is never reached "
-                                  f"(a schedule has at most max_steps = {self.max_steps} steps, 0-{self.max_steps - 1})")
+                raise ConfigError(
+                    f"request {r.request_id!r}: preempt_at_steps {late[0]} is never reached "
+                    f"(a schedule has at most max_steps = {self.max_steps} steps, 0-{self.max_steps - 1})"
+                )
             if any(a > self.config.num_speculative_tokens for a in r.acceptance):
                 raise ConfigError(
-                    f"request {r.request_id!r}: an acceptance count exceeds "
-                    f"num_speculative_tokens {self.config.num_speculative_tokens}"
+                    f"request {r.request_id!r}: an acceptance count exceeds num_speculative_tokens {self.config.num_speculative_tokens}"
                 )
         if self.verify_every < 1:
             raise ConfigError(f"verify_every must be >= 1, got {self.verify_every}")
@@ -169,8 +166,7 @@ class Scenario:
         if block_size is not None:
             layers = {
                 name: spec
-                if isinstance(spec, CircularBufferSpec)
-                or (isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align")
+                if isinstance(spec, CircularBufferSpec) or (isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align")
                 else dataclasses.replace(spec, block_size=block_size * _compression(spec))
                 for name, spec in layers.items()
             }
@@ -195,8 +191,7 @@ def with_mamba_cache_mode(layers: dict[str, KVCacheSpec], mode: str, config: Sim
     layer already in ``align`` mode keeps its own)."""
     if mode not in MAMBA_CACHE_MODES:
         raise ConfigError(f"mamba_cache_mode must be one of {list(MAMBA_CACHE_MODES)}, got {mode!r}")
-    attention = [s.block_size for s in layers.values()
-                 if not isinstance(s, (MambaSpec, CircularBufferSpec)) and _compression(s) == 1]
+    attention = [s.block_size for s in layers.values() if not isinstance(s, (MambaSpec, CircularBufferSpec)) and _compression(s) == 1]
     out = {}
     for name, spec in layers.items():
         if isinstance(spec, MambaSpec) and spec.mamba_cache_mode != mode:

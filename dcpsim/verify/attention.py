@@ -50,8 +50,7 @@ class AttentionVerifier:
         self.cfg = config
         self.coll = collectives
         self.rank, self.world = collectives.rank, collectives.world_size
-        self.groups = {view.group_of_layer(g.layer_names[0]): g for g in groups
-                       if g.storage not in (Storage.RING, Storage.STATE)}
+        self.groups = {view.group_of_layer(g.layer_names[0]): g for g in groups if g.storage not in (Storage.RING, Storage.STATE)}
         """The engine's store of each attention group -> the checker's geometry of it."""
         self.checks = 0
         self.query_tokens = 0
@@ -133,8 +132,7 @@ class AttentionVerifier:
         if not blocks:
             blocks.append((torch.zeros((0, dk)), torch.zeros((0, cfg.value_dim)), None))
         # the queries come from plan data (request, position, content), as the engine's do
-        query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows],
-                                               cfg.heads, dk))
+        query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows], cfg.heads, dk))
         return blocked_reference_attention(query, blocks, scale=cfg.softmax_scale)
 
     def _references(self, results: list[AttentionResult], views) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -187,15 +185,17 @@ class AttentionVerifier:
         j, h = int(j), int(h)
         token = int(res.rows[j])
         mine = h - res.shard_head0
-        contributions = self.coll.all_gather_object(dict(
-            rank=self.rank, keys=int(res.visible[j]),
-            lse=float(res.shard_lse[j, mine]) if 0 <= mine < res.shard_lse.shape[1] else None,
-        ))
+        contributions = self.coll.all_gather_object(
+            dict(
+                rank=self.rank,
+                keys=int(res.visible[j]),
+                lse=float(res.shard_lse[j, mine]) if 0 <= mine < res.shard_lse.shape[1] else None,
+            )
+        )
         position = w.start + token
         what = "merged across ranks" if res.merged else "computed on each rank (replicated: no merge)"
         details = [
-            f"query token {token} of {w.stop - w.start} (positions {w.start}..{w.stop - 1}), head {h}, "
-            f"checked on rank {who}",
+            f"query token {token} of {w.stop - w.start} (positions {w.start}..{w.stop - 1}), head {h}, checked on rank {who}",
             f"lse: {lse_got:.6g} (engine, {what}) vs {lse_ref:.6g} (reference), base {self.cfg.lse_base}",
         ]
         if res.merged:

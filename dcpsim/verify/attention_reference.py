@@ -113,8 +113,9 @@ def check_step(step: int, keys: int, budget: int, *, first: bool, last: bool) ->
     return step % -(-keys // budget) == 0
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
-                        scale: float, base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, scale: float, base: str = "e"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention in float64, natural logits; the LSE is converted to ``base`` at the
     end. ``q [nq, H, dk]``, ``k [n, dk]``, ``v [n, dv]``, ``mask [nq, n]`` (None: every
     query sees every key). With ``m`` the row's largest logit, ``e = exp(logits - m)``:
@@ -148,8 +149,7 @@ ranks: small enough that a 64K context spreads over 8 ranks, and that the float6
 and copies of a block stay at a few MiB whatever the context (1M keys: 128 blocks)."""
 
 
-def blocked_reference_attention(q: torch.Tensor, blocks, *, scale: float,
-                                base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+def blocked_reference_attention(q: torch.Tensor, blocks, *, scale: float, base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
     """``reference_attention`` over disjoint key blocks ``(k [n_b, dk], v [n_b, dv], mask
     [nq, n_b] or None)``: each block's float64 softmax, then the blocks combined by their
     LSEs, ``O = sum_b exp(lse_b - lse) O_b`` with ``lse = logsumexp_b lse_b``. One block is

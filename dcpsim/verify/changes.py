@@ -98,8 +98,7 @@ class ChangeTracker:
     def checked(self, g: int, group: ExpectedGroup, view: RequestView) -> None:
         self.stop[(g, view.req_index)] = expected_span(group, view.num_committed)[1]
 
-    def locals_to_read(self, g: int, group: ExpectedGroup, view: RequestView, row: np.ndarray,
-                       rank: int) -> np.ndarray | None:
+    def locals_to_read(self, g: int, group: ExpectedGroup, view: RequestView, row: np.ndarray, rank: int) -> np.ndarray | None:
         """The sorted local indices of the item to re-read, or None: read all of them."""
         if group.storage in (Storage.RING, Storage.STATE):
             return None

@@ -87,8 +87,16 @@ class _Pending:
 
 
 class Checker:
-    def __init__(self, groups: list[ExpectedGroup], collectives: Collectives, view: RankView,
-                 request_ids: dict[int, str], paranoid: bool = False, config=None, mode: str = "incremental"):
+    def __init__(
+        self,
+        groups: list[ExpectedGroup],
+        collectives: Collectives,
+        view: RankView,
+        request_ids: dict[int, str],
+        paranoid: bool = False,
+        config=None,
+        mode: str = "incremental",
+    ):
         """``config``: the scenario's ``SimConfig`` (the metadata check reads
         ``max_model_len`` and the CUDA-graph capture sizes of it; None: no metadata check).
         ``mode``: ``incremental`` or ``full`` (``--verify``; ``paranoid`` reads in full)."""
@@ -112,10 +120,18 @@ class Checker:
         self._events_total = 0
         self.router = KVEventRouter(self.rank, groups) if groups and prefix_cacheable(groups) else None
         """The checker as a router reading the engine's KV events (prefix-cacheable models)."""
-        self.metadata = MetadataJudge(
-            self.rank, groups, self.store_of, config.max_model_len if config else 0,
-            config.cudagraph_capture_sizes if config else (), table_width=view.block_table_width,
-        ) if config is not None else None
+        self.metadata = (
+            MetadataJudge(
+                self.rank,
+                groups,
+                self.store_of,
+                config.max_model_len if config else 0,
+                config.cudagraph_capture_sizes if config else (),
+                table_width=view.block_table_width,
+            )
+            if config is not None
+            else None
+        )
         self._last_write: dict[int, tuple[int, int, int]] = {}
         """Each request's last write (start, stop, drafts): where its Mamba states went."""
         self._pending: list[_Pending] = []
@@ -167,9 +183,10 @@ class Checker:
         """Per item, the local indices to read (None: all)."""
         if not self.incremental or plan.last:
             return [None] * len(items)
-        return [None if view.finished else
-                self.changes.locals_to_read(g, self.groups[g], view, self._row(g, view), self.rank)
-                for g, view in items]
+        return [
+            None if view.finished else self.changes.locals_to_read(g, self.groups[g], view, self._row(g, view), self.rank)
+            for g, view in items
+        ]
 
     def verify(self, plan: StepPlan) -> Failure | None:
         """Read and judge this step at once (lockstep): ``read`` then ``exchange``."""
@@ -234,7 +251,7 @@ class Checker:
         offset = 0
         for n, p in enumerate(pending):
             newest = n == len(pending) - 1
-            part = gathered[:, offset:offset + len(p.message)]
+            part = gathered[:, offset : offset + len(p.message)]
             offset += len(p.message)
             failure = self._judge(p, part, self._last_reads if newest else None)
             if failure is None and metadata:
@@ -300,13 +317,13 @@ class Checker:
         return self._events_failure(plan, total) if total else None
 
     def _events_failure(self, plan, total: int) -> Failure:
-        return self._kept_failure(plan, total, self.router.kept, FailureKind.KV_EVENTS,
-                                  f"{total} advertised prefix-cache event(s) a router cannot match")
+        return self._kept_failure(
+            plan, total, self.router.kept, FailureKind.KV_EVENTS, f"{total} advertised prefix-cache event(s) a router cannot match"
+        )
 
     def _kept_failure(self, plan, total: int, mine: list, kind: FailureKind, message: str) -> Failure:
         """A failure from what every rank's judge kept (gathered), the earliest first."""
-        kept = sorted((m for per_rank in self.coll.all_gather_object(mine) for m in per_rank),
-                      key=lambda m: (m.step, m.rank))
+        kept = sorted((m for per_rank in self.coll.all_gather_object(mine) for m in per_rank), key=lambda m: (m.step, m.rank))
         first = kept[0] if kept else None
         return Failure(
             kind=kind,
@@ -352,12 +369,21 @@ class Checker:
         slot = int(read_slots(group, self._row(g, view), np.array([local]))[0])
         entry = self.view.read_entries(store, np.array([slot]))[0]
         found = self.view.find_entries(store, target, writer=view.req_index).tolist()
-        holdings = [Holding(**h) for h in self.coll.all_gather_object(dict(
-            rank=self.rank, slot=slot, group=int(entry[GROUP]), index=int(entry[INDEX]),
-            content=int(entry[CONTENT]),
-            writer=self.request_ids.get(int(entry[WRITER])) if entry[WRITER] >= 0 else None,
-            step=int(entry[STEP]), found_at=found,
-        ))]
+        holdings = [
+            Holding(**h)
+            for h in self.coll.all_gather_object(
+                dict(
+                    rank=self.rank,
+                    slot=slot,
+                    group=int(entry[GROUP]),
+                    index=int(entry[INDEX]),
+                    content=int(entry[CONTENT]),
+                    writer=self.request_ids.get(int(entry[WRITER])) if entry[WRITER] >= 0 else None,
+                    step=int(entry[STEP]),
+                    found_at=found,
+                )
+            )
+        ]
         pos = np.searchsorted(full_index, target)
         expected_content = int(full_content[pos]) if pos < len(full_index) and full_index[pos] == target else None
         owner_holding = holdings[owner if owner is not None else 0]
@@ -395,8 +421,13 @@ class Checker:
         )
 
     def _metadata_failure(self, plan, total: int) -> Failure:
-        return self._kept_failure(plan, total, self.metadata.kept, FailureKind.ATTENTION_METADATA,
-                                  f"{total} attention-metadata field(s) differ from what the scenario gives")
+        return self._kept_failure(
+            plan,
+            total,
+            self.metadata.kept,
+            FailureKind.ATTENTION_METADATA,
+            f"{total} attention-metadata field(s) differ from what the scenario gives",
+        )
 
     def _first_row(self, plan, group_name: str, request_id: str) -> list[int] | None:
         """The block-table row of a request in a group, both named as in a violation."""
@@ -405,8 +436,7 @@ class Checker:
         return None if g is None or view is None else self._row(g, view).tolist()
 
     def _table_failure(self, plan) -> Failure:
-        mine = {group.name: {v.request_id: self._row(g, v).tolist() for v in plan.views}
-                for g, group in enumerate(self.groups)}
+        mine = {group.name: {v.request_id: self._row(g, v).tolist() for v in plan.views} for g, group in enumerate(self.groups)}
         tables = self.coll.all_gather_object(mine)
         details = []
         for name in mine:
@@ -414,8 +444,9 @@ class Checker:
                 rows = [t[name].get(rid) for t in tables]
                 if any(r != rows[0] for r in rows):
                     details.append(f"group {name} request {rid}: " + "; ".join(f"rank {i}: {r}" for i, r in enumerate(rows)))
-        return Failure(kind=FailureKind.BLOCK_TABLE_MISMATCH, step=plan.step,
-                       message="ranks hold different block tables", details=details[:10])
+        return Failure(
+            kind=FailureKind.BLOCK_TABLE_MISMATCH, step=plan.step, message="ranks hold different block tables", details=details[:10]
+        )
 
     def _paranoid(self, plan, items, reads) -> Failure | None:
         """Gather raw read views and reassemble them explicitly."""
@@ -426,13 +457,23 @@ class Checker:
             if self.groups[g].sharded:
                 allrows = np.concatenate(parts)
                 order = np.argsort(allrows[:, INDEX], kind="stable")
-                ok = (len(allrows) == len(full_index) and np.array_equal(allrows[order, INDEX], full_index)
-                      and np.array_equal(allrows[order, CONTENT], full_content))
+                ok = (
+                    len(allrows) == len(full_index)
+                    and np.array_equal(allrows[order, INDEX], full_index)
+                    and np.array_equal(allrows[order, CONTENT], full_content)
+                )
             else:
-                ok = (all(np.array_equal(p, parts[0]) for p in parts) and np.array_equal(parts[0][:, INDEX], full_index)
-                      and np.array_equal(parts[0][:, CONTENT], full_content))
+                ok = (
+                    all(np.array_equal(p, parts[0]) for p in parts)
+                    and np.array_equal(parts[0][:, INDEX], full_index)
+                    and np.array_equal(parts[0][:, CONTENT], full_content)
+                )
             if not ok:
-                return Failure(kind=FailureKind.REASSEMBLY, step=plan.step,
-                               message="paranoid reassembly of raw read views failed",
-                               group=self.groups[g].name, request_id=view.request_id)
+                return Failure(
+                    kind=FailureKind.REASSEMBLY,
+                    step=plan.step,
+                    message="paranoid reassembly of raw read views failed",
+                    group=self.groups[g].name,
+                    request_id=view.request_id,
+                )
         return None

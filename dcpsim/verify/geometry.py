@@ -63,22 +63,24 @@ def expected_groups(scenario) -> list[ExpectedGroup]:
     for group in group_layer_specs(scenario.layers):
         spec = group.representative
         storage = storage_of(spec)
-        out.append(ExpectedGroup(
-            name=group.name,
-            layer_names=group.layer_names,
-            storage=storage,
-            retention=retention_of(spec),
-            sharded=is_dcp_sharded_spec(group.kv_cache_spec) and cfg.decode_context_parallel_size > 1,
-            dcp_size=cfg.decode_context_parallel_size,
-            interleave_size=cfg.cp_kv_cache_interleave_size,
-            tokens_per_state=records_per_state(spec),
-            block_size=spec.block_size,
-            kernel_block_size=None if storage in (Storage.RING, Storage.STATE) else cfg.kernel_block_size,
-            sliding_window=getattr(spec, "sliding_window", 0),
-            extra_retained_tokens=getattr(spec, "extra_retained_tokens", 0),
-            attention_chunk_size=getattr(spec, "attention_chunk_size", 0),
-            num_speculative_tokens=cfg.num_speculative_tokens,
-            draft=any(n in cfg.draft_layers for n in group.layer_names),
-            mamba_cache_mode=getattr(spec, "mamba_cache_mode", ""),
-        ))
+        out.append(
+            ExpectedGroup(
+                name=group.name,
+                layer_names=group.layer_names,
+                storage=storage,
+                retention=retention_of(spec),
+                sharded=is_dcp_sharded_spec(group.kv_cache_spec) and cfg.decode_context_parallel_size > 1,
+                dcp_size=cfg.decode_context_parallel_size,
+                interleave_size=cfg.cp_kv_cache_interleave_size,
+                tokens_per_state=records_per_state(spec),
+                block_size=spec.block_size,
+                kernel_block_size=None if storage in (Storage.RING, Storage.STATE) else cfg.kernel_block_size,
+                sliding_window=getattr(spec, "sliding_window", 0),
+                extra_retained_tokens=getattr(spec, "extra_retained_tokens", 0),
+                attention_chunk_size=getattr(spec, "attention_chunk_size", 0),
+                num_speculative_tokens=cfg.num_speculative_tokens,
+                draft=any(n in cfg.draft_layers for n in group.layer_names),
+                mamba_cache_mode=getattr(spec, "mamba_cache_mode", ""),
+            )
+        )
     return out

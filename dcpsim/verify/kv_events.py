@@ -67,14 +67,17 @@ class KVEventRouter:
             self.events += 1
             where = f"[{e.start}, {e.stop})"
             if e.stop - e.start != self.unit or e.start % self.unit:
-                self._add(plan, e.request_id, f"{where} is not one hash block of {self.unit} tokens (the GCD of "
-                                              "the groups' manager block sizes): a router hashing prompts at "
-                                              "that unit matches none of it")
+                self._add(
+                    plan,
+                    e.request_id,
+                    f"{where} is not one hash block of {self.unit} tokens (the GCD of "
+                    "the groups' manager block sizes): a router hashing prompts at "
+                    "that unit matches none of it",
+                )
                 continue
             fp = fingerprints.get(e.request_id)
             if fp is None or e.stop > len(fp) or int(fp[e.stop - 1]) != e.key:
-                self._add(plan, e.request_id, f"{where} keys {e.key}, not the fingerprint of the prefix ending "
-                                              f"at position {e.stop - 1}")
+                self._add(plan, e.request_id, f"{where} keys {e.key}, not the fingerprint of the prefix ending at position {e.stop - 1}")
                 continue
             covered = self._covered.get(e.request_id, 0)
             if e.start not in (covered, 0):  # 0: advertised again after a preemption
@@ -82,8 +85,11 @@ class KVEventRouter:
             self._covered[e.request_id] = ends[e.request_id] = e.stop
         for rid, end in ends.items():
             if end % self.align:
-                self._add(plan, rid, f"events end at {end}, not on a whole hit unit of {self.align} tokens "
-                                     "(the LCM of the groups' manager block sizes)")
+                self._add(
+                    plan,
+                    rid,
+                    f"events end at {end}, not on a whole hit unit of {self.align} tokens (the LCM of the groups' manager block sizes)",
+                )
 
     def _add(self, plan, request_id, what) -> None:
         self.count += 1

@@ -79,8 +79,9 @@ def _runs(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return run, np.arange(len(run), dtype=np.int64) - starts[run]
 
 
-def expected_metadata(group: ExpectedGroup, plan: StepPlan, rows: dict[int, np.ndarray], rank: int,
-                      max_model_len: int, capture_sizes: tuple[int, ...]) -> dict:
+def expected_metadata(
+    group: ExpectedGroup, plan: StepPlan, rows: dict[int, np.ndarray], rank: int, max_model_len: int, capture_sizes: tuple[int, ...]
+) -> dict:
     """Every field of the metadata the rank must build for the group in this step (all the
     requests at once: one pass per field, not one per request)."""
     R = group.tokens_per_state if group.storage is Storage.RECORDS else 1
@@ -141,8 +142,10 @@ class MetadataMismatch:
 
     def __str__(self) -> str:
         who = f" request {self.request_id}" if self.request_id else ""
-        return (f"rank {self.rank} step {self.step} group {self.group}{who}: attention metadata "
-                f"{self.field} is {self.actual}, expected {self.expected}")
+        return (
+            f"rank {self.rank} step {self.step} group {self.group}{who}: attention metadata "
+            f"{self.field} is {self.actual}, expected {self.expected}"
+        )
 
 
 def _show(value) -> str:
@@ -155,8 +158,15 @@ def _show(value) -> str:
 class MetadataJudge:
     """Judges each step's metadata of every attention group; keeps the first mismatches."""
 
-    def __init__(self, rank: int, groups: list[ExpectedGroup], store_of: list[int], max_model_len: int,
-                 capture_sizes: tuple[int, ...], table_width=None):
+    def __init__(
+        self,
+        rank: int,
+        groups: list[ExpectedGroup],
+        store_of: list[int],
+        max_model_len: int,
+        capture_sizes: tuple[int, ...],
+        table_width=None,
+    ):
         self.rank = rank
         self.groups = groups
         self.store_of = store_of
@@ -177,8 +187,7 @@ class MetadataJudge:
                 continue
             store = self.store_of[g]
             self._blocks_held(plan, group, plan.rows_before[store])
-            want = expected_metadata(group, plan, plan.rows_before[store], self.rank, self.max_model_len,
-                                     self.capture_sizes)
+            want = expected_metadata(group, plan, plan.rows_before[store], self.rank, self.max_model_len, self.capture_sizes)
             # the drafter reads the same cache: the same lengths, plan and width as the target
             for model in ("target", "draft") if group.draft else ("target",):
                 meta = by_group.get((store, model))
@@ -190,8 +199,7 @@ class MetadataJudge:
             if self.table_width is not None:
                 have = self.table_width(store) * (group.page_states // kernel_states(group))
                 if have != want["block_table_width"]:
-                    self._add(plan, group, "block table width (worker)", None, _show(want["block_table_width"]),
-                              _show(have))
+                    self._add(plan, group, "block table width (worker)", None, _show(want["block_table_width"]), _show(have))
 
     def _blocks_held(self, plan, group: ExpectedGroup, rows: dict) -> None:
         """A running request holds exactly the block-table entries its tokens fill: one per
@@ -207,15 +215,13 @@ class MetadataJudge:
     def _compare(self, plan, group, meta: AttentionMetadata, want: dict, model: str = "target") -> None:
         who = "" if model == "target" else f"{model} "
         if tuple(meta.request_ids) != want["request_ids"]:
-            self._add(plan, group, f"{who}request_ids", None, _show(want["request_ids"]),
-                      _show(tuple(meta.request_ids)))
+            self._add(plan, group, f"{who}request_ids", None, _show(want["request_ids"]), _show(tuple(meta.request_ids)))
             return
         for name in ("block_table_width", "num_dummy_requests"):
             if getattr(meta, name) != want[name]:
                 self._add(plan, group, f"{who}{name}", None, _show(want[name]), _show(getattr(meta, name)))
         per_request = ("seq_lens", "dcp_local_seq_lens", "kv_last_page_len")
-        for name in (*per_request, "query_start_loc", "query_local_bounds", "kv_indptr", "kv_indices",
-                     "padded_slot_mapping"):
+        for name in (*per_request, "query_start_loc", "query_local_bounds", "kv_indptr", "kv_indices", "padded_slot_mapping"):
             have, expect = np.asarray(getattr(meta, name)), want[name]
             if have.shape == expect.shape and np.array_equal(have, expect):
                 continue

@@ -182,16 +182,21 @@ class RunReport:
         writes = "every rank wrote exactly the right positions into the right slots"
         if self.attention is None:
             return f"PASS: writes verified: {writes}"
-        return (f"PASS: writes and attention verified: {writes}, and "
-                f"{plural(self.attention_checks, 'attention check')} matched the full-context reference")
+        return (
+            f"PASS: writes and attention verified: {writes}, and "
+            f"{plural(self.attention_checks, 'attention check')} matched the full-context reference"
+        )
 
     def text(self) -> str:
         head = (
             f"scenario {self.scenario} ({self.source}): decode_context_parallel_size={self.dcp_size} "
             f"cp_kv_cache_interleave_size={self.interleave_size}"
             + (f" kernel_block_size={self.kernel_block_size}" if self.kernel_block_size else "")
-            + (f" prefill_context_parallel_size={self.prefill_context_parallel_size} tensor_parallel_size="
-               f"{self.tensor_parallel_size}" if self.tensor_parallel_size is not None else "")
+            + (
+                f" prefill_context_parallel_size={self.prefill_context_parallel_size} tensor_parallel_size={self.tensor_parallel_size}"
+                if self.tensor_parallel_size is not None
+                else ""
+            )
         )
         out = [head]
         if self.engine and self.engine.get("name") not in (None, "reference", "none"):
@@ -206,8 +211,11 @@ class RunReport:
                 f"  group {g['name']}: {plural(g['layers'], 'layer')}, {g['storage']}, "
                 f"block_size={g['block_size']} ({g['states_per_page']} states/page), "
                 f"{'sharded' if g['sharded'] else 'replicated'}, "
-                + ("one ring block per request" if g["storage"] == Storage.RING
-                   else f"manager block {plural(g['manager_block_size'], 'token')}")
+                + (
+                    "one ring block per request"
+                    if g["storage"] == Storage.RING
+                    else f"manager block {plural(g['manager_block_size'], 'token')}"
+                )
             )
         s = self.schedule
         if s:
@@ -220,8 +228,11 @@ class RunReport:
             f"  verified: {plural(self.verifications, 'check')}, {plural(self.verified_indices, 'index', 'indices')}, "
             f"{plural(self.bytes_gathered, 'byte')} gathered per rank ({self.bytes_per_verified_index:.3f} B/index), "
             f"--verify {self.verify_mode} ({plural(self.full_sweeps, 'full sweep')})"
-            + (f"; attention metadata of {plural(self.metadata_checks, '(group, step) pair')}" if self.metadata_checks
-               else "; no attention metadata (the engine builds none)")
+            + (
+                f"; attention metadata of {plural(self.metadata_checks, '(group, step) pair')}"
+                if self.metadata_checks
+                else "; no attention metadata (the engine builds none)"
+            )
         )
         for r in self.ranks:
             out.append(
@@ -235,8 +246,12 @@ class RunReport:
             out.append(
                 f"  attention: {plural(self.attention_checks, 'check')} ({plural(self.attention_query_tokens, 'query token')}"
                 + (f", {plural(self.attention_sampled_checks, 'check')} sampled" if self.attention_sampled_checks else "")
-                + (f", {plural(self.attention_skipped_checks, 'check')} skipped by the step rule, "
-                   f"{plural(self.attention_checked_steps, 'step')} checked" if self.attention_skipped_checks else "")
+                + (
+                    f", {plural(self.attention_skipped_checks, 'check')} skipped by the step rule, "
+                    f"{plural(self.attention_checked_steps, 'step')} checked"
+                    if self.attention_skipped_checks
+                    else ""
+                )
                 + ", "
                 f"{plural(a['heads'], 'head')}, K/V dims {a['head_dim']}/{a['value_dim']}), max error {err} "
                 f"(tolerance {a['tolerance']:g}), lse base {a['lse_base']}, merges: {merges}, "

@@ -37,10 +37,7 @@ class Violation:
         if self.count == 1:
             where = f"index {self.index} slot {self.slot}"
         else:
-            where = (
-                f"slots {self.slot}..{self.slot + self.count - 1} "
-                f"({self.count} writes, indices {self.index}..{self.last_index})"
-            )
+            where = f"slots {self.slot}..{self.slot + self.count - 1} ({self.count} writes, indices {self.index}..{self.last_index})"
         return f"rank {self.rank} step {self.step} group {self.group} request {self.request_id} {where}: {self.reason}"
 
 
@@ -91,8 +88,7 @@ class WriteGuard:
                     self._add(w.group, w.request_id, indices[i], slots[i], "write into the null block 0")
                 foreign = inside & ~null & ~member_of(blocks, held)
             for i in np.flatnonzero(foreign):
-                self._add(w.group, w.request_id, indices[i], slots[i],
-                          f"write into block {blocks[i]}, which the request does not hold")
+                self._add(w.group, w.request_id, indices[i], slots[i], f"write into block {blocks[i]}, which the request does not hold")
             if inside is not None:
                 slots, indices = slots[inside], indices[inside]
             written.setdefault(w.group, []).append((slots, indices, w.request_id))

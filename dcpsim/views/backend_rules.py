@@ -52,8 +52,7 @@ def layout_context(scenario: Scenario) -> LayoutContext:
         if storage_of(rep) is Storage.RING:
             continue
         R = records_per_state(rep)
-        facts.append(GroupFacts(group.name, group.sharded and W > 1, isinstance(rep, MLAAttentionSpec),
-                                rep.block_size // R, R))
+        facts.append(GroupFacts(group.name, group.sharded and W > 1, isinstance(rep, MLAAttentionSpec), rep.block_size // R, R))
     return LayoutContext(W, config.cp_kv_cache_interleave_size, config.num_speculative_tokens, tuple(facts))
 
 
@@ -69,8 +68,11 @@ class BackendRule:
 
 def _divides_block(c: LayoutContext) -> list[str]:
     I = c.interleave_size
-    return [f"{g.name}: {g.states_per_page} {'records' if g.tokens_per_state > 1 else 'tokens'} per page"
-            for g in c.sharded if I > g.states_per_page or g.states_per_page % I]
+    return [
+        f"{g.name}: {g.states_per_page} {'records' if g.tokens_per_state > 1 else 'tokens'} per page"
+        for g in c.sharded
+        if I > g.states_per_page or g.states_per_page % I
+    ]
 
 
 def _mtp(c: LayoutContext) -> list[str]:
@@ -92,48 +94,57 @@ def _varlen(c: LayoutContext) -> list[str]:
 
 
 def _indexer(c: LayoutContext) -> list[str]:
-    return [f"{g.name}: R = {g.tokens_per_state}" for g in c.sharded
-            if g.tokens_per_state > 1 and c.interleave_size % g.tokens_per_state]
+    return [f"{g.name}: R = {g.tokens_per_state}" for g in c.sharded if g.tokens_per_state > 1 and c.interleave_size % g.tokens_per_state]
 
 
 RULES: tuple[BackendRule, ...] = (
     BackendRule(
-        "interleave-divides-block", "rejected",
+        "interleave-divides-block",
+        "rejected",
         "under DCP, cp_kv_cache_interleave_size must be <= the block size of every sharded group and "
         "divide it (dcpsim counts a compressed group's block in records)",
         "docs/dcp-semantics.md section 2; vllm/config/vllm.py VllmConfig.validate_block_size; "
         "vllm/config/parallel.py ParallelConfig.cp_kv_cache_interleave_size",
-        _divides_block),
+        _divides_block,
+    ),
     BackendRule(
-        "mtp-needs-interleave-support", "backend",
+        "mtp-needs-interleave-support",
+        "backend",
         "speculative decoding (MTP) with cp_kv_cache_interleave_size > 1 under DCP needs an attention "
         "backend with supports_mtp_with_cp_non_trivial_interleave_size; in vLLM 0.33.0 only "
         "FLASHMLA_SPARSE (FlashMLASparseImpl) and TOKENSPEED_MLA (TokenspeedMLAImpl) set it, every "
         "other backend fails an assertion at start-up",
         "vllm/v1/worker/cp_utils.py check_attention_cp_compatibility; vllm/v1/attention/backend.py "
         "AttentionImpl; vllm/v1/attention/backends/mla/flashmla_sparse.py, tokenspeed_mla.py",
-        _mtp),
+        _mtp,
+    ),
     BackendRule(
-        "flashinfer-mla-needs-interleave-1", "backend",
+        "flashinfer-mla-needs-interleave-1",
+        "backend",
         "FLASHINFER_MLA refuses native DCP unless cp_kv_cache_interleave_size = 1 (ValueError)",
         "vllm/v1/attention/backends/mla/flashinfer_mla.py FlashInferMLAMetadataBuilder.__init__",
-        _flashinfer_mla),
+        _flashinfer_mla,
+    ),
     BackendRule(
-        "spec-steps-not-batched-as-decodes", "performance",
+        "spec-steps-not-batched-as-decodes",
+        "performance",
         "with cp_kv_cache_interleave_size != 1 under DCP, FLASH_ATTN_MLA and FLASHMLA_SPARSE set "
         "supports_dcp_with_varlen off, so reorder_batch_threshold drops to 1: multi-token "
         "(speculative) queries are batched as prefills, not decodes",
         "vllm/v1/attention/backend.py AttentionMetadataBuilder._init_reorder_batch_threshold; "
         "vllm/v1/attention/backends/mla/flashattn_mla.py, flashmla_sparse.py",
-        _varlen),
+        _varlen,
+    ),
     BackendRule(
-        "indexer-interleave-multiple-of-R", "backend",
+        "indexer-interleave-multiple-of-R",
+        "backend",
         "vLLM's sparse indexer under DCP needs cp_kv_cache_interleave_size (in tokens) to be a multiple "
         "of the compress ratio R and then deals I // R compressed states per rank, where dcpsim (after "
         "the seed, semantics section 4) deals I records; it refuses DeepSeek-V4 compressed specs under "
         "DCP whatever I is",
         "vllm/v1/attention/backends/mla/indexer.py DeepseekV32IndexerMetadataBuilder.__init__",
-        _indexer),
+        _indexer,
+    ),
 )
 
 
@@ -143,6 +154,5 @@ def broken_rules(context: LayoutContext) -> list[dict]:
     for rule in RULES:
         where = rule.where(context)
         if where:
-            out.append({"id": rule.id, "kind": rule.kind, "rule": rule.rule, "source": rule.source,
-                        "where": where})
+            out.append({"id": rule.id, "kind": rule.kind, "rule": rule.rule, "source": rule.source, "where": where})
     return out

@@ -32,13 +32,11 @@ GIB = 1 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 NOTES_COMMON = (
-    "page bytes, bytes per token and memory are per rank: every rank holds one page per block "
-    "of every layer of the group",
+    "page bytes, bytes per token and memory are per rank: every rank holds one page per block of every layer of the group",
     "blocks per request at max_model_len = cdiv(max_memory_usage_bytes, page_size_bytes) of the "
     "group spec (vLLM 0.33.0 get_max_concurrency_for_kv_cache_config); for a sliding window "
     "that is its admission cap, for a ring one block",
-    "context the DCP group holds = int(concurrency * max_model_len) tokens (vLLM's "
-    "get_kv_cache_capacity), all W ranks together",
+    "context the DCP group holds = int(concurrency * max_model_len) tokens (vLLM's get_kv_cache_capacity), all W ranks together",
     "a replicated group 'if sharded': full attention through the spec model with "
     "dcp_replicated off; sliding windows and chunks (which vLLM cannot shard, semantics "
     "section 3) at an ideal 1/W share; a ring stays one block a request",
@@ -247,10 +245,7 @@ def group_capacity(scenario: Scenario, group: KVCacheGroupSpec, pool_blocks: int
 
 def scenario_column(scenario: Scenario) -> CapacityColumn:
     """The scenario's own pools (one per group) at its DCP size."""
-    groups = tuple(
-        group_capacity(scenario, g, scenario_pool_blocks(scenario, g))
-        for g in group_layer_specs(scenario.layers)
-    )
+    groups = tuple(group_capacity(scenario, g, scenario_pool_blocks(scenario, g)) for g in group_layer_specs(scenario.layers))
     concurrency = min(g.concurrency for g in groups)
     return _totals(scenario, groups, concurrency)
 
@@ -271,20 +266,24 @@ def budget_column(scenario: Scenario, budget: Budget) -> CapacityColumn:
         for g, c in zip(specs, first)
     )
     # what a group holds is a share of the shared pool: every block costs block_bytes
-    groups = tuple(dataclasses.replace(g, pool_bytes=g.pool_blocks * block_bytes, concurrency=concurrency)
-                   for g in groups)
+    groups = tuple(dataclasses.replace(g, pool_bytes=g.pool_blocks * block_bytes, concurrency=concurrency) for g in groups)
     unpadded = budget.bytes_per_rank / sum(c.blocks_per_request * c.page_size_bytes for c in first)
     return dataclasses.replace(
-        _totals(scenario, groups, concurrency, block_bytes=block_bytes, num_blocks=num_blocks,
-                pool_bytes=num_blocks * block_bytes),
+        _totals(scenario, groups, concurrency, block_bytes=block_bytes, num_blocks=num_blocks, pool_bytes=num_blocks * block_bytes),
         concurrency_without_padding=unpadded,
         context_tokens_without_padding=int(unpadded * scenario.config.max_model_len),
     )
 
 
-def _totals(scenario: Scenario, groups: tuple[GroupCapacity, ...], concurrency: float, *,
-            block_bytes: int | None = None, num_blocks: int | None = None,
-            pool_bytes: int | None = None) -> CapacityColumn:
+def _totals(
+    scenario: Scenario,
+    groups: tuple[GroupCapacity, ...],
+    concurrency: float,
+    *,
+    block_bytes: int | None = None,
+    num_blocks: int | None = None,
+    pool_bytes: int | None = None,
+) -> CapacityColumn:
     replicated = [g for g in groups if g.if_sharded_bytes is not None]
     return CapacityColumn(
         decode_context_parallel_size=scenario.config.decode_context_parallel_size,
@@ -304,13 +303,15 @@ def plan_capacity(scenario: Scenario, columns: list[CapacityColumn], budget: Bud
     """The plan of ``columns`` (each from ``scenario_column`` or ``budget_column`` of the
     scenario at one DCP size, or an invalid column), with the pool settings and notes."""
     if budget is None:
-        pool = {"mode": "scenario", "kv_cache_tokens": scenario.kv_cache_tokens,
-                "num_gpu_blocks": scenario.num_gpu_blocks}
+        pool = {"mode": "scenario", "kv_cache_tokens": scenario.kv_cache_tokens, "num_gpu_blocks": scenario.num_gpu_blocks}
         notes = NOTES_SCENARIO + NOTES_COMMON
     else:
-        pool = {"mode": "gpu-memory", "gpu_memory_gib": budget.gpu_memory_gib,
-                "gpu_memory_utilization": budget.gpu_memory_utilization,
-                "budget_bytes_per_rank": budget.bytes_per_rank}
+        pool = {
+            "mode": "gpu-memory",
+            "gpu_memory_gib": budget.gpu_memory_gib,
+            "gpu_memory_utilization": budget.gpu_memory_utilization,
+            "budget_bytes_per_rank": budget.bytes_per_rank,
+        }
         notes = NOTES_BUDGET + NOTES_COMMON
     return CapacityPlan(
         scenario=scenario.name,

@@ -29,8 +29,7 @@ def _read(path: str):
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not a JSON report ({exc}); expected the output of "
-                          "python -m dcpsim run SCENARIO --json") from None
+        raise ConfigError(f"{path}: not a JSON report ({exc}); expected the output of python -m dcpsim run SCENARIO --json") from None
 
 
 def _pick_report(data, path: str) -> dict:
@@ -45,8 +44,9 @@ def _pick_report(data, path: str) -> dict:
         raise ConfigError(f"{path}: the run ended with an error before anything was verified ({msg}); nothing to draw")
     if not isinstance(data, dict) or not all(k in data for k in REPORT_KEYS):
         missing = [k for k in REPORT_KEYS if not isinstance(data, dict) or k not in data]
-        raise ConfigError(f"{path}: not a dcpsim run report (missing {', '.join(missing)}); expected the output "
-                          "of python -m dcpsim run SCENARIO --json")
+        raise ConfigError(
+            f"{path}: not a dcpsim run report (missing {', '.join(missing)}); expected the output of python -m dcpsim run SCENARIO --json"
+        )
     return data
 
 
@@ -82,10 +82,15 @@ class FailureView:
 
     def query(self, *, around: int | None = None, window: int | None = None) -> LayoutQuery:
         return LayoutQuery(
-            dcp_size=self.dcp_size, interleave_size=self.interleave_size, block_size=self.block_size,
-            kernel_block_size=self.kernel_block_size, tokens_per_state=self.tokens_per_state,
-            replicated=self.replicated, block_table=self.block_table,
-            around=self.centre if around is None else around, window=window,
+            dcp_size=self.dcp_size,
+            interleave_size=self.interleave_size,
+            block_size=self.block_size,
+            kernel_block_size=self.kernel_block_size,
+            tokens_per_state=self.tokens_per_state,
+            replicated=self.replicated,
+            block_table=self.block_table,
+            around=self.centre if around is None else around,
+            window=window,
             table_source="failure.block_table",
         )
 
@@ -93,7 +98,7 @@ class FailureView:
 
     def _column(self, d: dict, index: int) -> int | None:
         """The view's column of a position or record (None: not shown)."""
-        kind_matches = (d["index_kind"] == self.index_kind)
+        kind_matches = d["index_kind"] == self.index_kind
         return d["_index"].index(index) if kind_matches and index in d["_index"] else None
 
     def _cell_of_slot(self, d: dict, rank: int, slot: int) -> int | None:
@@ -114,58 +119,112 @@ class FailureView:
         x0, w = self._box(d, col)
         out: list[Mark] = []
         if self.is_query:
-            out.append(Mark("query", None, self.centre, 1, "query",
-                            f"attention query position {self.centre}, head {f.get('head')}, error {f.get('error')}",
-                            gid="query"))
+            out.append(
+                Mark(
+                    "query",
+                    None,
+                    self.centre,
+                    1,
+                    "query",
+                    f"attention query position {self.centre}, head {f.get('head')}, error {f.get('error')}",
+                    gid="query",
+                )
+            )
             return out
         owner = f.get("expected_owner")
         if owner is not None:
             rank = None if owner == "all" else owner
             where = "every rank" if rank is None else f"rank {rank}"
-            out.append(Mark("expected", rank, x0, w, "expected",
-                            f"expected: {kind} {self.index} on {where}, slot {f.get('expected_slot')} (report)",
-                            gid="expected"))
+            out.append(
+                Mark(
+                    "expected",
+                    rank,
+                    x0,
+                    w,
+                    "expected",
+                    f"expected: {kind} {self.index} on {where}, slot {f.get('expected_slot')} (report)",
+                    gid="expected",
+                )
+            )
             for h in f.get("holdings") or []:
                 if (rank is None or h["rank"] == rank) and h.get("index") != self.index:
-                    held = "nothing (never written)" if h.get("index", -1) == -1 else \
-                        f"{kind} {h['index']} of {h.get('writer')} (step {h.get('step')})"
-                    out.append(Mark("holds", h["rank"], x0, w, "holds " + ("nothing" if h.get("index", -1) == -1
-                                                                            else str(h["index"])),
-                                    f"rank {h['rank']} slot {h['slot']} holds {held}", gid=f"holds-r{h['rank']}"))
+                    held = (
+                        "nothing (never written)"
+                        if h.get("index", -1) == -1
+                        else f"{kind} {h['index']} of {h.get('writer')} (step {h.get('step')})"
+                    )
+                    out.append(
+                        Mark(
+                            "holds",
+                            h["rank"],
+                            x0,
+                            w,
+                            "holds " + ("nothing" if h.get("index", -1) == -1 else str(h["index"])),
+                            f"rank {h['rank']} slot {h['slot']} holds {held}",
+                            gid=f"holds-r{h['rank']}",
+                        )
+                    )
         elif col is not None:
             model_owner = d["owner"] if d["owner"] == "all" else d["owner"][col]
             rank = None if model_owner == "all" else model_owner
             slot = d["slots"][str(rank if rank is not None else 0)][col]
-            out.append(Mark("expected", rank, x0, w, "expected",
-                            f"expected (layout model): {kind} {self.index} on "
-                            + ("every rank" if rank is None else f"rank {rank}") + f", slot {slot}", gid="expected"))
+            out.append(
+                Mark(
+                    "expected",
+                    rank,
+                    x0,
+                    w,
+                    "expected",
+                    f"expected (layout model): {kind} {self.index} on "
+                    + ("every rank" if rank is None else f"rank {rank}")
+                    + f", slot {slot}",
+                    gid="expected",
+                )
+            )
         out += self._actual_marks(d, x0, w)
         return out
 
     def _actual_marks(self, d: dict, x0: float, w: float) -> list[Mark]:
         f, kind = self.failure, self.index_kind
-        found = [(h["rank"], s, self.index, f"rank {h['rank']} holds {kind} {self.index} at slot {s}")
-                 for h in f.get("holdings") or [] for s in h.get("found_at") or []]
-        found += [(v["rank"], v["slot"], v["index"],
-                   f"rank {v['rank']} wrote {kind}s {v['index']}..{v.get('last_index', v['index'])} "
-                   f"from slot {v['slot']} ({v.get('count', 1)} writes): {v.get('reason')}")
-                  for v in f.get("violations") or []]
+        found = [
+            (h["rank"], s, self.index, f"rank {h['rank']} holds {kind} {self.index} at slot {s}")
+            for h in f.get("holdings") or []
+            for s in h.get("found_at") or []
+        ]
+        found += [
+            (
+                v["rank"],
+                v["slot"],
+                v["index"],
+                f"rank {v['rank']} wrote {kind}s {v['index']}..{v.get('last_index', v['index'])} "
+                f"from slot {v['slot']} ({v.get('count', 1)} writes): {v.get('reason')}",
+            )
+            for v in f.get("violations") or []
+        ]
         out = []
         for k, (rank, slot, index, text) in enumerate(found[:MAX_ACTUAL_MARKS]):
             q = self._cell_of_slot(d, rank, slot)
             if q is not None:
                 there = d["_index"][q]
                 where = "" if there == index else f"; the layout puts {kind} {there} there"
-                out.append(Mark("actual", rank, d["_x0"][q], d["_width"], "actual", f"actual: {text}{where}",
-                                gid=f"actual-{k}"))
+                out.append(Mark("actual", rank, d["_x0"][q], d["_width"], "actual", f"actual: {text}{where}", gid=f"actual-{k}"))
                 continue
-            why = ("not in the request's block table" if self.block_table is not None
-                   else "the block table is not in the report")
+            why = "not in the request's block table" if self.block_table is not None else "the block table is not in the report"
             col = self._column(d, index)
             bx, bw = (x0, w) if col is None else self._box(d, col)
-            out.append(Mark("actual", rank, bx, bw, "actual?", f"actual: {text} (slot {slot}: {why}; marked at "
-                            f"{kind} {index if col is not None else self.index} in rank {rank}'s lane)",
-                            exact=False, gid=f"actual-{k}"))
+            out.append(
+                Mark(
+                    "actual",
+                    rank,
+                    bx,
+                    bw,
+                    "actual?",
+                    f"actual: {text} (slot {slot}: {why}; marked at "
+                    f"{kind} {index if col is not None else self.index} in rank {rank}'s lane)",
+                    exact=False,
+                    gid=f"actual-{k}",
+                )
+            )
         return out
 
     # --- words -------------------------------------------------------------------
@@ -173,28 +232,36 @@ class FailureView:
     def title(self) -> str:
         f = self.failure
         what = f"query position {self.centre}" if self.is_query else f"first bad {self.index_kind} {self.index}"
-        return (f"{self.report['scenario']}: {f.get('kind')} at step {f.get('step')}, group {f.get('group')}, "
-                f"request {f.get('request_id')}, {what}")
+        return (
+            f"{self.report['scenario']}: {f.get('kind')} at step {f.get('step')}, group {f.get('group')}, "
+            f"request {f.get('request_id')}, {what}"
+        )
 
     def _table_note(self, d: dict) -> str:
         if self.block_table is not None:
             return f"block table: the request's row from the report, {self.block_table}"
-        return (f"block table not in the report: assumed {d['config']['block_table']} (1..n); the slots "
-                "drawn may differ from the run's by a block offset")
+        return (
+            f"block table not in the report: assumed {d['config']['block_table']} (1..n); the slots "
+            "drawn may differ from the run's by a block offset"
+        )
 
     def notes(self, d: dict) -> list[str]:
         g = self.group
-        out = [f"from {self.path}: group {g['name']}, {g['storage']}, {'sharded' if g['sharded'] else 'replicated'}, "
-               f"{g['states_per_page']} states per page ({g['block_size']} tokens)", self._table_note(d)]
+        out = [
+            f"from {self.path}: group {g['name']}, {g['storage']}, {'sharded' if g['sharded'] else 'replicated'}, "
+            f"{g['states_per_page']} states per page ({g['block_size']} tokens)",
+            self._table_note(d),
+        ]
         for c in self.failure.get("contributions") or []:
             out.append(f"rank {c.get('rank')}: {c.get('keys')} keys visible, lse {c.get('lse')}")
         return out
 
     def lines(self, d: dict) -> list[str]:
         f = self.failure
-        out = [f"failure in {self.path} (scenario {self.report['scenario']}): {f.get('kind')} at step {f.get('step')}: "
-               f"{f.get('message')}",
-               f"  group {f.get('group')}, request {f.get('request_id')}"]
+        out = [
+            f"failure in {self.path} (scenario {self.report['scenario']}): {f.get('kind')} at step {f.get('step')}: {f.get('message')}",
+            f"  group {f.get('group')}, request {f.get('request_id')}",
+        ]
         out += [f"  {m.label}" for m in self.marks(d)]
         out.append(f"  {self._table_note(d)}")
         return out
@@ -202,12 +269,19 @@ class FailureView:
     def summary(self, d: dict) -> dict:
         f = self.failure
         return {
-            "report": self.path, "scenario": self.report["scenario"], "kind": f.get("kind"), "step": f.get("step"),
-            "group": f.get("group"), "request_id": f.get("request_id"), "index_kind": self.index_kind,
-            "index": None if self.is_query else self.index, "centre": self.centre,
+            "report": self.path,
+            "scenario": self.report["scenario"],
+            "kind": f.get("kind"),
+            "step": f.get("step"),
+            "group": f.get("group"),
+            "request_id": f.get("request_id"),
+            "index_kind": self.index_kind,
+            "index": None if self.is_query else self.index,
+            "centre": self.centre,
             "block_table_from_report": self.block_table is not None,
-            "marks": [{"kind": m.kind, "rank": m.rank, "x0": m.x0, "width": m.width, "exact": m.exact,
-                       "label": m.label} for m in self.marks(d)],
+            "marks": [
+                {"kind": m.kind, "rank": m.rank, "x0": m.x0, "width": m.width, "exact": m.exact, "label": m.label} for m in self.marks(d)
+            ],
         }
 
 
@@ -233,12 +307,16 @@ def load_failure_view(path: str) -> FailureView:
         raise ConfigError(f"{path}: failure must be an object, got {type(f).__name__}")
     groups = [g for g in report["groups"] if isinstance(g, dict) and g.get("name") == f.get("group")]
     if not groups:
-        raise ConfigError(f"{path}: the {f.get('kind')} failure names no group of the report "
-                          f"(group {f.get('group')!r}: {f.get('message')}); nothing to draw")
+        raise ConfigError(
+            f"{path}: the {f.get('kind')} failure names no group of the report "
+            f"(group {f.get('group')!r}: {f.get('message')}); nothing to draw"
+        )
     g = groups[0]
     if g.get("storage") == "ring":
-        raise ConfigError(f"{path}: the first failure is in ring group {g['name']} (a compressor ring of "
-                          f"{g.get('block_size')} rows, one block per request); layout views cover paged groups only")
+        raise ConfigError(
+            f"{path}: the first failure is in ring group {g['name']} (a compressor ring of "
+            f"{g.get('block_size')} rows, one block per request); layout views cover paged groups only"
+        )
     index = f.get("index")
     kind = f.get("index_kind") or "position"
     if index is None:
@@ -265,6 +343,19 @@ def load_failure_view(path: str) -> FailureView:
     if kind == "record" and R == 1:
         raise ConfigError(f"{path}: a record index in group {g['name']}, whose pages hold one state per token")
     centre = int(record_emit_positions([index], R)[0]) if kind == "record" else index
-    return FailureView(path=path, report=report, failure=f, group=g, index=index, index_kind=kind, centre=centre,
-                       dcp_size=W, interleave_size=I, block_size=B, kernel_block_size=Bk, tokens_per_state=R,
-                       replicated=not g.get("sharded", True), block_table=table)
+    return FailureView(
+        path=path,
+        report=report,
+        failure=f,
+        group=g,
+        index=index,
+        index_kind=kind,
+        centre=centre,
+        dcp_size=W,
+        interleave_size=I,
+        block_size=B,
+        kernel_block_size=Bk,
+        tokens_per_state=R,
+        replicated=not g.get("sharded", True),
+        block_table=table,
+    )

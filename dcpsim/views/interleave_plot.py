@@ -43,8 +43,7 @@ def imbalance_figure(doc: dict):
         ax.bar([i + 0.2 for i in x], maxes, color=MAX_COLOUR, label="max over decode steps", **style)
         ax.set_xticks(x, labels)
         ax.set_ylabel(doc["units"][name])
-        ax.set_title(f"{name}: max - min local length across ranks (W={doc['decode_context_parallel_size']})",
-                     fontsize=9)
+        ax.set_title(f"{name}: max - min local length across ranks (W={doc['decode_context_parallel_size']})", fontsize=9)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a bar
     fig.tight_layout()
     return fig

@@ -119,20 +119,24 @@ def _default_notes(d: dict, labelled: bool) -> list[str]:
     if sharded:
         first = f"a cell = a {what} in the lane of the rank that stores it"
         span = f"{d['_span_states']} {what}s" + (f" = {d['_span']} positions" if R > 1 else "")
-        second = (f"thick lines: virtual blocks of B*W = {span} (one block-table entry); "
-                  f"outlines: each rank's page of B = {B} slots")
+        second = f"thick lines: virtual blocks of B*W = {span} (one block-table entry); outlines: each rank's page of B = {B} slots"
     else:
         first = f"replicated: every rank stores every {what}" if c["replicated"] else f"W = 1: one rank stores every {what}"
         second = f"lines and outlines: blocks of B = {B} {what}s (one block-table entry each)"
-    first += ("; its label is the slot on that rank" if labelled else
-              f"; cells too narrow for slot numbers: draw at most ~{_labelled_positions(d)} positions "
-              "(--around P --window N) to read every slot")
+    first += (
+        "; its label is the slot on that rank"
+        if labelled
+        else f"; cells too narrow for slot numbers: draw at most ~{_labelled_positions(d)} positions "
+        "(--around P --window N) to read every slot"
+    )
     notes = [first, second]
     if Bk < B:
         notes.append(f"dashed: kernel blocks of Bk = {Bk} slots (ownership stays in B*W)")
     if R > 1:
-        notes.append(f"compressed cache, tokens_per_state R = {R}: record c folds positions c*R..c*R+R-1 and "
-                     "is emitted at (c+1)*R-1" + ("; records are sharded by record index" if sharded else ""))
+        notes.append(
+            f"compressed cache, tokens_per_state R = {R}: record c folds positions c*R..c*R+R-1 and "
+            "is emitted at (c+1)*R-1" + ("; records are sharded by record index" if sharded else "")
+        )
     if 0 in c["block_table"]:
         notes.append("hatched: the null block (block 0), an entry released or never allocated")
     return notes
@@ -142,8 +146,7 @@ def _tick_step(n: int) -> int:
     return next((s for s in (1, 2, 4, 8, 16, 32, 64) if n / s <= 24), 128)
 
 
-def draw(d: dict, path: str, fmt: str, *, marks: Sequence[Mark] = (), notes: Sequence[str] = (),
-         title: str | None = None) -> None:
+def draw(d: dict, path: str, fmt: str, *, marks: Sequence[Mark] = (), notes: Sequence[str] = (), title: str | None = None) -> None:
     """Write the picture of view ``d`` to ``path`` (``fmt``: ``png`` or ``svg``)."""
     flag = f"--{fmt}"
     check_drawable(d, flag)
@@ -173,8 +176,16 @@ def draw(d: dict, path: str, fmt: str, *, marks: Sequence[Mark] = (), notes: Seq
         _pages(ax, Rectangle, d, fr, rows)
         fig.text(0.5, 1 - 0.12 / fig_h, title or _title(d), ha="center", va="top", fontsize=9, gid="title")
         for k, (line, colour) in enumerate(lines):
-            fig.text(LEFT_IN / fr.fig_w, (NOTE_IN * (len(lines) - k) - 0.05) / fig_h, line, ha="left",
-                     va="bottom", fontsize=NOTE_PT, color=colour, gid=f"note-{k}")
+            fig.text(
+                LEFT_IN / fr.fig_w,
+                (NOTE_IN * (len(lines) - k) - 0.05) / fig_h,
+                line,
+                ha="left",
+                va="bottom",
+                fontsize=NOTE_PT,
+                color=colour,
+                gid=f"note-{k}",
+            )
         try:
             fig.savefig(path, format=fmt, dpi=DPI, metadata={"Date": None} if fmt == "svg" else None)
         except OSError as exc:
@@ -184,9 +195,13 @@ def draw(d: dict, path: str, fmt: str, *, marks: Sequence[Mark] = (), notes: Seq
 def _title(d: dict) -> str:
     c = d["config"]
     R = c["tokens_per_state"]
-    return (f"DCP layout: W={c['decode_context_parallel_size']} I={c['cp_kv_cache_interleave_size']} "
-            f"B={c['block_size']} Bk={c['kernel_block_size']}" + (f" R={R}" if R > 1 else "")
-            + (" replicated" if c["replicated"] else "") + f", block table {c['block_table']}")
+    return (
+        f"DCP layout: W={c['decode_context_parallel_size']} I={c['cp_kv_cache_interleave_size']} "
+        f"B={c['block_size']} Bk={c['kernel_block_size']}"
+        + (f" R={R}" if R > 1 else "")
+        + (" replicated" if c["replicated"] else "")
+        + f", block table {c['block_table']}"
+    )
 
 
 def _axes(ax, fr: _Frame, W: int) -> None:
@@ -202,8 +217,18 @@ def _axes(ax, fr: _Frame, W: int) -> None:
     ax.set_xlabel("position", fontsize=8)
     lane_of = ax.get_yaxis_transform()  # x in axes fraction, y in lanes
     for r in range(W):
-        ax.text(-0.005, r + 0.5, f"rank {r}", transform=lane_of, ha="right", va="center",
-                fontsize=8, color=rank_colour(r), fontweight="bold", gid=f"lane-label-{r}")
+        ax.text(
+            -0.005,
+            r + 0.5,
+            f"rank {r}",
+            transform=lane_of,
+            ha="right",
+            va="center",
+            fontsize=8,
+            color=rank_colour(r),
+            fontweight="bold",
+            gid=f"lane-label-{r}",
+        )
 
 
 def _entries(d: dict, fr: _Frame) -> range:
@@ -220,11 +245,20 @@ def _boundaries(ax, d: dict, fr: _Frame) -> None:
 
 
 def _around(ax, Rectangle, P: int, W: int) -> None:
-    ax.add_patch(Rectangle((P, 0), 1, W, facecolor="#ffd84d", edgecolor="#c9a000", linewidth=0.8,
-                           zorder=0.8, gid="around"))
-    ax.annotate(f"P={P}", xy=(P + 0.5, 0), xytext=(0, 2), textcoords="offset points", ha="center",
-                va="bottom", fontsize=7, color="#8a6d00", fontweight="bold", gid="around-label",
-                annotation_clip=False)
+    ax.add_patch(Rectangle((P, 0), 1, W, facecolor="#ffd84d", edgecolor="#c9a000", linewidth=0.8, zorder=0.8, gid="around"))
+    ax.annotate(
+        f"P={P}",
+        xy=(P + 0.5, 0),
+        xytext=(0, 2),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=7,
+        color="#8a6d00",
+        fontweight="bold",
+        gid="around-label",
+        annotation_clip=False,
+    )
 
 
 def _cells(ax, Rectangle, d: dict, fr: _Frame, labelled: bool) -> None:
@@ -232,25 +266,55 @@ def _cells(ax, Rectangle, d: dict, fr: _Frame, labelled: bool) -> None:
     c, width, x0s, idx = d["config"], d["_width"], d["_x0"], d["_index"]
     kind = "c" if d["index_kind"] == "record" else "p"
     for r in range(c["decode_context_parallel_size"]):
-        ax.add_patch(Rectangle((fr.lo, r + 0.08), fr.n, 0.84, facecolor=LANE_BG, edgecolor="none",
-                               zorder=0.5, gid=f"lane-{r}"))
+        ax.add_patch(Rectangle((fr.lo, r + 0.08), fr.n, 0.84, facecolor=LANE_BG, edgecolor="none", zorder=0.5, gid=f"lane-{r}"))
         kblocks: dict[tuple[int, int], list[float]] = {}
         for i, s in enumerate(d["slots"][str(r)]):
             if s == PAD:
                 continue
             x = x0s[i]
-            ax.add_patch(Rectangle((x, r + 0.12), width, 0.76, facecolor=rank_colour(r), edgecolor="white",
-                                   linewidth=0.4, zorder=1, gid=f"cell-r{r}-{kind}{idx[i]}"))
+            ax.add_patch(
+                Rectangle(
+                    (x, r + 0.12),
+                    width,
+                    0.76,
+                    facecolor=rank_colour(r),
+                    edgecolor="white",
+                    linewidth=0.4,
+                    zorder=1,
+                    gid=f"cell-r{r}-{kind}{idx[i]}",
+                )
+            )
             fit = _fits(str(s), fr.cell_pt)
             if labelled and fit:
-                ax.text(x + width / 2, r + 0.5, str(s), ha="center", va="center", fontsize=LABEL_PT,
-                        rotation=90 if fit == "v" else 0, color="white", zorder=4, gid=f"slot-r{r}-{kind}{idx[i]}")
+                ax.text(
+                    x + width / 2,
+                    r + 0.5,
+                    str(s),
+                    ha="center",
+                    va="center",
+                    fontsize=LABEL_PT,
+                    rotation=90 if fit == "v" else 0,
+                    color="white",
+                    zorder=4,
+                    gid=f"slot-r{r}-{kind}{idx[i]}",
+                )
             if c["kernel_block_size"] < c["block_size"]:
                 box = kblocks.setdefault((d["_entry"][i], d["_kernel"][r][i]), [x, x + width])
                 box[0], box[1] = min(box[0], x), max(box[1], x + width)
         for (e, k), (a, b) in kblocks.items():
-            ax.add_patch(Rectangle((a, r + 0.1), b - a, 0.8, fill=False, edgecolor="#202020", linestyle="--",
-                                   linewidth=0.8, zorder=2.6, gid=f"kblock-r{r}-e{e}-k{k}"))
+            ax.add_patch(
+                Rectangle(
+                    (a, r + 0.1),
+                    b - a,
+                    0.8,
+                    fill=False,
+                    edgecolor="#202020",
+                    linestyle="--",
+                    linewidth=0.8,
+                    zorder=2.6,
+                    gid=f"kblock-r{r}-e{e}-k{k}",
+                )
+            )
 
 
 def _pages(ax, Rectangle, d: dict, fr: _Frame, tag_rows: int) -> None:
@@ -259,13 +323,31 @@ def _pages(ax, Rectangle, d: dict, fr: _Frame, tag_rows: int) -> None:
     for e in _entries(d, fr):
         a, b = max(fr.lo, e * span), min(fr.hi, (e + 1) * span)
         null = bt[e] == 0
-        ax.annotate(f"entry {e}: " + ("null block 0" if null else f"block {bt[e]}"), xy=((a + b) / 2, 0),
-                    xytext=(0, 3 + 9 * tag_rows), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=7, gid=f"entry-label-{e}", annotation_clip=False)
+        ax.annotate(
+            f"entry {e}: " + ("null block 0" if null else f"block {bt[e]}"),
+            xy=((a + b) / 2, 0),
+            xytext=(0, 3 + 9 * tag_rows),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            gid=f"entry-label-{e}",
+            annotation_clip=False,
+        )
         for r in range(W):
-            ax.add_patch(Rectangle((a, r + 0.06), b - a, 0.88, fill=False, hatch="////" if null else None,
-                                   edgecolor=NULL_EDGE if null else PAGE_EDGE, linewidth=0.8, zorder=2.5,
-                                   gid=f"page-r{r}-e{e}"))
+            ax.add_patch(
+                Rectangle(
+                    (a, r + 0.06),
+                    b - a,
+                    0.88,
+                    fill=False,
+                    hatch="////" if null else None,
+                    edgecolor=NULL_EDGE if null else PAGE_EDGE,
+                    linewidth=0.8,
+                    zorder=2.5,
+                    gid=f"page-r{r}-e{e}",
+                )
+            )
 
 
 def _marks(ax, Rectangle, marks: Sequence[Mark], W: int) -> int:
@@ -279,13 +361,34 @@ def _marks(ax, Rectangle, marks: Sequence[Mark], W: int) -> int:
         if m.kind != "holds":
             inset = INSET.get(m.kind, 0.03)
             for r in lanes:
-                ax.add_patch(Rectangle((m.x0, r + inset), m.width, 1 - 2 * inset, fill=False, edgecolor=colour,
-                                       linewidth=2.2 if m.exact else 1.6, linestyle="-" if m.exact else ":",
-                                       zorder=5, gid=gid if m.rank is not None else f"{gid}-r{r}"))
+                ax.add_patch(
+                    Rectangle(
+                        (m.x0, r + inset),
+                        m.width,
+                        1 - 2 * inset,
+                        fill=False,
+                        edgecolor=colour,
+                        linewidth=2.2 if m.exact else 1.6,
+                        linestyle="-" if m.exact else ":",
+                        zorder=5,
+                        gid=gid if m.rank is not None else f"{gid}-r{r}",
+                    )
+                )
         tags.setdefault((m.tag, m.kind, m.x0, m.width), []).append("all" if m.rank is None else f"r{m.rank}")
     for row, ((tag, kind, x0, width), ranks) in enumerate(tags.items()):
         text = tag if ranks == ["all"] else f"{tag} ({', '.join(ranks)})"
-        ax.annotate(text, xy=(x0 + width / 2, 0), xytext=(0, 2 + 9 * row), textcoords="offset points",
-                    ha="center", va="bottom", fontsize=6.5, color=MARK_COLOURS.get(kind, "#000000"),
-                    fontweight="bold", zorder=6, gid=f"tag-{kind}-{row}", annotation_clip=False)
+        ax.annotate(
+            text,
+            xy=(x0 + width / 2, 0),
+            xytext=(0, 2 + 9 * row),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=6.5,
+            color=MARK_COLOURS.get(kind, "#000000"),
+            fontweight="bold",
+            zorder=6,
+            gid=f"tag-{kind}-{row}",
+            annotation_clip=False,
+        )
     return len(tags)

@@ -42,18 +42,25 @@ def header(d: dict) -> list[str]:
     R = c["tokens_per_state"]
     out = [
         f"DCP layout: W={W} I={c['cp_kv_cache_interleave_size']} B={c['block_size']} "
-        f"Bk={c['kernel_block_size']}" + (f" R={R}" if R > 1 else "")
+        f"Bk={c['kernel_block_size']}"
+        + (f" R={R}" if R > 1 else "")
         + f" replicated={'yes' if c['replicated'] else 'no'} block_table={c['block_table']}",
     ]
     sharded = not c["replicated"] and W > 1
     if R == 1:
-        out.append(f"one block-table entry covers {plural(d['_span'], 'position')}"
-                   + (f" ({plural(c['block_size'], 'slot')} on each rank)" if sharded else ""))
+        out.append(
+            f"one block-table entry covers {plural(d['_span'], 'position')}"
+            + (f" ({plural(c['block_size'], 'slot')} on each rank)" if sharded else "")
+        )
     else:
-        out.append(f"one block-table entry covers {d['_span']} positions = {d['_span_states']} records"
-                   + (f" ({c['block_size']} records on each rank)" if sharded else ""))
-        out.append(f"compressed cache (tokens_per_state {R}): record c folds positions c*{R}..c*{R}+{R - 1} "
-                   f"and is emitted at position (c+1)*{R}-1; records are dealt to ranks by record index")
+        out.append(
+            f"one block-table entry covers {d['_span']} positions = {d['_span_states']} records"
+            + (f" ({c['block_size']} records on each rank)" if sharded else "")
+        )
+        out.append(
+            f"compressed cache (tokens_per_state {R}): record c folds positions c*{R}..c*{R}+{R - 1} "
+            f"and is emitted at position (c+1)*{R}-1; records are dealt to ranks by record index"
+        )
     if c["replicated"]:
         out.append(f"replicated group: every rank stores every {d['index_kind']} (plain slot mapping)")
     if d["around"] is not None:
@@ -94,23 +101,24 @@ def render(d: dict) -> str:
     if d["_prefix"] and kind == "position":
         out.append(f"local_seq_lens (L={pos[-1] + 1}): {per_rank(d['local_seq_lens'])}")
     elif d["_prefix"]:
-        out.append(f"local_seq_lens in records (L={pos[-1] + 1} positions emit {len(idx)} records): "
-                   f"{per_rank(d['local_seq_lens'])}")
+        out.append(f"local_seq_lens in records (L={pos[-1] + 1} positions emit {len(idx)} records): {per_rank(d['local_seq_lens'])}")
     else:
         out.append(f"owned among the {len(idx)} given {noun}: {per_rank(d['owned_counts'])}")
 
     owner = d["owner"]
     extra = [] if kind == "position" else [str(e) for e in d["record_emit_positions"]]
-    cells = [[str(p)] + ([extra[i]] if extra else [])
-             + ["all" if owner == "all" else str(owner[i]), str(d["local_index"][i])]
-             + ["-" if slots[str(r)][i] == PAD else str(slots[str(r)][i]) for r in range(W)]
-             for i, p in enumerate(idx)]
+    cells = [
+        [str(p)]
+        + ([extra[i]] if extra else [])
+        + ["all" if owner == "all" else str(owner[i]), str(d["local_index"][i])]
+        + ["-" if slots[str(r)][i] == PAD else str(slots[str(r)][i]) for r in range(W)]
+        for i, p in enumerate(idx)
+    ]
     head = [kind] + (["emitted"] if extra else []) + ["owner", "local"] + [f"rank {r}" for r in range(W)]
     widths = [max(len(h), *(len(row[j]) for row in cells)) for j, h in enumerate(head)]
 
     def fmt(row):
         return "  ".join(v.rjust(w) for v, w in zip(row, widths))
 
-    out += ["", "slots (local = index in the owner's local sequence; - = PAD, not stored)",
-            fmt(head)] + [fmt(row) for row in cells]
+    out += ["", "slots (local = index in the owner's local sequence; - = PAD, not stored)", fmt(head)] + [fmt(row) for row in cells]
     return "\n".join(out)

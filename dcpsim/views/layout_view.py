@@ -96,8 +96,7 @@ def parse_positions(text: str, open_end: int, open_end_is: str) -> list[int]:
             out.add(int(tok))
         else:
             raise ConfigError(
-                f"--positions: cannot parse {tok!r} (expected a:b, a:, a comma list, "
-                "or a mix such as 0:8,40:48; positions are >= 0)"
+                f"--positions: cannot parse {tok!r} (expected a:b, a:, a comma list, or a mix such as 0:8,40:48; positions are >= 0)"
             )
     return sorted(out)
 
@@ -140,8 +139,7 @@ def compute(q: LayoutQuery) -> dict:
     W, I, B, R = q.dcp_size, q.interleave_size, q.block_size, q.tokens_per_state
     Bk = q.kernel_block_size if q.kernel_block_size is not None else B
     check_int("--tokens-per-state", R)
-    validate_layout(block_size=B, dcp_size=W, interleave_size=I, kernel_block_size=Bk,
-                    replicated=q.replicated)
+    validate_layout(block_size=B, dcp_size=W, interleave_size=I, kernel_block_size=Bk, replicated=q.replicated)
     sharded = W > 1 and not q.replicated
     span_states = B * W if sharded else B  # states (positions or records) per block-table entry
     span = span_states * R  # positions per block-table entry
@@ -168,11 +166,14 @@ def compute(q: LayoutQuery) -> dict:
     prefix = positions == list(range(L))
     if R == 1:
         index, emit = pos, None
-        slots = np.stack([
-            slot_mapping(pos, bt, block_size=B, dcp_size=W, dcp_rank=r, interleave_size=I,
-                         kernel_block_size=Bk, replicated=q.replicated)
-            for r in range(W)
-        ])
+        slots = np.stack(
+            [
+                slot_mapping(
+                    pos, bt, block_size=B, dcp_size=W, dcp_rank=r, interleave_size=I, kernel_block_size=Bk, replicated=q.replicated
+                )
+                for r in range(W)
+            ]
+        )
         stored_before_L = L
     else:
         candidates = records_emitted(int(pos[0]), L, R)
@@ -185,12 +186,22 @@ def compute(q: LayoutQuery) -> dict:
                 f"({positions[0]}..{last}); record c is emitted at position (c+1)*{R}-1 "
                 f"(positions {R - 1}, {2 * R - 1}, ...)"
             )
-        slots = np.stack([
-            record_slot_mapping(index, bt, block_size=B * R, tokens_per_state=R, dcp_size=W,
-                                dcp_rank=r, interleave_size=I, kernel_block_size=Bk * R,
-                                replicated=q.replicated)
-            for r in range(W)
-        ])
+        slots = np.stack(
+            [
+                record_slot_mapping(
+                    index,
+                    bt,
+                    block_size=B * R,
+                    tokens_per_state=R,
+                    dcp_size=W,
+                    dcp_rank=r,
+                    interleave_size=I,
+                    kernel_block_size=Bk * R,
+                    replicated=q.replicated,
+                )
+                for r in range(W)
+            ]
+        )
         stored_before_L = len(records_emitted(0, L, R))
     if sharded:
         owner = owner_rank(index, dcp_size=W, interleave_size=I)
@@ -203,9 +214,13 @@ def compute(q: LayoutQuery) -> dict:
     x0 = pos if emit is None else emit - (R - 1)  # a record's cell: the R tokens it folds
     d = {
         "config": {
-            "decode_context_parallel_size": W, "cp_kv_cache_interleave_size": I,
-            "block_size": B, "kernel_block_size": Bk, "tokens_per_state": R,
-            "replicated": bool(q.replicated), "block_table": [int(b) for b in bt],
+            "decode_context_parallel_size": W,
+            "cp_kv_cache_interleave_size": I,
+            "block_size": B,
+            "kernel_block_size": Bk,
+            "tokens_per_state": R,
+            "replicated": bool(q.replicated),
+            "block_table": [int(b) for b in bt],
         },
         "positions": positions,
         "around": q.around,
@@ -214,24 +229,26 @@ def compute(q: LayoutQuery) -> dict:
     if R > 1:
         d["records"] = index.tolist()
         d["record_emit_positions"] = emit.tolist()
-    d.update({
-        "owner": owner.tolist() if owner is not None else "all",
-        "local_index": local_index.tolist(),
-        "local_seq_lens": lens.tolist(),
-        "owned_counts": stored.sum(axis=1).tolist(),
-        "slots": {str(r): slots[r].tolist() for r in range(W)},
-        # for the text and picture views
-        "_span": span,
-        "_span_states": span_states,
-        "_prefix": prefix,
-        "_index": index.tolist(),
-        "_x0": x0.tolist(),
-        "_width": R,
-        "_entry": (index // span_states).tolist(),
-        # the kernel block each slot lies in, read off the slot number (kernel id * Bk + offset)
-        "_kernel": np.where(stored, slots // Bk, PAD).tolist(),
-        "_around_col": _column_of(q.around, x0, R),
-    })
+    d.update(
+        {
+            "owner": owner.tolist() if owner is not None else "all",
+            "local_index": local_index.tolist(),
+            "local_seq_lens": lens.tolist(),
+            "owned_counts": stored.sum(axis=1).tolist(),
+            "slots": {str(r): slots[r].tolist() for r in range(W)},
+            # for the text and picture views
+            "_span": span,
+            "_span_states": span_states,
+            "_prefix": prefix,
+            "_index": index.tolist(),
+            "_x0": x0.tolist(),
+            "_width": R,
+            "_entry": (index // span_states).tolist(),
+            # the kernel block each slot lies in, read off the slot number (kernel id * Bk + offset)
+            "_kernel": np.where(stored, slots // Bk, PAD).tolist(),
+            "_around_col": _column_of(q.around, x0, R),
+        }
+    )
     return d
 
 

@@ -57,8 +57,7 @@ def problems(res: mx.CellResult) -> str:
     r = res.report
     if not (r.verifications >= 1 and r.verified_indices > 0):
         return f"{res.cell.id}: nothing was verified"
-    if (r.dcp_size, r.interleave_size, r.kernel_block_size) != (res.cell.dcp, res.cell.interleave,
-                                                                res.cell.kernel_block_size):
+    if (r.dcp_size, r.interleave_size, r.kernel_block_size) != (res.cell.dcp, res.cell.interleave, res.cell.kernel_block_size):
         return f"{res.cell.id}: ran W={r.dcp_size} I={r.interleave_size} Bk={r.kernel_block_size}"
     if r.schedule["finished"] != r.schedule["requests"]:
         return f"{res.cell.id}: {r.schedule['finished']} of {r.schedule['requests']} requests finished"
@@ -91,8 +90,9 @@ def test_the_full_grid_has_every_axis():
 
 def test_chunks_keep_to_one_world_and_cover_the_pending_cells():
     # dsv3-dcp2 has 7 + 6 cells at B = 64 and 32: one full unit and one of a single cell
-    cells = mx.expand(["dsv3", "llama-gqa"], dcps=[1, 2], interleaves=["1", "2", "4", "8", "16", "32", "64"],
-                      block_sizes=[64, 32], dry_run=False)
+    cells = mx.expand(
+        ["dsv3", "llama-gqa"], dcps=[1, 2], interleaves=["1", "2", "4", "8", "16", "32", "64"], block_sizes=[64, 32], dry_run=False
+    )
     chunks = chunks_of(cells)
     assert all(len({c.cell.group for c in chunk}) == 1 and len(chunk) <= UNIT for chunk in chunks)
     assert [len(c) for c in chunks if c[0].cell.group == "dsv3-dcp2"] == [UNIT, 13 - UNIT]

@@ -25,8 +25,9 @@ def _masked_logits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: 
     return torch.baddbmm(bias.unsqueeze(0), heads_first, k.t().contiguous().unsqueeze(0).expand(H, dk, n), alpha=scale)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *,
-           scale: float, base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *, scale: float, base: str = "e"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's attention: ``q [nq, H, dk]``, ``k [n, dk]``, ``v [n, dv]``, ``mask [nq, n]``.
 
     Returns ``(O [nq, H, dv], lse [nq, H])`` in the dtype of ``q``; a row that sees no key

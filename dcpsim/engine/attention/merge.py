@@ -52,9 +52,7 @@ def scale_output(output: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return torch.where(f == 0, torch.zeros_like(output), f * output)
 
 
-def merge_attention_states(
-    outputs: torch.Tensor, lses: torch.Tensor, base: str = "e"
-) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_attention_states(outputs: torch.Tensor, lses: torch.Tensor, base: str = "e") -> tuple[torch.Tensor, torch.Tensor]:
     """Merge ``W`` partial attention states into ``(O [..., D], lse [...])``."""
     if outputs.shape[:-1] != lses.shape:
         raise ValueError(f"outputs {tuple(outputs.shape)} and lses {tuple(lses.shape)} do not match")

@@ -58,14 +58,14 @@ class ShardAttention:
         for (g, req), rows in queries.items():
             w, geometry = writes[req], runner.geometries[g]
             slots, mask, merged = self.engine.attention_metadata(
-                geometry, w.start, w.stop, runner.block_tables[g].row(req), self.rank, rows)
+                geometry, w.start, w.stop, runner.block_tables[g].row(req), self.rank, rows
+            )
             kv = runner.stores[g].read_vectors(slots)
             query = torch.from_numpy(query_vectors(g, req, w.start + rows, w.contents[rows], cfg.heads, dk))
             # sharded: every head over the local shard (queries all-gathered), merged later;
             # replicated: this rank's heads over the whole replica, as with W == 1
             h0, h1 = (0, cfg.heads) if merged else self.own_heads
-            out, lse = attend(query[:, h0:h1], kv[:, :dk], kv[:, dk:], torch.from_numpy(mask),
-                              scale=cfg.softmax_scale, base=cfg.lse_base)
+            out, lse = attend(query[:, h0:h1], kv[:, :dk], kv[:, dk:], torch.from_numpy(mask), scale=cfg.softmax_scale, base=cfg.lse_base)
             visible = mask.sum(axis=1)
             if merged:
                 empty = torch.from_numpy(visible == 0)
@@ -86,8 +86,7 @@ class ShardAttention:
 
     @staticmethod
     def _result(it: _Local, out, lse, head0: int) -> AttentionResult:
-        return AttentionResult(it.group, it.write, it.rows, it.merged, out, lse, head0, head0 + out.shape[1],
-                               it.visible, it.lse, it.head0)
+        return AttentionResult(it.group, it.write, it.rows, it.merged, out, lse, head0, head0 + out.shape[1], it.visible, it.lse, it.head0)
 
     def _merge(self, step: int, items: list[_Local]):
         """Per merged item: (output, lse, first head) of the slice this rank holds."""

@@ -81,8 +81,7 @@ def pool_sizes(scenario: Scenario, engine: Engine, geometries: list[GroupGeometr
     k = scenario.config.num_speculative_tokens
     out = []
     for geometry in geometries:
-        needs = [blocks_per_request(engine, geometry, scenario.config, r.prompt_len + r.output_len + k)
-                 for r in scenario.requests]
+        needs = [blocks_per_request(engine, geometry, scenario.config, r.prompt_len + r.output_len + k) for r in scenario.requests]
         if geometry.storage is Storage.RING:
             out.append(len(needs))
         elif geometry.storage is Storage.STATE:  # a few state blocks per request, however long
@@ -116,10 +115,7 @@ class Scheduler:
             if r.prefix:
                 n = max(len(prefixes.get(r.prefix, ())), r.shared_prefix_len)
                 prefixes[r.prefix] = random_tokens(stable_seed(scenario.seed, "prefix", r.prefix), n)
-        self.requests = [
-            Request(i, spec, scenario.seed, prefixes.get(spec.prefix))
-            for i, spec in enumerate(scenario.requests)
-        ]
+        self.requests = [Request(i, spec, scenario.seed, prefixes.get(spec.prefix)) for i, spec in enumerate(scenario.requests)]
         self._check_fits()
         use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in geometries)
         self.prefix_cache = self.prefix_cache_class(self.managers, engine) if use_prefix else None
@@ -173,9 +169,7 @@ class Scheduler:
         events.append(f"preempted {req.request_id} ({why})")
 
     def _rows(self) -> tuple[dict[int, np.ndarray], ...]:
-        return tuple(
-            {r: m.row_array(r) for r in m.blocks} for m in self.managers
-        )
+        return tuple({r: m.row_array(r) for r in m.blocks} for m in self.managers)
 
     # --- one step -----------------------------------------------------------------
 
@@ -225,12 +219,7 @@ class Scheduler:
                 continue
             # req itself was preempted: the list shifted, do not advance i
 
-        while (
-            not preempted_now
-            and self.waiting
-            and budget > 0
-            and len(self.running) < self.config.max_num_seqs
-        ):
+        while not preempted_now and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             hit, hit_blocks = (0, None)
             external = self.external_tokens(req) if req.num_computed == 0 else 0
@@ -316,9 +305,7 @@ class Scheduler:
         num_true = known - start
         d = n - num_true
         accepted = req.next_acceptance(d) if d else 0
-        contents = np.concatenate(
-            [req.fingerprints[start:known], req.draft_contents(known, d, accepted, step)]
-        )
+        contents = np.concatenate([req.fingerprints[start:known], req.draft_contents(known, d, accepted, step)])
         req.num_computed = known + accepted
         req.num_output += accepted + 1
         if d:
@@ -343,7 +330,5 @@ class Scheduler:
         """Every step's plan until all requests finish (or ``max_steps``)."""
         while not self.done:
             if self.step_index >= self.scenario.max_steps:
-                raise ConfigError(
-                    f"scenario did not finish within max_steps={self.scenario.max_steps}"
-                )
+                raise ConfigError(f"scenario did not finish within max_steps={self.scenario.max_steps}")
             yield self.step()

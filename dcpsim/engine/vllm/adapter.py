@@ -57,29 +57,76 @@ SUPPORTED_VERSIONS = ("0.33.0",)
 PAD_ID = -1
 
 V2_MODULE, V2_KERNEL = "vllm.v1.worker.gpu.block_table", "_compute_slot_mappings_kernel"
-V2_ARGS = ("max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
-           "block_sizes", "slot_mapping_enabled", "dcp_sharded", "slot_mappings_ptr", "slot_mappings_stride",
-           "cp_rank", "CP_SIZE", "CP_INTERLEAVE", "PAD_ID", "TRITON_BLOCK_SIZE")
+V2_ARGS = (
+    "max_num_tokens",
+    "idx_mapping",
+    "query_start_loc",
+    "pos",
+    "block_table_ptrs",
+    "block_table_strides",
+    "block_sizes",
+    "slot_mapping_enabled",
+    "dcp_sharded",
+    "slot_mappings_ptr",
+    "slot_mappings_stride",
+    "cp_rank",
+    "CP_SIZE",
+    "CP_INTERLEAVE",
+    "PAD_ID",
+    "TRITON_BLOCK_SIZE",
+)
 V1_MODULE, V1_KERNEL = "vllm.v1.worker.block_table", "ComputeSlotMappingKernel.kernel"
-V1_ARGS = ("num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_ptr",
-           "block_table_stride", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE", "TOTAL_CP_WORLD_SIZE", "TOTAL_CP_RANK",
-           "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "BLOCK_SIZE")
+V1_ARGS = (
+    "num_tokens",
+    "max_num_tokens",
+    "query_start_loc_ptr",
+    "positions_ptr",
+    "block_table_ptr",
+    "block_table_stride",
+    "slot_mapping_ptr",
+    "KV_CACHE_BLOCK_SIZE",
+    "TOTAL_CP_WORLD_SIZE",
+    "TOTAL_CP_RANK",
+    "CP_KV_CACHE_INTERLEAVE_SIZE",
+    "PAD_ID",
+    "BLOCK_SIZE",
+)
 WIDTH_FUNCTION, WIDTH_ARGS = "get_block_table_width", ("max_num_blocks", "block_size")
 """The worker's block-table row width: max_num_blocks_per_req aligned to the spec's tokens."""
 LENS_MODULE, LENS_FUNCTION = "vllm.v1.attention.backends.utils", "get_dcp_local_seq_lens"
 LENS_ARGS = ("seq_lens", "dcp_size", "dcp_rank", "cp_kv_cache_interleave_size")
 MERGE_MODULE, MERGE_KERNEL = "vllm.v1.attention.ops.dcp", "CorrectAttnCPOutKernel.kernel"
-MERGE_ARGS = ("outputs_ptr", "new_output_ptr", "lses_ptr", "vlse_ptr", "outputs_stride_B", "outputs_stride_H",
-              "outputs_stride_D", "lses_stride_N", "lses_stride_B", "lses_stride_H", "lse_idx", "HEAD_DIM",
-              "N_ROUNDED", "IS_BASE_E")
+MERGE_ARGS = (
+    "outputs_ptr",
+    "new_output_ptr",
+    "lses_ptr",
+    "vlse_ptr",
+    "outputs_stride_B",
+    "outputs_stride_H",
+    "outputs_stride_D",
+    "lses_stride_N",
+    "lses_stride_B",
+    "lses_stride_H",
+    "lse_idx",
+    "HEAD_DIM",
+    "N_ROUNDED",
+    "IS_BASE_E",
+)
 MAX_MERGE_PROGRAMS = 512
 """Merges of at most this many (token, head) programs run vLLM's correction kernel."""
 KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION = "vllm.v1.worker.utils", "AttentionGroup.map_to_kernel_block_table"
 KERNEL_TABLE_ARGS = ("self", "block_table", "ubatch_idx")
 SPECS_MODULE = "vllm.v1.kv_cache_interface"
 SPEC_MODULES = ("vllm.utils.math_utils", "vllm.v1.kv_cache_layout", "vllm.v1.kv_cache_spec_registry", SPECS_MODULE)
-_TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
-                 "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8}
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+}
 
 
 _INTERPRETER_LOCK = threading.Lock()
@@ -94,8 +141,10 @@ class VllmCallError(RuntimeError):
 def source_dir(vllm_source: str | None) -> str:
     source = vllm_source or os.environ.get("DCPSIM_VLLM_SOURCE")
     if not source:
-        raise ConfigError("--engine vllm needs --vllm-source DIR (or DCPSIM_VLLM_SOURCE): a directory holding "
-                          "vllm/; get one with: python -m dcpsim engine fetch vllm==0.33.0")
+        raise ConfigError(
+            "--engine vllm needs --vllm-source DIR (or DCPSIM_VLLM_SOURCE): a directory holding "
+            "vllm/; get one with: python -m dcpsim engine fetch vllm==0.33.0"
+        )
     if not os.path.isdir(source):
         raise ConfigError(f"--vllm-source {source}: no such directory")
     return source
@@ -121,8 +170,9 @@ class VllmEngine(ReferenceEngine):
         self.tree = SourceTree(source_dir(vllm_source))
         self.version = self.tree.version
         if runner == "v2":
-            mods = self.tree.load(["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, V1_MODULE, LENS_MODULE,
-                                   MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES])
+            mods = self.tree.load(
+                ["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, V1_MODULE, LENS_MODULE, MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES]
+            )
             self._slot_kernel = self._function(mods, V2_MODULE, V2_KERNEL, V2_ARGS)
         else:
             mods = self.tree.load([V1_MODULE, LENS_MODULE, MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES])
@@ -136,8 +186,8 @@ class VllmEngine(ReferenceEngine):
         lens = f"{LENS_MODULE}.{LENS_FUNCTION}"
         self.decisions = {
             "group_geometry": f"vllm {SPECS_MODULE} spec classes (dcp_sharded, max_num_blocks_per_req, "
-                              "page_size_bytes, max_memory_usage_bytes); "
-                              "validation: reference",
+            "page_size_bytes, max_memory_usage_bytes); "
+            "validation: reference",
             "write_slots": f"vllm {slot} (rings and Mamba states: reference)",
             "local_seq_lens": f"vllm {lens}",
             "query_local_bounds": f"vllm {lens}",
@@ -145,9 +195,11 @@ class VllmEngine(ReferenceEngine):
         }
         self.decisions["merge_across_ranks"] = "reference (vLLM's correction kernel with --vllm-merge)"
         if merge:
-            self.decisions["merge_across_ranks"] = (f"vllm {MERGE_MODULE}.{MERGE_KERNEL} (the allgather variant, as cp_lse_ag_out_rs "
-                                  "runs it: all-gather the LSEs, correct, reduce-scatter over heads) for steps of at most "
-                                  f"{MAX_MERGE_PROGRAMS} token x head programs; alltoall and prefill chunks: reference")
+            self.decisions["merge_across_ranks"] = (
+                f"vllm {MERGE_MODULE}.{MERGE_KERNEL} (the allgather variant, as cp_lse_ag_out_rs "
+                "runs it: all-gather the LSEs, correct, reduce-scatter over heads) for steps of at most "
+                f"{MAX_MERGE_PROGRAMS} token x head programs; alltoall and prefill chunks: reference"
+            )
         """Decision -> what makes it; every other decision is the reference engine's."""
 
     def _function(self, mods, module: str, qualname: str, args: tuple[str, ...]):
@@ -158,14 +210,15 @@ class VllmEngine(ReferenceEngine):
                 raise ConfigError(self._where(module, qualname, "is missing"))
         have = _arg_names(obj)
         if tuple(have[: len(args)]) != args:
-            raise ConfigError(self._where(module, qualname, f"has the signature ({', '.join(have)}), "
-                                                            f"expected ({', '.join(args)})"))
+            raise ConfigError(self._where(module, qualname, f"has the signature ({', '.join(have)}), expected ({', '.join(args)})"))
         return obj
 
     def _where(self, module: str, qualname: str, what: str) -> str:
         file = self.tree.root / (module.replace(".", "/") + ".py")
-        return (f"vLLM {self.version} at {self.tree.root}: {qualname} in {file} {what}; this adapter supports "
-                f"vLLM {', '.join(SUPPORTED_VERSIONS)}")
+        return (
+            f"vLLM {self.version} at {self.tree.root}: {qualname} in {file} {what}; this adapter supports "
+            f"vLLM {', '.join(SUPPORTED_VERSIONS)}"
+        )
 
     def _call(self, what: str, fn, *args, **kwargs):
         try:
@@ -184,8 +237,11 @@ class VllmEngine(ReferenceEngine):
         if cls is None or not dataclasses.is_dataclass(cls):
             raise ConfigError(self._where(SPECS_MODULE, type(spec).__name__, "is missing"))
         names = {f.name for f in dataclasses.fields(cls)}
-        values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
-                  if f.name in names and f.name not in ("dtype", "dtypes", "mamba_type", "dcp_replicated")}
+        values = {
+            f.name: getattr(spec, f.name)
+            for f in dataclasses.fields(spec)
+            if f.name in names and f.name not in ("dtype", "dtypes", "mamba_type", "dcp_replicated")
+        }
         if isinstance(spec, MambaSpec):
             # torch dtypes; mamba_type (a backend enum the loader stubs) keeps vLLM's default,
             # which no geometry reads; dcp_sharded keeps vLLM's default for a state (False)
@@ -199,8 +255,9 @@ class VllmEngine(ReferenceEngine):
         try:
             return cls(**values)
         except Exception as exc:  # noqa: BLE001 - a spec class vLLM changed
-            raise ConfigError(self._where(SPECS_MODULE, type(spec).__name__,
-                                          f"refused {sorted(values)}: {type(exc).__name__}: {exc}")) from None
+            raise ConfigError(
+                self._where(SPECS_MODULE, type(spec).__name__, f"refused {sorted(values)}: {type(exc).__name__}: {exc}")
+            ) from None
 
     def group_geometry(self, group_id, group, config):
         import dataclasses
@@ -215,17 +272,22 @@ class VllmEngine(ReferenceEngine):
             parallel_config=types.SimpleNamespace(decode_context_parallel_size=config.decode_context_parallel_size),
             model_config=types.SimpleNamespace(max_model_len=config.max_model_len),
             cache_config=types.SimpleNamespace(mamba_cache_mode=getattr(group.representative, "mamba_cache_mode", "none")),
-            max_in_flight_tokens=config.max_in_flight_tokens)
+            max_in_flight_tokens=config.max_in_flight_tokens,
+        )
         cls = f"{SPECS_MODULE}.{type(vspec).__name__}"
-        width = self._call(f"{cls}.max_num_blocks_per_req", vspec.max_num_blocks_per_req, vllm_config,
-                           config.max_model_len)
-        width = self._call(f"{V1_MODULE}.{WIDTH_FUNCTION}", self._table_width, width, vspec.block_size,
-                           token_alignment=vspec.block_table_token_alignment)
+        width = self._call(f"{cls}.max_num_blocks_per_req", vspec.max_num_blocks_per_req, vllm_config, config.max_model_len)
+        width = self._call(
+            f"{V1_MODULE}.{WIDTH_FUNCTION}", self._table_width, width, vspec.block_size, token_alignment=vspec.block_table_token_alignment
+        )
         memory = self._call(f"{cls}.max_memory_usage_bytes", vspec.max_memory_usage_bytes, vllm_config)
         return dataclasses.replace(
-            g, sharded=sharded, block_table_width=int(width), page_size_bytes=int(vspec.page_size_bytes),
+            g,
+            sharded=sharded,
+            block_table_width=int(width),
+            page_size_bytes=int(vspec.page_size_bytes),
             max_memory_usage_bytes=int(memory),
-            manager_block_size=g.block_size * (config.decode_context_parallel_size if sharded else 1))
+            manager_block_size=g.block_size * (config.decode_context_parallel_size if sharded else 1),
+        )
 
     # --- the write path -------------------------------------------------------------
 
@@ -262,20 +324,47 @@ class VllmEngine(ReferenceEngine):
         block = 1 << max(10, int(max(lens, default=1) - 1).bit_length())
         if self.runner == "v2":
             out = torch.full((1, max(total, 1)), PAD_ID, dtype=torch.int64)
-            self._call(f"{V2_MODULE}.{V2_KERNEL}", self._slot_kernel[(1, n + 1)],
-                       total, torch.arange(n, dtype=torch.int32), qsl, positions,
-                       torch.tensor([table.data_ptr()], dtype=torch.int64), torch.tensor([width], dtype=torch.int32),
-                       torch.tensor([page], dtype=torch.int32), torch.tensor([True]), torch.tensor([g.sharded]),
-                       out, out.stride(0), dcp_rank,
-                       CP_SIZE=W, CP_INTERLEAVE=I, PAD_ID=PAD_ID, TRITON_BLOCK_SIZE=block)
+            self._call(
+                f"{V2_MODULE}.{V2_KERNEL}",
+                self._slot_kernel[(1, n + 1)],
+                total,
+                torch.arange(n, dtype=torch.int32),
+                qsl,
+                positions,
+                torch.tensor([table.data_ptr()], dtype=torch.int64),
+                torch.tensor([width], dtype=torch.int32),
+                torch.tensor([page], dtype=torch.int32),
+                torch.tensor([True]),
+                torch.tensor([g.sharded]),
+                out,
+                out.stride(0),
+                dcp_rank,
+                CP_SIZE=W,
+                CP_INTERLEAVE=I,
+                PAD_ID=PAD_ID,
+                TRITON_BLOCK_SIZE=block,
+            )
             flat = out[0, :total].numpy()
         else:
             out = torch.full((max(total, 1),), PAD_ID, dtype=torch.int64)
             world, rank = (W, dcp_rank) if g.sharded else (1, 0)
-            self._call(f"{V1_MODULE}.{V1_KERNEL}", self._slot_kernel[(n + 1,)],
-                       total, total, qsl, positions, table, width, out,
-                       KV_CACHE_BLOCK_SIZE=page, TOTAL_CP_WORLD_SIZE=world, TOTAL_CP_RANK=rank,
-                       CP_KV_CACHE_INTERLEAVE_SIZE=I, PAD_ID=PAD_ID, BLOCK_SIZE=block)
+            self._call(
+                f"{V1_MODULE}.{V1_KERNEL}",
+                self._slot_kernel[(n + 1,)],
+                total,
+                total,
+                qsl,
+                positions,
+                table,
+                width,
+                out,
+                KV_CACHE_BLOCK_SIZE=page,
+                TOTAL_CP_WORLD_SIZE=world,
+                TOTAL_CP_RANK=rank,
+                CP_KV_CACHE_INTERLEAVE_SIZE=I,
+                PAD_ID=PAD_ID,
+                BLOCK_SIZE=block,
+            )
             flat = out[:total].numpy()
         flat = np.where(flat == PAD_ID, PAD, flat).astype(np.int64)
         return np.split(flat, np.cumsum(lens)[:-1]) if n > 1 else [flat]
@@ -298,9 +387,20 @@ class VllmEngine(ReferenceEngine):
         corrected = torch.empty_like(src)
         merged = torch.empty((q, heads), dtype=lses.dtype)
         if q:
-            self._call(f"{MERGE_MODULE}.{MERGE_KERNEL}", self._correct[(q, heads, 1)],
-                       src, corrected, lses, merged, *src.stride(), *lses.stride(), rank,
-                       HEAD_DIM=dp, N_ROUNDED=n, IS_BASE_E=(base == "e"))
+            self._call(
+                f"{MERGE_MODULE}.{MERGE_KERNEL}",
+                self._correct[(q, heads, 1)],
+                src,
+                corrected,
+                lses,
+                merged,
+                *src.stride(),
+                *lses.stride(),
+                rank,
+                HEAD_DIM=dp,
+                N_ROUNDED=n,
+                IS_BASE_E=(base == "e"),
+            )
         send = corrected[..., :d].reshape(q, world, heads // world, d).transpose(0, 1).contiguous()
         part = group.reduce_scatter_tensor(send)  # [q, H/W, D]: this rank's heads, merged
         hs = heads // world
@@ -317,9 +417,12 @@ class VllmEngine(ReferenceEngine):
         k = page // bk
         row = torch.as_tensor(np.asarray(block_row), dtype=torch.int32).reshape(1, -1)
         group = types.SimpleNamespace(  # what map_to_kernel_block_table reads of an AttentionGroup
-            kernel_block_size=bk, kv_cache_spec=types.SimpleNamespace(block_size=page),
+            kernel_block_size=bk,
+            kv_cache_spec=types.SimpleNamespace(block_size=page),
             kernel_block_table=torch.zeros((1, 1, row.shape[1] * k), dtype=torch.int32),
-            kernel_block_offsets=torch.arange(k, dtype=torch.int32), kernel_block_stride=0)
+            kernel_block_offsets=torch.arange(k, dtype=torch.int32),
+            kernel_block_stride=0,
+        )
         out = self._call(f"{KERNEL_TABLE_MODULE}.{KERNEL_TABLE_FUNCTION}", self._kernel_table, group, row)
         return out.reshape(-1).numpy().astype(np.int64)
 
@@ -327,8 +430,14 @@ class VllmEngine(ReferenceEngine):
         lens = np.asarray(seq_lens, dtype=np.int64)
         if not geometry.sharded:
             return lens
-        out = self._call(f"{LENS_MODULE}.{LENS_FUNCTION}", self._local_lens, torch.from_numpy(lens),
-                         geometry.dcp_size, dcp_rank, geometry.interleave_size)
+        out = self._call(
+            f"{LENS_MODULE}.{LENS_FUNCTION}",
+            self._local_lens,
+            torch.from_numpy(lens),
+            geometry.dcp_size,
+            dcp_rank,
+            geometry.interleave_size,
+        )
         return out.numpy().astype(np.int64)
 
     def query_local_bounds(self, geometry, start, stop, dcp_rank):

@@ -46,13 +46,13 @@ def fetch(requirement: str = DEFAULT_REQUIREMENT, dest: str | os.PathLike | None
     if have is not None and (want is None or have == want):
         return dest
     with tempfile.TemporaryDirectory(prefix="dcpsim-vllm-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", tmp,
-               requirement]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", tmp, requirement]
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("vllm-*.whl"))
         if done.returncode != 0 or not wheels:
-            raise HarnessError(f"engine fetch: pip download {requirement} failed: "
-                               f"{(done.stderr or done.stdout).strip().splitlines()[-1:] or ['no wheel']}")
+            raise HarnessError(
+                f"engine fetch: pip download {requirement} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:] or ['no wheel']}"
+            )
         dest.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".vllm-", dir=dest.parent))  # same file system as dest
         try:

@@ -158,8 +158,9 @@ class SourceTree:
             if root.name == "vllm" and (root / "__init__.py").is_file():
                 root = root.parent
             else:
-                raise ConfigError(f"--vllm-source {root}: no vllm/ package in this directory "
-                                  "(give the folder that holds vllm/, e.g. an unpacked wheel)")
+                raise ConfigError(
+                    f"--vllm-source {root}: no vllm/ package in this directory (give the folder that holds vllm/, e.g. an unpacked wheel)"
+                )
         self.root = root.resolve()
         self.modules: dict[str, types.ModuleType] = {}
         self.stubbed: set[str] = set()
@@ -170,8 +171,7 @@ class SourceTree:
         for candidate in (self.root / "vllm" / "_version.py", *self.root.glob("vllm-*.dist-info/METADATA")):
             if candidate.is_file():
                 text = candidate.read_text(encoding="utf-8", errors="replace")
-                match = re.search(r"""(?:__version__|^version)\s*[:=]\s*(?:version\s*=\s*)?['"]?([0-9][^'"\s]*)""",
-                                  text, re.M)
+                match = re.search(r"""(?:__version__|^version)\s*[:=]\s*(?:version\s*=\s*)?['"]?([0-9][^'"\s]*)""", text, re.M)
                 if match:
                     return match.group(1)
         return "unknown"

@@ -100,8 +100,7 @@ class BlockTable:
         """Request -> the distinct changed columns of its row (or ``ALL_COLUMNS``) since
         the last call, and forget them."""
         changed, self._changed = self._changed, {}
-        return {req: cols if cols is ALL_COLUMNS else sorted_distinct(np.concatenate(cols))
-                for req, cols in changed.items()}
+        return {req: cols if cols is ALL_COLUMNS else sorted_distinct(np.concatenate(cols)) for req, cols in changed.items()}
 
     def row(self, req: int) -> np.ndarray:
         """The request's block ids (a view of the table; null entries are 0)."""

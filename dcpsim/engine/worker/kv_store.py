@@ -33,10 +33,7 @@ class KVStore:
         self._written: list[np.ndarray] = []
         """Slots written since the last ``take_written``: the store's change record."""
         self.vector_dim = vector_dim
-        self.vectors = (
-            torch.full((num_blocks, states_per_page, vector_dim), float("nan"), dtype=torch.float32)
-            if vector_dim else None
-        )
+        self.vectors = torch.full((num_blocks, states_per_page, vector_dim), float("nan"), dtype=torch.float32) if vector_dim else None
 
     @property
     def num_slots(self) -> int:
@@ -49,8 +46,8 @@ class KVStore:
 
     def write_vectors(self, slots: np.ndarray, vectors: np.ndarray) -> None:
         if self.vectors is not None and len(slots):
-            self.vectors.view(-1, self.vector_dim)[torch.from_numpy(np.ascontiguousarray(slots))] = (
-                torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))
+            self.vectors.view(-1, self.vector_dim)[torch.from_numpy(np.ascontiguousarray(slots))] = torch.from_numpy(
+                np.ascontiguousarray(vectors, dtype=np.float32)
             )
 
     def read_vectors(self, slots: np.ndarray) -> torch.Tensor:

@@ -54,8 +54,7 @@ class ModelRunner:
         self.vector_width = vector_width
         self.block_tables = [BlockTable(g.name, max_num_reqs, g.block_table_width) for g in geometries]
         self.stores = [
-            KVStore(g.group_id, n + 1, g.states_per_page,
-                    vector_dim=vector_width if g.storage not in (Storage.RING, Storage.STATE) else 0)
+            KVStore(g.group_id, n + 1, g.states_per_page, vector_dim=vector_width if g.storage not in (Storage.RING, Storage.STATE) else 0)
             for g, n in zip(geometries, pool_sizes)
         ]
         self.write_log: list[WriteRecord] = []
@@ -96,8 +95,7 @@ class ModelRunner:
                 # what a state holds: the KV of its position, or of the position emitting a
                 # record; an index the step does not compute has no KV to store
                 emit = index * tps + (tps - 1 - write.start)
-                if not (slots.min() >= 0 and slots.max() < store.num_slots
-                        and emit.min() >= 0 and emit.max() < len(write.contents)):
+                if not (slots.min() >= 0 and slots.max() < store.num_slots and emit.min() >= 0 and emit.max() < len(write.contents)):
                     keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < len(write.contents))
                     slots, index, emit = slots[keep], index[keep], emit[keep]
                 content = write.contents[emit]

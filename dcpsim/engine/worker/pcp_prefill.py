@@ -31,12 +31,12 @@ def split_rows(engine: Engine, plan: StepPlan, pcp: int, dcp: int) -> list[int]:
     """Indices of the step's writes the PCP group splits (the rest are replicated)."""
     if pcp == 1:
         return []
-    return [i for i, w in enumerate(plan.writes)
-            if not engine.pcp_replicated(len(w.contents), w.prefill, pcp, dcp)]
+    return [i for i, w in enumerate(plan.writes) if not engine.pcp_replicated(len(w.contents), w.prefill, pcp, dcp)]
 
 
-def pcp_prefill(engine: Engine, plan: StepPlan, pcp_coll, pcp_rank: int, pcp: int, dcp: int,
-                on_phase: Callable[[str], None] = lambda what: None) -> StepPlan:
+def pcp_prefill(
+    engine: Engine, plan: StepPlan, pcp_coll, pcp_rank: int, pcp: int, dcp: int, on_phase: Callable[[str], None] = lambda what: None
+) -> StepPlan:
     """The step's plan with each split row's contents as this rank holds them after the
     PCP gather (the plan itself when nothing is split)."""
     split = split_rows(engine, plan, pcp, dcp)
@@ -47,8 +47,7 @@ def pcp_prefill(engine: Engine, plan: StepPlan, pcp_coll, pcp_rank: int, pcp: in
     for i in split:
         w = writes[i]
         pieces = engine.pcp_chunks(len(w.contents), pcp, pcp_rank)
-        mine.append(np.concatenate([w.contents[o:o + n] for o, n in pieces]
-                                   or [np.zeros(0, np.int64)]).astype(np.int64))
+        mine.append(np.concatenate([w.contents[o : o + n] for o, n in pieces] or [np.zeros(0, np.int64)]).astype(np.int64))
     rows = [(writes[i].start, len(writes[i].contents)) for i in split]
     if engine.pcp_enters_gather(rows, pcp, pcp_rank):
         on_phase(GATHER_PHASE)

@@ -56,8 +56,7 @@ class WorkerView:
     def step_attention_metadata(self) -> list[AttentionMetadata] | None:
         if not self._runner.builds_metadata:
             return None
-        return [dataclasses.replace(m, **{a: np.array(getattr(m, a), dtype=np.int64) for a in m.ARRAYS})
-                for m in self._runner.metadata_log]
+        return [dataclasses.replace(m, **{a: np.array(getattr(m, a), dtype=np.int64) for a in m.ARRAYS}) for m in self._runner.metadata_log]
 
     @property
     def kv_store_bytes(self) -> int:

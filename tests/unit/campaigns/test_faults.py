@@ -167,8 +167,10 @@ def test_kernel_virtual_block_with_interleave_above_bk_starves_ranks_and_collide
 def test_replicated_scaled_by_w_narrows_only_replicated_tables():
     sc = scenario("llama-draft", decode_context_parallel_size=4)
     fault = FAULTS["replicated-scaled-by-w"]
-    widths = {good.sharded: (bad.block_table_width, good.block_table_width)
-              for bad, good in zip(fault.geometries(sc.layers, sc.config), geometries(sc), strict=True)}
+    widths = {
+        good.sharded: (bad.block_table_width, good.block_table_width)
+        for bad, good in zip(fault.geometries(sc.layers, sc.config), geometries(sc), strict=True)
+    }
     assert widths[True] == (cdiv(4096, 32 * 4),) * 2  # sharded: unchanged
     assert widths[False] == (cdiv(4096, 32 * 4), cdiv(4096, 32))  # replicated draft: 32 instead of 128
 
@@ -220,8 +222,7 @@ def test_ring_rejected_overwrite_puts_the_first_draft_on_the_true_rows_slot():
     np.testing.assert_array_equal(good, 2 * C + index % C)
     np.testing.assert_array_equal(bad, 2 * C + np.array([10, 10, 11, 12]) % C)
     prefill = ReqWrite(0, "r", 0, np.arange(4, dtype=np.int64))
-    np.testing.assert_array_equal(fault.write_slots(ring, prefill, row, 0)[0],
-                                  ReferenceEngine().write_slots(ring, prefill, row, 0)[0])
+    np.testing.assert_array_equal(fault.write_slots(ring, prefill, row, 0)[0], ReferenceEngine().write_slots(ring, prefill, row, 0)[0])
 
 
 # ----------------------------------------------------------------------------- detection, end to end

@@ -44,8 +44,7 @@ def test_random_schedules_often_preempt_inside_a_unit_and_revisit_an_evicted_pre
     examples (about 13% and 11% measured over 600). Derandomized: the same draws each run."""
     seen = []
 
-    @settings(max_examples=200, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(scenarios())
     def draw(scenario):
         seen.append(situations(scenario))

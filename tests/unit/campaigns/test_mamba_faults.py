@@ -111,8 +111,7 @@ def test_fault_is_detected_and_the_same_config_passes_without_it(fault, name, op
 
 def test_selftest_runs_both_on_the_mamba_builtin_and_skips_identical_baselines():
     # prefix-hash-unit-B runs dsv3 at B = 16, so dsv3 has a B = 16 baseline of its own
-    plan = plan_selftest(["prefix-hash-unit-B", SCALED.name, TRANSFORM.name], [NAME, "dsv3", "gpt-oss-hybrid"],
-                         dry_run=False)
+    plan = plan_selftest(["prefix-hash-unit-B", SCALED.name, TRANSFORM.name], [NAME, "dsv3", "gpt-oss-hybrid"], dry_run=False)
     where = {}
     for c in plan.cases:
         where.setdefault(c.fault, set()).add(c.scenario)
@@ -127,5 +126,4 @@ def test_selftest_runs_both_on_the_mamba_builtin_and_skips_identical_baselines()
     # align config sets the cache block size, so even gpt-oss-hybrid, whose pages are 16 tokens
     # already, matches its B = 16 baseline rather than its own config)
     same = {s["scenario"]: s["reason"] for s in plan.skipped if s["fault"] == BASELINE and s["options"] == dict(align)}
-    assert same == {"dsv3": "the same run as its baseline in config B=16",
-                    "gpt-oss-hybrid": "the same run as its baseline in config B=16"}
+    assert same == {"dsv3": "the same run as its baseline in config B=16", "gpt-oss-hybrid": "the same run as its baseline in config B=16"}

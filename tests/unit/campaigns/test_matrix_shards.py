@@ -59,8 +59,7 @@ def test_a_bad_shard_is_a_config_error(text):
         parse_shard(text)
 
 
-@pytest.mark.parametrize("argv", [["--shard", "0/2"], ["--shard", "3/2"], ["--shard", "x"], ["--shard", "3/3"],
-                                  ["--full", "--dcp", "2"]])
+@pytest.mark.parametrize("argv", [["--shard", "0/2"], ["--shard", "3/2"], ["--shard", "x"], ["--shard", "3/3"], ["--full", "--dcp", "2"]])
 def test_matrix_refuses_a_bad_shard_or_grid_before_running(capsys, argv):
     args = ["matrix", "dsv3", "--dcp", "1,2", "--interleave", "1,4"]
     if argv[0] == "--full":
@@ -75,8 +74,7 @@ def test_matrix_refuses_a_bad_shard_or_grid_before_running(capsys, argv):
 
 def test_the_hash_names_the_cell_list_and_the_engine():
     assert matrix_hash(["a", "b"]) == matrix_hash(["a", "b"])
-    assert len({matrix_hash(["a", "b"]), matrix_hash(["b", "a"]), matrix_hash(["a"]),
-                matrix_hash(["a", "b"], {"engine": "vllm"})}) == 4
+    assert len({matrix_hash(["a", "b"]), matrix_hash(["b", "a"]), matrix_hash(["a"]), matrix_hash(["a", "b"], {"engine": "vllm"})}) == 4
 
 
 def shard_run(capsys, tmp_path, k: int, n: int, *extra: str) -> tuple[int, list[dict], ET.Element]:
@@ -93,7 +91,10 @@ def test_shards_run_their_cells_and_merge_back_into_the_matrix(capsys, tmp_path)
     assert (code1, code2) == (0, 0)
     # the W = 2 world (cost 2 x 2) goes to shard 1, the W = 1 one to shard 2; the skipped cell round-robin
     assert [(c["index"], c["cell"], c["status"]) for c in cells1] == [
-        (1, "dsv3-dcp1-il4-bs64", "skipped"), (2, "dsv3-dcp2-il1-bs64", "pass"), (3, "dsv3-dcp2-il4-bs64", "pass")]
+        (1, "dsv3-dcp1-il4-bs64", "skipped"),
+        (2, "dsv3-dcp2-il1-bs64", "pass"),
+        (3, "dsv3-dcp2-il4-bs64", "pass"),
+    ]
     assert [(c["index"], c["cell"], c["status"]) for c in cells2] == [(0, "dsv3-dcp1-il1-bs64", "pass")]
     meta = {json.dumps(c["matrix"], sort_keys=True) for c in cells1 + cells2}
     assert len({json.loads(m)["hash"] for m in meta}) == 1 and {json.loads(m)["cells"] for m in meta} == {4}
@@ -109,12 +110,15 @@ def test_shards_run_their_cells_and_merge_back_into_the_matrix(capsys, tmp_path)
 
     # JSON and JUnit shards mix; the merged outputs hold the whole matrix in order
     out_json, out_xml = tmp_path / "all.json", tmp_path / "all.xml"
-    assert main(["merge", str(tmp_path / "shard1.xml"), str(tmp_path / "shard2.json"),
-                 "--json-out", str(out_json), "--junit-out", str(out_xml)]) == 0
+    assert (
+        main(
+            ["merge", str(tmp_path / "shard1.xml"), str(tmp_path / "shard2.json"), "--json-out", str(out_json), "--junit-out", str(out_xml)]
+        )
+        == 0
+    )
     assert "merged 2 shards: 4 cells: 3 passed, 0 failed, 0 errors, 1 skipped" in capsys.readouterr().out
     merged = json.loads(out_json.read_text())
-    assert [c["cell"] for c in merged] == ["dsv3-dcp1-il1-bs64", "dsv3-dcp1-il4-bs64", "dsv3-dcp2-il1-bs64",
-                                           "dsv3-dcp2-il4-bs64"]
+    assert [c["cell"] for c in merged] == ["dsv3-dcp1-il1-bs64", "dsv3-dcp1-il4-bs64", "dsv3-dcp2-il1-bs64", "dsv3-dcp2-il4-bs64"]
     assert merged[0]["report"]["dcp_size"] == 1 and merged[2]["report"] is None, "JSON shards keep their reports"
     assert all("matrix" not in c and "index" not in c for c in merged)
     root = ET.parse(out_xml).getroot()
@@ -132,8 +136,9 @@ def test_a_failing_cell_is_a_junit_failure_and_merge_exits_1(capsys, tmp_path):
     assert failed.get("name") == "dsv3-dcp2-il4-bs64"
     node = failed.find("failure")
     assert node is not None and node.get("message") == cells1[2]["reason"] and cells1[2]["status"] == "fail"
-    assert "scenario dsv3" in node.text and "decode_context_parallel_size=2 cp_kv_cache_interleave_size=4" in node.text, \
+    assert "scenario dsv3" in node.text and "decode_context_parallel_size=2 cp_kv_cache_interleave_size=4" in node.text, (
         "the body is the failure report"
+    )
     assert main(["merge", str(tmp_path / "shard1.xml"), str(tmp_path / "shard2.json")]) == 1
     out = capsys.readouterr().out
     assert "dsv3-dcp2-il4-bs64 FAIL:" in out and "0 errors" in out
@@ -158,20 +163,25 @@ def test_merge_round_trips_the_cells_in_order():
     assert [c["cell"] for c in merge(list(reversed(shards)))] == [f"c{i}" for i in range(10)]
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda s: s[:2], "missing 1 shard of 3: 3/3"),
-    (lambda s: s[:1], "missing 2 shards of 3: 2/3, 3/3"),
-    (lambda s: s + [s[0]], "shard 1/3 given twice: s1.json and s1.json"),
-    (lambda s: s[:2] + fake_shards(10, 3, "h2")[2:], "s3.json and s1.json are not shards of one matrix: hash h2 vs h1"),
-    (lambda s: s[:2] + fake_shards(11, 3)[2:], "11 vs 10 cells"),
-    (lambda s: fake_shards(10, 2)[:1] + s[1:], "not shards of one matrix"),
-    (lambda s: [(s[0][0], s[0][1] + [dict(s[1][1][0], matrix=s[0][1][0]["matrix"])])] + s[1:],
-     "cell 'c1' (index 1) is in both s1.json and s2.json"),
-    (lambda s: [(s[0][0], s[0][1][:-1] + [dict(s[0][1][-1], index=12)])] + s[1:], "s1.json: cell 'c9' has index 12, outside"),
-    (lambda s: [(s[0][0], [{"cell": "c0", "status": "pass"}])] + s[1:], "s1.json: cell 'c0' has no matrix shard record"),
-    (lambda s: [(s[0][0], [])] + s[1:], "s1.json: not a matrix shard report"),
-    (lambda s: [], "merge: no shard reports given"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda s: s[:2], "missing 1 shard of 3: 3/3"),
+        (lambda s: s[:1], "missing 2 shards of 3: 2/3, 3/3"),
+        (lambda s: s + [s[0]], "shard 1/3 given twice: s1.json and s1.json"),
+        (lambda s: s[:2] + fake_shards(10, 3, "h2")[2:], "s3.json and s1.json are not shards of one matrix: hash h2 vs h1"),
+        (lambda s: s[:2] + fake_shards(11, 3)[2:], "11 vs 10 cells"),
+        (lambda s: fake_shards(10, 2)[:1] + s[1:], "not shards of one matrix"),
+        (
+            lambda s: [(s[0][0], s[0][1] + [dict(s[1][1][0], matrix=s[0][1][0]["matrix"])])] + s[1:],
+            "cell 'c1' (index 1) is in both s1.json and s2.json",
+        ),
+        (lambda s: [(s[0][0], s[0][1][:-1] + [dict(s[0][1][-1], index=12)])] + s[1:], "s1.json: cell 'c9' has index 12, outside"),
+        (lambda s: [(s[0][0], [{"cell": "c0", "status": "pass"}])] + s[1:], "s1.json: cell 'c0' has no matrix shard record"),
+        (lambda s: [(s[0][0], [])] + s[1:], "s1.json: not a matrix shard report"),
+        (lambda s: [], "merge: no shard reports given"),
+    ],
+)
 def test_merge_refuses_shards_that_are_not_one_matrix(damage, message):
     with pytest.raises(ConfigError) as info:
         merge(damage(copy.deepcopy(fake_shards(10, 3))))
@@ -192,14 +202,21 @@ def test_merge_cli_names_unreadable_files(capsys, tmp_path):
 
 
 def test_junit_counts_every_status():
-    entries = [{"cell": "a-dcp2-il1-bs8", "status": "pass", "reason": "", "seconds": 0.5},
-               {"cell": "a-dcp2-il2-bs8", "status": "fail", "reason": "wrong content", "seconds": 0.25},
-               {"cell": "b-dcp4-il1-bs8", "status": "error", "reason": "rank 1 died", "seconds": 1.0},
-               {"cell": "b-dcp1-il2-bs8", "status": "skipped", "reason": "same layout", "seconds": 0.0}]
+    entries = [
+        {"cell": "a-dcp2-il1-bs8", "status": "pass", "reason": "", "seconds": 0.5},
+        {"cell": "a-dcp2-il2-bs8", "status": "fail", "reason": "wrong content", "seconds": 0.25},
+        {"cell": "b-dcp4-il1-bs8", "status": "error", "reason": "rank 1 died", "seconds": 1.0},
+        {"cell": "b-dcp1-il2-bs8", "status": "skipped", "reason": "same layout", "seconds": 0.0},
+    ]
     root = junit.to_xml(entries, details={"a-dcp2-il2-bs8": "the whole report"}).getroot()
     suite = root.find("testsuite")
     assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped", "time")} == {
-        "tests": "4", "failures": "1", "errors": "1", "skipped": "1", "time": "1.750"}
+        "tests": "4",
+        "failures": "1",
+        "errors": "1",
+        "skipped": "1",
+        "time": "1.750",
+    }
     cases = {c.get("name"): c for c in suite.findall("testcase")}
     assert cases["a-dcp2-il2-bs8"].find("failure").text == "the whole report"
     assert cases["b-dcp4-il1-bs8"].find("error").get("message") == "rank 1 died"

@@ -61,8 +61,11 @@ def test_plan_runs_each_fault_where_it_applies():
     # every config a fault runs in is also a baseline config on every scenario
     fault_cfgs = {c.options for c in plan.cases if c.fault != BASELINE}
     base = {(c.scenario, c.options) for c in plan.cases if c.fault == BASELINE}
-    same = {(s["scenario"], tuple(sorted(s["options"].items()))) for s in plan.skipped
-            if s["fault"] == BASELINE and s["reason"].startswith("the same run as its baseline")}
+    same = {
+        (s["scenario"], tuple(sorted(s["options"].items())))
+        for s in plan.skipped
+        if s["fault"] == BASELINE and s["reason"].startswith("the same run as its baseline")
+    }
     assert {(s, o) for s in SMALL for o in fault_cfgs | {()}} == base | same
     assert ("dsv3", (("decode_context_parallel_size", 2),)) in same  # dsv3's own W: its () baseline
     kv = next(c for c in plan.cases if c.fault == "kernel-virtual-block")
@@ -122,11 +125,22 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
     assert all(" on every built-in scenario" not in text for text in why.values())
     assert why["draft-drops-dcp"] == "not on dsv3 (applies on: dsv3-mtp)"
     assert why["compressed-hit-drops-r"] == "not on dsv3 (applies on: compressed-prefix)"
-    assert set(why) == {"compressed-hit-drops-r", "replicated-scaled-by-w", "merge-drops-dcp-replicated", "replicated-owner-only",
-                        "sliding-window-early-release", "ring-rejected-overwrite", "draft-drops-dcp",
-                        "draft-indptr-global", "dcp-transform-on-replicated", "mamba-block-size-scaled-by-w",
-                        "pcp-gather-rank-local", "pcp-spec-regular-mask", "pcp-chunks-not-mirrored",
-                        "dcp-rank-not-transposed"}
+    assert set(why) == {
+        "compressed-hit-drops-r",
+        "replicated-scaled-by-w",
+        "merge-drops-dcp-replicated",
+        "replicated-owner-only",
+        "sliding-window-early-release",
+        "ring-rejected-overwrite",
+        "draft-drops-dcp",
+        "draft-indptr-global",
+        "dcp-transform-on-replicated",
+        "mamba-block-size-scaled-by-w",
+        "pcp-gather-rank-local",
+        "pcp-spec-regular-mask",
+        "pcp-chunks-not-mirrored",
+        "dcp-rank-not-transposed",
+    }
     assert why["pcp-gather-rank-local"] == "not on dsv3 (applies on: glm-pcp2-dcp2)"
 
 
@@ -251,8 +265,9 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     assert set(doc["faults"]) == set(FAULTS) - {BASELINE}
     assert set(doc["faults"].values()) == {DETECTED}
     faults = [r for r in doc["rows"] if r["fault"] != BASELINE]
-    assert faults and all(r["outcome"] == DETECTED and r["report"].startswith("FAIL at step") for r in faults
-                          if r["fault"] != "pcp-gather-rank-local")
+    assert faults and all(
+        r["outcome"] == DETECTED and r["report"].startswith("FAIL at step") for r in faults if r["fault"] != "pcp-gather-rank-local"
+    )
     hangs = [r for r in faults if r["fault"] == "pcp-gather-rank-local"]  # a hang, reported as one
     assert hangs and all(r["kind"] == "collective-hang" and "never entered" in r["report"] for r in hangs)
     base = [r for r in doc["rows"] if r["fault"] == BASELINE]

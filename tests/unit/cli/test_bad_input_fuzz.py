@@ -21,15 +21,29 @@ from dcpsim.scenarios.load import scenario_from_dict
 from helpers import EXTREME_INTS, TINY_SCENARIO, run_cli, scenario_toml
 
 FIELDS = (
-    ((), "seed"), ((), "kv_cache_tokens"), ((), "num_gpu_blocks"), ((), "max_steps"), ((), "verify_every"),
-    (("config",), "max_model_len"), (("config",), "max_num_batched_tokens"),
-    (("config",), "decode_context_parallel_size"), (("config",), "cp_kv_cache_interleave_size"),
-    (("config",), "num_speculative_tokens"), (("config",), "max_num_seqs"),
-    (("config",), "max_cudagraph_capture_size"), (("config",), "long_prefill_token_threshold"),
-    (("layers", 0), "block_size"), (("layers", 0), "num_kv_heads"), (("layers", 0), "head_size"),
-    (("requests", 0), "count"), (("requests", 0), "prompt_len"), (("requests", 0), "output_len"),
-    (("requests", 0), "arrival_step"), (("requests", 0), "shared_prefix_len"),
-    (("requests", 0), "preempt_at_steps"), (("requests", 0), "acceptance"),
+    ((), "seed"),
+    ((), "kv_cache_tokens"),
+    ((), "num_gpu_blocks"),
+    ((), "max_steps"),
+    ((), "verify_every"),
+    (("config",), "max_model_len"),
+    (("config",), "max_num_batched_tokens"),
+    (("config",), "decode_context_parallel_size"),
+    (("config",), "cp_kv_cache_interleave_size"),
+    (("config",), "num_speculative_tokens"),
+    (("config",), "max_num_seqs"),
+    (("config",), "max_cudagraph_capture_size"),
+    (("config",), "long_prefill_token_threshold"),
+    (("layers", 0), "block_size"),
+    (("layers", 0), "num_kv_heads"),
+    (("layers", 0), "head_size"),
+    (("requests", 0), "count"),
+    (("requests", 0), "prompt_len"),
+    (("requests", 0), "output_len"),
+    (("requests", 0), "arrival_step"),
+    (("requests", 0), "shared_prefix_len"),
+    (("requests", 0), "preempt_at_steps"),
+    (("requests", 0), "acceptance"),
 )
 VALUES = st.one_of(st.sampled_from(EXTREME_INTS), st.integers(-2, 4))
 
@@ -47,23 +61,31 @@ def scenarios(draw) -> dict:
     return data
 
 
-FLAGS = st.lists(st.one_of(
-    st.tuples(st.sampled_from(["--dcp", "--interleave", "--block-size", "--kernel-block-size", "--seed",
-                               "--verify-every", "--max-cudagraph-capture-size"]),
-              st.sampled_from(EXTREME_INTS).map(str)),
-    st.tuples(st.sampled_from(["--timeout", "--deadline"]), st.sampled_from(["0", "-5", "nan", "inf", "1e300"])),
-    st.tuples(st.just("--simulate-rank-failure"),
-              st.sampled_from(["", "raise:0:99999", "raise:9:0", "exit:0:-1", "hang", "raise:0:0:0"])),
-    st.tuples(st.sampled_from(["--paranoid", "--attention", "--force"])),
-), max_size=3)
+FLAGS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.sampled_from(
+                ["--dcp", "--interleave", "--block-size", "--kernel-block-size", "--seed", "--verify-every", "--max-cudagraph-capture-size"]
+            ),
+            st.sampled_from(EXTREME_INTS).map(str),
+        ),
+        st.tuples(st.sampled_from(["--timeout", "--deadline"]), st.sampled_from(["0", "-5", "nan", "inf", "1e300"])),
+        st.tuples(
+            st.just("--simulate-rank-failure"), st.sampled_from(["", "raise:0:99999", "raise:9:0", "exit:0:-1", "hang", "raise:0:0:0"])
+        ),
+        st.tuples(st.sampled_from(["--paranoid", "--attention", "--force"])),
+    ),
+    max_size=3,
+)
 
 
 def no_traceback(err: str) -> bool:
     return re.search(r"^Traceback", err, re.M) is None
 
 
-@settings(max_examples=8, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=scenarios(), flags=FLAGS, as_json=st.booleans())
 def test_the_cli_ends_cleanly_whatever_the_input(tmp_path, data, flags, as_json):
     path = tmp_path / "fuzz.toml"
@@ -86,13 +108,16 @@ def test_the_loader_and_the_estimate_raise_only_config_errors(data):
         return
 
 
-@pytest.mark.parametrize("where, key, value", [
-    (("config",), "max_model_len", 99999999999999999999),
-    ((), "kv_cache_tokens", 9_000_000_000_000_000_000),
-    (("requests", 0), "prompt_len", 1_000_000_000),
-    (("config",), "max_cudagraph_capture_size", 10**12),
-    (("requests", 0), "count", 100_000),
-])
+@pytest.mark.parametrize(
+    "where, key, value",
+    [
+        (("config",), "max_model_len", 99999999999999999999),
+        ((), "kv_cache_tokens", 9_000_000_000_000_000_000),
+        (("requests", 0), "prompt_len", 1_000_000_000),
+        (("config",), "max_cudagraph_capture_size", 10**12),
+        (("requests", 0), "count", 100_000),
+    ],
+)
 def test_the_issues_values_are_estimated_or_refused_at_once(where, key, value):
     """Each is refused by the loader or the estimate (``ConfigError``), or estimated, and
     dry-run here when it is small."""

@@ -44,27 +44,30 @@ def json_error(result) -> dict:
 
 RUNAWAYS = {
     "dcp 1000": (lambda t: ["run", "dsv3", "--dcp", "1000"], "across 1000 ranks"),
-    "a 1e9 prompt": (lambda t: ["run", scenario_file(t, config={"max_model_len": 2 * 10**9},
-                                                     request={"prompt_len": 10**9})],
-                     "at least 15,625,001 steps"),
-    "max_model_len 1e20": (lambda t: ["run", scenario_file(t, config={"max_model_len": 99999999999999999999})],
-                           "of block tables"),
+    "a 1e9 prompt": (
+        lambda t: ["run", scenario_file(t, config={"max_model_len": 2 * 10**9}, request={"prompt_len": 10**9})],
+        "at least 15,625,001 steps",
+    ),
+    "max_model_len 1e20": (lambda t: ["run", scenario_file(t, config={"max_model_len": 99999999999999999999})], "of block tables"),
     "block size 1e9": (lambda t: ["run", scenario_file(t), "--block-size", "1000000000"], "of KV stores"),
 }
 """The runaways of the issue, in a subprocess with an address-space limit."""
 
 REFUSED = {
-    "dcp 1000 from a file": (lambda t: ["run", scenario_file(t, config={"decode_context_parallel_size": 1000})],
-                             "across 1000 ranks"),
-    "a 1e9 prompt in few steps": (lambda t: ["run", scenario_file(
-        t, config={"max_model_len": 2 * 10**9, "max_num_batched_tokens": 10**9}, request={"prompt_len": 10**9})],
-        "GiB available; --force to run anyway"),
-    "kv_cache_tokens 9e18": (lambda t: ["run", scenario_file(t, top={"kv_cache_tokens": 9 * 10**18})],
-                             "of KV stores"),
-    "matrix of a huge pool": (lambda t: ["matrix", scenario_file(t, top={"kv_cache_tokens": 9 * 10**18}),
-                                         "--dcp", "2", "--interleave", "1"], "no cell can run"),
-    "capacity of a huge pool": (lambda t: ["capacity", scenario_file(t, top={"kv_cache_tokens": 9 * 10**18})],
-                                "scheduler alone needs"),
+    "dcp 1000 from a file": (lambda t: ["run", scenario_file(t, config={"decode_context_parallel_size": 1000})], "across 1000 ranks"),
+    "a 1e9 prompt in few steps": (
+        lambda t: [
+            "run",
+            scenario_file(t, config={"max_model_len": 2 * 10**9, "max_num_batched_tokens": 10**9}, request={"prompt_len": 10**9}),
+        ],
+        "GiB available; --force to run anyway",
+    ),
+    "kv_cache_tokens 9e18": (lambda t: ["run", scenario_file(t, top={"kv_cache_tokens": 9 * 10**18})], "of KV stores"),
+    "matrix of a huge pool": (
+        lambda t: ["matrix", scenario_file(t, top={"kv_cache_tokens": 9 * 10**18}), "--dcp", "2", "--interleave", "1"],
+        "no cell can run",
+    ),
+    "capacity of a huge pool": (lambda t: ["capacity", scenario_file(t, top={"kv_cache_tokens": 9 * 10**18})], "scheduler alone needs"),
 }
 """More of them, in this process: the estimate is arithmetic, so nothing is allocated."""
 
@@ -93,8 +96,7 @@ def test_json_gets_the_refusal_as_one_document(tmp_path):
 
 
 def test_force_past_the_estimate_ends_in_one_out_of_memory_line(tmp_path):
-    result = run_cli(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 9 * 10**18}), "--force", "--json",
-                      "--in-process"])
+    result = run_cli(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 9 * 10**18}), "--force", "--json", "--in-process"])
     check(result, 3, "out of memory")
     assert json_error(result)["kind"] == "HarnessError"
 
@@ -107,14 +109,19 @@ USAGE = {
     "matrix --timeout 0": (lambda t: ["matrix", "dsv3", "--timeout", "0"], "--timeout must be a positive"),
     "matrix --dcp 0": (lambda t: ["matrix", "dsv3", "--dcp", "0"], "--dcp: every value must be an integer >= 1"),
     "worker outside torchrun": (lambda t: ["worker", "dsv3"], "start this entry point with torchrun"),
-    "a failure after the last step": (lambda t: ["run", scenario_file(t), "--simulate-rank-failure",
-                                                 "raise:0:99999"], "the failure would never happen"),
-    "an empty failure": (lambda t: ["run", scenario_file(t), "--simulate-rank-failure", ""],
-                         "--simulate-rank-failure expects KIND:RANK:STEP"),
-    "preempt_at_steps 100000": (lambda t: ["run", scenario_file(t, request={"preempt_at_steps": [100000]})],
-                                "preempt_at_steps 100000 is never reached"),
-    "preempt_at_steps -3": (lambda t: ["run", scenario_file(t, request={"preempt_at_steps": [-3]})],
-                            "preempt_at_steps must be steps >= 0"),
+    "a failure after the last step": (
+        lambda t: ["run", scenario_file(t), "--simulate-rank-failure", "raise:0:99999"],
+        "the failure would never happen",
+    ),
+    "an empty failure": (
+        lambda t: ["run", scenario_file(t), "--simulate-rank-failure", ""],
+        "--simulate-rank-failure expects KIND:RANK:STEP",
+    ),
+    "preempt_at_steps 100000": (
+        lambda t: ["run", scenario_file(t, request={"preempt_at_steps": [100000]})],
+        "preempt_at_steps 100000 is never reached",
+    ),
+    "preempt_at_steps -3": (lambda t: ["run", scenario_file(t, request={"preempt_at_steps": [-3]})], "preempt_at_steps must be steps >= 0"),
     "--seed -1": (lambda t: ["run", scenario_file(t), "--seed", "-1"], "--seed must be >= 0"),
     "seed -1 in a file": (lambda t: ["run", scenario_file(t, top={"seed": -1})], "seed: must be >= 0"),
     "a directory": (lambda t: ["run", str(t)], "is a directory, not a scenario file"),
@@ -149,8 +156,7 @@ def test_json_gets_a_usage_error_as_one_document(tmp_path, capsys, no_torchrun, 
 
 def test_a_pool_below_the_largest_request_says_what_was_used(tmp_path):
     result = run_cli(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 1}), "--in-process"])
-    check(result, 0, "kv_cache_tokens = 1 does not hold the largest request",
-          "FullAttention[layers.0.attn+1] 4 blocks (128 tokens)")
+    check(result, 0, "kv_cache_tokens = 1 does not hold the largest request", "FullAttention[layers.0.attn+1] 4 blocks (128 tokens)")
 
 
 def test_a_preemption_that_never_fires_is_said(tmp_path):
@@ -160,8 +166,7 @@ def test_a_preemption_that_never_fires_is_said(tmp_path):
 
 
 def test_a_huge_cudagraph_capture_size_costs_nothing(tmp_path):
-    result = run_cli(["run", scenario_file(tmp_path, config={"max_cudagraph_capture_size": 10**12}),
-                      "--in-process", "--json"], timeout=60)
+    result = run_cli(["run", scenario_file(tmp_path, config={"max_cudagraph_capture_size": 10**12}), "--in-process", "--json"], timeout=60)
     check(result, 0)
     assert json.loads(result.stdout)["passed"] is True
 
@@ -174,13 +179,15 @@ def test_a_rank_whose_parent_is_gone_ends_silently(tmp_path):
 
     from dcpsim.harness.world import EXIT_ORPHANED
 
-    code = ("from multiprocessing import Pipe\n"
-            "from dcpsim.harness import world\n"
-            "recv, send = Pipe(duplex=False)\n"
-            "recv.close()\n"
-            "world._conn = send\n"
-            "world.set_progress(3, 'write')\n"
-            "print('still running')\n")
+    code = (
+        "from multiprocessing import Pipe\n"
+        "from dcpsim.harness import world\n"
+        "recv, send = Pipe(duplex=False)\n"
+        "recv.close()\n"
+        "world._conn = send\n"
+        "world.set_progress(3, 'write')\n"
+        "print('still running')\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert (result.returncode, result.stdout, result.stderr) == (EXIT_ORPHANED, "", "")

@@ -50,8 +50,7 @@ def test_json_columns_for_each_dcp_size(run_json):
 
 
 def test_gpu_memory_budget(run_json):
-    code, doc = run_json("capacity", "llama-draft", "--dcp", "1,4", "--gpu-memory-gib", "80",
-                         "--gpu-memory-utilization", "0.5")
+    code, doc = run_json("capacity", "llama-draft", "--dcp", "1,4", "--gpu-memory-gib", "80", "--gpu-memory-utilization", "0.5")
     assert code == 0 and doc["pool"]["budget_bytes_per_rank"] == 40 << 30
     assert any("no weights, activations or CUDA graphs" in n for n in doc["notes"])
     w1, w4 = doc["columns"]
@@ -85,13 +84,16 @@ def test_text_table(capsys, tmp_path):
     assert "W=2: invalid:" in out and "pool from the scenario: kv_cache_tokens = 1024" in out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--dcp", "1,x"], "--dcp: 'x' is not an integer"),
-    (["--dcp", "0"], "no valid DCP size: W=0: decode_context_parallel_size must be an integer >= 1"),
-    (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization needs --gpu-memory-gib"),
-    (["--gpu-memory-gib", "80", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
-    (["--gpu-memory-gib", "0"], "--gpu-memory-gib must be > 0"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--dcp", "1,x"], "--dcp: 'x' is not an integer"),
+        (["--dcp", "0"], "no valid DCP size: W=0: decode_context_parallel_size must be an integer >= 1"),
+        (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization needs --gpu-memory-gib"),
+        (["--gpu-memory-gib", "80", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
+        (["--gpu-memory-gib", "0"], "--gpu-memory-gib must be > 0"),
+    ],
+)
 def test_usage_errors_are_exit_2(capsys, argv, message):
     assert main(["capacity", "dsv3", *argv]) == 2
     assert message in capsys.readouterr().err

@@ -15,8 +15,14 @@ def test_fuzz_leaves_no_hypothesis_folder_in_the_working_directory(tmp_path):
     cwd.mkdir()
     env = dict(os.environ, DCPSIM_CACHE=str(cache), PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.pop("HYPOTHESIS_STORAGE_DIRECTORY", None)
-    proc = subprocess.run([sys.executable, "-m", "dcpsim", "fuzz", "--examples", "3", "--seed", "4"],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcpsim", "fuzz", "--examples", "3", "--seed", "4"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no failing schedule in 3 random examples" in proc.stdout
     assert list(cwd.iterdir()) == [], "fuzz wrote into its working directory"

@@ -36,6 +36,7 @@ def decode_only(tmp_path):
         path = tmp_path / f"decode-only-{k}.toml"
         path.write_text(DECODE_ONLY.format(k=k), encoding="utf-8")
         return str(path)
+
     return make
 
 
@@ -130,11 +131,14 @@ def test_png_without_matplotlib_is_exit_2_naming_the_extra(capsys, monkeypatch, 
     assert not (tmp_path / "x.png").exists()
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--interleave", "1,x"], "--interleave: 'x' is not an integer or B"),
-    (["--dcp", "1"], "no sharded group at W=1"),
-    (["--dcp", "0"], "decode_context_parallel_size must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--interleave", "1,x"], "--interleave: 'x' is not an integer or B"),
+        (["--dcp", "1"], "no sharded group at W=1"),
+        (["--dcp", "0"], "decode_context_parallel_size must be an integer >= 1"),
+    ],
+)
 def test_usage_errors_are_exit_2(capsys, decode_only, argv, message):
     assert main(["interleave", decode_only(), *argv]) == 2
     assert message in capsys.readouterr().err

@@ -10,13 +10,19 @@ from dcpsim.campaigns import matrix as mx
 from dcpsim.cli import main
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--pcp", "2", "--dcp", "3"], "decode_context_parallel_size 3 with prefill_context_parallel_size 2 and "
-                                   "tensor_parallel_size 1: with PCP, DCP must be off (1), span the PCP axis (2) or "
-                                   "span the whole TP x PCP grid (2); valid sizes are [1, 2]"),
-    (["--tp", "6", "--dcp", "4"], "tensor_parallel_size 6 must be divisible by decode_context_parallel_size 4"),
-    (["--pcp", "0"], "prefill_context_parallel_size must be an integer >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--pcp", "2", "--dcp", "3"],
+            "decode_context_parallel_size 3 with prefill_context_parallel_size 2 and "
+            "tensor_parallel_size 1: with PCP, DCP must be off (1), span the PCP axis (2) or "
+            "span the whole TP x PCP grid (2); valid sizes are [1, 2]",
+        ),
+        (["--tp", "6", "--dcp", "4"], "tensor_parallel_size 6 must be divisible by decode_context_parallel_size 4"),
+        (["--pcp", "0"], "prefill_context_parallel_size must be an integer >= 1, got 0"),
+    ],
+)
 def test_bad_sizes_are_a_usage_error_naming_the_file_and_the_rule(capsys, argv, message):
     assert main(["run", "dsv3", "--in-process", *argv]) == 2
     err = capsys.readouterr().err

@@ -86,8 +86,7 @@ def test_selftest_prints_each_run_as_it_ends(capsys):
     doc = json.loads(captured.out)
     lines = captured.err.splitlines()
     assert len(lines) == len(doc["rows"]) == 2
-    assert re.fullmatch(rf"\[1/2\] interleave-off-by-one on llama-draft \(W=2 I=1\): detected \[wrong-content\] {SECONDS}",
-                        lines[0]), lines
+    assert re.fullmatch(rf"\[1/2\] interleave-off-by-one on llama-draft \(W=2 I=1\): detected \[wrong-content\] {SECONDS}", lines[0]), lines
     assert re.fullmatch(rf"\[2/2\] \(baseline\) on llama-draft \(W=2 I=1\): pass {SECONDS}", lines[1]), lines
 
 
@@ -97,8 +96,9 @@ def test_fuzz_prints_each_example_then_each_smaller_failing_one(capsys, monkeypa
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     assert [line[:6] for line in lines] == ["[1/3] ", "[2/3] ", "[3/3] "], lines
-    assert all(re.fullmatch(rf"\[\d/3\] fuzz-\S+ W=\d I=\d+ k=\d: \d+ requests?, \d+ tokens?: pass {SECONDS}", line)
-               for line in lines), lines
+    assert all(re.fullmatch(rf"\[\d/3\] fuzz-\S+ W=\d I=\d+ k=\d: \d+ requests?, \d+ tokens?: pass {SECONDS}", line) for line in lines), (
+        lines
+    )
     assert captured.out.startswith("fuzz: no failing schedule in 3 random examples")
 
     code = main(["fuzz", "--inject", "interleave-off-by-one", "--examples", "50", "--in-process", "--out", str(tmp_path)])

@@ -21,11 +21,14 @@ def no_world(monkeypatch):
     monkeypatch.setattr(dcpsim.harness.batch, "run_jobs", refuse)
 
 
-@pytest.mark.parametrize("where,message", [
-    (".", "is a directory; give a file name, such as"),
-    ("plain.txt/trace.json", "cannot write the trace there (Not a directory)"),
-    ("missing/trace.json", "cannot write the trace there (No such file or directory)"),
-])
+@pytest.mark.parametrize(
+    "where,message",
+    [
+        (".", "is a directory; give a file name, such as"),
+        ("plain.txt/trace.json", "cannot write the trace there (Not a directory)"),
+        ("missing/trace.json", "cannot write the trace there (No such file or directory)"),
+    ],
+)
 def test_a_bad_trace_path_is_exit_2_before_any_rank_starts(tmp_path, capsys, no_world, where, message):
     (tmp_path / "plain.txt").write_text("x")
     path = tmp_path / where

@@ -54,8 +54,7 @@ def test_replay_keeps_the_recorded_mode_unless_told(tmp_path, capsys):
 
 
 def test_matrix_takes_the_flag(capsys):
-    assert main(["matrix", "llama-draft", "--dcp", "2", "--interleave", "1", "--in-process", "--json",
-                 "--verify", "full"]) == 0
+    assert main(["matrix", "llama-draft", "--dcp", "2", "--interleave", "1", "--in-process", "--json", "--verify", "full"]) == 0
     (cell,) = json.loads(capsys.readouterr().out)
     assert cell["report"]["verify_mode"] == "full"
     assert cell["report"]["full_sweeps"] == cell["report"]["verifications"]

@@ -20,8 +20,7 @@ def test_the_example_plugin_implements_every_decision():
     assert isinstance(build_engine(PLUGIN), ExampleEngine)
 
 
-@pytest.mark.parametrize("name,W,I", [("dsv3", 2, 1), ("dsv41-hybrid", 4, 16), ("llama4-chunked", 3, 4),
-                                      ("gpt-oss-hybrid", 2, 16)])
+@pytest.mark.parametrize("name,W,I", [("dsv3", 2, 1), ("dsv41-hybrid", 4, 16), ("llama4-chunked", 3, 4), ("gpt-oss-hybrid", 2, 16)])
 def test_the_example_plugin_passes(name, W, I):
     report = run(builtin(name, W, I), engine=ExampleEngine(), attention=True)
     assert report.passed, report.text()
@@ -43,8 +42,7 @@ def test_the_example_plugin_holds_mamba_states(mode, W):
 
     mine = [g for g in ExampleEngine().geometries(sc.layers, sc.config) if g.storage.value == "state"]
     ref = [g for g in ReferenceEngine().geometries(sc.layers, sc.config) if g.storage.value == "state"]
-    assert [(g.manager_block_size, g.block_table_width) for g in mine] == \
-           [(g.manager_block_size, g.block_table_width) for g in ref]
+    assert [(g.manager_block_size, g.block_table_width) for g in mine] == [(g.manager_block_size, g.block_table_width) for g in ref]
 
 
 @pytest.mark.parametrize("name", ["dsv3", "dsv41-hybrid"])
@@ -57,18 +55,22 @@ def test_plugin_through_the_cli(run_json):
     code, report = run_json("run", "llama-draft", "--dcp", "2", "--engine", PLUGIN, "--in-process")
     assert code == 0 and report["engine"]["name"] == "example-plugin"
     assert report["replay"]["options"]["engine"] == PLUGIN
-    code, report = run_json("run", "llama-draft", "--dcp", "2", "--in-process",
-                            "--engine", "dcpsim.engine.example_plugin:OffByOneExampleEngine")
+    code, report = run_json(
+        "run", "llama-draft", "--dcp", "2", "--in-process", "--engine", "dcpsim.engine.example_plugin:OffByOneExampleEngine"
+    )
     assert code == 1 and report["failure"]["kind"] == "wrong-content"
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("no_such_module_xyz:Engine", "cannot import module 'no_such_module_xyz'"),
-    ("dcpsim.engine.example_plugin:Nope", "has no attribute 'Nope'"),
-    ("dcpsim.engine.example_plugin:PAD", "is not a dcpsim.engine.interface.Engine"),
-    ("dcpsim.engine.interface:Engine", "does not implement attention_metadata, blocks_needed"),
-    ("justaname", "expected reference, vllm, or MODULE:ATTR"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("no_such_module_xyz:Engine", "cannot import module 'no_such_module_xyz'"),
+        ("dcpsim.engine.example_plugin:Nope", "has no attribute 'Nope'"),
+        ("dcpsim.engine.example_plugin:PAD", "is not a dcpsim.engine.interface.Engine"),
+        ("dcpsim.engine.interface:Engine", "does not implement attention_metadata, blocks_needed"),
+        ("justaname", "expected reference, vllm, or MODULE:ATTR"),
+    ],
+)
 def test_a_bad_plugin_is_exit_2_naming_it(capsys, spec, message):
     assert main(["run", "dsv3", "--dcp", "2", "--engine", spec, "--in-process"]) == 2
     assert message in capsys.readouterr().err

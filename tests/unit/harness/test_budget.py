@@ -114,8 +114,7 @@ def test_a_pd_run_counts_both_instances_in_one_world_and_is_refused_with_their_f
     instances = {role: instance_scenario(pd, role) for role in ROLES}
     budgets = {role: bd.estimate(sc) for role, sc in instances.items()}
     need = bd.check_pd_budget(instances, available=64 * GIB)
-    assert need == bd.PARENT_BYTES + sum(b.parent_bytes + b.ranks * (bd.PROCESS_BYTES + b.rank_bytes)
-                                         for b in budgets.values())
+    assert need == bd.PARENT_BYTES + sum(b.parent_bytes + b.ranks * (bd.PROCESS_BYTES + b.rank_bytes) for b in budgets.values())
     assert need < sum(b.total_bytes() for b in budgets.values()), "one parent, not one per instance"
     with pytest.raises(ConfigError) as info:
         bd.check_pd_budget(instances, available=need - 1)

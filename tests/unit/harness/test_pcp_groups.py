@@ -35,8 +35,7 @@ def test_every_rank_knows_its_coordinates_and_its_groups_gather_their_members(pc
         tp_members = g.tp.all_gather_object(coll.rank) if g.tp is not None else None
         return g.coords, g.dcp.rank, dcp_members, pcp_members, tp_members
 
-    for rank, (coords, dcp_rank, dcp_members, pcp_members, tp_members) in enumerate(
-            run_in_threads(body, None, pcp * tp)):
+    for rank, (coords, dcp_rank, dcp_members, pcp_members, tp_members) in enumerate(run_in_threads(body, None, pcp * tp)):
         assert coords == layout.coords(rank) and dcp_rank == coords.dcp_rank
         assert dcp_members == layout.dcp_groups()[coords.dcp_group]
         assert pcp_members == layout.pcp_groups()[coords.tp_rank]
@@ -51,6 +50,7 @@ def _plan(*writes):
 def _gathered(engine, plan, pcp, dcp):
     def body(_, coll):
         return pcp_prefill(engine, plan, coll, coll.rank, pcp, dcp)
+
     return run_in_threads(body, None, pcp)
 
 
@@ -85,8 +85,15 @@ def test_pcp_worlds_pass_with_the_reference_engine(pcp, tp, dcp):
     assert report.prefill_context_parallel_size == pcp
 
 
-@pytest.mark.parametrize("fault,sizes", [("pcp-chunks-not-mirrored", (2, 1, 2)), ("pcp-chunks-not-mirrored", (2, 2, 1)),
-                                         ("dcp-rank-not-transposed", (2, 2, 4)), ("dcp-rank-not-transposed", (2, 2, 2))])
+@pytest.mark.parametrize(
+    "fault,sizes",
+    [
+        ("pcp-chunks-not-mirrored", (2, 1, 2)),
+        ("pcp-chunks-not-mirrored", (2, 2, 1)),
+        ("dcp-rank-not-transposed", (2, 2, 4)),
+        ("dcp-rank-not-transposed", (2, 2, 2)),
+    ],
+)
 def test_pcp_faults_are_caught_as_wrong_content(fault, sizes):
     report = run(pcp_scenario(*sizes), inject=fault)
     assert not report.passed and report.failure.kind == "wrong-content"
@@ -110,12 +117,15 @@ def test_the_rank_local_gather_plan_hangs_and_the_timeout_names_the_ranks():
 
 def test_a_gloo_hang_names_the_rank_that_ran_ahead():
     phases = ("write", "pcp kv gather", "verify")
-    timed_out = [RankFailure(1, 5, "pcp kv gather", "RuntimeError", "Timed out waiting 1000ms", ""),
-                 RankFailure(0, 5, "verify", "RuntimeError", "Timed out waiting 1000ms", "")]
+    timed_out = [
+        RankFailure(1, 5, "pcp kv gather", "RuntimeError", "Timed out waiting 1000ms", ""),
+        RankFailure(0, 5, "verify", "RuntimeError", "Timed out waiting 1000ms", ""),
+    ]
     err = _failure_error(timed_out, [], 2, phases)
     assert str(err).splitlines()[0] == (
         "collective hang in a world of 2 ranks: rank 0 skipped a collective: ran ahead to step 5 (verify) "
-        "while rank 1 waited at step 5 (pcp kv gather); every rank then timed out")
+        "while rank 1 waited at step 5 (pcp kv gather); every rank then timed out"
+    )
     assert [f.rank for f in err.failures if f.primary] == [0]
     # ranks stuck at the same place: no one ran ahead, the old report
     same = [dataclasses.replace(f, what="verify") for f in timed_out]

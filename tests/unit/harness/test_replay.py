@@ -13,8 +13,22 @@ def run_json(capsys, *argv):
 
 
 def test_replay_reruns_the_failing_configuration_exactly(capsys, tmp_path):
-    code, first = run_json(capsys, "run", "llama-gqa", "--dcp", "3", "--interleave", "4", "--seed", "9",
-                           "--block-size", "32", "--inject", "interleave-off-by-one", "--in-process")
+    code, first = run_json(
+        capsys,
+        "run",
+        "llama-gqa",
+        "--dcp",
+        "3",
+        "--interleave",
+        "4",
+        "--seed",
+        "9",
+        "--block-size",
+        "32",
+        "--inject",
+        "interleave-off-by-one",
+        "--in-process",
+    )
     assert code == 1
     path = tmp_path / "report.json"
     path.write_text(json.dumps(first))

@@ -23,8 +23,7 @@ def test_each_job_is_reported_as_it_ends_with_its_own_time(monkeypatch):
     events = []
     run_rank = batch.run_rank
     monkeypatch.setattr(batch, "run_rank", lambda job, coll, **kw: (events.append(("run", job is short_job)), run_rank(job, coll, **kw))[1])
-    outcomes = batch.run_each([long_job, short_job, long_job], in_process=True,
-                              on_outcome=lambda k, outcome: events.append(("done", k)))
+    outcomes = batch.run_each([long_job, short_job, long_job], in_process=True, on_outcome=lambda k, outcome: events.append(("done", k)))
     assert events == [("run", False), ("done", 0), ("run", True), ("done", 1), ("run", False), ("done", 2)]
     assert [o.report.passed for o in outcomes] == [True, False, True]
     # measured per job, not the batch's average: one step against 35

@@ -77,7 +77,10 @@ def test_collectives_are_slices_with_their_bytes_and_phase():
     for rank, (events, traced_bytes, inner_bytes) in enumerate(per_rank):
         calls = [e for e in events if e.get("cat") == "collective"]
         assert [(e["name"], e["args"]["phase"]) for e in calls] == [
-            ("all_gather", "verify"), ("all_to_all", "attention merge"), ("all_gather_object", "attention merge")]
+            ("all_gather", "verify"),
+            ("all_to_all", "attention merge"),
+            ("all_gather_object", "attention merge"),
+        ]
         assert calls[0]["args"]["bytes"] == 8 * (3 + rank) and calls[0]["args"]["shape"] == [3 + rank]
         assert calls[1]["args"]["bytes"] == 32 and calls[1]["args"]["dtype"] == "float32"
         assert sum(e["args"]["bytes"] for e in calls) == traced_bytes == inner_bytes
@@ -85,15 +88,17 @@ def test_collectives_are_slices_with_their_bytes_and_phase():
         assert counters[-1] == inner_bytes and counters == sorted(counters)
 
 
-@pytest.mark.parametrize("index,text", [
-    ([], "none"),
-    ([7], "7"),
-    (range(0, 64), "0-63"),
-    (range(1, 254, 4), "1-253 every 4"),
-    ([0, 1, 2, 3, 8, 9, 10, 11], "0-3, 8-11"),
-    ([k for start in range(0, 160, 16) for k in range(start, start + 4)] + [999],
-     "0-3, 16-19, 32-35, 48-51, ..., 999 (11 runs)"),
-])
+@pytest.mark.parametrize(
+    "index,text",
+    [
+        ([], "none"),
+        ([7], "7"),
+        (range(0, 64), "0-63"),
+        (range(1, 254, 4), "1-253 every 4"),
+        ([0, 1, 2, 3, 8, 9, 10, 11], "0-3, 8-11"),
+        ([k for start in range(0, 160, 16) for k in range(start, start + 4)] + [999], "0-3, 16-19, 32-35, 48-51, ..., 999 (11 runs)"),
+    ],
+)
 def test_written_positions_in_short(index, text):
     assert describe_indices(index) == text
 
@@ -117,23 +122,30 @@ def test_the_merge_names_every_rank_and_orders_the_events():
     assert trace_problems(doc) == []
     processes, threads = trace_names(doc)
     assert processes == {1: "rank 0", 2: "rank 1", 3: "launcher"}
-    assert threads == {(1, 1000): "harness", (1, 1001): "group 0: G", (2, 2000): "harness",
-                       (2, 2001): "group 0: G", (3, 3000): "launcher"}
+    assert threads == {(1, 1000): "harness", (1, 1001): "group 0: G", (2, 2000): "harness", (2, 2001): "group 0: G", (3, 3000): "launcher"}
     kinds = [e["ph"] for e in events]
     assert kinds == sorted(kinds, key=lambda ph: ph != "M"), "metadata comes first"
     timed = [(e["name"], e["pid"]) for e in events if e["ph"] == "X"]
-    assert timed == [("gloo world of 2 ranks", 3), ("write", 1), ("write", 2),
-                     ("outer", 1), ("outer", 2), ("inner", 1), ("inner", 2)]
+    assert timed == [("gloo world of 2 ranks", 3), ("write", 1), ("write", 2), ("outer", 1), ("outer", 2), ("inner", 1), ("inner", 2)]
     assert doc["otherData"] == {"scenario": "s", "lse": "-inf"}
     assert list(doc) == ["traceEvents", "otherData"], "Perfetto would read a displayTimeUnit as the unit of ts"
     json.dumps(doc, allow_nan=False)
 
 
 def test_the_validator_catches_what_perfetto_would_drop():
-    doc = merge_traces([[_x("a", 0.0, 5.0, 0), _x("b", 3.0, 5.0, 0), _x("c", 1.0, -1.0, 0),
-                         dict(name="e", ph="i", ts=1.5, pid=1, tid=1000, args=[1]),
-                         dict(name="x", cat="c", ph="X", ts=1.0, dur=1.0, pid=1, tid=1007),
-                         _x("d", 3.0, 1.0, 0, 1), _x("d2", 3.0, 0.5, 0, 1)]])
+    doc = merge_traces(
+        [
+            [
+                _x("a", 0.0, 5.0, 0),
+                _x("b", 3.0, 5.0, 0),
+                _x("c", 1.0, -1.0, 0),
+                dict(name="e", ph="i", ts=1.5, pid=1, tid=1000, args=[1]),
+                dict(name="x", cat="c", ph="X", ts=1.0, dur=1.0, pid=1, tid=1007),
+                _x("d", 3.0, 1.0, 0, 1),
+                _x("d2", 3.0, 0.5, 0, 1),
+            ]
+        ]
+    )
     doc["displayTimeUnit"] = "ms"
     problems = "\n".join(trace_problems(doc))
     assert "b at 3.0 overlaps a" in problems
@@ -200,11 +212,11 @@ def test_write_slices_say_which_positions_each_rank_wrote():
     run_jobs([Job(_small_scenario())], in_process=True, trace=trace)
     (rank0, rank1) = ([e for e in evs if e["ph"] == "X"] for evs in trace.per_rank)
     # step 0 writes a's first 32 prompt positions; I = 4 on W = 2 ranks
-    sharded = {r: next(e for e in evs if e["tid"] == group_tid(r, 0) and e["args"]["step"] == 0)
-               for r, evs in enumerate((rank0, rank1))}
+    sharded = {r: next(e for e in evs if e["tid"] == group_tid(r, 0) and e["args"]["step"] == 0) for r, evs in enumerate((rank0, rank1))}
     assert [sharded[r]["args"]["writes"] for r in range(2)] == [
         [{"request": "a", "slots": 16, "positions": "0-3, 8-11, 16-19, 24-27"}],
-        [{"request": "a", "slots": 16, "positions": "4-7, 12-15, 20-23, 28-31"}]]
+        [{"request": "a", "slots": 16, "positions": "4-7, 12-15, 20-23, 28-31"}],
+    ]
     replicated = next(e for e in rank1 if e["tid"] == group_tid(1, 1) and e["args"]["step"] == 0)
     assert replicated["args"]["writes"] == [{"request": "a", "slots": 32, "positions": "0-31"}]
     assert replicated["args"]["slots_written"] == 32 and replicated["args"]["requests"] == ["a"]

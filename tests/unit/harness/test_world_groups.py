@@ -68,5 +68,4 @@ def test_an_instance_collective_refuses_a_group_the_world_did_not_make(made):
     world = GlooCollectives(4, 6)
     mine = world.subgroup("pd-instance", [[0, 1], [2, 3, 4, 5]])
     with pytest.raises(HarnessError, match="the dcp group of world ranks 2, 4 was not made at world start"):
-        build_groups(SimConfig(decode_context_parallel_size=2, prefill_context_parallel_size=2,
-                               tensor_parallel_size=2), mine)
+        build_groups(SimConfig(decode_context_parallel_size=2, prefill_context_parallel_size=2, tensor_parallel_size=2), mine)

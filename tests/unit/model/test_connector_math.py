@@ -28,8 +28,7 @@ def test_cp_rank_is_pcp_rank_times_dcp_plus_dcp_rank():
 
 def test_a_rank_owns_every_pcp_times_dcp_th_block():
     """vllm#38433: with pcp = dcp = 2, rank 0 holds blocks 0, 4, 8; striding by dcp alone reads 0, 2, 4."""
-    layout = InstanceLayout(decode_context_parallel_size=2, prefill_context_parallel_size=2, cp_kv_cache_interleave_size=16,
-                            block_size=16)
+    layout = InstanceLayout(decode_context_parallel_size=2, prefill_context_parallel_size=2, cp_kv_cache_interleave_size=16, block_size=16)
     assert rank_global_blocks(layout, 0, 12).tolist() == [0, 4, 8]
     assert rank_global_blocks(layout, 0, 6, stride=2).tolist() == [0, 2, 4]
     assert rank_global_blocks(layout, 3, 12).tolist() == [3, 7, 11]
@@ -52,10 +51,16 @@ def test_the_layout_agrees_with_the_dcp_slot_mapping_at_pcp_1():
 def layouts(block_size=None, interleave_is_block=False):
     def build(w, p, i, b):
         b = block_size or b
-        return InstanceLayout(decode_context_parallel_size=w, prefill_context_parallel_size=p,
-                              cp_kv_cache_interleave_size=b if interleave_is_block else min(i, b), block_size=b)
-    return st.builds(build, st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4, 16]),
-                     st.sampled_from([4, 8, 16]))
+        return InstanceLayout(
+            decode_context_parallel_size=w,
+            prefill_context_parallel_size=p,
+            cp_kv_cache_interleave_size=b if interleave_is_block else min(i, b),
+            block_size=b,
+        )
+
+    return st.builds(
+        build, st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4, 16]), st.sampled_from([4, 8, 16])
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -65,8 +70,11 @@ def test_resharding_lands_every_position_at_its_decode_owner_and_index(src, dst,
 
 
 @settings(max_examples=150, deadline=None)
-@given(src=layouts(block_size=16, interleave_is_block=True), dst=layouts(block_size=16, interleave_is_block=True),
-       num_tokens=st.integers(1, 600))
+@given(
+    src=layouts(block_size=16, interleave_is_block=True),
+    dst=layouts(block_size=16, interleave_is_block=True),
+    num_tokens=st.integers(1, 600),
+)
 def test_nixl_block_matching_lands_every_block_at_its_owner(src, dst, num_tokens):
     if src.cp_size % dst.cp_size and dst.cp_size % src.cp_size:
         return
@@ -80,8 +88,7 @@ def test_nixl_block_matching_lands_every_block_at_its_owner(src, dst, num_tokens
 
 def test_striding_by_dcp_alone_breaks_as_soon_as_pcp_is_above_1():
     """pegaflow#428 ("load block mismatch"): the stride-by-dcp matching reads other blocks."""
-    src = InstanceLayout(decode_context_parallel_size=2, prefill_context_parallel_size=2, cp_kv_cache_interleave_size=16,
-                         block_size=16)
+    src = InstanceLayout(decode_context_parallel_size=2, prefill_context_parallel_size=2, cp_kv_cache_interleave_size=16, block_size=16)
     dst = InstanceLayout(decode_context_parallel_size=4, cp_kv_cache_interleave_size=16, block_size=16)
     good = block_matches(200, src, dst)
     bad = block_matches(200, src, dst, src_stride=src.decode_context_parallel_size)
@@ -101,13 +108,15 @@ def test_a_decode_interleave_the_connector_ignores_misplaces_entries():
     assert not routes_cover(token_routes(64, src, dst, dst_as=believed), 64, src, dst)
 
 
-@pytest.mark.parametrize("src, dst, message", [
-    (dict(cp_kv_cache_interleave_size=1), dict(), "prefill instance's cp_kv_cache_interleave_size \\(1\\) equal to its block_size"),
-    (dict(), dict(block_size=32, cp_kv_cache_interleave_size=32), "equal block_size"),
-    (dict(decode_context_parallel_size=3), dict(), "must divide one another"),
-])
+@pytest.mark.parametrize(
+    "src, dst, message",
+    [
+        (dict(cp_kv_cache_interleave_size=1), dict(), "prefill instance's cp_kv_cache_interleave_size \\(1\\) equal to its block_size"),
+        (dict(), dict(block_size=32, cp_kv_cache_interleave_size=32), "equal block_size"),
+        (dict(decode_context_parallel_size=3), dict(), "must divide one another"),
+    ],
+)
 def test_block_matching_refuses_what_it_cannot_pair(src, dst, message):
     base = dict(decode_context_parallel_size=2, cp_kv_cache_interleave_size=16, block_size=16)
     with pytest.raises(ConfigError, match=message):
-        check_block_matching(InstanceLayout(**{**base, **src}), InstanceLayout(**{**base, "decode_context_parallel_size": 4,
-                                                                                  **dst}))
+        check_block_matching(InstanceLayout(**{**base, **src}), InstanceLayout(**{**base, "decode_context_parallel_size": 4, **dst}))

@@ -140,14 +140,8 @@ def test_doc_example_slot_mapping_b16_w2_i4():
     rank1 = slot_mapping(range(0, 40), [5, 6], block_size=16, dcp_size=2, dcp_rank=1, interleave_size=4)
     P = [PAD] * 4
     # block 5 -> slots 80..95 on each rank, block 6 -> 96..111
-    expected0 = (
-        [80, 81, 82, 83] + P + [84, 85, 86, 87] + P + [88, 89, 90, 91] + P
-        + [92, 93, 94, 95] + P + [96, 97, 98, 99] + P
-    )
-    expected1 = (
-        P + [80, 81, 82, 83] + P + [84, 85, 86, 87] + P + [88, 89, 90, 91]
-        + P + [92, 93, 94, 95] + P + [96, 97, 98, 99]
-    )
+    expected0 = [80, 81, 82, 83] + P + [84, 85, 86, 87] + P + [88, 89, 90, 91] + P + [92, 93, 94, 95] + P + [96, 97, 98, 99] + P
+    expected1 = P + [80, 81, 82, 83] + P + [84, 85, 86, 87] + P + [88, 89, 90, 91] + P + [92, 93, 94, 95] + P + [96, 97, 98, 99]
     assert rank0.tolist() == expected0
     assert rank1.tolist() == expected1
     # the array path gives the same
@@ -273,18 +267,14 @@ def test_range_fast_path_equals_array_path(geo, data):
     W, B, I, Bk, bt = geo
     total = len(bt) * B * W
     start = data.draw(st.integers(0, total - 1), label="start")
-    length = data.draw(
-        st.one_of(st.integers(1, max(1, W * I - 1)), st.integers(1, total - start)), label="length"
-    )
+    length = data.draw(st.one_of(st.integers(1, max(1, W * I - 1)), st.integers(1, total - start)), label="length")
     stop = min(total, start + length)
     kids = ref_kernel_ids(bt, B, Bk)
     for r in range(W):
         fast = _slots(range(start, stop), bt, B=B, W=W, r=r, I=I, Bk=Bk)
         general = _slots(np.arange(start, stop), bt, B=B, W=W, r=r, I=I, Bk=Bk)
         assert fast.tolist() == general.tolist()
-        assert fast.tolist() == [
-            ref_sharded_slot(p, r, kids, B=B, W=W, I=I, Bk=Bk) for p in range(start, stop)
-        ]
+        assert fast.tolist() == [ref_sharded_slot(p, r, kids, B=B, W=W, I=I, Bk=Bk) for p in range(start, stop)]
     rstop = min(stop, len(bt) * B)
     if start < rstop:
         for r in range(W):
@@ -339,8 +329,7 @@ def position_arrays(draw, total: int):
     start = draw(st.integers(0, total - 1))
     stop = draw(st.integers(start + 1, total))
     run = np.arange(start, stop, dtype=np.int64)
-    kind = draw(st.sampled_from(["run", "run32", "reversed twice", "strided view", "swapped", "repeat",
-                                 "shuffled", "gaps", "single"]))
+    kind = draw(st.sampled_from(["run", "run32", "reversed twice", "strided view", "swapped", "repeat", "shuffled", "gaps", "single"]))
     if kind == "run32":
         return kind, run.astype(np.int32)
     if kind == "reversed twice":
@@ -504,8 +493,14 @@ def test_record_slot_mapping_matches_record_owner(geo):
     records = list(range(num_records))
     got = [
         record_slot_mapping(
-            records, bt, block_size=B, tokens_per_state=R, dcp_size=W, dcp_rank=r,
-            interleave_size=I, kernel_block_size=kb,
+            records,
+            bt,
+            block_size=B,
+            tokens_per_state=R,
+            dcp_size=W,
+            dcp_rank=r,
+            interleave_size=I,
+            kernel_block_size=kb,
         ).tolist()
         for r in range(W)
     ]
@@ -517,8 +512,14 @@ def test_record_slot_mapping_matches_record_owner(geo):
             assert got[r][c] == (expected if r == owner else PAD), (c, r)
     # replicated compressed cache: every rank, plain record mapping
     rep = record_slot_mapping(
-        records[: len(bt) * N], bt, block_size=B, tokens_per_state=R, dcp_size=W,
-        dcp_rank=W - 1, interleave_size=I, replicated=True,
+        records[: len(bt) * N],
+        bt,
+        block_size=B,
+        tokens_per_state=R,
+        dcp_size=W,
+        dcp_rank=W - 1,
+        interleave_size=I,
+        replicated=True,
     )
     assert rep.tolist() == [bt[c // N] * N + c % N for c in records[: len(bt) * N]]
 

@@ -30,13 +30,19 @@ GDN_BYTES = 5 * 8192 * 2 + 32 * 128 * 128 * 2  # 81,920 + 1,048,576 = 1,130,496
 
 
 def gdn(mode="none", B=8192, k=2, **kw):
-    return MambaSpec(block_size=B, shapes=GDN_SHAPES, dtypes=("bfloat16", "bfloat16"), mamba_cache_mode=mode,
-                     num_speculative_blocks=k, mamba_type="gdn_attn", **kw)
+    return MambaSpec(
+        block_size=B,
+        shapes=GDN_SHAPES,
+        dtypes=("bfloat16", "bfloat16"),
+        mamba_cache_mode=mode,
+        num_speculative_blocks=k,
+        mamba_type="gdn_attn",
+        **kw,
+    )
 
 
 def cfg(W=2, k=2, max_model_len=8192):
-    return SimConfig(max_model_len=max_model_len, max_num_batched_tokens=512, decode_context_parallel_size=W,
-                     num_speculative_tokens=k)
+    return SimConfig(max_model_len=max_model_len, max_num_batched_tokens=512, decode_context_parallel_size=W, num_speculative_tokens=k)
 
 
 def test_page_is_the_state_bytes_or_the_padded_page():
@@ -80,8 +86,7 @@ def test_a_state_is_replicated_never_sharded():
 def test_mamba_layers_form_their_own_groups():
     att = FullAttentionSpec(block_size=560, num_kv_heads=2, head_size=256)
     swa = SlidingWindowSpec(block_size=560, num_kv_heads=2, head_size=256, sliding_window=128, dcp_replicated=True)
-    other = MambaSpec(block_size=8192, shapes=((3, 4096), (16, 128, 128)), dtypes=("bfloat16", "bfloat16"),
-                      num_speculative_blocks=2)
+    other = MambaSpec(block_size=8192, shapes=((3, 4096), (16, 128, 128)), dtypes=("bfloat16", "bfloat16"), num_speculative_blocks=2)
     layers = {"l0.attn": att, "l1.gdn": gdn(), "l2.swa": swa, "l3.gdn": gdn(), "l4.mamba": other, "l5.attn": att}
     groups = group_layer_specs(layers)
     by_layers = {g.layer_names: g for g in groups}
@@ -103,17 +108,20 @@ def test_same_kind_compares_block_size_mode_and_speculative_blocks():
     assert not gdn().is_same_kind({"x": FullAttentionSpec(block_size=8192, num_kv_heads=1, head_size=8)})
 
 
-@pytest.mark.parametrize("kwargs,pattern", [
-    (dict(shapes=()), r"MambaSpec\.shapes must be a non-empty list"),
-    (dict(shapes=((5, 0),)), r"MambaSpec\.shapes must be"),
-    (dict(shapes=((5, 8192),), dtypes=("bfloat16", "bfloat16")), r"MambaSpec\.dtypes must list one dtype per state shape \(1\)"),
-    (dict(dtypes=("bfloat16", "float99")), r"MambaSpec\.dtypes entry 'float99' is not known"),
-    (dict(mamba_cache_mode="all"), r"MambaSpec\.mamba_cache_mode must be one of \['none', 'align'\]"),
-    (dict(mamba_type="s4"), r"MambaSpec\.mamba_type must be one of"),
-    (dict(num_speculative_blocks=-1), r"MambaSpec\.num_speculative_blocks must be an integer >= 0"),
-    (dict(page_size_padded=1000), r"MambaSpec\.page_size_padded \(1000\) must be >= the real page size \(1130496\)"),
-    (dict(block_size=0), r"MambaSpec\.block_size must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,pattern",
+    [
+        (dict(shapes=()), r"MambaSpec\.shapes must be a non-empty list"),
+        (dict(shapes=((5, 0),)), r"MambaSpec\.shapes must be"),
+        (dict(shapes=((5, 8192),), dtypes=("bfloat16", "bfloat16")), r"MambaSpec\.dtypes must list one dtype per state shape \(1\)"),
+        (dict(dtypes=("bfloat16", "float99")), r"MambaSpec\.dtypes entry 'float99' is not known"),
+        (dict(mamba_cache_mode="all"), r"MambaSpec\.mamba_cache_mode must be one of \['none', 'align'\]"),
+        (dict(mamba_type="s4"), r"MambaSpec\.mamba_type must be one of"),
+        (dict(num_speculative_blocks=-1), r"MambaSpec\.num_speculative_blocks must be an integer >= 0"),
+        (dict(page_size_padded=1000), r"MambaSpec\.page_size_padded \(1000\) must be >= the real page size \(1130496\)"),
+        (dict(block_size=0), r"MambaSpec\.block_size must be an integer >= 1"),
+    ],
+)
 def test_invalid_fields_name_the_field(kwargs, pattern):
     values = dict(block_size=8192, shapes=GDN_SHAPES, dtypes=("bfloat16", "bfloat16"))
     values.update(kwargs)

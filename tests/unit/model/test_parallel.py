@@ -44,28 +44,29 @@ def test_without_pcp_tp_must_be_a_multiple_of_dcp():
         check_parallel_sizes(1, 6, 4)
     assert str(exc.value) == (
         "tensor_parallel_size 6 must be divisible by decode_context_parallel_size 4: without prefill context "
-        "parallelism DCP reuses the TP ranks (vLLM 0.33.0, vllm/config/parallel.py)")
+        "parallelism DCP reuses the TP ranks (vLLM 0.33.0, vllm/config/parallel.py)"
+    )
 
 
-@pytest.mark.parametrize("pcp,tp,dcp,valid", [(2, 1, 4, "[1, 2]"), (2, 2, 3, "[1, 2, 4]"), (4, 2, 2, "[1, 4, 8]"),
-                                              (3, 2, 2, "[1, 3, 6]")])
+@pytest.mark.parametrize("pcp,tp,dcp,valid", [(2, 1, 4, "[1, 2]"), (2, 2, 3, "[1, 2, 4]"), (4, 2, 2, "[1, 4, 8]"), (3, 2, 2, "[1, 3, 6]")])
 def test_with_pcp_dcp_is_off_spans_pcp_or_spans_the_grid(pcp, tp, dcp, valid):
     with pytest.raises(ConfigError) as exc:
         check_parallel_sizes(pcp, tp, dcp)
     assert str(exc.value) == (
         f"decode_context_parallel_size {dcp} with prefill_context_parallel_size {pcp} and tensor_parallel_size "
         f"{tp}: with PCP, DCP must be off (1), span the PCP axis ({pcp}) or span the whole TP x PCP grid "
-        f"({tp * pcp}); valid sizes are {valid} (vLLM 0.33.0, vllm/config/parallel.py)")
+        f"({tp * pcp}); valid sizes are {valid} (vLLM 0.33.0, vllm/config/parallel.py)"
+    )
 
 
-@pytest.mark.parametrize("field,value", [("prefill_context_parallel_size", 0), ("tensor_parallel_size", -1),
-                                         ("decode_context_parallel_size", 1.5)])
+@pytest.mark.parametrize(
+    "field,value", [("prefill_context_parallel_size", 0), ("tensor_parallel_size", -1), ("decode_context_parallel_size", 1.5)]
+)
 def test_sizes_must_be_positive_integers(field, value):
     sizes = dict(prefill_context_parallel_size=1, tensor_parallel_size=1, decode_context_parallel_size=1)
     sizes[field] = value
     with pytest.raises(ConfigError, match=f"^{field} must be an integer >= 1, got {value!r}$"):
-        check_parallel_sizes(sizes["prefill_context_parallel_size"], sizes["tensor_parallel_size"],
-                             sizes["decode_context_parallel_size"])
+        check_parallel_sizes(sizes["prefill_context_parallel_size"], sizes["tensor_parallel_size"], sizes["decode_context_parallel_size"])
 
 
 def test_the_config_refuses_a_bad_combination_and_defaults_tp():
@@ -84,9 +85,11 @@ def _vllm_groups(pcp, tp, dcp):
     all_ranks = torch.arange(pcp * tp).reshape(1, 1, 1, pcp, tp)
     dcp_ranks = all_ranks.transpose(-1, -2) if dcp > 1 else all_ranks
     pcp_ranks = all_ranks.transpose(3, 4).reshape(-1, pcp)
-    return ([g.tolist() for g in dcp_ranks.reshape(-1, dcp).unbind(0)],
-            [g.tolist() for g in pcp_ranks.unbind(0)],
-            [g.tolist() for g in all_ranks.view(-1, tp).unbind(0)])
+    return (
+        [g.tolist() for g in dcp_ranks.reshape(-1, dcp).unbind(0)],
+        [g.tolist() for g in pcp_ranks.unbind(0)],
+        [g.tolist() for g in all_ranks.view(-1, tp).unbind(0)],
+    )
 
 
 @pytest.mark.parametrize("pcp,tp,dcp", ALLOWED)
@@ -120,7 +123,7 @@ def test_every_token_of_a_split_row_is_computed_once_in_mirrored_chunks(q, pcp):
         assert len(pieces) <= 2
         assert [o // size for o, _ in pieces] == [c for c in (r, 2 * pcp - 1 - r) if c * size < q]
         for o, n in pieces:
-            assert (owner[o:o + n] == r).all() and 0 < n <= size
+            assert (owner[o : o + n] == r).all() and 0 < n <= size
     # mirroring balances the ranks: none computes more than two chunks' worth
     counts = [int((owner == r).sum()) for r in range(pcp)]
     assert max(counts) <= 2 * size

@@ -551,7 +551,7 @@ class _OddMemorySpec(FullAttentionSpec):
 
 
 def test_uniform_memory_is_the_most_pages_any_layer_needs_times_the_group_page():
-    a = _OddMemorySpec(block_size=16, num_kv_heads=8, head_size=128)            # page 65536: cdiv -> 11 pages
+    a = _OddMemorySpec(block_size=16, num_kv_heads=8, head_size=128)  # page 65536: cdiv -> 11 pages
     b = _OddMemorySpec(block_size=16, num_kv_heads=2, head_size=128, extra_pages=3)  # page 16384: 14 pages
     group = UniformTypeKVCacheSpecs.from_specs({"a": a, "b": b})
     assert group.page_size_bytes == 65536 + 16384
@@ -568,31 +568,39 @@ class _WidthSpec(FullAttentionSpec):
 
 
 def test_uniform_layers_must_need_one_block_table_width():
-    same = UniformTypeKVCacheSpecs.from_specs({"a": _WidthSpec(block_size=16, num_kv_heads=1, head_size=64),
-                                               "b": _WidthSpec(block_size=16, num_kv_heads=2, head_size=64)})
+    same = UniformTypeKVCacheSpecs.from_specs(
+        {"a": _WidthSpec(block_size=16, num_kv_heads=1, head_size=64), "b": _WidthSpec(block_size=16, num_kv_heads=2, head_size=64)}
+    )
     assert same.max_num_blocks_per_req(CFG_W4, 1000) == 4
-    mixed = UniformTypeKVCacheSpecs.from_specs({"a": _WidthSpec(block_size=16, num_kv_heads=1, head_size=64),
-                                                "b": _WidthSpec(block_size=16, num_kv_heads=1, head_size=64, width=8)})
+    mixed = UniformTypeKVCacheSpecs.from_specs(
+        {
+            "a": _WidthSpec(block_size=16, num_kv_heads=1, head_size=64),
+            "b": _WidthSpec(block_size=16, num_kv_heads=1, head_size=64, width=8),
+        }
+    )
     with pytest.raises(ConfigError, match=r"different block-table widths \[4, 8\]"):
         mixed.max_num_blocks_per_req(CFG_W4, 1000)
 
 
-@pytest.mark.parametrize("n, B, align, want", [
-    (63, 16, 128, 64),     # 128 tokens = 8 entries of 16: 63 -> 64
-    (8192, 64, 128, 8192),  # already a multiple of 2 entries
-    (5, 64, 128, 6),
-    (5, 256, 128, 5),      # an entry spans more than 128 tokens: no rounding
-    (5, 48, 128, 8),       # 128 / gcd(128, 48) = 8 entries
-    (5, 16, None, 5),      # rings and state caches: never widened
-])
+@pytest.mark.parametrize(
+    "n, B, align, want",
+    [
+        (63, 16, 128, 64),  # 128 tokens = 8 entries of 16: 63 -> 64
+        (8192, 64, 128, 8192),  # already a multiple of 2 entries
+        (5, 64, 128, 6),
+        (5, 256, 128, 5),  # an entry spans more than 128 tokens: no rounding
+        (5, 48, 128, 8),  # 128 / gcd(128, 48) = 8 entries
+        (5, 16, None, 5),  # rings and state caches: never widened
+    ],
+)
 def test_get_block_table_width(n, B, align, want):
     assert get_block_table_width(n, B, token_alignment=align) == want
 
 
 def test_block_table_width_is_aligned_for_attention_not_for_rings():
     cfg = SimConfig(max_model_len=1000, max_num_batched_tokens=256, decode_context_parallel_size=4)
-    assert full().max_num_blocks_per_req(cfg, 1000) == 16   # cdiv(1000, 16 * 4)
-    assert full().block_table_width(cfg, 1000) == 16        # a multiple of 8 entries (128 tokens) already
+    assert full().max_num_blocks_per_req(cfg, 1000) == 16  # cdiv(1000, 16 * 4)
+    assert full().block_table_width(cfg, 1000) == 16  # a multiple of 8 entries (128 tokens) already
     assert full(rep=True).block_table_width(cfg, 1000) == 64  # 63 -> 64
     ring = CircularBufferSpec(block_size=8, num_kv_heads=1, head_size=64, dcp_replicated=True)
     assert ring.block_table_width(cfg, 1000) == 1
@@ -612,8 +620,7 @@ def test_async_scheduling_doubles_the_in_flight_tokens_of_window_caps():
 
 def test_alignment_pads_mla_pages_as_deepseek_v4_does():
     # 64 states x 584 B = 37,376 B -> the next multiple of 576 is 37,440
-    main = MLAAttentionSpec(block_size=128, tokens_per_state=2, head_size=512, dtype="fp8_ds_mla",
-                            state_content_bytes=584, alignment=576)
+    main = MLAAttentionSpec(block_size=128, tokens_per_state=2, head_size=512, dtype="fp8_ds_mla", state_content_bytes=584, alignment=576)
     assert (main.real_page_size_bytes, main.page_size_bytes) == (37376, 37440)
     swa_ = SlidingWindowMLASpec(block_size=64, head_size=512, dtype="bfloat16", sliding_window=128, alignment=512)
     assert swa_.real_page_size_bytes == 64 * 1024 and swa_.page_size_padded is None  # already aligned

@@ -13,9 +13,15 @@ from dcpsim.scenarios.load import load_scenario, scenario_from_dict
 
 def data(W=2, I=1, B=16, layers=None):
     return {
-        "config": {"max_model_len": 512, "max_num_batched_tokens": 64, "decode_context_parallel_size": W,
-                   "cp_kv_cache_interleave_size": I, "block_size": B},
-        "layers": layers or [
+        "config": {
+            "max_model_len": 512,
+            "max_num_batched_tokens": 64,
+            "decode_context_parallel_size": W,
+            "cp_kv_cache_interleave_size": I,
+            "block_size": B,
+        },
+        "layers": layers
+        or [
             {"name": "mla", "kind": "mla", "head_size": 64},
             {"name": "c4", "kind": "mla", "head_size": 64, "tokens_per_state": 4},
             {"name": "own", "kind": "mla", "head_size": 64, "block_size": 32},
@@ -38,8 +44,7 @@ def test_the_interleave_must_fit_the_cache_block_size_under_dcp(I, B):
         scenario_from_dict(data(I=I, B=B), source="f.toml")
     first = str(exc.value).splitlines()[0]
     assert first.startswith("f.toml: config.block_size: ")
-    assert f"block_size ({B}) should be greater than or equal to and divisible by " \
-           f"cp_kv_cache_interleave_size ({I})" in first
+    assert f"block_size ({B}) should be greater than or equal to and divisible by cp_kv_cache_interleave_size ({I})" in first
 
 
 @pytest.mark.parametrize("I,B", [(1, 16), (4, 16), (16, 16), (16, 48)])

@@ -36,32 +36,42 @@ def test_the_builtin_resolves_the_nixl_interleave_to_the_block_size():
 
 
 def test_resharding_keeps_the_scenario_interleave_and_takes_any_sizes():
-    s = scenario_from_dict(pd_data(kv_connector="resharding", decode={"decode_context_parallel_size": 3, "block_size": 32,
-                                                                      "cp_kv_cache_interleave_size": 4}), source="f.toml")
+    s = scenario_from_dict(
+        pd_data(kv_connector="resharding", decode={"decode_context_parallel_size": 3, "block_size": 32, "cp_kv_cache_interleave_size": 4}),
+        source="f.toml",
+    )
     assert instance_layout(s, "prefill").cp_kv_cache_interleave_size == 64  # [config]'s
     lay = instance_layout(s, "decode")
     assert (lay.decode_context_parallel_size, lay.cp_kv_cache_interleave_size, lay.block_size) == (3, 4, 32)
 
 
-@pytest.mark.parametrize("tables, message", [
-    (dict(decode={"decode_context_parallel_size": 0}),
-     "f.toml: disaggregated.decode.decode_context_parallel_size: must be an integer >= 1"),
-    (dict(decode={"dcp": 2}), "f.toml: disaggregated.decode.dcp: unknown field"),
-    (dict(kv_connector="mooncake"), "f.toml: disaggregated.kv_connector: must be one of nixl, resharding"),
-    (dict(decode={"decode_context_parallel_size": 4, "cp_kv_cache_interleave_size": 16}),
-     "decode instance's cp_kv_cache_interleave_size \\(16\\) equal to its block_size \\(64\\)"),
-    (dict(decode={"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2}),
-     "disaggregated.decode.prefill_context_parallel_size: the NIXL connector supports PCP on the prefill"),
-    (dict(decode={"decode_context_parallel_size": 3}), "must divide one another, got prefill 2 and decode 3"),
-])
+@pytest.mark.parametrize(
+    "tables, message",
+    [
+        (
+            dict(decode={"decode_context_parallel_size": 0}),
+            "f.toml: disaggregated.decode.decode_context_parallel_size: must be an integer >= 1",
+        ),
+        (dict(decode={"dcp": 2}), "f.toml: disaggregated.decode.dcp: unknown field"),
+        (dict(kv_connector="mooncake"), "f.toml: disaggregated.kv_connector: must be one of nixl, resharding"),
+        (
+            dict(decode={"decode_context_parallel_size": 4, "cp_kv_cache_interleave_size": 16}),
+            "decode instance's cp_kv_cache_interleave_size \\(16\\) equal to its block_size \\(64\\)",
+        ),
+        (
+            dict(decode={"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2}),
+            "disaggregated.decode.prefill_context_parallel_size: the NIXL connector supports PCP on the prefill",
+        ),
+        (dict(decode={"decode_context_parallel_size": 3}), "must divide one another, got prefill 2 and decode 3"),
+    ],
+)
 def test_a_bad_table_names_the_field(tables, message):
     with pytest.raises(ScenarioError, match=message):
         scenario_from_dict(pd_data(**tables), source="f.toml")
 
 
 def test_a_pcp_prefill_is_its_w_shards_and_its_world_is_pcp_times_tp():
-    s = scenario_from_dict(pd_data(prefill={"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2}),
-                           source="f.toml")
+    s = scenario_from_dict(pd_data(prefill={"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2}), source="f.toml")
     prepare_pd(PDJob(s))
     config = instance_scenario(s, "prefill").config
     assert (config.prefill_context_parallel_size, config.parallel_layout.tp, config.decode_context_parallel_size) == (2, 1, 2)
@@ -69,27 +79,44 @@ def test_a_pcp_prefill_is_its_w_shards_and_its_world_is_pcp_times_tp():
     assert (lay.prefill_context_parallel_size, lay.decode_context_parallel_size, lay.cp_size) == (2, 1, 2)
     assert PDJob(s).sizes == (2, 4) and s.disaggregated.world_size == 6
     assert shard_ranks(s, "prefill") == [0, 1]
-    replicated = scenario_from_dict(pd_data(prefill={"decode_context_parallel_size": 1, "prefill_context_parallel_size": 2,
-                                                     "tensor_parallel_size": 2},
-                                            decode={"decode_context_parallel_size": 1}), source="f.toml")
+    replicated = scenario_from_dict(
+        pd_data(
+            prefill={"decode_context_parallel_size": 1, "prefill_context_parallel_size": 2, "tensor_parallel_size": 2},
+            decode={"decode_context_parallel_size": 1},
+        ),
+        source="f.toml",
+    )
     lay = instance_layout(replicated, "prefill")
     assert lay.cp_size == 1 and shard_ranks(replicated, "prefill") == [0] and PDJob(replicated).sizes == (4, 1)
 
 
-@pytest.mark.parametrize("prefill, decode, message", [
-    ({"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2, "tensor_parallel_size": 2}, 4,
-     "the NIXL connector takes PCP \\+ DCP only at TP 1 with DCP spanning the full PCP group"),
-    ({"decode_context_parallel_size": 4, "prefill_context_parallel_size": 2}, 4,
-     "prefill_context_parallel_size 2 with decode_context_parallel_size 4 and tensor_parallel_size 2"),
-    ({"decode_context_parallel_size": 1, "prefill_context_parallel_size": 2}, 4,
-     "cannot pair replicated PCP \\(prefill PCP 2, DCP 1\\) with a DCP-sharded decode instance"),
-])
+@pytest.mark.parametrize(
+    "prefill, decode, message",
+    [
+        (
+            {"decode_context_parallel_size": 2, "prefill_context_parallel_size": 2, "tensor_parallel_size": 2},
+            4,
+            "the NIXL connector takes PCP \\+ DCP only at TP 1 with DCP spanning the full PCP group",
+        ),
+        (
+            {"decode_context_parallel_size": 4, "prefill_context_parallel_size": 2},
+            4,
+            "prefill_context_parallel_size 2 with decode_context_parallel_size 4 and tensor_parallel_size 2",
+        ),
+        (
+            {"decode_context_parallel_size": 1, "prefill_context_parallel_size": 2},
+            4,
+            "cannot pair replicated PCP \\(prefill PCP 2, DCP 1\\) with a DCP-sharded decode instance",
+        ),
+    ],
+)
 def test_nixl_refuses_the_pcp_prefills_vllm_refuses(prefill, decode, message):
     with pytest.raises(ScenarioError, match=message):
         scenario_from_dict(pd_data(prefill=prefill, decode={"decode_context_parallel_size": decode}), source="f.toml")
     # the re-sharding connector takes them
-    s = scenario_from_dict(pd_data(kv_connector="resharding", prefill=prefill,
-                                   decode={"decode_context_parallel_size": decode}), source="f.toml")
+    s = scenario_from_dict(
+        pd_data(kv_connector="resharding", prefill=prefill, decode={"decode_context_parallel_size": decode}), source="f.toml"
+    )
     prepare_pd(PDJob(s))
 
 

@@ -23,8 +23,7 @@ def draft_scenario(draft_w=None, replicated=False, W=4):
         "config": cfg,
         "layers": [
             {"name": "t.{i}", "layers": [0, 1], "kind": "mla", "block_size": 16, "head_size": 64},
-            {"name": "mtp", "kind": "mla", "block_size": 16, "head_size": 64, "draft": True,
-             "dcp_replicated": replicated},
+            {"name": "mtp", "kind": "mla", "block_size": 16, "head_size": 64, "draft": True, "dcp_replicated": replicated},
         ],
         "requests": [{"id": "a", "prompt_len": 100, "output_len": 8, "acceptance": [2, 0, 1]}],
     }
@@ -41,17 +40,23 @@ def test_draft_layers_and_their_parallel_config_load():
 
 
 def test_a_draft_at_w1_against_a_sharded_cache_is_refused_naming_the_layer():
-    with pytest.raises(ScenarioError, match=r"f.toml: .*layer 'mtp' is sharded over 4 ranks; mark the draft's layers "
-                                            "dcp_replicated"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"f.toml: .*layer 'mtp' is sharded over 4 ranks; mark the draft's layers "
+        "dcp_replicated",
+    ):
         scenario_from_dict(draft_scenario(draft_w=1), source="f.toml")
     ok = scenario_from_dict(draft_scenario(draft_w=1, replicated=True), source="f.toml")
     with pytest.raises(ConfigError, match="is sharded over 4 ranks"):  # also when an override makes it so
         dataclasses.replace(ok, layers={n: dataclasses.replace(s, dcp_replicated=False) for n, s in ok.layers.items()})
 
 
-@pytest.mark.parametrize("bad, where", [
-    ({"draft_w": 3}, "draft_decode_context_parallel_size 3"),
-])
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"draft_w": 3}, "draft_decode_context_parallel_size 3"),
+    ],
+)
 def test_draft_size_must_be_one_or_the_targets(bad, where):
     with pytest.raises(ScenarioError, match=where):
         scenario_from_dict(draft_scenario(**{"draft_w": bad["draft_w"]}), source="f.toml")

@@ -22,16 +22,23 @@ SRC = "m.toml"
 
 
 def mamba_layer(**fields):
-    return {"name": "l.{i}.linear_attn", "layers": [0, 1], "kind": "mamba", "shapes": [[3, 64], [4, 8, 8]],
-            "dtypes": ["bfloat16", "float32"], **fields}
+    return {
+        "name": "l.{i}.linear_attn",
+        "layers": [0, 1],
+        "kind": "mamba",
+        "shapes": [[3, 64], [4, 8, 8]],
+        "dtypes": ["bfloat16", "float32"],
+        **fields,
+    }
 
 
 def data(*layers, **config):
     cfg = {"max_model_len": 1024, "max_num_batched_tokens": 64, "num_speculative_tokens": 1, **config}
-    return {"config": cfg,
-            "layers": [{"name": "l.2.attn", "kind": "full_attention", "block_size": 16, "num_kv_heads": 1,
-                        "head_size": 8}, *layers],
-            "requests": [{"prompt_len": 100, "output_len": 5}]}
+    return {
+        "config": cfg,
+        "layers": [{"name": "l.2.attn", "kind": "full_attention", "block_size": 16, "num_kv_heads": 1, "head_size": 8}, *layers],
+        "requests": [{"prompt_len": 100, "output_len": 5}],
+    }
 
 
 def problem_lines(d) -> list[str]:
@@ -69,17 +76,20 @@ def test_block_size_and_speculative_blocks_are_derived():
     assert align.layers["l.1.linear_attn"].block_size == 16
 
 
-@pytest.mark.parametrize("fields,path,text", [
-    ({"shapes": [[3, "x"]]}, "layers[1].shapes", "must be a non-empty list of state shapes"),
-    ({"shapes": []}, "layers[1].shapes", "must be a non-empty list of state shapes"),
-    ({"dtypes": ["bfloat16"]}, "layers[1].dtypes", "must list one dtype per state shape (2)"),
-    ({"dtypes": ["bfloat16", "fp4"]}, "layers[1].dtypes", "entry 'fp4' is not known"),
-    ({"mamba_cache_mode": "all"}, "layers[1].mamba_cache_mode", "must be one of ['none', 'align']"),
-    ({"block_size": 512}, "layers[1].block_size", "must be >= max_model_len (1024) in mamba_cache_mode 'none'"),
-    ({"num_speculative_blocks": 3}, "layers[1].num_speculative_blocks", "must equal num_speculative_tokens (1)"),
-    ({"page_size_padded": 10}, "layers[1].page_size_padded", "must be >= the real page size (1408)"),
-    ({"shape": [[1]]}, "layers[1].shape", "unknown field (did you mean 'shapes'?)"),
-])
+@pytest.mark.parametrize(
+    "fields,path,text",
+    [
+        ({"shapes": [[3, "x"]]}, "layers[1].shapes", "must be a non-empty list of state shapes"),
+        ({"shapes": []}, "layers[1].shapes", "must be a non-empty list of state shapes"),
+        ({"dtypes": ["bfloat16"]}, "layers[1].dtypes", "must list one dtype per state shape (2)"),
+        ({"dtypes": ["bfloat16", "fp4"]}, "layers[1].dtypes", "entry 'fp4' is not known"),
+        ({"mamba_cache_mode": "all"}, "layers[1].mamba_cache_mode", "must be one of ['none', 'align']"),
+        ({"block_size": 512}, "layers[1].block_size", "must be >= max_model_len (1024) in mamba_cache_mode 'none'"),
+        ({"num_speculative_blocks": 3}, "layers[1].num_speculative_blocks", "must equal num_speculative_tokens (1)"),
+        ({"page_size_padded": 10}, "layers[1].page_size_padded", "must be >= the real page size (1408)"),
+        ({"shape": [[1]]}, "layers[1].shape", "unknown field (did you mean 'shapes'?)"),
+    ],
+)
 def test_errors_name_the_file_and_field(fields, path, text):
     # the real page: 3 * 64 * 2 + 4 * 8 * 8 * 4 = 384 + 1024 = 1408 bytes
     lines = problem_lines(data(mamba_layer(**fields)))
@@ -96,8 +106,11 @@ def test_missing_shapes_and_dtypes_are_reported_together():
 
 def test_a_bad_mamba_layer_is_exit_2_before_any_rank_starts(tmp_path, capsys):
     path = tmp_path / "bad.toml"
-    path.write_text(scenario_to_toml(scenario_from_dict(data(mamba_layer()), source=SRC)).replace(
-        'dtypes = ["bfloat16", "float32"]', 'dtypes = ["bfloat16", "float64"]'))
+    path.write_text(
+        scenario_to_toml(scenario_from_dict(data(mamba_layer()), source=SRC)).replace(
+            'dtypes = ["bfloat16", "float32"]', 'dtypes = ["bfloat16", "float64"]'
+        )
+    )
     code = main(["run", str(path), "--json"])
     err = json.loads(capsys.readouterr().out)["error"]
     assert code == 2 and err["kind"] == "ScenarioError"
@@ -132,20 +145,22 @@ def test_with_overrides_mamba_cache_mode_and_block_size():
 
 
 def test_the_cli_flag(capsys):
-    code = main(["run", "qwen3-next-hybrid", "--mamba-cache-mode", "align", "--block-size", "64",
-                 "--in-process", "--json"])
+    code = main(["run", "qwen3-next-hybrid", "--mamba-cache-mode", "align", "--block-size", "64", "--in-process", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report["failure"]
     state = next(g for g in report["engine"]["groups"] if g["name"].startswith("Mamba"))
     assert state["manager_block_size"] == 64 and state["block_table_width"] == 8192 // 64 + 2
 
 
-values = st.one_of(st.none(), st.booleans(), st.integers(-3, 20000), st.text(max_size=8),
-                   st.sampled_from(["none", "align", "bfloat16", "float32", "gdn_attn"]),
-                   st.lists(st.one_of(st.integers(-1, 9), st.text(max_size=3),
-                                      st.lists(st.integers(-1, 9), max_size=3)), max_size=3))
-KEYS = ["block_size", "shapes", "dtypes", "page_size_padded", "mamba_type", "mamba_cache_mode",
-        "num_speculative_blocks", "kind"]
+values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 20000),
+    st.text(max_size=8),
+    st.sampled_from(["none", "align", "bfloat16", "float32", "gdn_attn"]),
+    st.lists(st.one_of(st.integers(-1, 9), st.text(max_size=3), st.lists(st.integers(-1, 9), max_size=3)), max_size=3),
+)
+KEYS = ["block_size", "shapes", "dtypes", "page_size_padded", "mamba_type", "mamba_cache_mode", "num_speculative_blocks", "kind"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

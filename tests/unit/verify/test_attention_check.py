@@ -115,14 +115,17 @@ def test_huge_chunks_are_sampled():
 # ----------------------------------------------------------------------------- faults
 
 
-@pytest.mark.parametrize("name,fault,W,I,merge", [
-    ("dsv3", "multi-token-local-lens", 2, 16, "alternate"),
-    ("dsv41-hybrid", "multi-token-local-lens", 2, 16, "alltoall"),
-    ("dsv3", "multi-token-local-lens", 3, 1, "allgather"),
-    ("dsv3", "empty-shard-lse-zero", 2, 1, "alltoall"),
-    ("dsv41-hybrid", "empty-shard-lse-zero", 2, 16, "alternate"),
-    ("dsv41-hybrid", "empty-shard-lse-zero", 4, 16, "allgather"),
-])
+@pytest.mark.parametrize(
+    "name,fault,W,I,merge",
+    [
+        ("dsv3", "multi-token-local-lens", 2, 16, "alternate"),
+        ("dsv41-hybrid", "multi-token-local-lens", 2, 16, "alltoall"),
+        ("dsv3", "multi-token-local-lens", 3, 1, "allgather"),
+        ("dsv3", "empty-shard-lse-zero", 2, 1, "alltoall"),
+        ("dsv41-hybrid", "empty-shard-lse-zero", 2, 16, "alternate"),
+        ("dsv41-hybrid", "empty-shard-lse-zero", 4, 16, "allgather"),
+    ],
+)
 def test_attention_faults_are_detected(name, fault, W, I, merge):
     sc = builtin(name, W, I)
     assert FAULTS[fault].applies_to(geometries(sc))
@@ -179,6 +182,7 @@ def test_a_corrupted_vector_is_caught_by_attention_only(monkeypatch):
                         store.vectors.view(-1, store.vector_dim)[int(w.slots[0])] += 0.5
             if during_step is not None:
                 during_step(plan, runner)
+
         return _orig_apply(self, plan, request_ids, during_step=corrupt_then_attend)
 
     monkeypatch.setattr(ModelRunner, "apply", apply)
@@ -203,8 +207,7 @@ class ReadsAWrongKey(ReferenceEngine):
 def test_an_engine_reading_a_wrong_key_is_caught_by_attention_only():
     """What the engine stores is right (the write check passes), but rank 1's attention reads
     a wrong K/V for one key of the replicated sliding-window group."""
-    _assert_caught_on_rank_1_by_attention_only(run(builtin("dsv41-hybrid", 2, 1), engine=ReadsAWrongKey(),
-                                                   attention=True))
+    _assert_caught_on_rank_1_by_attention_only(run(builtin("dsv41-hybrid", 2, 1), engine=ReadsAWrongKey(), attention=True))
 
 
 class _LossyReduceScatter:

@@ -64,8 +64,7 @@ def straightforward(cfg, store, group, w, fingerprints, rows, h0, h1):
     kv[hist] = kv_vectors(store, fingerprints[: w.start], cfg.kv_width)[emit[hist]]
     kv[~hist] = kv_vectors(store, w.contents[emit[~hist] - w.start], cfg.kv_width)
     kv = torch.from_numpy(kv).double()
-    q = torch.from_numpy(query_vectors(store, w.req_index, w.start + rows, w.contents[rows], cfg.heads,
-                                       cfg.head_dim))[:, h0:h1].double()
+    q = torch.from_numpy(query_vectors(store, w.req_index, w.start + rows, w.contents[rows], cfg.heads, cfg.head_dim))[:, h0:h1].double()
     logits = torch.einsum("qhd,nd->hqn", q, kv[:, : cfg.head_dim]) * cfg.softmax_scale
     logits.masked_fill_(~torch.from_numpy(mask)[None], float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
@@ -153,17 +152,18 @@ def test_queries_follow_the_step_rule():
     assert taken[3] == steps
     for store in (1, 2):  # records (2.5K keys), full (5K): first, last and every stride-th step
         group = groups[store]
-        expect = [p.step for p in plans
-                  if p.step in (steps[0], steps[-1])
-                  or p.step % -(-context_keys(group, p.writes[0].start, p.writes[0].stop) // 1000) == 0]
+        expect = [
+            p.step
+            for p in plans
+            if p.step in (steps[0], steps[-1]) or p.step % -(-context_keys(group, p.writes[0].start, p.writes[0].stop) // 1000) == 0
+        ]
         assert taken[store] == expect and steps[0] in expect and steps[-1] in expect
         assert len(expect) < len(steps)
     assert ver.skipped == sum(len(steps) - len(t) for t in taken.values())
     assert ver.checked_steps == len(steps)  # the window is checked at every step
     # another rank (another verifier, the same plans) takes the same decisions
     again = verifier(groups, max_step_keys=1000)
-    assert [sorted(again.queries(p)) for p in plans] == [
-        sorted((s, 0) for s in taken if p.step in taken[s]) for p in plans]
+    assert [sorted(again.queries(p)) for p in plans] == [sorted((s, 0) for s in taken if p.step in taken[s]) for p in plans]
 
 
 def step_budget_job(scenario, **options) -> Job:

@@ -21,9 +21,19 @@ from helpers import builtin, geometries, scheduler
 
 
 def group(W=2, I=4, B=16, Bk=None, sharded=True, k=0):
-    return ExpectedGroup(name="g", layer_names=("l",), storage=Storage.PAGED, retention=Retention.FULL,
-                         sharded=sharded, dcp_size=W, interleave_size=I, tokens_per_state=1, block_size=B,
-                         kernel_block_size=Bk, num_speculative_tokens=k)
+    return ExpectedGroup(
+        name="g",
+        layer_names=("l",),
+        storage=Storage.PAGED,
+        retention=Retention.FULL,
+        sharded=sharded,
+        dcp_size=W,
+        interleave_size=I,
+        tokens_per_state=1,
+        block_size=B,
+        kernel_block_size=Bk,
+        num_speculative_tokens=k,
+    )
 
 
 @given(st.integers(0, 2000), st.integers(1, 8), st.sampled_from([1, 2, 4, 16, 64]), st.data())
@@ -63,18 +73,18 @@ def test_expected_paged_plan_over_the_ranks_own_kernel_pages():
 
 
 def test_expected_width_aligns_to_128_tokens():
-    assert expected_width(group(W=4, B=16), 1000) == 16       # cdiv(1000, 64) = 16
+    assert expected_width(group(W=4, B=16), 1000) == 16  # cdiv(1000, 64) = 16
     assert expected_width(group(W=1, B=16, sharded=False), 1000) == 64  # 63 -> 64
-    assert expected_width(group(W=2, B=64), 1000) == 8       # 8 entries, a multiple of 2
+    assert expected_width(group(W=2, B=64), 1000) == 8  # 8 entries, a multiple of 2
 
 
 def test_uniform_decode_padding_rule():
     sizes = (1, 2, 4, 8, 16)
-    assert uniform_decode_padding(group(k=0), [1, 1, 1], sizes) == 1      # 3 -> 4 tokens
-    assert uniform_decode_padding(group(k=3), [4, 4, 4], sizes) == 1      # 12 -> 16 (a multiple of 4)
-    assert uniform_decode_padding(group(k=0), [1, 5], sizes) == 0         # a mixed step runs eagerly
-    assert uniform_decode_padding(group(k=0), [1] * 17, sizes) == 0       # above every captured size
-    assert uniform_decode_padding(group(k=0), [1, 1], ()) == 0            # no CUDA graphs
+    assert uniform_decode_padding(group(k=0), [1, 1, 1], sizes) == 1  # 3 -> 4 tokens
+    assert uniform_decode_padding(group(k=3), [4, 4, 4], sizes) == 1  # 12 -> 16 (a multiple of 4)
+    assert uniform_decode_padding(group(k=0), [1, 5], sizes) == 0  # a mixed step runs eagerly
+    assert uniform_decode_padding(group(k=0), [1] * 17, sizes) == 0  # above every captured size
+    assert uniform_decode_padding(group(k=0), [1, 1], ()) == 0  # no CUDA graphs
 
 
 def test_reference_metadata_pads_with_dummy_requests_that_write_nothing():
@@ -83,8 +93,7 @@ def test_reference_metadata_pads_with_dummy_requests_that_write_nothing():
     engine = ReferenceEngine()
     g = next(x for x in geos if x.sharded)
     # many-short decodes with 1 draft: 3 requests x 2 tokens = 6 -> the captured size 8
-    writes = [ReqWrite(req_index=i, request_id=f"r{i}", start=100, contents=np.zeros(2, np.int64), num_drafts=1)
-              for i in range(3)]
+    writes = [ReqWrite(req_index=i, request_id=f"r{i}", start=100, contents=np.zeros(2, np.int64), num_drafts=1) for i in range(3)]
     meta = engine.build_attention_metadata(g, writes, [np.array([1, 2])] * 3, dcp_rank=1)
     assert meta.num_dummy_requests == 1 and meta.request_ids[-1] == PAD_REQUEST
     assert meta.seq_lens[-1] == 4  # W * I
@@ -94,8 +103,7 @@ def test_reference_metadata_pads_with_dummy_requests_that_write_nothing():
 
 
 @pytest.mark.parametrize("name", builtin_scenario_names())
-@pytest.mark.parametrize("W, I, extra", [(2, 1, {}), (4, 16, {"kernel_block_size": 16}),
-                                         (3, 1, {"max_cudagraph_capture_size": 32})])
+@pytest.mark.parametrize("W, I, extra", [(2, 1, {}), (4, 16, {"kernel_block_size": 16}), (3, 1, {"max_cudagraph_capture_size": 32})])
 def test_reference_metadata_matches_the_checker_on_every_builtin(name, W, I, extra):
     try:
         s = builtin(name, W, I, **extra)
@@ -112,8 +120,7 @@ def test_reference_metadata_matches_the_checker_on_every_builtin(name, W, I, ext
             rows = [plan.rows_before[gi].get(w.req_index, np.zeros(0, np.int64)) for w in plan.writes]
             for rank in range(W):
                 meta = engine.build_attention_metadata(geo, list(plan.writes), rows, rank)
-                want = expected_metadata(grp, plan, plan.rows_before[gi], rank, s.config.max_model_len,
-                                         s.config.cudagraph_capture_sizes)
+                want = expected_metadata(grp, plan, plan.rows_before[gi], rank, s.config.max_model_len, s.config.cudagraph_capture_sizes)
                 for field, value in want.items():
                     have = getattr(meta, field)
                     assert np.array_equal(np.asarray(have), np.asarray(value)), (plan.step, geo.name, rank, field)
@@ -133,9 +140,19 @@ def test_expected_metadata_matches_a_request_by_request_derivation(data):
     B = data.draw(st.sampled_from([4, 8]))
     Bk = data.draw(st.sampled_from([None, B // 2]))
     k = data.draw(st.integers(0, 2))
-    g = ExpectedGroup(name="g", layer_names=("l",), storage=Storage.RECORDS if R > 1 else Storage.PAGED,
-                      retention=Retention.FULL, sharded=W > 1, dcp_size=W, interleave_size=I,
-                      tokens_per_state=R, block_size=B, kernel_block_size=Bk, num_speculative_tokens=k)
+    g = ExpectedGroup(
+        name="g",
+        layer_names=("l",),
+        storage=Storage.RECORDS if R > 1 else Storage.PAGED,
+        retention=Retention.FULL,
+        sharded=W > 1,
+        dcp_size=W,
+        interleave_size=I,
+        tokens_per_state=R,
+        block_size=B,
+        kernel_block_size=Bk,
+        num_speculative_tokens=k,
+    )
     rank = data.draw(st.integers(0, W - 1))
     writes, rows = [], {}
     for i in range(data.draw(st.integers(1, 4))):

@@ -235,6 +235,7 @@ def test_break_one_ranks_block_table_is_mismatch(monkeypatch):
             table = self.block_tables[0]
             row = table.row(0).copy()
             table.set_row(0, "chat-0", row[::-1])
+
     monkeypatch.setattr(ModelRunner, "apply", apply)
     rep = run(builtin("dsv3", 2, 1))
     f = rep.failure
@@ -255,6 +256,7 @@ def test_shards_that_do_not_reassemble(monkeypatch):
         if rank == 1 and group.sharded:
             return index[:-1], content[:-1]
         return index, content
+
     monkeypatch.setattr(check, "expected_on_rank", on_rank)
     rep = run(builtin("dsv3", 2, 1))
     f = rep.failure
@@ -271,6 +273,7 @@ def test_replicas_that_differ(monkeypatch):
         if rank == 1 and not group.sharded:
             return index[1:], content[1:]
         return index, content
+
     monkeypatch.setattr(check, "expected_on_rank", on_rank)
     rep = run(builtin("dsv41-hybrid", 2, 1))
     f = rep.failure

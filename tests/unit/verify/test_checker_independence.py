@@ -41,9 +41,7 @@ class ShardedAsReplicated(ReferenceEngine):
     def group_geometry(self, group_id, group, config):
         g = super().group_geometry(group_id, group, config)
         if g.sharded and g.storage is Storage.PAGED:
-            g = dataclasses.replace(
-                g, sharded=False, manager_block_size=g.block_size,
-                block_table_width=g.block_table_width * g.dcp_size)
+            g = dataclasses.replace(g, sharded=False, manager_block_size=g.block_size, block_table_width=g.block_table_width * g.dcp_size)
         return g
 
 

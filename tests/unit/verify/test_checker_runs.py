@@ -31,12 +31,15 @@ def test_builtin_scenarios_pass(name, W, I):
     json.loads(rep.to_json())
 
 
-@pytest.mark.parametrize("name,ov", [
-    ("dsv3", dict(kernel_block_size=16)),
-    ("dsv41-hybrid", dict(kernel_block_size=32)),
-    ("dsv3", dict(block_size=32)),
-    ("dsv41-hybrid", dict(block_size=16, cp_kv_cache_interleave_size=4)),
-])
+@pytest.mark.parametrize(
+    "name,ov",
+    [
+        ("dsv3", dict(kernel_block_size=16)),
+        ("dsv41-hybrid", dict(kernel_block_size=32)),
+        ("dsv3", dict(block_size=32)),
+        ("dsv41-hybrid", dict(block_size=16, cp_kv_cache_interleave_size=4)),
+    ],
+)
 def test_builtin_scenarios_pass_other_geometry(name, ov):
     ov = dict(ov)
     I = ov.pop("cp_kv_cache_interleave_size", 2)
@@ -48,14 +51,12 @@ def test_sharded_verification_counts_every_index_once():
     # With pools that hold every request (no W-dependent pressure) and no prefix caching, W=1 and
     # W=2 run the same schedule; the two shards of W=2 verify exactly the indices W=1 verifies.
     base = builtin("dsv3", 1)
-    base = dataclasses.replace(base, kv_cache_tokens=None,
-                               config=dataclasses.replace(base.config, enable_prefix_caching=False))
+    base = dataclasses.replace(base, kv_cache_tokens=None, config=dataclasses.replace(base.config, enable_prefix_caching=False))
     a = run(base)
     b = run(base.with_overrides(decode_context_parallel_size=2))
     assert a.passed and b.passed
     # block reuse counts differ (pages of 64 vs 128 tokens); everything else is the same schedule
-    assert {k: v for k, v in a.schedule.items() if k != "reused_blocks"} == \
-        {k: v for k, v in b.schedule.items() if k != "reused_blocks"}
+    assert {k: v for k, v in a.schedule.items() if k != "reused_blocks"} == {k: v for k, v in b.schedule.items() if k != "reused_blocks"}
     assert a.verified_indices == b.verified_indices > 0
 
 

@@ -10,7 +10,7 @@ from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
 def test_multiset_digest_is_order_independent_and_additive():
     rng = np.random.default_rng(0)
     index = np.arange(100, dtype=np.int64)
-    content = rng.integers(-2**62, 2**62, size=100, dtype=np.int64)
+    content = rng.integers(-(2**62), 2**62, size=100, dtype=np.int64)
     d = multiset_digest(index, content)
     perm = rng.permutation(100)
     assert multiset_digest(index[perm], content[perm]) == d
@@ -36,7 +36,7 @@ def test_multiset_digest_is_order_independent_and_additive():
 def test_ordered_digest_is_order_dependent():
     rng = np.random.default_rng(1)
     index = np.arange(50, dtype=np.int64)
-    content = rng.integers(-2**62, 2**62, size=50, dtype=np.int64)
+    content = rng.integers(-(2**62), 2**62, size=50, dtype=np.int64)
     d = ordered_digest(index, content)
     assert ordered_digest(index.copy(), content.copy()) == d
     swapped = np.arange(50)
@@ -53,4 +53,4 @@ def test_as_int64_keeps_the_bits():
     # the gathered rows are int64 tensors: a digest >= 2**63 must round-trip through them
     for u in (0, 1, 2**63 - 1, 2**63, 2**64 - 1):
         i = as_int64(u)
-        assert -2**63 <= i < 2**63 and i % 2**64 == u
+        assert -(2**63) <= i < 2**63 and i % 2**64 == u

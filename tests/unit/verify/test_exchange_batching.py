@@ -54,7 +54,10 @@ def test_a_step_queue_reports_every_fault_as_lockstep_does(name, exchanges):
     queued = run(job, 16)
     assert failure_record(queued) == failure_record(lockstep)
     assert (queued.steps, queued.verifications, queued.verified_indices) == (
-        lockstep.steps, lockstep.verifications, lockstep.verified_indices)
+        lockstep.steps,
+        lockstep.verifications,
+        lockstep.verified_indices,
+    )
 
 
 def test_a_passing_run_exchanges_once_per_queue_and_at_the_last_step(exchanges):
@@ -65,7 +68,10 @@ def test_a_passing_run_exchanges_once_per_queue_and_at_the_last_step(exchanges):
     queued = run(job, 8)
     assert queued.passed and lockstep.passed
     assert (queued.verifications, queued.verified_indices, queued.full_sweeps) == (
-        lockstep.verifications, lockstep.verified_indices, lockstep.full_sweeps)
+        lockstep.verifications,
+        lockstep.verified_indices,
+        lockstep.full_sweeps,
+    )
     calls = exchanges["calls"]  # two ranks (threads), each exchanging in turn
     per_rank = len(calls) // 2
     assert lockstep_calls == 2 * lockstep.verifications

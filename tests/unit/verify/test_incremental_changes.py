@@ -78,8 +78,7 @@ def test_a_written_slot_maps_back_to_every_local_index_that_reads_it(bk):
     every = np.arange(len(row) * page, dtype=np.int64)
     reads = read_slots(group, row, every)
     assert sorted(local.tolist()) == every[np.isin(reads, slots)].tolist()
-    assert locals_of_columns(np.array([1, 4]), page).tolist() == list(range(page, 2 * page)) + list(
-        range(4 * page, 5 * page))
+    assert locals_of_columns(np.array([1, 4]), page).tolist() == list(range(page, 2 * page)) + list(range(4 * page, 5 * page))
 
 
 # ----------------------------------------------------------------------------- late faults
@@ -95,8 +94,13 @@ class LateStrayWrite(ReferenceEngine):
 
     def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
         mapped = super().step_write_slots(geometry, writes, block_rows, dcp_rank)
-        if (dcp_rank != self.rank or geometry.group_id != self.group or len(writes) < 2
-                or writes[0].start < self.after or writes[1].start < 64):
+        if (
+            dcp_rank != self.rank
+            or geometry.group_id != self.group
+            or len(writes) < 2
+            or writes[0].start < self.after
+            or writes[1].start < 64
+        ):
             return mapped
         other = writes[1]
         probe = ReqWrite(other.req_index, other.request_id, other.start - 64, np.zeros(64, np.int64))

@@ -14,9 +14,18 @@ from helpers import builtin, run, scheduler
 
 
 def group(B, W, sharded):
-    return ExpectedGroup(name=f"g{B}", layer_names=("l",), storage=Storage.PAGED, retention=Retention.FULL,
-                         sharded=sharded, dcp_size=W, interleave_size=1, tokens_per_state=1, block_size=B,
-                         kernel_block_size=None)
+    return ExpectedGroup(
+        name=f"g{B}",
+        layer_names=("l",),
+        storage=Storage.PAGED,
+        retention=Retention.FULL,
+        sharded=sharded,
+        dcp_size=W,
+        interleave_size=1,
+        tokens_per_state=1,
+        block_size=B,
+        kernel_block_size=None,
+    )
 
 
 def test_hash_unit_is_the_gcd_and_hits_the_lcm():

@@ -52,8 +52,7 @@ def test_every_live_request_has_one_state_verified_per_rank():
 
 def test_state_column_by_hand():
     (g,) = [g for g in expected_groups(builtin(NAME, 2)) if g.storage is Storage.STATE]
-    (a,) = [g for g in expected_groups(builtin(NAME, 2, mamba_cache_mode="align", block_size=16))
-            if g.storage is Storage.STATE]
+    (a,) = [g for g in expected_groups(builtin(NAME, 2, mamba_cache_mode="align", block_size=16)) if g.storage is Storage.STATE]
     # none mode: a prefill chunk [0, 512) -> column 0; a decode [700, 703) with 2 drafts, 1 accepted
     # (committed 702: the state after 701 = token 1 of the step) -> column 1
     assert state_column(g, 0, 512, 0, 512) == 0
@@ -105,8 +104,9 @@ class Rank1KeepsItsState(ReferenceEngine):
         return slots, index
 
 
-@pytest.mark.parametrize("engine,W", [(StateInColumnZero(), 2), (NoDraftStates(), 2), (StaleState(), 2),
-                                      (Rank1KeepsItsState(), 2), (NoDraftStates(), 4)])
+@pytest.mark.parametrize(
+    "engine,W", [(StateInColumnZero(), 2), (NoDraftStates(), 2), (StaleState(), 2), (Rank1KeepsItsState(), 2), (NoDraftStates(), 4)]
+)
 def test_a_misplaced_missing_or_stale_state_is_caught(engine, W):
     rep = run(builtin(NAME, W), engine=engine)
     f = rep.failure

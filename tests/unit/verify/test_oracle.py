@@ -26,18 +26,21 @@ from helpers import geometries
 LAYERS = {
     "mla": MLAAttentionSpec(block_size=16, head_size=64),
     "mla2": MLAAttentionSpec(block_size=32, head_size=64, tokens_per_state=2),
-    "swa": SlidingWindowMLASpec(block_size=16, head_size=64, sliding_window=128,
-                                extra_retained_tokens=5, dcp_replicated=True),
-    "chunk": ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=1, head_size=8,
-                                       attention_chunk_size=24, dcp_replicated=True),
+    "swa": SlidingWindowMLASpec(block_size=16, head_size=64, sliding_window=128, extra_retained_tokens=5, dcp_replicated=True),
+    "chunk": ChunkedLocalAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, attention_chunk_size=24, dcp_replicated=True),
     "ring": CircularBufferSpec(block_size=8, num_kv_heads=1, head_size=8, dcp_replicated=True),
 }
 
 
 def _groups(layers, W, I, k=3):
     """The checker's expected group of each layer (one layer per group here), by layer name."""
-    cfg = SimConfig(max_model_len=4096, max_num_batched_tokens=256, decode_context_parallel_size=W,
-                    cp_kv_cache_interleave_size=I, num_speculative_tokens=k)
+    cfg = SimConfig(
+        max_model_len=4096,
+        max_num_batched_tokens=256,
+        decode_context_parallel_size=W,
+        cp_kv_cache_interleave_size=I,
+        num_speculative_tokens=k,
+    )
     sc = Scenario(name="o", layers=layers, config=cfg, requests=(RequestSpec("r", 10, 10),))
     geometries(sc)  # the config is valid for every group (the reference engine accepts it)
     groups = expected_groups(sc)
@@ -46,7 +49,7 @@ def _groups(layers, W, I, k=3):
 
 
 def view(n, total=2000):
-    fp = (np.arange(total, dtype=np.int64) * 7919 + 13)  # distinct per position
+    fp = np.arange(total, dtype=np.int64) * 7919 + 13  # distinct per position
     return RequestView(0, "r", n, fp)
 
 
@@ -108,21 +111,24 @@ def test_replicated_groups_expect_everything_on_every_rank(W):
             assert np.array_equal(got[0], full[0]) and np.array_equal(got[1], full[1])
 
 
-@pytest.mark.parametrize("n,window,chunk,ring", [
-    # window 128, extra 5: n - 127 - 5; chunk 24: 24 * (n // 24); ring C=8, k=3: n - (8 - 3)
-    (0, 0, 0, 0),
-    (3, 0, 0, 0),
-    (5, 0, 0, 0),
-    (6, 0, 0, 1),
-    (23, 0, 0, 18),
-    (24, 0, 24, 19),
-    (47, 0, 24, 42),
-    (48, 0, 48, 43),
-    (132, 0, 120, 127),
-    (133, 1, 120, 128),
-    (300, 168, 288, 295),
-    (1000, 868, 984, 995),
-])
+@pytest.mark.parametrize(
+    "n,window,chunk,ring",
+    [
+        # window 128, extra 5: n - 127 - 5; chunk 24: 24 * (n // 24); ring C=8, k=3: n - (8 - 3)
+        (0, 0, 0, 0),
+        (3, 0, 0, 0),
+        (5, 0, 0, 0),
+        (6, 0, 0, 1),
+        (23, 0, 0, 18),
+        (24, 0, 24, 19),
+        (47, 0, 24, 42),
+        (48, 0, 48, 43),
+        (132, 0, 120, 127),
+        (133, 1, 120, 128),
+        (300, 168, 288, 295),
+        (1000, 868, 984, 995),
+    ],
+)
 def test_retained_start_formulas(n, window, chunk, ring):
     groups = _groups(LAYERS, 2, 1, k=3)
     assert retained_start(groups["swa"], n) == window
@@ -133,7 +139,6 @@ def test_retained_start_formulas(n, window, chunk, ring):
     idx, con = expected_full(groups["swa"], v)
     assert list(idx) == list(range(window, n))
     assert np.array_equal(con, v.fingerprints[window:n])
-
 
 
 @settings(max_examples=150, deadline=None)

@@ -6,16 +6,36 @@ from dcpsim.verify.report import RunReport
 
 
 def _report(**fields) -> RunReport:
-    return RunReport(scenario="s", source="s.toml", dcp_size=1, interleave_size=1, kernel_block_size=None,
-                     groups=[dict(name="g", layers=1, storage="paged", block_size=16, states_per_page=16,
-                                  sharded=True, manager_block_size=1)], **fields)
+    return RunReport(
+        scenario="s",
+        source="s.toml",
+        dcp_size=1,
+        interleave_size=1,
+        kernel_block_size=None,
+        groups=[dict(name="g", layers=1, storage="paged", block_size=16, states_per_page=16, sharded=True, manager_block_size=1)],
+        **fields,
+    )
 
 
 def test_report_text_counts_one_of_a_kind_in_the_singular():
-    text = _report(schedule=dict(steps=1, requests=1, finished=1, preemptions=1, prefix_hit_tokens=1,
-                                 reused_blocks=1), verifications=1, verified_indices=1, bytes_gathered=1).text()
-    for wrong in ("1 layers", "1 tokens", "1 steps", "1 requests", "1 preemptions", "1 prefix-hit tokens",
-                  "1 reused blocks", "1 checks", "1 indices", "1 bytes"):
+    text = _report(
+        schedule=dict(steps=1, requests=1, finished=1, preemptions=1, prefix_hit_tokens=1, reused_blocks=1),
+        verifications=1,
+        verified_indices=1,
+        bytes_gathered=1,
+    ).text()
+    for wrong in (
+        "1 layers",
+        "1 tokens",
+        "1 steps",
+        "1 requests",
+        "1 preemptions",
+        "1 prefix-hit tokens",
+        "1 reused blocks",
+        "1 checks",
+        "1 indices",
+        "1 bytes",
+    ):
         assert wrong not in text, (wrong, text)
     assert "1 step, 1 request, 1 finished, 1 preemption, 1 prefix-hit token, 1 reused block" in text
     assert "verified: 1 check, 1 index, 1 byte gathered" in text

@@ -32,9 +32,7 @@ from scheduler_mutations import EVICTED_PREFIX_ASKED_AGAIN, PREEMPTED_INSIDE_UNI
 from dcpsim.verify.report import FailureKind
 from helpers import builtin, run, scheduler
 
-CASES = [
-    ("register-before-written", "prefix-preemption", W) for W in (1, 2, 4)
-] + [
+CASES = [("register-before-written", "prefix-preemption", W) for W in (1, 2, 4)] + [
     (mutation, "prefix-eviction", W) for mutation in ("keep-key-on-reuse", "stale-index-entry") for W in (2, 4)
 ]
 
@@ -90,8 +88,7 @@ def test_the_situations_are_recognised_only_where_they_are():
     assert situations(builtin("prefix-eviction", 2)) == {EVICTED_PREFIX_ASKED_AGAIN}
 
 
-@pytest.mark.parametrize("mutation,name", [("register-before-written", "prefix-preemption"),
-                                           ("keep-key-on-reuse", "prefix-eviction")])
+@pytest.mark.parametrize("mutation,name", [("register-before-written", "prefix-preemption"), ("keep-key-on-reuse", "prefix-eviction")])
 def test_the_cli_exits_1_under_the_mutation_and_0_without(mutation, name, run_json):
     code, clean = run_json("run", name, "--dcp", "2", "--in-process")
     assert code == 0 and clean["passed"]

@@ -17,10 +17,18 @@ from helpers import builtin
 
 
 def group(storage=Storage.PAGED, *, B=64, R=1, Bk=None, sharded=True, W=2, I=1):
-    return ExpectedGroup(name="g", layer_names=("l",), storage=storage,
-                         retention=Retention.RING if storage is Storage.RING else Retention.FULL,
-                         sharded=sharded, dcp_size=W, interleave_size=I, tokens_per_state=R,
-                         block_size=B, kernel_block_size=Bk)
+    return ExpectedGroup(
+        name="g",
+        layer_names=("l",),
+        storage=storage,
+        retention=Retention.RING if storage is Storage.RING else Retention.FULL,
+        sharded=sharded,
+        dcp_size=W,
+        interleave_size=I,
+        tokens_per_state=R,
+        block_size=B,
+        kernel_block_size=Bk,
+    )
 
 
 def test_paged_reads_by_hand():

@@ -23,8 +23,7 @@ def test_interleave_1_breaks_nothing_on_a_plain_mla_model():
 
 def test_speculative_decoding_with_interleave_above_1():
     got = ids(builtin("dsv3", 4, 8))
-    assert got == ["mtp-needs-interleave-support", "flashinfer-mla-needs-interleave-1",
-                   "spec-steps-not-batched-as-decodes"]
+    assert got == ["mtp-needs-interleave-support", "flashinfer-mla-needs-interleave-1", "spec-steps-not-batched-as-decodes"]
     # without drafts only the FlashInfer MLA rule is left; on plain full attention only the MTP rule
     no_drafts = make_scenario({"mla": mla_spec(16)}, [request_spec("a", 10, 5)], W=4, I=8, k=0)
     assert ids(no_drafts) == ["flashinfer-mla-needs-interleave-1"]
@@ -33,8 +32,7 @@ def test_speculative_decoding_with_interleave_above_1():
 
 def test_an_interleave_above_the_block_names_the_group():
     (rule,) = [r for r in broken_rules(layout_context(builtin("dsv3", 4, 128))) if r["id"] == "interleave-divides-block"]
-    assert rule["kind"] == "rejected" and rule["where"] == [
-        "MLAAttention[model.layers.0.self_attn.mla_attn+60]: 64 tokens per page"]
+    assert rule["kind"] == "rejected" and rule["where"] == ["MLAAttention[model.layers.0.self_attn.mla_attn+60]: 64 tokens per page"]
 
 
 def test_compressed_groups_and_the_indexer_rule():

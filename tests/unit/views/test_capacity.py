@@ -42,8 +42,7 @@ def test_the_planner_agrees_with_the_spec_model_and_the_run_pools(name, W):
     sched = scheduler(sc)
     col = cap.column(sc, None)
     assert [g.name for g in col.groups] == [m.geometry.name for m in sched.managers]
-    runner = ModelRunner(sched.engine, sched.geometries, pool_sizes(sc, sched.engine, sched.geometries), 0,
-                         max_num_reqs=len(sc.requests))
+    runner = ModelRunner(sched.engine, sched.geometries, pool_sizes(sc, sched.engine, sched.geometries), 0, max_num_reqs=len(sc.requests))
     for g, m, store in zip(col.groups, sched.managers, runner.stores):
         geo, config = m.geometry, sc.config
         layer_specs = [sc.layers[n] for n in geo.layer_names]
@@ -77,8 +76,9 @@ def test_the_planner_agrees_with_the_spec_model_and_the_run_pools(name, W):
 
 def test_semantics_section_3_example_sharded_and_replicated():
     """max_model_len 1000, W = 2, B = 16: 32 pages sharded, 63 pages replicated."""
-    sc = make_scenario({"mla": mla_spec(16), "rep": full_rep_spec(16)}, [request_spec("a", 100, 10)],
-                       W=2, max_len=1000, kv_cache_tokens=2000)
+    sc = make_scenario(
+        {"mla": mla_spec(16), "rep": full_rep_spec(16)}, [request_spec("a", 100, 10)], W=2, max_len=1000, kv_cache_tokens=2000
+    )
     sharded, replicated = cap.column(sc, None).groups
     assert (sharded.sharded, sharded.blocks_per_request) == (True, 32)
     assert (replicated.sharded, replicated.dcp_replicated, replicated.blocks_per_request) == (False, True, 63)
@@ -111,8 +111,9 @@ def test_a_budget_is_one_shared_pool_of_blocks_as_large_as_the_largest_page():
     # each group's share of the pool at that concurrency
     assert mla.pool_blocks == col.num_blocks * 16 // 79 and rep.pool_blocks == col.num_blocks * 63 // 79
     # equal group pages (one MLA layer, four sliding-window layers) share the pool without padding
-    even = make_scenario({"mla": mla_spec(16)} | {f"swa.{i}": swa_spec(B=16, window=64) for i in range(4)},
-                         [request_spec("a", 100, 10)], W=2, max_len=1000)
+    even = make_scenario(
+        {"mla": mla_spec(16)} | {f"swa.{i}": swa_spec(B=16, window=64) for i in range(4)}, [request_spec("a", 100, 10)], W=2, max_len=1000
+    )
     same = cap.column(even, cap.Budget(1))
     assert [g.page_size_bytes for g in same.groups] == [2048, 2048] and same.block_bytes == 2048
     assert [g.padding_bytes_per_block for g in same.groups] == [0, 0]

@@ -26,15 +26,20 @@ def reports(tmp_path_factory) -> dict:
     and a pass."""
     root = tmp_path_factory.mktemp("reports")
     proc = subprocess.run(
-        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "4", "--inject", "interleave-off-by-one",
-         "--json", "--in-process"], capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "4", "--inject", "interleave-off-by-one", "--json", "--in-process"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     out = {"dsv3": root / "dsv3.json"}
     out["dsv3"].write_text(proc.stdout)
-    for name, scenario, W, fault in (("records", "dsv41-hybrid", 2, "interleave-off-by-one"),
-                                     ("violation", "dsv3", 2, "foreign-block"),
-                                     ("window", "dsv41-hybrid", 2, "sliding-window-early-release"),
-                                     ("pass", "dsv3", 2, None)):
+    for name, scenario, W, fault in (
+        ("records", "dsv41-hybrid", 2, "interleave-off-by-one"),
+        ("violation", "dsv3", 2, "foreign-block"),
+        ("window", "dsv41-hybrid", 2, "sliding-window-early-release"),
+        ("pass", "dsv3", 2, None),
+    ):
         out[name] = root / f"{name}.json"
         out[name].write_text(run(builtin(scenario, W, 1), inject=fault).to_json())
     return out
@@ -84,8 +89,7 @@ def test_real_report_text_names_expected_and_actual(capsys, reports):
     assert d["slots"]["0"][d["positions"].index(0)] == f["expected_slot"]  # the layout agrees with the checker
     assert d["slots"]["1"][d["positions"].index(1)] == f["holdings"][1]["found_at"][0]
     assert d["failure"]["kind"] == "wrong-content" and d["failure"]["block_table_from_report"] is True
-    assert [(m["kind"], m["rank"], m["x0"]) for m in d["failure"]["marks"]] == [
-        ("expected", 0, 0), ("holds", 0, 0), ("actual", 1, 1)]
+    assert [(m["kind"], m["rank"], m["x0"]) for m in d["failure"]["marks"]] == [("expected", 0, 0), ("holds", 0, 0), ("actual", 1, 1)]
 
 
 def test_real_report_svg_marks_the_expected_and_the_actual_cell(capsys, tmp_path, reports):
@@ -124,8 +128,7 @@ def test_a_write_violation_marks_writes_outside_the_table(capsys, reports):
     assert f["kind"] == "write-violation" and f["block_table"] == [1, 2]
     d = json.loads(layout(capsys, "--from-report", reports["violation"], "--json"))
     marks = d["failure"]["marks"]
-    assert [(m["kind"], m["rank"], m["exact"]) for m in marks] == [
-        ("expected", 0, True), ("actual", 0, False), ("actual", 1, False)]
+    assert [(m["kind"], m["rank"], m["exact"]) for m in marks] == [("expected", 0, True), ("actual", 0, False), ("actual", 1, False)]
     assert marks[0]["label"].startswith("expected (layout model): position 128 on rank 0, slot 128")
     assert "slot 192: not in the request's block table" in marks[1]["label"]
     assert marks[2]["x0"] == 129  # rank 1's first bad write, in its own cell
@@ -160,8 +163,7 @@ def test_a_matrix_report_shows_its_first_failing_cell(capsys, tmp_path, reports)
     failing = json.loads(reports["dsv3"].read_text())
     passing = json.loads(reports["pass"].read_text())
     path = tmp_path / "matrix.json"
-    path.write_text(json.dumps([{"cell": "a", "status": "pass", "report": passing},
-                                {"cell": "b", "status": "fail", "report": failing}]))
+    path.write_text(json.dumps([{"cell": "a", "status": "pass", "report": passing}, {"cell": "b", "status": "fail", "report": failing}]))
     assert "expected: position 0 on rank 0, slot 64 (report)" in layout(capsys, "--from-report", path)
 
 
@@ -174,9 +176,17 @@ def test_window_and_around_apply_to_a_report(capsys, reports):
 
 def test_an_attention_mismatch_is_centred_on_its_query_position(capsys, tmp_path, reports):
     good = json.loads(reports["dsv3"].read_text())
-    f = {**good["failure"], "kind": "attention-mismatch", "index": None, "expected_owner": None, "holdings": [],
-         "query_position": 70, "head": 4, "error": "inf",
-         "contributions": [{"rank": r, "keys": 0, "lse": "-inf"} for r in range(4)]}
+    f = {
+        **good["failure"],
+        "kind": "attention-mismatch",
+        "index": None,
+        "expected_owner": None,
+        "holdings": [],
+        "query_position": 70,
+        "head": 4,
+        "error": "inf",
+        "contributions": [{"rank": r, "keys": 0, "lse": "-inf"} for r in range(4)],
+    }
     path = tmp_path / "attention.json"
     path.write_text(json.dumps({**good, "failure": f}))
     d = json.loads(layout(capsys, "--from-report", path, "--json"))
@@ -200,8 +210,9 @@ def _bad(tmp_path, reports, what):
         "not a report": json.dumps({"cells": 3}),
         "list": json.dumps([{"cell": "a", "status": "pass", "report": json.loads(reports["pass"].read_text())}]),
         "error": json.dumps({"error": {"kind": "ScenarioError", "message": "x.toml: bad"}, "exit_code": 2}),
-        "no index": json.dumps({**good, "failure": {**good["failure"], "kind": "block-table-overflow",
-                                                    "index": None, "query_position": None}}),
+        "no index": json.dumps(
+            {**good, "failure": {**good["failure"], "kind": "block-table-overflow", "index": None, "query_position": None}}
+        ),
         "ring": json.dumps({**good, "groups": [{**good["groups"][0], "storage": "ring"}]}),
         "no group": json.dumps({**good, "failure": {**good["failure"], "group": None}}),
         "bad W": json.dumps({**good, "dcp_size": "four"}),
@@ -211,19 +222,22 @@ def _bad(tmp_path, reports, what):
     return path
 
 
-@pytest.mark.parametrize("what, needle", [
-    ("missing", "no such report file"),
-    ("not json", "not a JSON report"),
-    ("not a report", "not a dcpsim run report (missing scenario, dcp_size"),
-    ("pass", "the report has no failure (scenario dsv3 passed); nothing to draw"),
-    ("list", "no failing cell with a report in this matrix report"),
-    ("error", "the run ended with an error before anything was verified (x.toml: bad)"),
-    ("no index", "a block-table-overflow failure has no bad index to draw"),
-    ("ring", "is in ring group"),
-    ("no group", "names no group of the report"),
-    ("bad W", "dcp_size must be an integer >= 1, got 'four'"),
-    ("bad holding", "failure.holdings[0].slot must be an integer >= -1, got 'x'"),
-])
+@pytest.mark.parametrize(
+    "what, needle",
+    [
+        ("missing", "no such report file"),
+        ("not json", "not a JSON report"),
+        ("not a report", "not a dcpsim run report (missing scenario, dcp_size"),
+        ("pass", "the report has no failure (scenario dsv3 passed); nothing to draw"),
+        ("list", "no failing cell with a report in this matrix report"),
+        ("error", "the run ended with an error before anything was verified (x.toml: bad)"),
+        ("no index", "a block-table-overflow failure has no bad index to draw"),
+        ("ring", "is in ring group"),
+        ("no group", "names no group of the report"),
+        ("bad W", "dcp_size must be an integer >= 1, got 'four'"),
+        ("bad holding", "failure.holdings[0].slot must be an integer >= -1, got 'x'"),
+    ],
+)
 def test_unusable_reports_are_exit_2_naming_the_file(capsys, tmp_path, reports, what, needle):
     path = _bad(tmp_path, reports, what)
     assert main(["layout", "--from-report", str(path), "--png", str(tmp_path / "x.png")]) == 2

@@ -25,8 +25,7 @@ from matplotlib.image import imread  # noqa: E402
 from dcpsim.views.layout_picture import RANK_COLOURS  # noqa: E402
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
-DOC = ["layout", "--dcp", "2", "--interleave", "4", "--block-size", "16", "--positions", "0:40",
-       "--block-table", "5,6"]
+DOC = ["layout", "--dcp", "2", "--interleave", "4", "--block-size", "16", "--positions", "0:40", "--block-table", "5,6"]
 
 
 def layout_json(capsys, argv):
@@ -104,8 +103,21 @@ def test_svg_virtual_block_boundaries_and_pages(capsys, tmp_path):
 
 
 def test_svg_kernel_blocks(capsys, tmp_path):
-    argv = ["layout", "--dcp", "2", "--interleave", "2", "--block-size", "8", "--kernel-block-size", "4",
-            "--positions", "0:32", "--block-table", "3,9"]
+    argv = [
+        "layout",
+        "--dcp",
+        "2",
+        "--interleave",
+        "2",
+        "--block-size",
+        "8",
+        "--kernel-block-size",
+        "4",
+        "--positions",
+        "0:32",
+        "--block-table",
+        "3,9",
+    ]
     d = layout_json(capsys, argv)
     ids = svg_ids(draw(capsys, tmp_path, argv))
     # expected kernel blocks: kernel block k of KV block b is slots [k*4, k*4+4) (k = 2b, 2b+1)
@@ -126,8 +138,7 @@ def test_svg_kernel_blocks(capsys, tmp_path):
 
 
 def test_svg_replicated_draws_every_position_on_every_lane(capsys, tmp_path):
-    argv = ["layout", "--dcp", "3", "--interleave", "4", "--block-size", "16", "--positions", "0:40",
-            "--dcp-replicated"]
+    argv = ["layout", "--dcp", "3", "--interleave", "4", "--block-size", "16", "--positions", "0:40", "--dcp-replicated"]
     ids = svg_ids(draw(capsys, tmp_path, argv))
     assert cells(ids) == {r: set(range(40)) for r in range(3)}
     assert sorted(int(g.rsplit("-", 1)[1]) for g in ids if g.startswith("block-boundary-")) == [0, 16, 32]
@@ -137,8 +148,21 @@ def test_svg_replicated_draws_every_position_on_every_lane(capsys, tmp_path):
 
 
 def test_svg_records_are_cells_of_R_positions(capsys, tmp_path):
-    argv = ["layout", "--dcp", "2", "--interleave", "4", "--block-size", "8", "--tokens-per-state", "2",
-            "--positions", "0:40", "--block-table", "5,6"]
+    argv = [
+        "layout",
+        "--dcp",
+        "2",
+        "--interleave",
+        "4",
+        "--block-size",
+        "8",
+        "--tokens-per-state",
+        "2",
+        "--positions",
+        "0:40",
+        "--block-table",
+        "5,6",
+    ]
     d = layout_json(capsys, argv)
     ids = svg_ids(draw(capsys, tmp_path, argv))
     owner = dict(zip(d["records"], d["owner"]))
@@ -205,11 +229,13 @@ def test_missing_matplotlib_names_the_extra(capsys, tmp_path, monkeypatch):
 
 
 def test_matplotlib_is_imported_only_to_draw(tmp_path):
-    code = ("import sys; from dcpsim.cli import main; "
-            "assert main(['layout', '--dcp', '2', '--block-size', '16', '--json']) == 0; "
-            "assert 'matplotlib' not in sys.modules, 'imported without a picture'; "
-            f"assert main(['layout', '--dcp', '2', '--block-size', '16', '--png', {str(tmp_path / 'v.png')!r}]) == 0; "
-            "assert 'matplotlib' in sys.modules; print('ok')")
+    code = (
+        "import sys; from dcpsim.cli import main; "
+        "assert main(['layout', '--dcp', '2', '--block-size', '16', '--json']) == 0; "
+        "assert 'matplotlib' not in sys.modules, 'imported without a picture'; "
+        f"assert main(['layout', '--dcp', '2', '--block-size', '16', '--png', {str(tmp_path / 'v.png')!r}]) == 0; "
+        "assert 'matplotlib' in sys.modules; print('ok')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("ok")
@@ -270,4 +296,4 @@ def test_png_replicated_fills_every_lane_and_sharded_does_not(capsys, tmp_path):
         left = min(np.flatnonzero(ln)[0] for ln in lines)
         right = max(np.flatnonzero(ln)[-1] for ln in lines)
         for ln in lines:
-            assert abs(ln[left:right + 1].mean() - want) < 0.06
+            assert abs(ln[left : right + 1].mean() - want) < 0.06

@@ -26,13 +26,12 @@ def test_merge_across_ranks_equals_the_local_merge(variant, base, W):
 
     def body(_, coll):
         r = coll.rank
-        return ReferenceEngine().merge_across_ranks(outs[r].clone(), lses[r].clone(), coll,
-                                                    variant=variant, base=base)
+        return ReferenceEngine().merge_across_ranks(outs[r].clone(), lses[r].clone(), coll, variant=variant, base=base)
 
     slices = set()
     for o, l, c in run_in_threads(body, None, W):
         assert o.shape == (q, hs, D) and l.shape == (q, hs)
-        assert torch.allclose(o, want_o[:, c * hs:(c + 1) * hs], atol=1e-5)
-        assert torch.allclose(l, want_l[:, c * hs:(c + 1) * hs], atol=1e-5)
+        assert torch.allclose(o, want_o[:, c * hs : (c + 1) * hs], atol=1e-5)
+        assert torch.allclose(l, want_l[:, c * hs : (c + 1) * hs], atol=1e-5)
         slices.add(c)
     assert slices == set(range(W))  # every slice of heads is some rank's

@@ -23,8 +23,13 @@ def test_plan_rows_are_the_lists_and_stay_snapshots(name, W):
             for r, blocks in m.blocks.items():
                 assert plan.rows_after[g][r].tolist() == blocks, (plan.step, g, r)
             nulled += sum(int((row == 0).sum()) for row in plan.rows_after[g].values())
-        kept.append((plan, [{r: a.copy() for r, a in rows.items()} for rows in plan.rows_before],
-                     [{r: a.copy() for r, a in rows.items()} for rows in plan.rows_after]))
+        kept.append(
+            (
+                plan,
+                [{r: a.copy() for r, a in rows.items()} for rows in plan.rows_before],
+                [{r: a.copy() for r, a in rows.items()} for rows in plan.rows_after],
+            )
+        )
     # released (or padded) entries were seen, so the mirror's in-place path ran (dsv3: full only)
     assert (nulled > 0) == (name != "dsv3")
     for plan, before, after in kept:

@@ -12,8 +12,7 @@ from helpers import scheduler
 from helpers import swa_spec as swa
 
 
-@pytest.mark.parametrize("W,B,want", [(2, 64, 512), (1, 64, 512), (3, 64, 384), (4, 64, 512),
-                                      (2, 16, 512), (2, 48, 480)])
+@pytest.mark.parametrize("W,B,want", [(2, 64, 512), (1, 64, 512), (3, 64, 384), (4, 64, 512), (2, 16, 512), (2, 48, 480)])
 def test_prefix_hit_whole_units_within_common_prefix(W, B, want, audit, prefix_scenario):
     # 520 shared tokens; unit B*W: 128 -> 4 units = 512; 64 -> 512; 192 -> 2 units = 384;
     # 256 -> 2 units = 512; 32 -> 16 units = 512; 96 -> 5 units = 480.

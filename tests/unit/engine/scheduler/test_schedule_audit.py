@@ -59,7 +59,8 @@ def _small_builtins():
 
 
 BUILTIN_CASES = [(n, W) for n in ("dsv3", "dsv41-hybrid") for W in (1, 2, 3, 4)] + [
-    (n, None) for n in _small_builtins() if n not in ("dsv3", "dsv41-hybrid")]
+    (n, None) for n in _small_builtins() if n not in ("dsv3", "dsv41-hybrid")
+]
 
 
 @pytest.mark.parametrize("name,W", BUILTIN_CASES, ids=[f"{n}-W{w}" for n, w in BUILTIN_CASES])
@@ -115,13 +116,12 @@ class WindowReleasedEarly(ReferenceEngine):
     """Window and chunk groups consider one more block no longer needed."""
 
     def first_needed_position(self, geometry, num_committed):
-        first = (super().first_needed_position(geometry, num_committed)
-                 if geometry.retention in (Retention.WINDOW, Retention.CHUNK) else 0)
+        first = super().first_needed_position(geometry, num_committed) if geometry.retention in (Retention.WINDOW, Retention.CHUNK) else 0
         return first + geometry.manager_block_size if first else 0
 
 
 def _true_drafts(self, start, num_drafts, accepted, step):
-    return self.fingerprints[start:start + num_drafts].copy()
+    return self.fingerprints[start : start + num_drafts].copy()
 
 
 def _free_nothing(self, req):
@@ -160,8 +160,10 @@ def _mutation_scenario(name, mixed, pressure):
     if name == "prefix-key-misses-tail":
         # 400 shared tokens, unit 128: true hit 384; the broken key also matches unit 3 -> 512
         layers = {"mla.0": mla(64)}
-        reqs = [R("first", 600, 10, prefix="s", shared_prefix_len=400),
-                R("second", 600, 10, prefix="s", shared_prefix_len=400, arrival_step=6)]
+        reqs = [
+            R("first", 600, 10, prefix="s", shared_prefix_len=400),
+            R("second", 600, 10, prefix="s", shared_prefix_len=400, arrival_step=6),
+        ]
         return scenario(layers, reqs, W=2, budget=256)
     if name == "window-released-early":
         return mixed(W=2, I=2)
@@ -197,8 +199,7 @@ def random_scenarios(draw):
     if draw(st.booleans()):
         layers["rep.0"] = full_rep(draw(st.sampled_from([8, 16, 24])))
     if draw(st.booleans()):
-        layers["swa.0"] = swa(draw(st.sampled_from([4, 8])), window=draw(st.integers(2, 40)),
-                              extra=draw(st.integers(0, 5)))
+        layers["swa.0"] = swa(draw(st.sampled_from([4, 8])), window=draw(st.integers(2, 40)), extra=draw(st.integers(0, 5)))
     if draw(st.booleans()):
         layers["chunk.0"] = chunked(draw(st.sampled_from([4, 8])), size=draw(st.sampled_from([8, 16, 24])))
     if draw(st.booleans()):
@@ -214,9 +215,18 @@ def random_scenarios(draw):
         if draw(st.booleans()):
             kw["preempt_at_steps"] = tuple(draw(st.lists(st.integers(0, 30), max_size=2)))
         reqs.append(R(f"r{i}", P, draw(st.integers(1, 40)), **kw))
-    return dict(layers=layers, requests=reqs, W=W, I=I, k=k, budget=draw(st.integers(k + 1, 80)),
-                max_len=256, num_gpu_blocks=draw(st.one_of(st.none(), st.integers(3, 30))),
-                prefix=draw(st.booleans()), seed=draw(st.integers(0, 3)))
+    return dict(
+        layers=layers,
+        requests=reqs,
+        W=W,
+        I=I,
+        k=k,
+        budget=draw(st.integers(k + 1, 80)),
+        max_len=256,
+        num_gpu_blocks=draw(st.one_of(st.none(), st.integers(3, 30))),
+        prefix=draw(st.booleans()),
+        seed=draw(st.integers(0, 3)),
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -239,15 +249,21 @@ def test_audit_random_scenarios(auditor, kw):
 
 # ----------------------------------------------------------------------------- registered faults
 
-SCHEDULER_DECISIONS = ("kv_cache_groups", "blocks_needed", "first_needed_position", "num_released_blocks",
-                       "prefix_block_tokens", "prefix_hash_unit", "prefix_key_position")
+SCHEDULER_DECISIONS = (
+    "kv_cache_groups",
+    "blocks_needed",
+    "first_needed_position",
+    "num_released_blocks",
+    "prefix_block_tokens",
+    "prefix_hash_unit",
+    "prefix_key_position",
+)
 """The ``Engine`` decisions the scheduler makes (besides ``group_geometry``, whose
 block-table width only the worker reads: a fault there shows in the worker, not here)."""
 
 
 def _scheduler_fault_names():
-    return sorted(n for n, f in FAULTS.items()
-                  if any(getattr(type(f), h) is not getattr(Fault, h) for h in SCHEDULER_DECISIONS))
+    return sorted(n for n, f in FAULTS.items() if any(getattr(type(f), h) is not getattr(Fault, h) for h in SCHEDULER_DECISIONS))
 
 
 @pytest.mark.parametrize("fault", _scheduler_fault_names())

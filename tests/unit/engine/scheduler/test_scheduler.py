@@ -38,8 +38,7 @@ def test_long_prefill_token_threshold_caps_each_request_and_admits_beside_it():
     # arrives at step 1 and is admitted beside a's chunk with 24 (the budget had 40 left),
     # then 6. Decode steps (1 + k drafts, k = 2) stay under the threshold.
     # (Acceptance is seeded: only the first decode step's size is fixed.)
-    sc = scenario({"mla.0": mla(16)}, [R("a", 60, 4), R("b", 30, 4, arrival_step=1)], W=2, k=2, budget=64,
-                  prefix=False)
+    sc = scenario({"mla.0": mla(16)}, [R("a", 60, 4), R("b", 30, 4, arrival_step=1)], W=2, k=2, budget=64, prefix=False)
     sc = dataclasses.replace(sc, config=dataclasses.replace(sc.config, long_prefill_token_threshold=24))
     sizes = [[(w.request_id, w.start, len(w.contents)) for w in p.writes] for p in scheduler(sc).plans()]
     assert sizes[:3] == [[("a", 0, 24)], [("a", 24, 24), ("b", 0, 24)], [("a", 48, 12), ("b", 24, 6)]]
@@ -166,8 +165,7 @@ def test_determinism_two_schedulers_same_plans(mixed, pressure):
             for rows_p, rows_q in zip(p.rows_before + p.rows_after, q.rows_before + q.rows_after):
                 assert rows_p.keys() == rows_q.keys()
                 assert all(np.array_equal(rows_p[r], rows_q[r]) for r in rows_p)
-            assert [(v.req_index, v.num_committed) for v in p.views] == \
-                [(v.req_index, v.num_committed) for v in q.views]
+            assert [(v.req_index, v.num_committed) for v in p.views] == [(v.req_index, v.num_committed) for v in q.views]
 
 
 def test_seed_changes_contents_not_shape(mixed):
@@ -183,8 +181,7 @@ def test_seed_changes_contents_not_shape(mixed):
 
 def test_request_that_can_never_fit_raises_at_construction():
     # B=16, W=2: 32 tokens per block; 200 + 20 + 3 tokens need 7 blocks, the pool has 3.
-    sc = scenario({"mla.0": mla(16)}, [R("small", 10, 5), R("huge-req", 200, 20)],
-                  W=2, k=3, num_gpu_blocks=3)
+    sc = scenario({"mla.0": mla(16)}, [R("small", 10, 5), R("huge-req", 200, 20)], W=2, k=3, num_gpu_blocks=3)
     layouts = geometries(sc)
     with pytest.raises(ConfigError) as exc:
         Scheduler(sc, ReferenceEngine(), layouts)
@@ -221,15 +218,17 @@ def test_windowed_live_blocks_covers_every_window_position_exactly():
             for n, k in ((1, 0), (16, 3), (256, 0), (100, 2)):
                 positions = reach + n + k
                 worst = max(len({p // span for p in range(o, o + positions)}) for o in range(span))
-                geometry = SimpleNamespace(retention=Retention.WINDOW, manager_block_size=span,
-                                           spec=SimpleNamespace(sliding_window=reach + 1, extra_retained_tokens=0))
+                geometry = SimpleNamespace(
+                    retention=Retention.WINDOW,
+                    manager_block_size=span,
+                    spec=SimpleNamespace(sliding_window=reach + 1, extra_retained_tokens=0),
+                )
                 config = SimpleNamespace(max_in_flight_tokens=n, num_speculative_tokens=k)
                 bound = windowed_live_blocks(geometry, config)
                 assert worst <= bound <= worst + 1, (span, reach, n, k, worst, bound)
 
 
-@pytest.mark.parametrize("name", ["dsv41-hybrid", "gpt-oss-hybrid", "heavy-rejection", "llama4-chunked",
-                                  "llama4-scout"])
+@pytest.mark.parametrize("name", ["dsv41-hybrid", "gpt-oss-hybrid", "heavy-rejection", "llama4-chunked", "llama4-scout"])
 @pytest.mark.parametrize("W", [1, 2, 4])
 def test_no_windowed_request_holds_more_blocks_than_its_pool_counts_it_at(name, W):
     # the pools count a windowed request at windowed_live_blocks, not its whole row: every

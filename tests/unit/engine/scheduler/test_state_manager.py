@@ -25,8 +25,7 @@ def hybrid(W=2, k=2, mode="none", B=None, **kw):
     """Sharded MLA + a replicated window + a Mamba state; 2048-token model."""
     B = B or (2048 if mode == "none" else 16)
     layers = {"attn": mla(16), "swa": swa(), "gdn": mamba(B, k, mode)}
-    reqs = [R("a", 300, 20, acceptance=(2, 0, 1)), R("b", 150, 30, arrival_step=1, preempt_at_steps=(6,)),
-            R("c", 40, 12, arrival_step=9)]
+    reqs = [R("a", 300, 20, acceptance=(2, 0, 1)), R("b", 150, 30, arrival_step=1, preempt_at_steps=(6,)), R("c", 40, 12, arrival_step=9)]
     return scenario(layers, reqs, W=W, k=k, budget=64, prefix=False, **kw)
 
 
