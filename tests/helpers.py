@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import json
 
-from dcpsim.campaigns.faults import FAULTS
 from dcpsim.cli import main
+from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.harness.batch import merge_rank_reports

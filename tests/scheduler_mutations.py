@@ -17,7 +17,7 @@ Neither is a decision of the ``Engine`` interface (``dcpsim.engine.interface``):
 unit is registered and when a reallocated block's key is dropped are bookkeeping of
 dcpsim's own scheduler (the same for every engine, and ``--engine vllm`` does not run
 vLLM's KV-cache manager), so they are not catalogue faults of
-``dcpsim.campaigns.faults``. They override the scheduler's seams instead
+``dcpsim.engine.faults``. They override the scheduler's seams instead
 (``PrefixCache.computed_units``, ``BlockPool.evict``, ``BlockPool.uncache``), installed through
 ``Scheduler.prefix_cache_class`` / ``Scheduler.block_pool_class``.
 """

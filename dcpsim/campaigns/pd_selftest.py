@@ -1,4 +1,4 @@
-"""The P/D half of ``dcpsim selftest``: every P/D fault of ``pd_faults.PD_FAULTS`` is caught on
+"""The P/D half of ``dcpsim selftest``: every P/D fault of ``dcpsim.engine.faults.PD_FAULTS`` is caught on
 the P/D built-in, and the correct connector passes.
 
 * Every fault runs a real P/D world (``harness.disagg.run_pd``) and must fail it; a fault
@@ -26,7 +26,7 @@ KINDS = ("nixl", "nixl-pcp", "resharding")
 
 
 def pd_fault_names() -> list[str]:
-    from dcpsim.campaigns.pd_faults import PD_FAULTS
+    from dcpsim.engine.faults import PD_FAULTS
 
     return [n for n in PD_FAULTS if n != BASELINE]
 
@@ -90,7 +90,7 @@ def run_case(fault_name: str, kind: str, *, timeout: float = 30.0, on_wait=None)
 
 def run_pd_selftest(fault_names: list[str], *, timeout: float = 30.0, progress=None, on_wait=None) -> list[Row]:
     """Rows of the chosen P/D faults, then the P/D baselines."""
-    from dcpsim.campaigns.pd_faults import get_pd_fault
+    from dcpsim.engine.faults import get_pd_fault
 
     rows = []
 

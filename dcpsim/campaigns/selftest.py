@@ -1,6 +1,6 @@
 """``dcpsim selftest``: every registered fault is caught, and a correct engine is not.
 
-For every fault of ``dcpsim.campaigns.faults.FAULTS`` the plan holds one *case* per
+For every fault of ``dcpsim.engine.faults.FAULTS`` the plan holds one *case* per
 built-in scenario (``Fault.scenarios``, default all) and run config
 (``Fault.configs``, each with ``Fault.needs`` merged in) on which the fault
 applies (``Fault.applies_to_scenario``, judged on the scenario so
@@ -185,7 +185,7 @@ def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True
     """Which cases to run. ``dry_run`` also runs each case's schedule in this
     process (``harness.rank.prepare``) so a config the workload cannot run under
     is skipped instead of failing a world."""
-    from dcpsim.campaigns.faults import FAULTS
+    from dcpsim.engine.faults import FAULTS
     from dcpsim.engine.reference import ReferenceEngine
     from dcpsim.harness.rank import prepare
     from dcpsim.scenarios.load import load_scenario
@@ -348,7 +348,7 @@ def is_collective_hang(exc: BaseException | None) -> bool:
 
 
 def _expects_hang(fault: str) -> bool:
-    from dcpsim.campaigns.faults import FAULTS
+    from dcpsim.engine.faults import FAULTS
 
     return FAULTS[fault].expects == "hang"
 
@@ -484,7 +484,7 @@ def format_table(rows: list[Row]) -> str:
 
 
 def bug_class_legend(faults: list[str]) -> list[str]:
-    from dcpsim.campaigns.faults import FAULTS
+    from dcpsim.engine.faults import FAULTS
 
     width = max((len(n) for n in faults), default=0)
     return [f"  {n:<{width}}  {FAULTS[n].bug_class or '(no bug class given)'}" for n in faults]

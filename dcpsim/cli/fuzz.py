@@ -52,9 +52,9 @@ class _Watch:
 
 
 def run(args) -> int:
-    from dcpsim.campaigns.faults import get_fault
     from dcpsim.campaigns.fuzz import find_failure
     from dcpsim.cli.options import check_seconds
+    from dcpsim.engine.faults import get_fault
     from dcpsim.harness.batch import run_jobs
     from dcpsim.scenarios.dump import scenario_to_toml
 

@@ -40,7 +40,7 @@ def add_arguments(p) -> None:
 
 
 def _list(plan: Plan, as_json: bool, pd_names: list[str]) -> int:
-    from dcpsim.campaigns.faults import FAULTS
+    from dcpsim.engine.faults import FAULTS
 
     entries = []
     for name in plan.faults:
@@ -78,7 +78,7 @@ def _list(plan: Plan, as_json: bool, pd_names: list[str]) -> int:
 
 def _pd_entries(names: list[str]) -> list[dict]:
     """``--list`` entries of the P/D faults: where selftest runs each (``campaigns.pd_selftest``)."""
-    from dcpsim.campaigns.pd_faults import PD_FAULTS
+    from dcpsim.engine.faults import PD_FAULTS
 
     out = []
     for name in names:
@@ -101,7 +101,7 @@ def _pd_entries(names: list[str]) -> list[dict]:
 
 
 def pd_bug_class_legend(names: list[str]) -> list[str]:
-    from dcpsim.campaigns.pd_faults import PD_FAULTS
+    from dcpsim.engine.faults import PD_FAULTS
 
     width = max(len(n) for n in names)
     return [f"  {n:<{width}}  {PD_FAULTS[n].bug_class}" for n in names]

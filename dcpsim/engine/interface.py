@@ -3,7 +3,7 @@
 dcpsim judges an engine. The harness drives it (schedule, write, attend) and an
 independent checker judges what it wrote; the engine is whatever implements this
 interface: the reference engine (``dcpsim.engine.reference``), a fault variant of it
-(``dcpsim.campaigns.faults``), real engine code loaded from a source tree, or a plugin.
+(``dcpsim.engine.faults``), real engine code loaded from a source tree, or a plugin.
 
 Contract for implementers
 -------------------------

@@ -69,10 +69,10 @@ def require_one_dcp_group(scenario: Scenario) -> None:
 class PDJob:
     scenario: Scenario
     inject: str | None = None
-    """A P/D fault (``dcpsim.campaigns.pd_faults``)."""
+    """A P/D fault (``dcpsim.engine.faults.pd``)."""
 
     def __post_init__(self) -> None:
-        from dcpsim.campaigns.pd_faults import get_pd_fault
+        from dcpsim.engine.faults import get_pd_fault
 
         if self.scenario.disaggregated is None:
             raise ConfigError(f"scenario {self.scenario.name!r} has no [disaggregated] table")
@@ -95,7 +95,7 @@ class PDJob:
         return sum(self.sizes)
 
     def fault(self):
-        from dcpsim.campaigns.pd_faults import get_pd_fault
+        from dcpsim.engine.faults import get_pd_fault
 
         return get_pd_fault(self.inject)
 

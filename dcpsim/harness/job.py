@@ -34,7 +34,7 @@ class Job:
     scenario: Scenario
     paranoid: bool = False
     inject: str | None = None
-    """Name of a known DCP bug to switch on in the engine (``dcpsim.campaigns.faults``)."""
+    """Name of a known DCP bug to switch on in the engine (``dcpsim.engine.faults``)."""
     rank_failure: tuple[str, int, int] | None = None
     """(kind, rank, step): make one rank raise, hang or exit at a step, to exercise the
     harness's failure handling (``--simulate-rank-failure``)."""
@@ -71,7 +71,7 @@ class Job:
     anyway, and under ``--trace``)."""
 
     def __post_init__(self) -> None:
-        from dcpsim.campaigns.faults import get_fault
+        from dcpsim.engine.faults import get_fault
 
         get_fault(self.inject)
         if self.verify not in VERIFY_MODES:

@@ -21,8 +21,8 @@ import resource
 import time
 from dataclasses import dataclass
 
-from dcpsim.campaigns.faults import get_fault
 from dcpsim.engine.attention.shard import ShardAttention
+from dcpsim.engine.faults import get_fault
 from dcpsim.engine.interface import ENGINE_DECISIONS, Engine
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.registry import build_engine

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from dcpsim.campaigns.faults import FAULTS
-from dcpsim.campaigns.pd_faults import PD_FAULTS
+from dcpsim.engine.faults import FAULTS
+from dcpsim.engine.faults import PD_FAULTS
 from dcpsim.scenarios.registry import builtin_scenario_names
 
 pytestmark = pytest.mark.dist

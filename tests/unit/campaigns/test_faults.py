@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import helpers
-from dcpsim.campaigns.faults import FAULTS, Fault, KernelVirtualBlock, get_fault
 from dcpsim.campaigns.selftest import apply_options
+from dcpsim.engine.faults import FAULTS, Fault, get_fault
+from dcpsim.engine.faults.layout import KernelVirtualBlock
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.harness.rank import prepare

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import helpers
-from dcpsim.campaigns.faults import FAULTS
 from dcpsim.campaigns.selftest import BASELINE, plan_selftest
+from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.harness.rank import prepare
 from dcpsim.model.kinds import Retention, Storage

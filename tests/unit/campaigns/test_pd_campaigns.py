@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dcpsim.campaigns.pd_faults import PD_FAULTS, get_pd_fault
 from dcpsim.campaigns.pd_matrix import pair_scenario, parse_pairs
 from dcpsim.campaigns.pd_selftest import _scenario, pd_fault_names
+from dcpsim.engine.faults import PD_FAULTS, get_pd_fault
 from dcpsim.errors import ConfigError
 from dcpsim.scenarios.load import load_scenario
 

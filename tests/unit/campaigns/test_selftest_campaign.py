@@ -10,8 +10,6 @@ import json
 
 import pytest
 
-from dcpsim.campaigns.faults import FAULTS, Fault
-from dcpsim.campaigns.pd_faults import PD_FAULTS
 from dcpsim.campaigns.selftest import (
     BASELINE,
     DETECTED,
@@ -32,6 +30,7 @@ from dcpsim.campaigns.selftest import (
     verdict,
 )
 from dcpsim.cli import main
+from dcpsim.engine.faults import FAULTS, PD_FAULTS, Fault
 from dcpsim.harness import rank
 from dcpsim.scenarios.load import load_scenario
 from helpers import WRITE_PATH_FAULTS

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dcpsim.campaigns.faults import FAULTS
+from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.worker.pcp_prefill import MISSING_KV, pcp_prefill
 from dcpsim.harness.batch import run_jobs

@@ -16,7 +16,7 @@ from functools import cached_property
 import numpy as np
 import pytest
 
-from dcpsim.campaigns.faults import FAULTS
+from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.harness.batch import merge_rank_reports

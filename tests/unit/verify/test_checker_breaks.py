@@ -2,7 +2,7 @@
 
 Each break is a small engine variant (a ``ReferenceEngine`` subclass changing one
 decision) run with ``run(sc, engine=...)``, or a registered fault of
-``dcpsim.campaigns.faults.FAULTS`` where one already stands for the bug. The run must
+``dcpsim.engine.faults.FAULTS`` where one already stands for the bug. The run must
 fail with the expected kind and a report that names the group, the request, the first bad
 index, its expected owner and slot (computed here by hand from the plan's block-table
 row), and what every rank holds there.
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import dcpsim.verify.check as check
-from dcpsim.campaigns.faults import FAULTS
+from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.model.kinds import Retention

@@ -1,4 +1,4 @@
-"""Every fault of the registry (``dcpsim.campaigns.faults.FAULTS``) must fail a run of the
+"""Every fault of the registry (``dcpsim.engine.faults.FAULTS``) must fail a run of the
 checker, on the built-ins and in the configs it declares, wherever it can show."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from dcpsim.campaigns.faults import FAULTS
+from dcpsim.engine.faults import FAULTS
 from dcpsim.errors import ConfigError
 from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.collectives import CollectiveTimeout

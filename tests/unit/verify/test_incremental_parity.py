@@ -14,8 +14,8 @@ import dataclasses
 
 import pytest
 
-from dcpsim.campaigns.faults import FAULTS
 from dcpsim.campaigns.selftest import plan_selftest
+from dcpsim.engine.faults import FAULTS
 from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.job import Job
 from dcpsim.verify.write_guard import WriteGuard

@@ -17,9 +17,10 @@ from attention_problems import LN2, NEG_INF, brute_force, random_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dcpsim.campaigns.faults import EmptyShardLseZero, Fault
 from dcpsim.engine.attention.compute import attend
 from dcpsim.engine.attention.merge import merge_attention_states, merge_lse, sanitize_lse, scale_output
+from dcpsim.engine.faults import Fault
+from dcpsim.engine.faults.attention import EmptyShardLseZero
 from dcpsim.verify.attention_reference import state_error
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dcpsim.campaigns.faults import Fault, MultiTokenLocalLens
+from dcpsim.engine.faults import Fault
+from dcpsim.engine.faults.metadata import MultiTokenLocalLens
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import local_seq_lens
 from helpers import builtin, geometries

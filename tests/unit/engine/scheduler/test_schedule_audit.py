@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dcpsim.campaigns.faults import FAULTS, Fault
+from dcpsim.engine.faults import FAULTS, Fault
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.block_pool import BlockPool
 from dcpsim.engine.scheduler.managers import GroupManager

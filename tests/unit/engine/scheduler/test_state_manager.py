@@ -94,7 +94,7 @@ def test_pools_give_each_request_its_state_blocks():
 
 
 def test_the_state_fault_scales_the_manager_but_not_the_kernel():
-    from dcpsim.campaigns.faults import FAULTS
+    from dcpsim.engine.faults import FAULTS
 
     sc = hybrid(W=2, mode="align")
     fault = FAULTS["mamba-block-size-scaled-by-w"]

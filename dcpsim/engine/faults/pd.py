@@ -1,4 +1,4 @@
-"""Known disaggregated prefill/decode bugs: a connector or an instance engine changed in one decision.
+"""Disaggregated prefill/decode faults: a connector or an instance engine changed in one decision.
 
 Each ``PDFault`` gives the connector the run uses (``connector``, None: the correct one)
 and each instance's engine (``engine``, None: the reference engine). ``--inject NAME`` on
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from dcpsim.campaigns.faults import Fault
 from dcpsim.engine.connector import NixlConnector, ReshardingConnector
-from dcpsim.errors import ConfigError
+from dcpsim.engine.faults.base import Fault
 from dcpsim.model.connector import block_matches, token_routes
 
 
@@ -91,15 +90,3 @@ class ReshardIgnoresInterleave(PDFault):
 
     def connector(self, kind):
         return _IgnoresDecodeInterleave()
-
-
-PD_FAULTS = {f.name: f for f in (PDFault(), NixlStrideByDcp(), NixlInterleaveNotBlockSize(), ReshardIgnoresInterleave())}
-
-
-def get_pd_fault(name: str | None) -> PDFault:
-    if name is None:
-        return PD_FAULTS["none"]
-    try:
-        return PD_FAULTS[name]
-    except KeyError:
-        raise ConfigError(f"--inject: {name!r} is not a P/D fault; P/D faults: {', '.join(n for n in PD_FAULTS if n != 'none')}") from None

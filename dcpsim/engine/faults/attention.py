@@ -1,0 +1,62 @@
+"""Attention-merge faults: what a shard reports to the LSE merge and how the merge weighs it
+(bug classes 4, 16 and 17)."""
+
+from __future__ import annotations
+
+from dcpsim.engine.faults.base import Fault, has_sharded_attention
+
+
+class EmptyShardLseZero(Fault):
+    name = "empty-shard-lse-zero"
+    bug_class = "4. empty shard reporting lse = 0 in the merge"
+    description = (
+        "a rank whose shard holds no key for a query token reports lse = 0 instead of -inf, so "
+        "the merge gives it weight exp(0 - lse) and scales the other ranks' outputs down"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def shard_lse(self, lse, empty):
+        return lse.masked_fill(empty[:, None], 0.0)
+
+
+class LseBaseMismatch(Fault):
+    name = "lse-base-mismatch"
+    bug_class = "16. LSEs of one base merged as the other (vllm#28840, vllm#43919, sglang#33064)"
+    description = (
+        "the backend returns base-2 LSEs (flash kernels: exp2/log2) but the DCP merge treats them "
+        "as natural logs (and the other way round), so every rank's weight is wrong"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "lse_base": "2"}, {"decode_context_parallel_size": 2, "lse_base": "e"})
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def merge_across_ranks(self, out, lse, group, *, variant, base):
+        return super().merge_across_ranks(out, lse, group, variant=variant, base="e" if base == "2" else "2")
+
+
+class EmptyShardNanUnguarded(Fault):
+    name = "empty-shard-nan-unguarded"
+    bug_class = "17. an empty shard's NaN output times its zero merge weight (ROCm/ATOM#1832)"
+    description = (
+        "a kernel leaves 0/0 = NaN in the output rows of query tokens whose shard holds no key, "
+        "and the merge multiplies weight by output without the guard: 0 * NaN poisons the result"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "attention_merge": "alltoall"},)
+    """The all-to-all merge goes through ``merge_attention_states``, the unguarded one here."""
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def shard_output(self, out, empty):
+        return out.masked_fill(empty[:, None, None], float("nan"))
+
+    def merge_attention_states(self, outputs, lses, base):
+        lse, factors = self.merge_lse(lses, base)
+        return (factors.unsqueeze(-1) * outputs).sum(dim=0), lse

@@ -1,0 +1,147 @@
+"""Attention-metadata faults: local lengths, query bounds, the paged plan, block-table widths and
+CUDA-graph padding, as the metadata builder hands them to the kernel (bug classes 3 and 11-15)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from dcpsim.engine.faults.base import Fault, has_sharded_attention
+from dcpsim.model.kinds import Storage
+from dcpsim.model.layout import local_seq_lens
+
+
+class MultiTokenLocalLens(Fault):
+    name = "multi-token-local-lens"
+    bug_class = "3. local lengths of multi-token queries derived as local(L) - k instead of per token"
+    description = (
+        "the attention of a multi-token step (chunked prefill, draft verification) bounds query "
+        "token j on rank r by local(H+q, r) - (q-1-j) instead of local(H+j+1, r): ranks that own "
+        "none of the step's last positions hide keys the token must see (sharded groups only)"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 16},)
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def query_local_bounds(self, geometry, start, stop, dcp_rank):
+        q = stop - start
+        if q == 0:
+            return np.zeros(0, np.int64)
+        last = stop if geometry.storage is not Storage.RECORDS else stop // geometry.tokens_per_state
+        local_last = local_seq_lens(
+            np.array([last], np.int64), dcp_size=geometry.dcp_size, interleave_size=geometry.interleave_size, dcp_rank=dcp_rank
+        )[0]
+        return np.maximum(0, local_last - (q - 1 - np.arange(q, dtype=np.int64)))
+
+
+def plan_from_global_lens(engine, geometry, meta, block_rows):
+    """``meta`` with its paged plan counted from the global lengths instead of the local ones."""
+    kernel = geometry.kernel_block_size or geometry.states_per_page
+    pages = -(-meta.seq_lens // kernel)
+    table = [engine.kernel_block_table(geometry, np.asarray(r, np.int64)) for r in block_rows]
+    table += [np.zeros(0, np.int64)] * meta.num_dummy_requests
+    indices = [np.resize(t, n) if len(t) else np.zeros(n, np.int64) for t, n in zip(table, pages)]
+    return dataclasses.replace(
+        meta,
+        kv_indptr=np.concatenate([[0], np.cumsum(pages)]),
+        kv_indices=np.concatenate(indices) if indices else np.zeros(0, np.int64),
+        kv_last_page_len=np.where(pages > 0, meta.seq_lens - (pages - 1) * kernel, 0),
+    )
+
+
+class _ShardedMetadataFault(Fault):
+    """A bug in the metadata builder of sharded groups: ``corrupt`` changes what the
+    reference builds for a sharded group (replicated groups keep theirs)."""
+
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
+        return self.corrupt(geometry, meta, block_rows) if geometry.sharded else meta
+
+    def corrupt(self, geometry, meta, block_rows):
+        raise NotImplementedError
+
+
+class PlanPagesFromGlobalLen(_ShardedMetadataFault):
+    name = "plan-pages-from-global-len"
+    bug_class = "11. paged-attention plan counting pages from the global length (vllm#48003)"
+    description = (
+        "the FlashInfer-style plan (kv_indptr, kv_indices, kv_last_page_len) of a sharded group "
+        "counts cdiv(L, Bk) pages of the global length L instead of the rank's local length, so "
+        "the kernel reads pages the rank never filled (gibberish from the first token)"
+    )
+
+    def corrupt(self, geometry, meta, block_rows):
+        return plan_from_global_lens(self, geometry, meta, block_rows)
+
+
+class GlobalSeqLensOverwritten(_ShardedMetadataFault):
+    name = "global-seq-lens-overwritten"
+    bug_class = "12. global sequence lengths read after being overwritten with local ones (vllm#28990)"
+    description = (
+        "a sharded group's builder overwrites seq_lens in place with the DCP-local lengths and a "
+        "later consumer reads them as the global lengths"
+    )
+
+    def corrupt(self, geometry, meta, block_rows):
+        return dataclasses.replace(meta, seq_lens=meta.dcp_local_seq_lens.copy())
+
+
+class LocalLensPlusOne(Fault):
+    name = "local-lens-plus-one"
+    bug_class = "13. DCP local lengths one too long on every rank when L % W == 0 (vllm#27518)"
+    description = (
+        "the local sequence length of a sharded group is computed one too long on every rank "
+        "when the global length is a multiple of W (an off-by-one in the ceiling), so every "
+        "rank attends to one key it does not hold"
+    )
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def local_seq_lens(self, geometry, seq_lens, dcp_rank):
+        lens = super().local_seq_lens(geometry, seq_lens, dcp_rank)
+        if not geometry.sharded:
+            return lens
+        seq = np.asarray(seq_lens, np.int64)
+        return np.where((seq > 0) & (seq % geometry.dcp_size == 0), lens + 1, lens)
+
+
+class BlockTableWidthUnsharded(_ShardedMetadataFault):
+    name = "block-table-width-unsharded"
+    bug_class = "14. two consumers of one block table sized differently (vllm#50302, '16384 vs 8192')"
+    description = (
+        "the attention-metadata builder of a sharded group sizes the block table from the full "
+        "context (cdiv(max_model_len, B)) while the worker's table holds cdiv(max_model_len, B*W) "
+        "entries: W times too wide"
+    )
+
+    def corrupt(self, geometry, meta, block_rows):
+        return dataclasses.replace(meta, block_table_width=meta.block_table_width * geometry.dcp_size)
+
+
+class CudagraphPaddingWrites(Fault):
+    name = "cudagraph-padding-writes"
+    bug_class = "15. CUDA-graph padding tokens writing KV (dummy requests must map to PAD)"
+    description = (
+        "the dummy tokens that pad a uniform decode step to a captured CUDA-graph size get slots "
+        "from the dummy requests' all-null block-table rows (slots 0.. in the null block) instead "
+        "of PAD, so padding writes KV"
+    )
+    needs = {"max_cudagraph_capture_size": 64}
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
+        n = len(meta.padded_slot_mapping)
+        if not n:
+            return meta
+        q = 1 + geometry.num_speculative_tokens
+        return dataclasses.replace(meta, padded_slot_mapping=np.tile(np.arange(q, dtype=np.int64), n // q))

@@ -1,0 +1,138 @@
+"""Prefill-context-parallel faults (PCP x TP x DCP, ``dcpsim.model.parallel``): the prefill split,
+its KV gather and the DCP ranks of the grid (bug classes 24-27)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from dcpsim.engine.faults.base import Fault, has_sharded_attention
+from dcpsim.model.kinds import Storage
+from dcpsim.model.layout import local_seq_lens
+from dcpsim.model.specs import cdiv
+
+
+def _pcp_dcp(scenario) -> tuple[int, int]:
+    c = scenario.config
+    return c.prefill_context_parallel_size, c.decode_context_parallel_size
+
+
+class PcpGatherRankLocal(Fault):
+    name = "pcp-gather-rank-local"
+    bug_class = (
+        "24. a PCP KV-gather plan built from rank-local metadata: one rank skips the collective "
+        "on a 2-token prefill and the group hangs (vllm#53573)"
+    )
+    description = (
+        "before vllm#56157: a prefill too short for 2 * pcp chunks is still split, and each PCP rank "
+        "enters the KV all-gather only if one of its own chunks has earlier context; on a fresh 2-token "
+        "prefill rank 0 holds token 0 alone, skips the gather, and the others wait for it until the "
+        "process-group timeout (exit 3, naming rank 0)"
+    )
+    expects = "hang"
+    scenarios = ("glm-pcp2-dcp2",)
+    """Its own config (TP1 PCP2 DCP2, as vllm#53573): no other built-in has PCP."""
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """A fresh prompt so short that PCP rank 0's mirror chunk is empty."""
+        pcp, _ = _pcp_dcp(scenario)
+        size = lambda q: cdiv(q, 2 * pcp)  # noqa: E731
+        return pcp > 1 and any(not r.shared_prefix_len and (2 * pcp - 1) * size(r.prompt_len) >= r.prompt_len for r in scenario.requests)
+
+    def pcp_replicated(self, query_len, prefill, pcp, dcp):
+        return pcp == 1 or not prefill
+
+    def pcp_enters_gather(self, split_rows, pcp, pcp_rank):
+        return any(start + offset > 0 for start, q in split_rows for offset, _ in self.pcp_chunks(q, pcp, pcp_rank))
+
+
+class PcpChunksNotMirrored(Fault):
+    name = "pcp-chunks-not-mirrored"
+    bug_class = (
+        "25. PCP chunk assignment not mirrored: rank r computes chunks r and r + pcp while the gather restores chunks r and 2 * pcp - 1 - r"
+    )
+    description = (
+        "PCP rank r computes the KV of chunks r and r + pcp of a split prefill, but the all-gathered rows are "
+        "put back where the mirrored plan (r, 2 * pcp - 1 - r) says: chunk 2's KV lands on chunk 3's positions"
+    )
+    scenarios = ("glm-pcp2-dcp2",)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Where PCP is on (the scenario's own config: selftest adds no PCP config, whose
+        baselines would rerun every built-in) and a prefill is long enough to split."""
+        pcp, _ = _pcp_dcp(scenario)
+        return pcp > 1 and any(r.prompt_len - r.shared_prefix_len > 4 * pcp for r in scenario.requests)
+
+    def pcp_chunks(self, query_len, pcp, pcp_rank):
+        size = cdiv(query_len, 2 * pcp)
+        pieces = [(c * size, min(size, query_len - c * size)) for c in (pcp_rank, pcp_rank + pcp)]
+        return [(o, n) for o, n in pieces if n > 0]
+
+
+class DcpRankNotTransposed(Fault):
+    name = "dcp-rank-not-transposed"
+    bug_class = (
+        "26. DCP ranks cut from the (PCP, TP) grid without the transpose: dcp_rank = rank % dcp "
+        "instead of tp_rank * pcp + pcp_rank (vllm/distributed/parallel_state.py)"
+    )
+    description = (
+        "each rank takes its DCP rank from the untransposed grid, rank % dcp: with TP > 1 two ranks of one "
+        "DCP group write as the same DCP rank and the positions of another are stored by nobody"
+    )
+    scenarios = ("glm-pcp2-dcp2",)
+    configs = ({"tensor_parallel_size": 2, "decode_context_parallel_size": 4},)
+    """TP2 x PCP2 with DCP over the grid; an invalid size without PCP (tp % dcp), so only PCP
+    scenarios run it and its baselines."""
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        c = scenario.config
+        return (
+            c.prefill_context_parallel_size > 1
+            and c.tp_size > 1
+            and c.decode_context_parallel_size > 1
+            and has_sharded_attention(geometries)
+        )
+
+    def dcp_rank_of(self, layout, rank):
+        return rank % layout.dcp
+
+
+class PcpSpecRegularMask(Fault):
+    name = "pcp-spec-regular-mask"
+    bug_class = (
+        "27. PCP/DCP with speculative decoding: a speculative step's per-token bounds taken from one "
+        "regular causal mask instead of the irregular one (vllm-ascend#6491)"
+    )
+    description = (
+        "the PCP/DCP metadata gives the 1 + k query tokens of a speculative step the bounds of one regular "
+        "(bottom-right) causal mask over the rank's shard, local(L) - (q - 1 - j), instead of each token's "
+        "own local(H + j + 1) (the fix flattens the step into 1 + k single-token rows); sharded groups only"
+    )
+    configs = ({"tensor_parallel_size": 1, "num_speculative_tokens": 2},)
+    """TP1 as the PCP built-in has it (invalid for a non-PCP scenario at W > 1), plus drafts."""
+    scenarios = ("glm-pcp2-dcp2",)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        c = scenario.config
+        return (
+            c.prefill_context_parallel_size > 1
+            and c.num_speculative_tokens > 0
+            and c.decode_context_parallel_size > 1
+            and has_sharded_attention(geometries)
+        )
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
+        if not geometry.sharded or geometry.storage is not Storage.PAGED:
+            return meta
+        bounds, starts = meta.query_local_bounds.copy(), meta.query_start_loc
+        for i, w in enumerate(writes):
+            if not w.num_drafts:
+                continue
+            q = w.stop - w.start
+            last = local_seq_lens(
+                np.array([w.stop], np.int64), dcp_size=geometry.dcp_size, interleave_size=geometry.interleave_size, dcp_rank=dcp_rank
+            )[0]
+            bounds[starts[i] : starts[i + 1]] = np.maximum(0, last - (q - 1 - np.arange(q, dtype=np.int64)))
+        return dataclasses.replace(meta, query_local_bounds=bounds)

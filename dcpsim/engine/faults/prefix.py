@@ -1,0 +1,96 @@
+"""Prefix-cache faults: hash units, advertised KV events and compressed hit lengths
+(bug classes 1, 21 and 23)."""
+
+from __future__ import annotations
+
+import math
+
+from dcpsim.engine.faults.base import Fault
+from dcpsim.engine.geometry import GroupGeometry
+from dcpsim.model.kinds import Storage
+
+
+class PrefixHashUnitB(Fault):
+    name = "prefix-hash-unit-B"
+    bug_class = "1. prefix-cache hashes computed per B tokens while the manager looks them up per B*W"
+    description = (
+        "prefix-cache unit u (B*W tokens of a sharded group) is keyed by the prefix fingerprint at "
+        "(u+1)*B-1 instead of (u+1)*B*W-1, so a hit runs past the true common prefix into another "
+        "request's blocks"
+    )
+    configs = ({"block_size": 16},)
+    """Small pages: the 520-token prefix of dsv3 then ends inside a unit that the bug still hits."""
+    scenarios = ("dsv3", "dsv3-mtp", "prefix-eviction", "prefix-sharing")
+    """Not prefix-preemption: its sharers look their prefix up before the first request has
+    computed the unit the prefix ends in, so the early key is never there to be hit."""
+
+    def applies_to(self, geometries) -> bool:
+        """Where the hash block (the GCD of the block spans) is not ``B`` itself: beside a
+        replicated group of the same ``B`` (llama-draft) hashing per ``B`` is right."""
+        return all(g.prefix_cacheable for g in geometries) and (
+            math.gcd(*(g.block_size for g in geometries)) != math.gcd(*(g.manager_block_size for g in geometries))
+        )
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Where two requests share a prefix that ends inside a hash unit: a prefix of whole
+        units never lets the early key run past it."""
+        unit = math.lcm(*(g.manager_block_size for g in geometries))
+        prefixes = [r.prefix for r in scenario.requests if r.prefix and r.shared_prefix_len]
+        shared = {p for p in prefixes if prefixes.count(p) > 1}  # two requests share it
+        ragged = any(r.prefix in shared and r.shared_prefix_len % unit for r in scenario.requests)
+        return scenario.config.enable_prefix_caching and ragged and self.applies_to(geometries)
+
+    def prefix_key_position(self, geometries, block: int) -> int:
+        return (block + 1) * math.gcd(*(g.block_size for g in geometries)) - 1
+
+
+class KvEventsHashUnitB(Fault):
+    name = "kv-events-hash-unit-b"
+    bug_class = (
+        "21. KV events hashed at another unit than the lookups (vllm#49971, sglang#35298, "
+        "ai-dynamo/dynamo#12765: a router's hit rate silently exactly 0)"
+    )
+    description = (
+        "the engine advertises its prefix-cache blocks (BlockStored events) per B tokens of the "
+        "spec while its lookups, and a router's hashes, use the manager block of B*W tokens"
+    )
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        """Where the two units differ (a replicated group of the same B keeps the GCD at B)."""
+        return all(g.prefix_cacheable for g in geometries) and (
+            math.gcd(*(g.block_size for g in geometries)) != math.gcd(*(g.manager_block_size for g in geometries))
+        )
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return scenario.config.enable_prefix_caching and self.applies_to(geometries)
+
+    def prefix_hash_block_size(self, geometries) -> int:
+        return math.gcd(*(g.block_size for g in geometries))
+
+
+def _compressed(g: GroupGeometry) -> bool:
+    return g.storage is Storage.RECORDS and g.tokens_per_state > 1
+
+
+class CompressedHitDropsR(Fault):
+    name = "compressed-hit-drops-r"
+    bug_class = "23. a compressed cache's prefix-hit length counted without its compression ratio (vllm-ascend#13330)"
+    description = (
+        "a compressed group's cached block is credited with B*W tokens, its records per page times W, "
+        "instead of the B*R*W tokens it covers, and hits are aligned to that: a hit stops inside a "
+        "compressed block, which the group drops (whole blocks only), so records below the hit are "
+        "never computed"
+    )
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        return all(g.prefix_cacheable for g in geometries) and any(_compressed(g) for g in geometries)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return scenario.config.enable_prefix_caching and self.applies_to(geometries)
+
+    def prefix_block_tokens(self, geometry) -> int:
+        if _compressed(geometry):
+            return geometry.states_per_page * (geometry.dcp_size if geometry.sharded else 1)
+        return super().prefix_block_tokens(geometry)
