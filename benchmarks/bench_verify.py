@@ -37,8 +37,8 @@ except ImportError:  # an older checkout (before figures): the first world start
     pass
 
 from dcpsim.harness.job import Job  # noqa: E402
+from dcpsim.model.scenario import RequestSpec  # noqa: E402
 from dcpsim.scenarios.load import load_scenario  # noqa: E402
-from dcpsim.scenarios.scenario import RequestSpec  # noqa: E402
 
 BUILTIN = Path(__file__).resolve().parents[1] / "dcpsim" / "scenarios" / "builtin"
 LAYOUTS = {"dsv41": BUILTIN / "dsv41-hybrid.toml", "scout": BUILTIN / "llama4-scout.toml"}

@@ -104,7 +104,7 @@ def mamba_spec(B=2048, k=0, mode="none"):
 
 def request_spec(rid, P, O, **kw):
     """A request of ``P`` prompt and ``O`` output tokens (``RequestSpec`` fields in ``kw``)."""
-    from dcpsim.scenarios.scenario import RequestSpec
+    from dcpsim.model.scenario import RequestSpec
 
     return RequestSpec(request_id=rid, prompt_len=P, output_len=O, **kw)
 
@@ -128,7 +128,7 @@ def make_scenario(
     """A scenario of named layer specs and requests; ``W``, ``I``, ``k`` drafts, token
     ``budget`` per step, ``max_len`` (max_model_len), ``prefix`` caching on or off."""
     from dcpsim.model.config import SimConfig
-    from dcpsim.scenarios.scenario import Scenario
+    from dcpsim.model.scenario import Scenario
 
     cfg = SimConfig(
         max_model_len=max_len,

@@ -36,6 +36,7 @@ import re
 import numpy as np
 
 from dcpsim.engine.scheduler.scheduler import Scheduler
+from dcpsim.model.scenario import RequestSpec, Scenario
 from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
@@ -43,7 +44,6 @@ from dcpsim.model.specs import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from dcpsim.scenarios.scenario import RequestSpec, Scenario
 from helpers import chunked_spec as chunked
 from helpers import full_rep_spec as full_rep
 from helpers import make_scenario as scenario

@@ -28,6 +28,7 @@ from pathlib import Path
 from dcpsim.cache import cache_dir
 from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
+from dcpsim.model.scenario import RequestSpec, Scenario
 from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
@@ -36,7 +37,6 @@ from dcpsim.model.specs import (
     SlidingWindowSpec,
 )
 from dcpsim.plural import plural
-from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
 FAMILIES = ("full", "compressed", "window", "chunked", "ring-hybrid")
 PREFIX_CACHED_FAMILIES = ("full", "compressed")

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
+from dcpsim.model.scenario import Scenario
 from dcpsim.plural import plural
-from dcpsim.scenarios.scenario import Scenario
 
 DEFAULT_DCP = (1, 2, 3, 4, 8)
 DEFAULT_INTERLEAVE = ("1", "2", "4", "8", "16", "B")

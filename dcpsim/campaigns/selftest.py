@@ -66,7 +66,7 @@ DETECTED, MISSED, PASS, FALSE_POSITIVE, ERROR, NOT_APPLICABLE = Outcome
 
 
 def _scenario_option_names() -> tuple[str, ...]:
-    from dcpsim.scenarios.scenario import Scenario
+    from dcpsim.model.scenario import Scenario
 
     params = inspect.signature(Scenario.with_overrides).parameters
     return tuple(n for n in params if n != "self")

@@ -15,7 +15,7 @@ import time
 
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError, DcpsimError, HarnessError
 from dcpsim.model.attention_config import DEFAULT_MAX_STEP_KEYS
-from dcpsim.scenarios.scenario import Scenario
+from dcpsim.model.scenario import Scenario
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:

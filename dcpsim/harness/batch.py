@@ -16,7 +16,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dcpsim.harness.collectives import Collectives, GlooCollectives, run_in_threads
+from dcpsim.collectives import Collectives
+from dcpsim.harness.collectives import GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
 from dcpsim.harness.rank import run_rank
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder, TracedCollectives, TraceRecorder

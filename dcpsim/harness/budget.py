@@ -25,8 +25,8 @@ from dcpsim.engine.scheduler.scheduler import pool_sizes
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
+from dcpsim.model.scenario import Scenario
 from dcpsim.plural import plural
-from dcpsim.scenarios.scenario import Scenario
 
 GIB = 2**30
 PROCESS_BYTES = 175 * 2**20

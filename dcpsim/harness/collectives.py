@@ -1,4 +1,4 @@
-"""The collectives a rank uses, behind one interface with two implementations.
+"""The two implementations of ``dcpsim.collectives.Collectives``, the interface a rank uses.
 
 ``GlooCollectives`` wraps the torch.distributed process group (the real
 harness); ``ThreadCollectives`` joins ranks running as threads of one process
@@ -21,35 +21,8 @@ import traceback
 
 import torch
 
+from dcpsim.collectives import Collectives
 from dcpsim.errors import HarnessError
-
-
-class Collectives:
-    rank: int
-    world_size: int
-    bytes_sent: int = 0
-
-    def all_gather_tensor(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        raise NotImplementedError
-
-    def subgroup(self, name: str, groups: list[list[int]]) -> Collectives:
-        """The ``Collectives`` of the group (of ``groups``, world ranks) this rank is in.
-        Collective: every rank calls it with the same arguments."""
-        raise NotImplementedError
-
-    def all_gather_object(self, obj) -> list:
-        raise NotImplementedError
-
-    def all_to_all_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` is ``[world_size, ...]``: ``tensor[i]`` goes to rank ``i``; returns
-        ``out`` of the same shape with ``out[i]`` the chunk rank ``i`` sent here."""
-        raise NotImplementedError
-
-    def reduce_scatter_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` is ``[world_size, ...]``: returns the sum over ranks of their
-        ``tensor[self.rank]`` (shape ``tensor.shape[1:]``)."""
-        raise NotImplementedError
-
 
 STAR_GATHER_FROM = 2
 """Groups larger than this all-gather as a gather to the first member and a broadcast."""

@@ -49,8 +49,8 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.rank import run_rank
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
+from dcpsim.model.scenario import Scenario
 from dcpsim.scenarios.disagg import ROLES, check_disaggregation, instance_layout, instance_scenario, shard_ranks
-from dcpsim.scenarios.scenario import Scenario
 from dcpsim.verify.report import RunReport
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcpsim.harness.collectives import Collectives
+from dcpsim.collectives import Collectives
 from dcpsim.model.config import SimConfig
 from dcpsim.model.parallel import ParallelLayout, RankCoords
 

@@ -14,8 +14,8 @@ from functools import cached_property
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.attention_config import DEFAULT_MAX_STEP_KEYS, AttentionConfig
+from dcpsim.model.scenario import Scenario
 from dcpsim.model.validate import is_int
-from dcpsim.scenarios.scenario import Scenario
 
 VERIFY_MODES = ("incremental", "full")
 """``--verify``: what each check re-reads (``verify.check.Checker``)."""

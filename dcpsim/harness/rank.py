@@ -21,6 +21,7 @@ import resource
 import time
 from dataclasses import dataclass
 
+from dcpsim.collectives import Collectives
 from dcpsim.engine.attention.shard import ShardAttention
 from dcpsim.engine.faults import get_fault
 from dcpsim.engine.interface import ENGINE_DECISIONS, Engine
@@ -31,11 +32,10 @@ from dcpsim.engine.worker.block_table import BlockTableOverflow
 from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.engine.worker.pcp_prefill import GATHER_PHASE, pcp_prefill
 from dcpsim.engine.worker.view import WorkerView
-from dcpsim.harness.collectives import Collectives
 from dcpsim.harness.groups import ParallelGroups, build_groups
 from dcpsim.harness.job import Job, simulate_rank_failure
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder
-from dcpsim.scenarios.scenario import Scenario
+from dcpsim.model.scenario import Scenario
 from dcpsim.verify.attention import AttentionVerifier
 from dcpsim.verify.check import Checker, StaleFailure
 from dcpsim.verify.geometry import ExpectedGroup, expected_groups

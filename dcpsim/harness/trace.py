@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from dcpsim.harness.collectives import Collectives
+from dcpsim.collectives import Collectives
 from dcpsim.model.plan import StepPlan, WriteRecord
 
 TID_STRIDE = 1000

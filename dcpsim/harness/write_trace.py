@@ -19,7 +19,7 @@ from dcpsim.engine.scheduler.scheduler import Scheduler, pool_sizes
 from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import StepPlan, WriteRecord
-from dcpsim.scenarios.scenario import Scenario
+from dcpsim.model.scenario import Scenario
 from dcpsim.views.interleave import GroupStep, InterleaveStats
 
 

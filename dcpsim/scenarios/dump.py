@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 
+from dcpsim.model.scenario import RequestSpec, Scenario
 from dcpsim.model.specs import KVCacheSpec
 from dcpsim.scenarios.registry import SPEC_KINDS
-from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
 _KIND_OF = {cls: kind for kind, cls in SPEC_KINDS.items()}
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from dcpsim.errors import ConfigError, ScenarioError
 from dcpsim.model.config import SimConfig
+from dcpsim.model.scenario import RequestSpec, Scenario
 from dcpsim.model.specs import CircularBufferSpec, MambaSpec
 from dcpsim.model.validate import is_int
 from dcpsim.scenarios.disagg import check_disaggregation, parse_disaggregated
 from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_path
-from dcpsim.scenarios.scenario import RequestSpec, Scenario
 
 TOP_KEYS = {
     "name",

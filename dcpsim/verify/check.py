@@ -32,7 +32,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from dcpsim.harness.collectives import Collectives
+from dcpsim.collectives import Collectives
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import CONTENT, GROUP, INDEX, STEP, WRITER
 from dcpsim.model.plan import RequestView, StepPlan

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from dcpsim.model.grouping import group_layer_specs
 from dcpsim.model.kinds import Storage, records_per_state, storage_of
+from dcpsim.model.scenario import Scenario
 from dcpsim.model.specs import MLAAttentionSpec
-from dcpsim.scenarios.scenario import Scenario
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from dcpsim.model.grouping import KVCacheGroupSpec, group_layer_specs
 from dcpsim.model.kinds import Storage, records_per_state, storage_of
+from dcpsim.model.scenario import Scenario
 from dcpsim.model.specs import FullAttentionSpec, KVCacheSpec, UniformTypeKVCacheSpecs, cdiv
-from dcpsim.scenarios.scenario import Scenario
 
 GIB = 1 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

@@ -15,7 +15,7 @@ from dcpsim.model.content import (
     raw_prefix_hash,
     stable_seed,
 )
-from dcpsim.scenarios.scenario import RequestSpec
+from dcpsim.model.scenario import RequestSpec
 
 
 class Status(enum.Enum):

@@ -35,9 +35,9 @@ from dcpsim.model.config import SimConfig
 from dcpsim.model.content import random_tokens, stable_seed
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import RequestView, ReqWrite, StepPlan
+from dcpsim.model.scenario import Scenario
 from dcpsim.model.specs import cdiv
 from dcpsim.plural import plural
-from dcpsim.scenarios.scenario import Scenario
 
 
 def windowed_live_blocks(geometry: GroupGeometry, config: SimConfig) -> int | None:

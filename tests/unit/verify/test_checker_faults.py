@@ -14,9 +14,9 @@ from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.collectives import CollectiveTimeout
 from dcpsim.harness.job import Job
 from dcpsim.model.config import SimConfig
+from dcpsim.model.scenario import Scenario
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
-from dcpsim.scenarios.scenario import Scenario
 from helpers import geometries, run
 
 

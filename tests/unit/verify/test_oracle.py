@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from dcpsim.model.config import SimConfig
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import RequestView
+from dcpsim.model.scenario import RequestSpec, Scenario
 from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     MLAAttentionSpec,
     SlidingWindowMLASpec,
 )
-from dcpsim.scenarios.scenario import RequestSpec, Scenario
 from dcpsim.verify.geometry import expected_groups
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, retained_start
 from helpers import geometries

@@ -24,9 +24,9 @@ from dcpsim.engine.scheduler.request import Request
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Retention
+from dcpsim.model.scenario import Scenario
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
-from dcpsim.scenarios.scenario import Scenario
 from helpers import chunked_spec as chunked
 from helpers import full_rep_spec as full_rep
 from helpers import geometries, scheduler

@@ -13,8 +13,8 @@ from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
+from dcpsim.model.scenario import Scenario
 from dcpsim.scenarios.load import load_scenario
-from dcpsim.scenarios.scenario import Scenario
 from helpers import full_rep_spec as full_rep
 from helpers import geometries, scheduler
 from helpers import make_scenario as scenario
