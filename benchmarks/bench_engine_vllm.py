@@ -13,8 +13,9 @@ import argparse
 import time
 
 from dcpsim.engine.vllm.fetch import fetch
-from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
 
 
@@ -26,11 +27,11 @@ def main() -> None:
     p.add_argument("--dcp", type=int, default=4)
     args = p.parse_args()
     source = args.vllm_source or str(fetch())
-    sc = load_scenario(args.scenario).with_overrides(decode_context_parallel_size=args.dcp)
+    sc = load_scenario(args.scenario).with_overrides(ScenarioOverrides(decode_context_parallel_size=args.dcp))
     variants = {
-        "reference": Job(sc),
-        "vllm (runner v2 kernel)": Job(sc, engine="vllm", vllm_source=source, vllm_runner="v2"),
-        "vllm (runner v1 kernel)": Job(sc, engine="vllm", vllm_source=source, vllm_runner="v1"),
+        "reference": Job.from_options(sc),
+        "vllm (runner v2 kernel)": Job.from_options(sc, engine="vllm", vllm_source=source, vllm_runner="v2"),
+        "vllm (runner v1 kernel)": Job.from_options(sc, engine="vllm", vllm_source=source, vllm_runner="v1"),
     }
     run_jobs([variants["vllm (runner v2 kernel)"]])  # start the forkserver (Triton preloaded) untimed
     times = {}
@@ -38,7 +39,7 @@ def main() -> None:
         best = float("inf")
         for _ in range(args.repeat):
             start = time.perf_counter()
-            (report,) = run_jobs([job], timeout=60)
+            (report,) = run_jobs([job.with_options(timeout=60)])
             best = min(best, time.perf_counter() - start)
             assert report.passed, report.text()
         times[name] = best

@@ -20,12 +20,12 @@ T0 = time.perf_counter()
 from dcpsim.harness.world import start_forkserver  # noqa: E402
 
 if __name__ == "__main__":
-    start_forkserver(("dcpsim.harness.batch",))
+    start_forkserver(("dcpsim.harness.runner",))
 
 from dcpsim.campaigns.grid import full_grid  # noqa: E402
 from dcpsim.campaigns.matrix import CellStatus  # noqa: E402
+from dcpsim.harness.dry_run import dry_run  # noqa: E402
 from dcpsim.harness.job import Job  # noqa: E402
-from dcpsim.harness.rank import dry_run  # noqa: E402
 from dcpsim.scenarios.registry import builtin_scenario_names  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     world = [c for c in valid if c.cell.scenario == args.scenario and c.cell.dcp == args.dcp and c.cell.pcp is None][: args.cells]
     if not world:
         parser.error(f"no valid cell of {args.scenario} at W = {args.dcp}")
-    jobs = [Job(c.scenario) for c in world]
+    jobs = [Job.from_options(c.scenario, timeout=args.timeout, deadline=4 * args.timeout) for c in world]
     load = os.getloadavg()[0]
     start = time.perf_counter()
     if args.profile:
@@ -71,9 +71,9 @@ def main() -> None:
 
         reports = profiled(jobs, args.timeout, args.top, args.sort, args.callers, args.profile_out)
     else:
-        from dcpsim.harness.batch import run_jobs
+        from dcpsim.harness.runner import run_jobs
 
-        reports = run_jobs(jobs, timeout=args.timeout, deadline=4 * args.timeout)
+        reports = run_jobs(jobs)
     wall = time.perf_counter() - start
     failed = [c.cell.id for c, r in zip(world, reports) if not r.passed]
     world_steps = sum(r.steps for r in reports)

@@ -13,9 +13,10 @@ import os
 import tempfile
 import time
 
-from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
 from dcpsim.harness.trace_file import Trace
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
 
 
@@ -26,9 +27,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--gloo", action="store_true", help="gloo ranks instead of threads")
     args = p.parse_args()
-    job = Job(load_scenario(args.scenario).with_overrides(decode_context_parallel_size=args.dcp))
-    in_process = not args.gloo
-    run_jobs([job], in_process=in_process)  # warm up (and start the forkserver) untimed
+    scenario = load_scenario(args.scenario).with_overrides(ScenarioOverrides(decode_context_parallel_size=args.dcp))
+    job = Job.from_options(scenario, in_process=not args.gloo)
+    run_jobs([job])  # warm up (and start the forkserver) untimed
     path = os.path.join(tempfile.mkdtemp(prefix="dcpsim-bench-"), "trace.json")
     best = {"without --trace": float("inf"), "with --trace": float("inf")}
     events = 0
@@ -36,7 +37,7 @@ def main() -> None:
         for name in best:
             trace = Trace(path) if name == "with --trace" else None
             start = time.perf_counter()
-            (report,) = run_jobs([job], in_process=in_process, trace=trace)
+            (report,) = run_jobs([job], trace=trace)
             if trace is not None:
                 events = trace.write()
             best[name] = min(best[name], time.perf_counter() - start)

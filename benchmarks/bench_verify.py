@@ -11,9 +11,6 @@ Prints the wall time of the world, checks, verified indices and each rank's peak
 ``--profile`` also prints the top functions of rank 0 (cProfile; the ranks do the same work). Run:
 
     python benchmarks/bench_verify.py --layout dsv41 --context 1048576 [--verify full] [--attention]
-
-Before figures of an older checkout: run from inside it (``cd OLD && PYTHONPATH=OLD python
-THIS_FILE ...``): the ranks import ``dcpsim`` from the working directory first.
 """
 
 from __future__ import annotations
@@ -28,13 +25,10 @@ import time
 from pathlib import Path
 
 T0 = time.perf_counter()
-try:  # as python -m dcpsim does: the forkserver imports torch while this process does
-    from dcpsim.harness.world import start_forkserver
+from dcpsim.harness.world import RANK_PRELOAD, start_forkserver  # noqa: E402
 
-    if __name__ == "__main__":
-        start_forkserver(("dcpsim.harness.batch",))
-except ImportError:  # an older checkout (before figures): the first world starts it
-    pass
+if __name__ == "__main__":  # as python -m dcpsim does: the forkserver imports torch while this process does
+    start_forkserver((RANK_PRELOAD,))
 
 from dcpsim.harness.job import Job  # noqa: E402
 from dcpsim.model.scenario import RequestSpec  # noqa: E402
@@ -42,7 +36,6 @@ from dcpsim.scenarios.load import load_scenario  # noqa: E402
 
 BUILTIN = Path(__file__).resolve().parents[1] / "dcpsim" / "scenarios" / "builtin"
 LAYOUTS = {"dsv41": BUILTIN / "dsv41-hybrid.toml", "scout": BUILTIN / "llama4-scout.toml"}
-"""By path, so that an older checkout (``PYTHONPATH``) runs the same layouts: the before figures."""
 SCOUT_MAX_MODEL_LEN = 10485760
 """Llama-4-Scout's ``max_position_embeddings`` (its config.json; see llama4-scout.toml)."""
 CHUNK = 16384
@@ -75,7 +68,7 @@ def long_request_scenario(layout: str, context: int, dcp: int, verify_every: int
 
 def profiled_rank_batch(payload, rank: int, world_size: int):
     """``run_world`` target: a gloo rank's batch, rank 0 under cProfile (stats to a file)."""
-    from dcpsim.harness.batch import gloo_rank_batch
+    from dcpsim.harness.runner import gloo_rank_batch
 
     jobs_payload, path = payload
     if rank != 0:
@@ -95,7 +88,7 @@ def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None, sav
     import sys
     import tempfile
 
-    from dcpsim.harness.batch import merge_rank_reports
+    from dcpsim.harness.runner import merge_rank_reports
     from dcpsim.harness.world import run_world
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -110,7 +103,7 @@ def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None, sav
         world_size=jobs[0].world_size,
         pg_timeout_s=timeout,
         deadline_s=4 * timeout,
-        preload=("dcpsim.harness.batch",),
+        preload=(RANK_PRELOAD,),
     )
     out = io.StringIO()
     stats = pstats.Stats(path, stream=out).sort_stats(sort)
@@ -142,20 +135,19 @@ def main() -> None:
     parser.add_argument("--profile-out", metavar="FILE", help="with --profile: also keep rank 0's pstats file")
     args = parser.parse_args()
 
-    from dcpsim.harness.batch import run_jobs
+    from dcpsim.harness.runner import run_jobs
 
     scenario = long_request_scenario(args.layout, args.context, args.dcp, args.verify_every, args.max_model_len)
-    has_modes = "verify" in {f.name for f in dataclasses.fields(Job)}  # an older checkout: full only
-    job = Job(scenario, attention=args.attention, **({"verify": args.verify} if has_modes else {}))
+    job = Job.from_options(scenario, attention=args.attention, verify=args.verify, timeout=args.timeout, deadline=4 * args.timeout)
     load = os.getloadavg()[0]
     start = time.perf_counter()
     if args.profile:
         (report,) = profiled([job], args.timeout, args.top, args.sort, args.callers, args.profile_out)
     else:
-        (report,) = run_jobs([job], timeout=args.timeout, deadline=4 * args.timeout)
+        (report,) = run_jobs([job])
     wall = time.perf_counter() - start
     rss = max(r["peak_rss_mb"] for r in report.ranks)
-    mode = args.verify if has_modes else "full (no --verify in this checkout)"
+    mode = args.verify
     print(
         f"{scenario.name}: W={args.dcp} context={args.context:,} max_model_len={scenario.config.max_model_len:,} "
         f"verify={mode} attention={'on' if args.attention else 'off'} (load average {load:.1f} at start)"

@@ -9,10 +9,11 @@ from dcpsim.cli import main
 from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
-from dcpsim.harness.batch import merge_rank_reports
 from dcpsim.harness.collectives import run_in_threads
 from dcpsim.harness.job import Job
-from dcpsim.harness.rank import run_rank
+from dcpsim.harness.rank_run import run_rank
+from dcpsim.harness.runner import merge_rank_reports
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
 
 WRITE_PATH_FAULTS = [name for name, fault in FAULTS.items() if name != "none" and not fault.needs.get("attention")]
@@ -21,7 +22,7 @@ WRITE_PATH_FAULTS = [name for name, fault in FAULTS.items() if name != "none" an
 
 def builtin(name: str, W: int, I: int = 1, **overrides):
     """A built-in scenario at ``W`` ranks and interleave ``I`` (plus ``with_overrides``)."""
-    return load_scenario(name).with_overrides(decode_context_parallel_size=W, cp_kv_cache_interleave_size=I, **overrides)
+    return load_scenario(name).with_overrides(ScenarioOverrides(decode_context_parallel_size=W, cp_kv_cache_interleave_size=I, **overrides))
 
 
 def geometries(scenario, engine=None):
@@ -40,7 +41,7 @@ def run(scenario, *, engine=None, **job):
     merged report. ``engine``: an engine variant to run instead of the job's."""
     world = scenario.config.world_size  # W without PCP (or a larger TP)
     # a timeout, so a run whose collectives diverge fails instead of waiting forever
-    reports = run_in_threads(functools.partial(run_rank, engine=engine), Job(scenario, **job), world, timeout=120)
+    reports = run_in_threads(functools.partial(run_rank, engine=engine), Job.from_options(scenario, **job), world, timeout=120)
     verdicts = {(r.passed, r.failure.kind if r.failure else None, r.steps, r.attention_checks) for r in reports}
     assert len(verdicts) == 1, f"ranks disagree: {verdicts}"
     return merge_rank_reports(reports)

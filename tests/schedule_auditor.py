@@ -31,11 +31,11 @@ plans by hand), and the workloads ``mixed``, ``prefix_scenario`` and ``pressure`
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from dcpsim.engine.scheduler.scheduler import Scheduler
+from dcpsim.model.plan import EventKind, ScheduleEvent
 from dcpsim.model.scenario import RequestSpec, Scenario
 from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,
@@ -61,9 +61,6 @@ def cdiv(a, b):
 # ----------------------------------------------------------------------------- the auditor
 
 EMPTY = -1  # never a fingerprint in practice (the checker's stores use the same sentinel)
-_ADMIT = re.compile(r"^admitted (\S+)(?: with a prefix-cache hit of (\d+) tokens?)?$")
-_PREEMPT = re.compile(r"^preempted (\S+) \((.*)\)$")
-_FINISH = re.compile(r"^finished (\S+)$")
 
 
 class ReqState:
@@ -125,7 +122,7 @@ class Auditor:
         # logical KV: [block id, offset inside the block-table entry] -> content (EMPTY: never)
         self.store = [np.full((m.pool.num_blocks + 1, self.span(g)), EMPTY, dtype=np.int64) for g, m in enumerate(sched.managers)]
         self.steps = 0
-        self.events: list[str] = []
+        self.events: list[ScheduleEvent] = []
         self.reused_seen = 0
         self.ever_held: list[dict[int, set[int]]] = [{} for _ in self.geometries]  # block -> holders
         self.state_col: list[dict[int, int]] = [{} for _ in self.geometries]  # Mamba: req -> committed state column
@@ -225,19 +222,19 @@ class Auditor:
         self.events.extend(plan.events)
         budget = self.cfg.max_num_batched_tokens
         for ev in plan.events:
-            if m := _PREEMPT.match(ev):
-                st = self.req[self.by_id[m.group(1)]]
+            if ev.kind is EventKind.PREEMPTED:
+                st = self.req[self.by_id[ev.request_id]]
                 assert st.running, ev
                 st.running = False
                 st.committed = 0
                 st.reach = 0
                 st.since_admission = {}
-                st.preemptions.append((step, m.group(2)))
-            elif m := _ADMIT.match(ev):
-                st = self.req[self.by_id[m.group(1)]]
+                st.preemptions.append((step, str(ev.reason)))
+            elif ev.kind is EventKind.ADMITTED and not ev.loaded:
+                st = self.req[self.by_id[ev.request_id]]
                 assert not st.running and not st.finished, ev
                 assert st.spec.arrival_step <= step, ev
-                hit = int(m.group(2) or 0)
+                hit = ev.prefix_hit
                 st.running = True
                 st.admissions += 1
                 st.committed = hit
@@ -366,8 +363,8 @@ class Auditor:
                         f"position {p}: logical store holds {int(got[bad[0]])}, want {int(st.fp[p])}"
                     )
         for ev in plan.events:
-            if m := _FINISH.match(ev):
-                st = self.req[self.by_id[m.group(1)]]
+            if ev.kind is EventKind.FINISHED:
+                st = self.req[self.by_id[ev.request_id]]
                 assert st.num_output == st.spec.output_len, ev
                 assert st.committed == st.spec.prompt_len + st.spec.output_len - 1, ev
                 st.running = False

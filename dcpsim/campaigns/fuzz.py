@@ -23,10 +23,17 @@ reruns it on a real gloo world.
 from __future__ import annotations
 
 import contextlib
+import random
+import time
 from pathlib import Path
 
 from dcpsim.cache import cache_dir
+from dcpsim.engine.choice import EngineChoice
 from dcpsim.errors import ConfigError
+from dcpsim.harness.dry_run import dry_run
+from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
+from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.config import SimConfig
 from dcpsim.model.scenario import RequestSpec, Scenario
 from dcpsim.model.specs import (
@@ -37,6 +44,8 @@ from dcpsim.model.specs import (
     SlidingWindowSpec,
 )
 from dcpsim.plural import plural
+
+IN_PROCESS = WorldOptions(in_process=True)
 
 FAMILIES = ("full", "compressed", "window", "chunked", "ring-hybrid")
 PREFIX_CACHED_FAMILIES = ("full", "compressed")
@@ -145,10 +154,8 @@ def scenarios(max_requests: int = 5):
 
 
 def is_valid(scenario: Scenario) -> bool:
-    from dcpsim.harness.rank import prepare
-
     try:
-        prepare(scenario)
+        dry_run(scenario)
     except ConfigError:
         return False
     return True
@@ -164,12 +171,10 @@ def describe(scenario: Scenario) -> str:
     )
 
 
-def check(scenario: Scenario, inject: str | None = None, engine: dict | None = None):
+def check(scenario: Scenario, inject: str | None = None, engine: EngineChoice | None = None):
     """Run the scenario in-process (ranks as threads); returns the merged report."""
-    from dcpsim.harness.batch import run_jobs
-    from dcpsim.harness.job import Job
-
-    (report,) = run_jobs([Job(scenario, inject=inject, **(engine or {}))], in_process=True)
+    job = Job(scenario, engine=engine or EngineChoice(), inject=inject, world=IN_PROCESS)
+    (report,) = run_jobs([job])
     return report
 
 
@@ -191,7 +196,7 @@ def find_failure(
     *,
     max_examples: int = 200,
     seed: int = 0,
-    engine: dict | None = None,
+    engine: EngineChoice | None = None,
     storage: Path | None = None,
     on_example=None,
 ) -> Scenario | None:
@@ -202,9 +207,6 @@ def find_failure(
     search, then (after the first failure) each attempt to shrink it.
     """
     _require_hypothesis()
-    import random
-    import time
-
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 

@@ -19,6 +19,7 @@ expands it gets the same cells (``shard`` partitions it).
 from __future__ import annotations
 
 from dcpsim.campaigns.matrix import CellResult, expand, page_states
+from dcpsim.scenarios.load import load_scenario
 
 FULL_DCP = tuple(range(1, 9))
 
@@ -29,8 +30,6 @@ def divisors(n: int) -> list[int]:
 
 def full_grid(scenarios: list[str], *, dry_run: bool = False) -> list[CellResult]:
     """Every cell of the full grid once, in a fixed order (see the module doc)."""
-    from dcpsim.scenarios.load import load_scenario
-
     out: list[CellResult] = []
     for name in scenarios:
         b = page_states(load_scenario(name))

@@ -14,10 +14,21 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from dcpsim.engine.choice import EngineChoice
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
+from dcpsim.harness.budget import check_budget
+from dcpsim.harness.dry_run import dry_run as schedule_dry_run
+from dcpsim.harness.job import Job
+from dcpsim.harness.replay import replay_record
+from dcpsim.harness.runner import run_each
+from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.kinds import Storage
-from dcpsim.model.scenario import Scenario
+from dcpsim.model.scenario import Scenario, ScenarioOverrides
 from dcpsim.plural import plural
+from dcpsim.scenarios.load import load_scenario
+from dcpsim.verify.options import CheckOptions
 
 DEFAULT_DCP = (1, 2, 3, 4, 8)
 DEFAULT_INTERLEAVE = ("1", "2", "4", "8", "16", "B")
@@ -73,8 +84,6 @@ class CellResult:
 def page_states(scenario: Scenario) -> int:
     """The scenario's ``B`` for the matrix: the smallest page (in states) of its paged groups
     (rings and Mamba states excluded)."""
-    from dcpsim.engine.reference import ReferenceEngine
-
     geometries = ReferenceEngine().geometries(scenario.layers, scenario.config)  # validates too
     pages = [g.states_per_page for g in geometries if g.storage not in (Storage.RING, Storage.STATE)]
     return min(pages) if pages else 1
@@ -109,21 +118,15 @@ def expand(
     and pools are validated (cheap enough for test collection). A cell whose estimate
     (``harness.budget``) does not fit the machine is skipped, unless ``force``.
     """
-    from dcpsim.engine.reference import ReferenceEngine
-    from dcpsim.engine.scheduler.scheduler import Scheduler
-    from dcpsim.harness.budget import check_budget
-    from dcpsim.harness.rank import prepare
-    from dcpsim.scenarios.load import load_scenario
-
     out: list[CellResult] = []
     listed: set[str] = set()  # cell ids: a combination asked for twice is one cell
     for name in scenarios:
         base = load_scenario(name)
         for bs in block_sizes:
             try:
-                sized = base.with_overrides(block_size=bs) if bs else base
+                sized = base.with_overrides(ScenarioOverrides(block_size=bs)) if bs else base
                 if kernel_block_size is not None:
-                    sized = sized.with_overrides(kernel_block_size=kernel_block_size)
+                    sized = sized.with_overrides(ScenarioOverrides(kernel_block_size=kernel_block_size))
                 b = page_states(sized)
             except ConfigError as exc:
                 cell = Cell(base.name, 0, 0, bs or 0, bs, kernel_block_size)
@@ -146,15 +149,17 @@ def expand(
                     seen[i] = cell.id
                     try:
                         scenario = sized.with_overrides(
-                            decode_context_parallel_size=w,
-                            cp_kv_cache_interleave_size=i,
-                            prefill_context_parallel_size=p,
+                            ScenarioOverrides(
+                                decode_context_parallel_size=w,
+                                cp_kv_cache_interleave_size=i,
+                                prefill_context_parallel_size=p,
+                            )
                         )
                         engine = ReferenceEngine()
                         geometries = engine.geometries(scenario.layers, scenario.config)
                         check_budget(scenario, force=force, geometries=geometries)
                         if dry_run:
-                            prepare(scenario)
+                            schedule_dry_run(scenario)
                         else:  # the pools and tables validate; no schedule runs
                             Scheduler(scenario, engine, geometries)
                     except ConfigError as exc:
@@ -165,22 +170,20 @@ def expand(
 
 
 def run_cells(
-    results: list[CellResult], *, in_process: bool = False, timeout: float = 30.0, progress=None, engine: dict | None = None, on_wait=None
-) -> None:
-    """Run every pending cell (in place), one world per (scenario, W) group. ``progress(res)``
-    is called as each cell ends (with the time its slowest rank took); ``on_wait(message)``
-    when a world keeps the parent waiting. ``engine``: the engine ``Job`` fields
-    (``engine``, ``vllm_source``, ``vllm_runner``); default reference."""
-    from dcpsim.harness.batch import run_each
-    from dcpsim.harness.job import Job
-    from dcpsim.harness.replay import replay_record
-
+    results: list[CellResult], *, engine: EngineChoice | None = None, check: CheckOptions | None = None,
+    world: WorldOptions | None = None, progress=None, on_wait=None,
+) -> None:  # fmt: skip
+    """Run every pending cell (in place), one world per (scenario, W) group, with the engine
+    under test ``engine`` (default the reference), the checks ``check`` and the worlds
+    ``world``. ``progress(res)`` is called as each cell ends (with the time its slowest rank
+    took); ``on_wait(message)`` when a world keeps the parent waiting."""
+    options = dict(engine=engine or EngineChoice(), check=check or CheckOptions(), world=world or WorldOptions())
     groups: dict[str, list[CellResult]] = {}
     for res in results:
         if res.status == CellStatus.PENDING:
             groups.setdefault(res.cell.group, []).append(res)
     for members in groups.values():
-        jobs = [Job(r.scenario, **(engine or {})) for r in members]
+        jobs = [Job(r.scenario, **options) for r in members]
 
         def settle(k, outcome, members=members, jobs=jobs):
             res = members[k]
@@ -196,7 +199,7 @@ def run_cells(
             if progress:
                 progress(res)
 
-        run_each(jobs, in_process=in_process, timeout=timeout, on_outcome=settle, on_wait=on_wait)
+        run_each(jobs, on_outcome=settle, on_wait=on_wait)
 
 
 def cell_line(res: CellResult) -> str:

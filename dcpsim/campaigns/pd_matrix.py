@@ -1,6 +1,6 @@
 """``dcpsim matrix --pd P:D,...``: P/D cells, one per scenario with a ``[disaggregated]`` table and
 (prefill W, decode W) pair, all run in one world of the largest ``P + D``
-(``harness.disagg.run_pd_batch``). A pair the scenario's connector cannot take (NIXL:
+(``harness.pd.run_pd_batch``). A pair the scenario's connector cannot take (NIXL:
 sizes that do not divide one another) is skipped with the reason."""
 
 from __future__ import annotations
@@ -9,6 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from dcpsim.errors import ConfigError
+from dcpsim.harness.pd import run_pd_batch
+from dcpsim.harness.pd_job import PDJob, prepare_pd
+from dcpsim.harness.world_options import WorldOptions
+from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.pd import check_disaggregation
 
 
 @dataclass
@@ -42,8 +47,6 @@ def parse_pairs(text: str) -> list[tuple[int, int]]:
 
 def pair_scenario(scenario, prefill: int, decode: int):
     """The scenario with its instances at ``prefill`` and ``decode`` ranks (checked)."""
-    from dcpsim.scenarios.disagg import check_disaggregation
-
     pd = scenario.disaggregated
     pd = dataclasses.replace(
         pd,
@@ -55,10 +58,7 @@ def pair_scenario(scenario, prefill: int, decode: int):
     return out
 
 
-def run_pd_matrix(names: list[str], pairs: list[tuple[int, int]], *, timeout: float = 30.0, on_wait=None) -> list[PDCell]:
-    from dcpsim.harness.disagg import PDJob, prepare_pd, run_pd_batch
-    from dcpsim.scenarios.load import load_scenario
-
+def run_pd_matrix(names: list[str], pairs: list[tuple[int, int]], *, world: WorldOptions | None = None, on_wait=None) -> list[PDCell]:
     cells, jobs = [], []
     for name in names:
         scenario = load_scenario(name)
@@ -76,7 +76,7 @@ def run_pd_matrix(names: list[str], pairs: list[tuple[int, int]], *, timeout: fl
                 continue
             jobs.append((cell, job))
     if jobs:
-        reports = run_pd_batch([j for _, j in jobs], timeout=timeout, on_wait=on_wait)
+        reports = run_pd_batch([j for _, j in jobs], world=world or WorldOptions(), on_wait=on_wait)
         for (cell, _), report in zip(jobs, reports):
             cell.report, cell.seconds = report, report.wall_time_s
             cell.status = "pass" if report.passed else "FAIL"

@@ -1,7 +1,7 @@
 """The P/D half of ``dcpsim selftest``: every P/D fault of ``dcpsim.engine.faults.PD_FAULTS`` is caught on
 the P/D built-in, and the correct connector passes.
 
-* Every fault runs a real P/D world (``harness.disagg.run_pd``) and must fail it; a fault
+* Every fault runs a real P/D world (``harness.pd.run_pd``) and must fail it; a fault
   that shows only with PCP > 1 (``needs_pcp``, the stride-by-dcp matching) runs with the
   prefill instance at PCP = 2 (``PCP_PREFILL``: W = PCP = 2 at TP 1, the one PCP + DCP
   shape vLLM 0.33.0's NIXL connector takes), where the decode instance's checker sees the
@@ -16,6 +16,12 @@ import dataclasses
 import time
 
 from dcpsim.campaigns.selftest import BASELINE, DETECTED, ERROR, FALSE_POSITIVE, MISSED, PASS, Row
+from dcpsim.engine.faults import PD_FAULTS, get_pd_fault
+from dcpsim.harness.pd import run_pd
+from dcpsim.harness.pd_job import PDJob
+from dcpsim.harness.world_options import WorldOptions
+from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.pd import instance_layout
 
 PD_SCENARIO = "pd-dsv3"
 RESHARDING = {"kv_connector": "resharding", "prefill": {"cp_kv_cache_interleave_size": 1}, "decode": {"cp_kv_cache_interleave_size": 16}}
@@ -26,14 +32,10 @@ KINDS = ("nixl", "nixl-pcp", "resharding")
 
 
 def pd_fault_names() -> list[str]:
-    from dcpsim.engine.faults import PD_FAULTS
-
     return [n for n in PD_FAULTS if n != BASELINE]
 
 
 def _scenario(kind: str):
-    from dcpsim.scenarios.load import load_scenario
-
     scenario = load_scenario(PD_SCENARIO)
     pd = scenario.disaggregated
     if kind == "nixl-pcp":
@@ -51,8 +53,6 @@ def _scenario(kind: str):
 
 
 def _config(scenario) -> str:
-    from dcpsim.scenarios.disagg import instance_layout
-
     parts = []
     for role in ("prefill", "decode"):
         lay = instance_layout(scenario, role)
@@ -64,14 +64,14 @@ def _config(scenario) -> str:
     return f"{scenario.disaggregated.kv_connector} " + " -> ".join(parts)
 
 
-def run_case(fault_name: str, kind: str, *, timeout: float = 30.0, on_wait=None) -> Row:
-    from dcpsim.harness.disagg import PDJob, run_pd
-
+def run_case(fault_name: str, kind: str, *, world: WorldOptions | None = None, on_wait=None) -> Row:
     scenario = _scenario(kind)
     start = time.perf_counter()
     row = Row(fault_name, PD_SCENARIO, _config(scenario), ERROR)
     try:
-        report = run_pd(PDJob(scenario, inject=None if fault_name == BASELINE else fault_name), timeout=timeout, on_wait=on_wait)
+        report = run_pd(
+            PDJob(scenario, inject=None if fault_name == BASELINE else fault_name), world=world or WorldOptions(), on_wait=on_wait
+        )
     except Exception as exc:  # noqa: BLE001 - an error row
         row.report = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         row.seconds = time.perf_counter() - start
@@ -88,10 +88,8 @@ def run_case(fault_name: str, kind: str, *, timeout: float = 30.0, on_wait=None)
     return row
 
 
-def run_pd_selftest(fault_names: list[str], *, timeout: float = 30.0, progress=None, on_wait=None) -> list[Row]:
+def run_pd_selftest(fault_names: list[str], *, world: WorldOptions | None = None, progress=None, on_wait=None) -> list[Row]:
     """Rows of the chosen P/D faults, then the P/D baselines."""
-    from dcpsim.engine.faults import get_pd_fault
-
     rows = []
 
     def add(row):
@@ -102,7 +100,7 @@ def run_pd_selftest(fault_names: list[str], *, timeout: float = 30.0, progress=N
     for name in fault_names:
         fault = get_pd_fault(name)
         kind = "nixl-pcp" if fault.needs_pcp else fault.kv_connector
-        add(run_case(name, kind, timeout=timeout, on_wait=on_wait))
+        add(run_case(name, kind, world=world, on_wait=on_wait))
     for kind in KINDS:
-        add(run_case(BASELINE, kind, timeout=timeout, on_wait=on_wait))
+        add(run_case(BASELINE, kind, world=world, on_wait=on_wait))
     return rows

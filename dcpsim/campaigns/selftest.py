@@ -19,11 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import inspect
 from dataclasses import dataclass, field
 
+from dcpsim.engine.choice import EngineChoice
+from dcpsim.engine.faults import FAULTS
+from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.errors import ConfigError
+from dcpsim.harness.collectives import CollectiveTimeout
+from dcpsim.harness.dry_run import dry_run as schedule_dry_run
+from dcpsim.harness.job import RUN_OPTIONS, Job
+from dcpsim.harness.runner import run_each
+from dcpsim.harness.world import RankFailureError
+from dcpsim.harness.world_options import WorldOptions
+from dcpsim.model.config import SimConfig
+from dcpsim.model.scenario import Scenario, ScenarioOverrides
+from dcpsim.options import from_flat, keys
 from dcpsim.plural import plural
+from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.registry import builtin_scenario_names
 
 BASELINE = "none"
 """The fault name of a baseline case (``FAULTS["none"]``: the correct engine)."""
@@ -65,23 +78,12 @@ DETECTED, MISSED, PASS, FALSE_POSITIVE, ERROR, NOT_APPLICABLE = Outcome
 # ----------------------------------------------------------------------------- options
 
 
-def _scenario_option_names() -> tuple[str, ...]:
-    from dcpsim.model.scenario import Scenario
-
-    params = inspect.signature(Scenario.with_overrides).parameters
-    return tuple(n for n in params if n != "self")
-
-
-def _config_field_names() -> set[str]:
-    from dcpsim.model.config import SimConfig
-
-    return {f.name for f in dataclasses.fields(SimConfig)}
-
-
-def _job_field_names() -> set[str]:
-    from dcpsim.harness.job import Job
-
-    return {f.name for f in dataclasses.fields(Job)} - {"scenario", "inject", "rank_failure"}
+SCENARIO_KEYS = keys(ScenarioOverrides)
+"""Run options that override the scenario (``Scenario.with_overrides``)."""
+CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(SimConfig))
+"""Run options that set a ``SimConfig`` field directly."""
+JOB_KEYS = tuple(k for k in RUN_OPTIONS if k not in ("inject", "rank_failure"))
+"""Run options of the ``Job`` (the attention check, the engine, the checks)."""
 
 
 def canonical_options(options: dict) -> tuple[tuple[str, object], ...]:
@@ -93,30 +95,27 @@ class UnknownOption(ConfigError):
     """A fault asks for a run option nothing here knows (a declaration error)."""
 
 
-def apply_options(base, options) -> tuple[object, dict]:
-    """``base`` with the run options applied, and the ``Job`` fields among them.
+def apply_options(base: Scenario, options) -> tuple[Scenario, dict]:
+    """``base`` with the run options applied, and the ``Job`` options among them.
 
-    An option is a ``Scenario.with_overrides`` argument, a ``SimConfig`` field
-    or a ``Job`` field (in that order); anything else is a ``ConfigError``.
+    An option is a scenario override (``ScenarioOverrides``), a ``SimConfig`` field or a
+    ``Job`` option (in that order); anything else is a ``ConfigError``.
     """
-    scenario_names = _scenario_option_names()
-    config_names = _config_field_names()
-    job_names = _job_field_names()
     overrides, config, job = {}, {}, {}
     for key, value in dict(options).items():
         key = OPTION_ALIASES.get(key, key)
-        if key in scenario_names:
+        if key in SCENARIO_KEYS:
             overrides[key] = value
-        elif key in config_names:
+        elif key in CONFIG_KEYS:
             config[key] = value
-        elif key in job_names:
+        elif key in JOB_KEYS:
             job[key] = value
         else:
             raise UnknownOption(
-                f"unknown run option {key!r}: not a scenario override ({', '.join(scenario_names)}), "
-                f"a SimConfig field or a Job field ({', '.join(sorted(job_names)) or 'none'})"
+                f"unknown run option {key!r}: not a scenario override ({', '.join(SCENARIO_KEYS)}), "
+                f"a SimConfig field or a Job option ({', '.join(sorted(JOB_KEYS))})"
             )
-    scenario = base.with_overrides(**overrides) if overrides else base
+    scenario = base.with_overrides(ScenarioOverrides(**overrides)) if overrides else base
     if config:
         scenario = dataclasses.replace(scenario, config=dataclasses.replace(scenario.config, **config))
     return scenario, job
@@ -183,14 +182,8 @@ class Plan:
 
 def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True) -> Plan:
     """Which cases to run. ``dry_run`` also runs each case's schedule in this
-    process (``harness.rank.prepare``) so a config the workload cannot run under
+    process (``harness.dry_run``) so a config the workload cannot run under
     is skipped instead of failing a world."""
-    from dcpsim.engine.faults import FAULTS
-    from dcpsim.engine.reference import ReferenceEngine
-    from dcpsim.harness.rank import prepare
-    from dcpsim.scenarios.load import load_scenario
-    from dcpsim.scenarios.registry import builtin_scenario_names
-
     builtins = builtin_scenario_names()
     for name in scenario_names or ():
         if name not in builtins:
@@ -224,7 +217,7 @@ def plan_selftest(fault_names=None, scenario_names=None, *, dry_run: bool = True
                 sc, _, _ = resolve(scenario, options)
                 layouts_of[key] = ReferenceEngine().geometries(sc.layers, sc.config)
                 if dry_run:
-                    prepare(sc)
+                    schedule_dry_run(sc)
                 valid[key] = None
             except UnknownOption:
                 raise
@@ -318,15 +311,15 @@ def options_text(options) -> str:
 # ----------------------------------------------------------------------------- running
 
 
-def _jobs(plan: Plan, cases: list[Case], engine: dict | None = None) -> list:
-    """The cases' jobs; baselines run ``engine`` (Job fields; default the reference engine)."""
-    from dcpsim.harness.job import Job
-
+def _jobs(plan: Plan, cases: list[Case], engine: EngineChoice, world: WorldOptions) -> list[Job]:
+    """The cases' jobs, in ``world``; the baselines run ``engine``, the faults their own
+    variant of the reference engine."""
     jobs = []
     for case in cases:
-        scenario, job_fields, _ = plan.resolved[(case.scenario, case.options)]
-        extra = (engine or {}) if case.baseline else {}
-        jobs.append(Job(scenario, inject=None if case.baseline else case.fault, **job_fields, **extra))
+        scenario, job_options, _ = plan.resolved[(case.scenario, case.options)]
+        branches = dict(world=world, **({"engine": engine} if case.baseline else {}))
+        options = dict(job_options, inject=None if case.baseline else case.fault)
+        jobs.append(from_flat(Job, options, scenario=scenario, **branches))
     return jobs
 
 
@@ -341,15 +334,10 @@ def is_collective_hang(exc: BaseException | None) -> bool:
     """A harness failure that reports diverging collectives: a gloo world's ``collective
     hang`` (a rank ran ahead of a collective the others waited in) or a thread rank's
     ``CollectiveTimeout``."""
-    from dcpsim.harness.collectives import CollectiveTimeout
-    from dcpsim.harness.world import RankFailureError
-
     return isinstance(exc, CollectiveTimeout) or (isinstance(exc, RankFailureError) and str(exc).startswith("collective hang"))
 
 
 def _expects_hang(fault: str) -> bool:
-    from dcpsim.engine.faults import FAULTS
-
     return FAULTS[fault].expects == "hang"
 
 
@@ -383,14 +371,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def run_plan(
-    plan: Plan, *, in_process: bool = False, timeout: float = 30.0, engine: dict | None = None, progress=None, on_wait=None
+    plan: Plan, *, engine: EngineChoice | None = None, world: WorldOptions | None = None, progress=None, on_wait=None
 ) -> list[Row]:
     """Run every case; rows in plan order (planning rows of a fault after its cases). The
-    faults are variants of the reference engine; the baselines run ``engine`` (``Job``
-    fields), which must pass them all. ``progress(row)`` is called as each case ends (with
-    the time its slowest rank took); ``on_wait(message)`` when a world keeps the parent waiting."""
-    from dcpsim.harness.batch import run_each
-
+    faults are variants of the reference engine; the baselines run ``engine`` (default the
+    reference), which must pass them all; every world as ``world`` says (gloo or threads,
+    its timeout). ``progress(row)`` is called as each case ends (with the time its slowest
+    rank took); ``on_wait(message)`` when a world keeps the parent waiting."""
+    engine, world = engine or EngineChoice(), world or WorldOptions()
     by_world: dict[tuple[int, bool], list[int]] = {}
     for k, case in enumerate(plan.cases):
         scenario = plan.resolved[(case.scenario, case.options)][0]
@@ -402,7 +390,7 @@ def run_plan(
         cases = [plan.cases[k] for k in ks]
         # a hang ends at the process-group timeout: a short one (a healthy step of these small
         # worlds takes milliseconds per collective)
-        world_timeout = min(timeout, HANG_TIMEOUT_S) if hangs else timeout
+        options = dataclasses.replace(world, timeout=min(world.timeout, HANG_TIMEOUT_S)) if hangs else world
 
         def settle(j, outcome, ks=ks, cases=cases):
             if outcome.error is not None:
@@ -413,7 +401,7 @@ def run_plan(
             if progress:
                 progress(row)
 
-        run_each(_jobs(plan, cases, engine), in_process=in_process, timeout=world_timeout, on_outcome=settle, on_wait=on_wait)
+        run_each(_jobs(plan, cases, engine, options), on_outcome=settle, on_wait=on_wait)
     out: list[Row] = []
     for name in plan.faults:
         out += [r for r, c in zip(rows, plan.cases) if c.fault == name]
@@ -484,7 +472,5 @@ def format_table(rows: list[Row]) -> str:
 
 
 def bug_class_legend(faults: list[str]) -> list[str]:
-    from dcpsim.engine.faults import FAULTS
-
     width = max((len(n) for n in faults), default=0)
     return [f"  {n:<{width}}  {FAULTS[n].bug_class or '(no bug class given)'}" for n in faults]

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from dcpsim.errors import EXIT_USAGE, DcpsimError, HarnessError
+from dcpsim.cli import signals
+from dcpsim.cli.outcome import error_json
+from dcpsim.errors import EXIT_USAGE, ConfigError, DcpsimError, HarnessError
+from dcpsim.harness.world import RANK_PRELOAD, start_forkserver
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,9 +30,6 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"dcpsim: error: {message}", file=sys.stderr)
         if _Parser.wants_json:
-            from dcpsim.cli.options import error_json
-            from dcpsim.errors import ConfigError
-
             print(error_json(ConfigError(message)))
         sys.exit(EXIT_USAGE)
 
@@ -74,8 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dcpsim.cli import signals
-
     if argv is None:  # a process of its own (python -m dcpsim)
         _start_forkserver_early(sys.argv[1:])
     parser = build_parser()
@@ -117,10 +116,8 @@ def _start_forkserver_early(argv: list[str]) -> None:
     does), so the two imports overlap: ~2 s less before the first rank of a run starts."""
     if not argv or argv[0] not in WORLD_COMMANDS or {"--in-process", "-h", "--help"} & set(argv):
         return
-    from dcpsim.harness.world import start_forkserver
-
-    preload = ("dcpsim.harness.batch",)
-    if "vllm" in argv or "--engine=vllm" in argv:  # as harness.batch preloads for it
+    preload = (RANK_PRELOAD,)
+    if "vllm" in argv or "--engine=vllm" in argv:  # as harness.runner preloads for it
         preload += ("dcpsim.engine.vllm.preload",)
     start_forkserver(preload)
 
@@ -140,14 +137,10 @@ class Interrupted(DcpsimError):
 def _json_error(args, exc: DcpsimError) -> None:
     """Under ``--json``, one JSON error document on stdout, unless the command printed it
     already (or it is a torchrun worker other than rank 0)."""
-    import os
-
     if not getattr(args, "json", False) or getattr(exc, "json_printed", False):
         return
     if args.command == "worker" and os.environ.get("RANK", "0") != "0":
         return
-    from dcpsim.cli.options import error_json
-
     try:
         print(error_json(exc), flush=True)
     except BrokenPipeError:

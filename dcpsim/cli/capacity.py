@@ -12,8 +12,13 @@ import argparse
 import json
 import textwrap
 
-from dcpsim.cli.options import json_errors
+from dcpsim.cli.outcome import json_errors
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
+from dcpsim.harness.budget import check_scheduler_fits
+from dcpsim.model.scenario import ScenarioOverrides
+from dcpsim.scenarios.load import load_scenario
 from dcpsim.views import capacity as cap
 
 NOTE_WIDTH = 100
@@ -65,18 +70,13 @@ def budget_of(args) -> cap.Budget | None:
 
 
 def plan(args) -> cap.CapacityPlan:
-    from dcpsim.engine.reference import ReferenceEngine
-    from dcpsim.engine.scheduler.scheduler import Scheduler
-    from dcpsim.harness.budget import check_scheduler_fits
-    from dcpsim.scenarios.load import load_scenario
-
     budget = budget_of(args)
     scenario = load_scenario(args.scenario)
     dcps = parse_dcp_list(args.dcp) if args.dcp else [scenario.config.decode_context_parallel_size]
     columns = []
     for w in dcps:
         try:
-            sc = scenario.with_overrides(decode_context_parallel_size=w, block_size=args.block_size)
+            sc = scenario.with_overrides(ScenarioOverrides(decode_context_parallel_size=w, block_size=args.block_size))
             engine = ReferenceEngine()
             geometries = engine.geometries(sc.layers, sc.config)  # what run refuses, refused here
             if budget is None:

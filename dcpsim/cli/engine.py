@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.cli.options import add_engine_arguments, engine_choice
+from dcpsim.engine.registry import engine_info
+from dcpsim.engine.vllm.fetch import fetch
 from dcpsim.errors import EXIT_OK
 from dcpsim.plural import plural
 
@@ -22,22 +24,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if args.engine_command == "fetch":
-        from dcpsim.engine.vllm.fetch import fetch
-
         print(fetch(args.requirement, args.dest))
         return EXIT_OK
-    from dcpsim.engine.registry import build_engine
-    from dcpsim.harness.job import Job
-    from dcpsim.harness.rank import engine_info
-
-    options = engine_options(args)
-    if options["engine"] == "vllm":  # resolves DCPSIM_VLLM_SOURCE and validates, as a run does
-        from dcpsim.engine.vllm.adapter import source_dir
-
-        options["vllm_source"] = source_dir(options["vllm_source"])
-    Job.validate_engine(**options)
-    name = options.pop("engine")
-    engine = build_engine(name, **options)  # built (and cached) by validate_engine already
+    engine = engine_choice(args).build()  # resolves DCPSIM_VLLM_SOURCE and validates, as a run does
     info = engine_info(engine)
     tree = getattr(engine, "tree", None)
     if tree is not None:

@@ -6,11 +6,17 @@ import sys
 import time
 from pathlib import Path
 
-from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.campaigns.fuzz import describe, find_failure
+from dcpsim.cli.flags import add_flags, options_from
+from dcpsim.cli.options import add_engine_arguments, engine_choice
 from dcpsim.cli.progress import print_waiting, progress_view
+from dcpsim.engine.faults import get_fault
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
+from dcpsim.harness.world_options import WorldOptions
 from dcpsim.plural import plural
+from dcpsim.scenarios.dump import scenario_to_toml
 
 
 def add_arguments(p) -> None:
@@ -19,8 +25,7 @@ def add_arguments(p) -> None:
     p.add_argument("--examples", type=int, default=200, help="random schedules to try (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the search")
     p.add_argument("--out", default=".", help="folder for the shrunk scenario (default: here)")
-    p.add_argument("--in-process", action="store_true", help="rerun the shrunk scenario as threads, not gloo")
-    p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout of the rerun")
+    add_flags(p, WorldOptions, only=("in_process", "timeout"))  # of the shrunk scenario's rerun
 
 
 class _Watch:
@@ -33,8 +38,6 @@ class _Watch:
         self.shrinking = False
 
     def example(self, scenario, report, seconds: float) -> None:
-        from dcpsim.campaigns.fuzz import describe
-
         verdict = "pass" if report.passed else "FAIL"
         if not self.shrinking:
             self.searched += 1
@@ -52,22 +55,16 @@ class _Watch:
 
 
 def run(args) -> int:
-    from dcpsim.campaigns.fuzz import find_failure
-    from dcpsim.cli.options import check_seconds
-    from dcpsim.engine.faults import get_fault
-    from dcpsim.harness.batch import run_jobs
-    from dcpsim.scenarios.dump import scenario_to_toml
 
     if args.examples < 1:
         raise ConfigError(f"--examples must be an integer >= 1, got {args.examples}")
     if args.seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {args.seed}")
-    check_seconds("--timeout", args.timeout)
+    world = options_from(WorldOptions, args)
     get_fault(args.inject)
     start = time.perf_counter()
-    engine = engine_options(args)
-    Job.validate_engine(**engine)
-    if args.inject and args.engine != "reference":
+    engine = engine_choice(args)
+    if args.inject and not engine.is_reference:
         raise ConfigError(f"--inject switches on a fault of the reference engine; not with --engine {args.engine}")
     with progress_view("fuzz: searching", args.examples) as view:
         watch = _Watch(view)
@@ -91,9 +88,7 @@ def run(args) -> int:
     path.write_text(scenario_to_toml(found, header=header), encoding="utf-8")
     print(f"fuzz: shrunk failing schedule written to {path}", file=sys.stderr)
     print(f"fuzz: rerunning it on {'threads' if args.in_process else 'a gloo world'}", file=sys.stderr)
-    (report,) = run_jobs(
-        [Job(found, inject=args.inject, **engine)], in_process=args.in_process, timeout=args.timeout, on_wait=print_waiting
-    )
+    (report,) = run_jobs([Job(found, engine=engine, inject=args.inject, world=world)], on_wait=print_waiting)
     print(report.text())
     print(f"rerun with: {rerun}")
     return EXIT_CHECK_FAILED

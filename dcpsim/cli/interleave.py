@@ -2,7 +2,7 @@
 scenario's schedule once per interleave size (every rank's write path in this process)
 and compare how each spreads the KV cache over the ranks, per sharded group.
 
-The statistics are ``dcpsim.views.interleave`` (run by ``dcpsim.harness.write_trace``),
+The statistics are ``dcpsim.views.interleave`` (run by ``dcpsim.campaigns.interleave``),
 the rules a size breaks ``dcpsim.views.backend_rules``, the plot
 ``dcpsim.views.interleave_plot`` (``--png``, needs matplotlib).
 """
@@ -14,9 +14,15 @@ import json
 import sys
 import textwrap
 
-from dcpsim.cli.options import json_errors
+from dcpsim.campaigns.interleave import interleave_stats
+from dcpsim.cli.outcome import json_errors
 from dcpsim.errors import EXIT_USAGE, ConfigError
+from dcpsim.harness.budget import check_budget
+from dcpsim.model.grouping import group_layer_specs
+from dcpsim.model.scenario import ScenarioOverrides
+from dcpsim.scenarios.load import load_scenario
 from dcpsim.views.backend_rules import RULES, broken_rules, layout_context
+from dcpsim.views.interleave_plot import save_imbalance_png
 
 DEFAULT_INTERLEAVES = "1,8,64,B"
 WRAP = 100
@@ -70,14 +76,9 @@ def parse_interleaves(text: str, block_size: int) -> list[tuple[int, str]]:
 
 
 def compare(args) -> dict:
-    from dcpsim.harness.budget import check_budget
-    from dcpsim.harness.write_trace import interleave_stats
-    from dcpsim.model.grouping import group_layer_specs
-    from dcpsim.scenarios.load import load_scenario
-
     loaded = load_scenario(args.scenario)
     try:
-        base = loaded.with_overrides(decode_context_parallel_size=args.dcp, block_size=args.block_size)
+        base = loaded.with_overrides(ScenarioOverrides(decode_context_parallel_size=args.dcp, block_size=args.block_size))
     except ConfigError as exc:
         raise ConfigError(f"{loaded.source}: {exc}") from None
     W = base.config.decode_context_parallel_size
@@ -94,7 +95,7 @@ def compare(args) -> dict:
     for interleave, label in parse_interleaves(args.interleave, B):
         row = {"interleave": interleave, "label": label, "valid": False, "error": None, "rules": [], "groups": {}}
         try:
-            sc = base.with_overrides(cp_kv_cache_interleave_size=interleave)
+            sc = base.with_overrides(ScenarioOverrides(cp_kv_cache_interleave_size=interleave))
             row["rules"] = broken_rules(layout_context(sc))
             check_budget(sc, in_process=True, hint="")  # the schedule runs here, with every rank's store
             row["groups"] = {g.name: result for g, result in interleave_stats(sc)}
@@ -183,8 +184,6 @@ def run(args) -> int:
     with json_errors(args.json):
         doc = compare(args)
         if args.png:
-            from dcpsim.views.interleave_plot import save_imbalance_png
-
             save_imbalance_png(doc, args.png)
     print(json.dumps(doc, indent=2) if args.json else render(doc))
     if doc["rows"] and not any(row["valid"] for row in doc["rows"]):

@@ -15,8 +15,11 @@ import os
 import sys
 
 from dcpsim.errors import ConfigError
+from dcpsim.views.failure import load_failure_view
+from dcpsim.views.layout_picture import draw
 from dcpsim.views.layout_text import header, render
 from dcpsim.views.layout_view import LayoutQuery, compute, parse_block_table, public
+from dcpsim.views.pcp_chunks import pcp_chunk_view, pcp_lines
 
 # flags that --from-report takes from the report instead (dest, flag)
 _FROM_REPORT = (
@@ -159,8 +162,6 @@ def _from_report(args: argparse.Namespace):
     given = [flag for dest, flag in _FROM_REPORT if getattr(args, dest) is not None]
     if given:
         raise ConfigError(f"--from-report takes the layout from the report; drop {', '.join(given)}")
-    from dcpsim.views.failure import load_failure_view
-
     view = load_failure_view(args.from_report)
     q = view.query(around=args.around, window=args.window)
     try:
@@ -174,8 +175,6 @@ def _draw(d: dict, args: argparse.Namespace, view) -> list[str]:
     outputs = [(path, fmt) for path, fmt in ((args.png, "png"), (args.svg, "svg")) if path]
     if not outputs:
         return []
-    from dcpsim.views.layout_picture import draw
-
     for path, fmt in outputs:
         draw(d, path, fmt, marks=view.marks(d) if view else (), notes=view.notes(d) if view else (), title=view.title() if view else None)
     return [path for path, _ in outputs]
@@ -189,8 +188,6 @@ def run(args: argparse.Namespace) -> int:
     pictures = _draw(d, args, view)
     pcp = None
     if args.pcp is not None:
-        from dcpsim.views.pcp_chunks import pcp_chunk_view
-
         pcp = pcp_chunk_view(d["positions"], args.pcp, d["config"]["decode_context_parallel_size"], args.prefill_start, None)
     if args.json:
         doc = public(d)
@@ -208,8 +205,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             lines.append(render(d))
         if pcp is not None:
-            from dcpsim.views.pcp_chunks import pcp_lines
-
             lines += pcp_lines(pcp, d["positions"])
         text = "\n".join(lines)
     try:

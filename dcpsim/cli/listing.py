@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 
 from dcpsim.errors import EXIT_OK
+from dcpsim.model.grouping import group_layer_specs
+from dcpsim.model.specs import is_dcp_replicated_spec
 from dcpsim.plural import plural
+from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.registry import builtin_scenario_names
 
 
 def add_arguments(p) -> None:
@@ -15,11 +19,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from dcpsim.model.grouping import group_layer_specs
-    from dcpsim.model.specs import is_dcp_replicated_spec
-    from dcpsim.scenarios.load import load_scenario
-    from dcpsim.scenarios.registry import builtin_scenario_names
-
     rows = []
     for name in builtin_scenario_names():
         s = load_scenario(name)

@@ -9,11 +9,22 @@ from __future__ import annotations
 import json
 import sys
 
-from dcpsim.cli.options import add_engine_arguments, add_force_argument, add_verify_argument, check_seconds, engine_options
-from dcpsim.cli.progress import progress_view
+from dcpsim.campaigns import junit
+from dcpsim.campaigns import matrix as mx
+from dcpsim.campaigns import shard as sh
+from dcpsim.campaigns.grid import full_grid
+from dcpsim.campaigns.pd_matrix import parse_pairs, pd_table, run_pd_matrix
+from dcpsim.cli.flags import add_flags, options_from
+from dcpsim.cli.options import add_engine_arguments, add_force_argument, add_verify_argument, engine_choice
+from dcpsim.cli.progress import print_waiting, progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
-from dcpsim.harness.job import Job
+from dcpsim.harness.budget import cpu_warning
+from dcpsim.harness.world_options import WorldOptions
+from dcpsim.options import flatten
 from dcpsim.plural import plural
+from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.registry import builtin_scenario_names
+from dcpsim.verify.options import CheckOptions
 
 DEFAULT_DCP = "1,2,3,4,8"
 DEFAULT_INTERLEAVE = "1,2,4,8,16,B"
@@ -49,8 +60,7 @@ def add_arguments(p) -> None:
         dest="pcp",
         help="comma list of PCP sizes (default: each scenario's); a cell's world is PCP x TP processes, TP the smallest that fits its W",
     )
-    p.add_argument("--in-process", action="store_true", help="run ranks as threads (no gloo)")
-    p.add_argument("--timeout", type=float, default=30.0, help="process-group timeout in seconds")
+    add_flags(p, WorldOptions, only=("in_process", "timeout"))
     p.add_argument("--json", action="store_true", help="print every cell as JSON")
     p.add_argument(
         "--pd",
@@ -74,14 +84,9 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def _run_pd(args) -> int:
-    from dcpsim.campaigns.pd_matrix import parse_pairs, pd_table, run_pd_matrix
-    from dcpsim.cli.progress import print_waiting
-    from dcpsim.scenarios.load import load_scenario
-    from dcpsim.scenarios.registry import builtin_scenario_names
-
     pairs = parse_pairs(args.pd)
     names = args.scenarios or [n for n in builtin_scenario_names() if load_scenario(n).disaggregated is not None]
-    cells = run_pd_matrix(names, pairs, timeout=args.timeout, on_wait=print_waiting)
+    cells = run_pd_matrix(names, pairs, world=options_from(WorldOptions, args), on_wait=print_waiting)
     if args.json:
         print(
             json.dumps(
@@ -106,11 +111,6 @@ def _run_pd(args) -> int:
 
 def cells_of(args) -> list:
     """The matrix's full cell list, from the scenarios and the grid flags."""
-    from dcpsim.campaigns import matrix as mx
-    from dcpsim.campaigns.grid import full_grid
-    from dcpsim.scenarios.registry import builtin_scenario_names
-
-    check_seconds("--timeout", args.timeout)
     scenarios = args.scenarios or builtin_scenario_names()
     if args.full:
         given = [
@@ -147,19 +147,14 @@ def entry(res) -> dict:
 
 
 def run(args) -> int:
-    from dcpsim.campaigns import junit
-    from dcpsim.campaigns import matrix as mx
-    from dcpsim.campaigns import shard as sh
-    from dcpsim.harness.budget import cpu_warning
-
     if args.pd:
         if args.full or args.shard is not None:
             raise ConfigError("--pd runs its own P/D cells: drop --full and --shard")
         return _run_pd(args)
     shard = sh.parse_shard(args.shard) if args.shard is not None else None
-    engine = engine_options(args)
-    Job.validate_engine(**engine)
-    engine["verify"] = args.verify
+    world = options_from(WorldOptions, args)
+    engine = engine_choice(args)
+    check = options_from(CheckOptions, args)
     everything = cells_of(args)
     indices = sh.select(everything, *shard) if shard is not None else list(range(len(everything)))
     results = [everything[i] for i in indices]
@@ -177,15 +172,15 @@ def run(args) -> int:
     with progress_view("matrix", pending) as view:
         mx.run_cells(
             results,
-            in_process=args.in_process,
-            timeout=args.timeout,
             engine=engine,
+            check=check,
+            world=world,
             progress=lambda res: view.done(mx.cell_line(res), ok=not res.status.bad),
             on_wait=view.waiting,
         )
     entries = [entry(r) for r in results]
     if shard is not None:
-        digest = sh.matrix_hash([r.cell.id for r in everything], engine)
+        digest = sh.matrix_hash([r.cell.id for r in everything], dict(flatten(engine), verify=check.mode))
         sh.stamp(entries, indices, digest=digest, total=len(everything), shard=shard)
     if args.junit:
         junit.write(

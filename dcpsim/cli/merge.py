@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dcpsim.campaigns import junit
+from dcpsim.campaigns.shard import merge
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.plural import plural
 from dcpsim.report_file import read_report_text
@@ -24,8 +26,6 @@ def add_arguments(p) -> None:
 
 def read_report(path: str) -> list[dict]:
     """A shard's cell entries, from its JSON list or its JUnit XML."""
-    from dcpsim.campaigns import junit
-
     text = read_report_text(path)
     if text.lstrip().startswith("<"):
         return junit.read(path)
@@ -36,9 +36,6 @@ def read_report(path: str) -> list[dict]:
 
 
 def run(args) -> int:
-    from dcpsim.campaigns import junit
-    from dcpsim.campaigns.shard import merge
-
     cells = merge([(path, read_report(path)) for path in args.reports])
     for entry in cells:
         entry.pop("index", None)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from dcpsim.cli.options import add_force_argument, add_verify_argument, add_world_arguments, json_errors, run_job
+from dcpsim.cli.flags import options_from
+from dcpsim.cli.launch import run_job
+from dcpsim.cli.options import add_force_argument, add_verify_argument, add_world_arguments
+from dcpsim.cli.outcome import json_errors
+from dcpsim.harness.replay import load_replay
+from dcpsim.harness.world_options import WorldOptions
 
 
 def add_arguments(p) -> None:
@@ -17,10 +22,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from dcpsim.harness.replay import load_replay
-
     with json_errors(args.json):
         job = load_replay(args.report, args.cell)
-    if args.verify is not None:  # default: the recorded mode
-        job = dataclasses.replace(job, verify=args.verify)
-    return run_job(job, args)
+        changes = dict(world=options_from(WorldOptions, args))
+        if args.verify is not None:  # default: the recorded mode
+            changes["check"] = dataclasses.replace(job.check, mode=args.verify)
+        job = dataclasses.replace(job, **changes)
+    return run_job(job, as_json=args.json, force=args.force)

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from dcpsim.cli.disagg import add_pd_arguments, pd_overrides, run_disaggregated, with_pd_overrides
-from dcpsim.cli.options import (
-    add_scenario_arguments,
-    add_world_arguments,
-    json_errors,
-    make_job,
-    resolve_scenario,
-    run_job,
-)
+from dcpsim.cli.launch import run_job
+from dcpsim.cli.options import add_scenario_arguments, add_world_arguments, job_from_args, scenario_from_args
+from dcpsim.cli.outcome import json_errors
+from dcpsim.cli.pd import add_pd_arguments, pd_overrides, run_disaggregated, with_pd_overrides
 
 
 def add_arguments(p) -> None:
@@ -21,8 +16,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     with json_errors(args.json):
-        scenario = with_pd_overrides(resolve_scenario(args), pd_overrides(args))
+        scenario = with_pd_overrides(scenario_from_args(args), pd_overrides(args))
         if scenario.disaggregated is not None:
             return run_disaggregated(args, scenario)
-        job = make_job(args, scenario)
-    return run_job(job, args)
+        job = job_from_args(args, scenario)
+    return run_job(job, as_json=args.json, force=args.force)

@@ -22,10 +22,12 @@ from dcpsim.campaigns.selftest import (
     run_plan,
     verdict,
 )
-from dcpsim.cli.options import add_engine_arguments, engine_options
+from dcpsim.cli.flags import add_flags, options_from
+from dcpsim.cli.options import add_engine_arguments, engine_choice
 from dcpsim.cli.progress import progress_view
+from dcpsim.engine.faults import FAULTS, PD_FAULTS
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK
-from dcpsim.harness.job import Job
+from dcpsim.harness.world_options import WorldOptions
 from dcpsim.plural import plural
 
 
@@ -34,14 +36,11 @@ def add_arguments(p) -> None:
     p.add_argument("--list", action="store_true", help="list every fault, the bug class it stands for and where it runs; run nothing")
     p.add_argument("--fault", action="append", metavar="NAME", help="only this fault (repeatable)")
     p.add_argument("--scenario", action="append", metavar="NAME", help="only this built-in scenario, for faults and baselines (repeatable)")
-    p.add_argument("--in-process", action="store_true", help="run the ranks as threads of this process (no gloo)")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="process-group timeout in seconds (default 30)")
+    add_flags(p, WorldOptions, only=("in_process", "timeout"))
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
 def _list(plan: Plan, as_json: bool, pd_names: list[str]) -> int:
-    from dcpsim.engine.faults import FAULTS
-
     entries = []
     for name in plan.faults:
         fault = FAULTS[name]
@@ -78,8 +77,6 @@ def _list(plan: Plan, as_json: bool, pd_names: list[str]) -> int:
 
 def _pd_entries(names: list[str]) -> list[dict]:
     """``--list`` entries of the P/D faults: where selftest runs each (``campaigns.pd_selftest``)."""
-    from dcpsim.engine.faults import PD_FAULTS
-
     out = []
     for name in names:
         fault = PD_FAULTS[name]
@@ -101,8 +98,6 @@ def _pd_entries(names: list[str]) -> list[dict]:
 
 
 def pd_bug_class_legend(names: list[str]) -> list[str]:
-    from dcpsim.engine.faults import PD_FAULTS
-
     width = max(len(n) for n in names)
     return [f"  {n:<{width}}  {PD_FAULTS[n].bug_class}" for n in names]
 
@@ -119,30 +114,23 @@ def _split_faults(args) -> tuple[list[str] | None, list[str]]:
 
 
 def run(args) -> int:
-    from dcpsim.cli.options import check_seconds
-
-    check_seconds("--timeout", args.timeout)
+    world = options_from(WorldOptions, args)
     plain, pd_chosen = _split_faults(args)
     run_plain = plain is None or bool(plain) or not pd_chosen
     plan = plan_selftest(plain, args.scenario, dry_run=not args.list) if run_plain else Plan(cases=[])
     if args.list:
         return _list(plan, args.json, pd_chosen)
     start = time.perf_counter()
-    engine = engine_options(args)
-    Job.validate_engine(**engine)
+    engine = engine_choice(args)
     pd_runs = len(pd_chosen) + 3 if pd_chosen else 0
     with progress_view("selftest", len(plan.cases) + pd_runs) as view:
 
         def progress(row):
             view.done(row_line(row), ok=row.outcome in (DETECTED, PASS))
 
-        rows = (
-            run_plan(plan, in_process=args.in_process, timeout=args.timeout, engine=engine, progress=progress, on_wait=view.waiting)
-            if plan.cases or plan.rows
-            else []
-        )
+        rows = run_plan(plan, engine=engine, world=world, progress=progress, on_wait=view.waiting) if plan.cases or plan.rows else []
         if pd_chosen:
-            rows += run_pd_selftest(pd_chosen, timeout=args.timeout, progress=progress, on_wait=view.waiting)
+            rows += run_pd_selftest(pd_chosen, world=world, progress=progress, on_wait=view.waiting)
     passed, summary = verdict(rows, plan.faults + pd_chosen)
     seconds = time.perf_counter() - start
     if args.json:

@@ -7,17 +7,17 @@ import os
 import sys
 import time
 
-from dcpsim.cli.options import (
-    add_scenario_arguments,
-    check_dry_run,
-    check_run_budget,
-    check_seconds,
-    finish,
-    json_errors,
-    make_job,
-    resolve_scenario,
-)
+import torch.distributed as dist
+
+from dcpsim.cli.launch import attention_width, check_dry_run, check_run_budget
+from dcpsim.cli.options import add_scenario_arguments, job_from_args, scenario_from_args
+from dcpsim.cli.outcome import finish, json_errors
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
+from dcpsim.harness.collectives import GlooCollectives
+from dcpsim.harness.replay import replay_record
+from dcpsim.harness.runner import merge_rank_reports, run_batch
+from dcpsim.harness.world import init_env_process_group
+from dcpsim.harness.world_options import WorldOptions
 
 
 def add_arguments(p) -> None:
@@ -25,35 +25,28 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import torch.distributed as dist
-
-    from dcpsim.harness.batch import merge_rank_reports, run_batch
-    from dcpsim.harness.collectives import GlooCollectives
-    from dcpsim.harness.replay import replay_record
-    from dcpsim.harness.world import init_env_process_group
-
     with json_errors(args.json):
-        check_seconds("--timeout", args.timeout)
+        WorldOptions(timeout=args.timeout)  # a bad --timeout is exit 2 before the rendezvous
         rank, world = init_env_process_group(args.timeout)
     try:
         with json_errors(args.json and rank == 0):
-            scenario = resolve_scenario(args, world_size=world)
+            scenario = scenario_from_args(args, world_size=world)
             if scenario.config.world_size != world:
                 raise ConfigError(
                     f"prefill_context_parallel_size {scenario.config.prefill_context_parallel_size} x "
                     f"tensor_parallel_size {scenario.config.tp_size} = {scenario.config.world_size} "
                     f"processes, but the torchrun world size is {world}"
                 )
-            job = make_job(args, scenario)
+            job = job_from_args(args, scenario)
             local = os.environ.get("LOCAL_WORLD_SIZE", "")
             check_run_budget(
                 scenario,
-                args,
+                force=args.force,
                 local_ranks=int(local) if local.isdigit() else None,
                 say=rank == 0,
-                attention_width=job.attention_config.kv_width if job.attention else 0,
+                attention_width=attention_width(job),
             )
-            check_dry_run(job, args, say=rank == 0)
+            check_dry_run(job, say=rank == 0)
             start = time.perf_counter()
             (mine,) = run_batch([job], GlooCollectives(rank, world))
             reports = [None] * world

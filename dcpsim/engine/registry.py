@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from dcpsim.engine.interface import PCP_DECISIONS, Engine
+from dcpsim.engine.interface import ENGINE_DECISIONS, PCP_DECISIONS, Engine
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.vllm.adapter import VllmEngine
 from dcpsim.errors import ConfigError
 
 BUILTIN_ENGINES = ("reference", "vllm")
@@ -63,14 +65,22 @@ def build_engine(name: str = "reference", *, vllm_source: str | None = None, vll
     if key in _CACHE:
         return _CACHE[key]
     if name == "reference":
-        from dcpsim.engine.reference import ReferenceEngine
-
         engine: Engine = ReferenceEngine()
     elif name == "vllm":
-        from dcpsim.engine.vllm.adapter import VllmEngine
-
         engine = VllmEngine(vllm_source, runner=vllm_runner, merge=vllm_merge)
     else:
         engine = _plugin(name)
     _CACHE[key] = engine
     return engine
+
+
+def engine_info(engine: Engine) -> dict:
+    """What a report says of the engine: its name, version and who makes each decision
+    (the engine's own ``decisions``, else ``reference`` for a decision it inherits from the
+    reference engine, else its class)."""
+    own = getattr(engine, "decisions", {})
+    decisions = {}
+    for name in ENGINE_DECISIONS:
+        inherited = isinstance(engine, ReferenceEngine) and getattr(type(engine), name) is getattr(ReferenceEngine, name)
+        decisions[name] = own.get(name) or ("reference" if inherited else type(engine).__name__)
+    return dict(name=engine.name, version=getattr(engine, "version", None), decisions=decisions)

@@ -18,6 +18,7 @@ of a step ~1 KiB per group on its way through the write path.
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 
 from dcpsim.engine.reference import ReferenceEngine
@@ -179,8 +180,6 @@ def available_memory() -> int:
 def address_space_limit() -> int | None:
     """This process's address-space limit (``RLIMIT_AS``, ``ulimit -v``; inherited by the
     ranks), or None."""
-    import resource
-
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     return None if limit == resource.RLIM_INFINITY else limit
 

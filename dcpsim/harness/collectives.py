@@ -20,6 +20,7 @@ import threading
 import traceback
 
 import torch
+import torch.distributed as dist
 
 from dcpsim.collectives import Collectives
 from dcpsim.errors import HarnessError
@@ -62,8 +63,6 @@ class GlooCollectives(Collectives):
 
     def world_group(self, name: str, world_ranks: tuple[int, ...]):
         """The process group of ``world_ranks`` (default-world ranks), made on first use."""
-        import torch.distributed as dist
-
         key = (name, tuple(world_ranks))
         if key not in self.groups:
             if self.group is not None:
@@ -78,8 +77,6 @@ class GlooCollectives(Collectives):
         return self.groups[key]
 
     def all_gather_tensor(self, tensor):
-        import torch.distributed as dist
-
         tensor = tensor.contiguous()
         self.bytes_sent += tensor.numel() * tensor.element_size()
         if self.world_size <= STAR_GATHER_FROM:
@@ -98,16 +95,12 @@ class GlooCollectives(Collectives):
         return list(stacked.unbind(0))
 
     def all_gather_object(self, obj):
-        import torch.distributed as dist
-
         self.bytes_sent += len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         out = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def all_to_all_tensor(self, tensor):
-        import torch.distributed as dist
-
         tensor = tensor.contiguous()
         self.bytes_sent += tensor.numel() * tensor.element_size()
         out = torch.empty_like(tensor)
@@ -116,8 +109,6 @@ class GlooCollectives(Collectives):
         return out
 
     def reduce_scatter_tensor(self, tensor):
-        import torch.distributed as dist
-
         tensor = tensor.contiguous()
         self.bytes_sent += tensor.numel() * tensor.element_size()
         # torch 2.13's gloo reduce-scatters natively (reduce_scatter_single, which replaces the
@@ -139,8 +130,6 @@ class CollectiveTimeout(HarnessError):
 
 def _world_timeout():
     """The default process group's timeout (the harness's ``--timeout``), or None."""
-    import torch.distributed as dist
-
     try:
         group = dist.distributed_c10d._get_default_group()
         return group._get_backend(torch.device("cpu")).options._timeout

@@ -5,7 +5,7 @@ Every rank of a world builds the same groups in the same order (gloo ``new_group
 collective). A world of one DCP group and no PCP (the usual ``W = dcp`` world) needs no
 subgroup: its DCP collectives are the world's.
 
-A world that holds several instances (a P/D run, ``harness.disagg``) makes every
+A world that holds several instances (a P/D run, ``harness.pd``) makes every
 instance's groups on every process first (``make_world_groups``): each instance then
 builds its groups on its own collective, which finds them made.
 """

@@ -1,4 +1,12 @@
-"""``Job``: everything a rank needs (picklable): the resolved scenario and the run options.
+"""``Job``: everything a rank needs (picklable): the resolved scenario and the run options,
+as one option tree (``dcpsim.options``).
+
+``Job.engine`` (``EngineChoice``), ``Job.attention`` (``AttentionConfig``), ``Job.check``
+(``CheckOptions``) and ``Job.world`` (``WorldOptions``) are its branches; ``inject`` and
+``rank_failure`` its own leaves. Every leaf has one run-option name (``attention_heads``,
+``vllm_runner``, ``verify``, ...): ``Job.from_options(scenario, **options)`` builds a job
+from them (a fault's configs, a replay record), and the command line's flags are
+generated from the same fields.
 
 A Job can come from a hand-edited replay file, so it validates every option when it is
 built: a bad one is a ``ConfigError`` (exit 2) before any rank starts.
@@ -7,18 +15,18 @@ built: a bad one is a ``ConfigError`` (exit 2) before any rank starts.
 from __future__ import annotations
 
 import enum
-import os
-import time
 from dataclasses import dataclass
-from functools import cached_property
 
+from dcpsim.engine.choice import EngineChoice
+from dcpsim.engine.faults import get_fault
+from dcpsim.engine.interface import Engine
 from dcpsim.errors import ConfigError
-from dcpsim.model.attention_config import DEFAULT_MAX_STEP_KEYS, AttentionConfig
+from dcpsim.harness.world_options import WorldOptions
+from dcpsim.model.attention_config import AttentionConfig
 from dcpsim.model.scenario import Scenario
 from dcpsim.model.validate import is_int
-
-VERIFY_MODES = ("incremental", "full")
-"""``--verify``: what each check re-reads (``verify.check.Checker``)."""
+from dcpsim.options import branch, from_flat, leaves, option, replace_flat
+from dcpsim.verify.options import CheckOptions
 
 
 class RankFailureKind(enum.StrEnum):
@@ -32,99 +40,68 @@ class RankFailureKind(enum.StrEnum):
 @dataclass(frozen=True)
 class Job:
     scenario: Scenario
-    paranoid: bool = False
-    inject: str | None = None
-    """Name of a known DCP bug to switch on in the engine (``dcpsim.engine.faults``)."""
-    rank_failure: tuple[str, int, int] | None = None
-    """(kind, rank, step): make one rank raise, hang or exit at a step, to exercise the
-    harness's failure handling (``--simulate-rank-failure``)."""
-    attention: bool = False
-    """Check the decode math every step (``--attention``); also on when the injected fault
-    needs it."""
-    lse_base: str = "e"
-    attention_merge: str = "alternate"
-    """allgather, alltoall, or alternate (allgather on even steps, alltoall on odd ones)."""
-    attention_heads: int = 8
-    attention_head_dim: int = 16
-    """Width of K and of V (each)."""
-    attention_max_step_keys: int = DEFAULT_MAX_STEP_KEYS
-    """The attention check's step rule (``AttentionConfig.max_step_keys``): a context up to
-    this many keys is checked every step, a longer one on a stated sample of steps."""
-    engine: str = "reference"
+    engine: EngineChoice = branch(EngineChoice)
     """The engine under test: ``reference``, ``vllm`` or ``MODULE:ATTR`` (``dcpsim.engine.registry``)."""
-    vllm_source: str | None = None
-    """``--engine vllm``: the directory holding ``vllm/`` (resolved to an absolute path)."""
-    vllm_runner: str = "v2"
-    """``--engine vllm``: whose slot mapping kernel runs, model runner v2's or v1's."""
-    vllm_merge: bool = False
-    """``--engine vllm``: also merge attention (``--attention``) with vLLM's DCP correction kernel."""
-    verify: str = "incremental"
-    """``--verify``: ``incremental`` (each check re-reads what the stores' and tables' change
-    records say can have changed, a full sweep as each request finishes and at the end) or
-    ``full`` (every check re-reads every live index)."""
-    exchange_every: int = 16
-    """Verified steps whose rows the ranks exchange in one collective (``Checker.exchange``):
-    each step is still read and judged as of that step; a failing step found in a later
-    exchange has the run redone in lockstep for its report. 1: one exchange a step (also
-    whenever the attention check, ``--paranoid``, several DCP groups, PCP or a
-    disaggregated instance are on, since their ranks meet in collectives every step
-    anyway, and under ``--trace``)."""
+    inject: str | None = option(
+        None,
+        "switch on a known DCP bug in the engine under test (see selftest --list); the run must then fail",
+        metavar="FAULT",
+    )
+    """Name of a known DCP bug to switch on in the reference engine (``dcpsim.engine.faults``)."""
+    attention: AttentionConfig = branch(AttentionConfig)
+    """The attention check (``--attention``; also on when the injected fault needs it)."""
+    check: CheckOptions = branch(CheckOptions)
+    world: WorldOptions = branch(WorldOptions)
+    """Where the ranks run; no part of what runs (a replay record leaves it out)."""
+    rank_failure: tuple[str, int, int] | None = option(
+        None,
+        "(kind, rank, step): make one rank raise, hang or exit at a step, to exercise the harness's failure "
+        "handling (--simulate-rank-failure KIND:RANK:STEP)",
+        cli=False,
+    )
 
     def __post_init__(self) -> None:
-        from dcpsim.engine.faults import get_fault
-
         get_fault(self.inject)
-        if self.verify not in VERIFY_MODES:
-            raise ConfigError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {self.verify!r}")
-        if not is_int(self.exchange_every) or self.exchange_every < 1:
-            raise ConfigError(f"exchange_every must be an integer >= 1, got {self.exchange_every!r}")
-        self.attention_config  # noqa: B018 - validates the attention options, once
-        if self.inject and self.engine != "reference":
-            raise ConfigError(f"--inject switches on a fault of the reference engine; it cannot be combined with --engine {self.engine}")
-        if self.engine == "vllm":
-            from dcpsim.engine.vllm.adapter import source_dir
-
-            object.__setattr__(self, "vllm_source", os.path.abspath(source_dir(self.vllm_source)))
-        self.validate_engine(self.engine, self.vllm_source, self.vllm_runner, self.vllm_merge)
+        if self.inject and not self.engine.is_reference:
+            raise ConfigError(
+                f"--inject switches on a fault of the reference engine; it cannot be combined with --engine {self.engine.name}"
+            )
+        self.engine.validate()
         if self.rank_failure is not None:
             kind, rank, step = self.rank_failure
             if kind not in tuple(RankFailureKind) or not is_int(rank) or not is_int(step):
                 raise ConfigError(f"rank_failure must be (raise|hang|exit, rank, step), got {self.rank_failure!r}")
 
-    @staticmethod
-    def validate_engine(
-        engine: str = "reference", vllm_source: str | None = None, vllm_runner: str = "v2", vllm_merge: bool = False
-    ) -> None:
-        """Refuse engine options that cannot run (``ConfigError``, before any rank starts);
-        builds the engine once, which loads a vLLM source tree and checks its functions."""
-        from dcpsim.engine.registry import VLLM_RUNNERS, build_engine
+    @classmethod
+    def from_options(cls, scenario: Scenario, **options) -> Job:
+        """The job of ``scenario`` with run options by name (``attention=True``,
+        ``lse_base="2"``, ``engine="vllm"``, ``verify="full"``, ...)."""
+        return from_flat(cls, options, scenario=scenario)
 
-        if not isinstance(engine, str) or not engine:
-            raise ConfigError(f"engine must be reference, vllm or MODULE:ATTR, got {engine!r}")
-        if vllm_runner not in VLLM_RUNNERS:
-            raise ConfigError(f"--vllm-runner must be one of {', '.join(VLLM_RUNNERS)}, got {vllm_runner!r}")
-        if engine != "vllm" and (vllm_source is not None or vllm_merge):
-            raise ConfigError("--vllm-source and --vllm-merge are only used with --engine vllm")
-        if engine != "reference":
-            build_engine(engine, vllm_source=vllm_source, vllm_runner=vllm_runner, vllm_merge=vllm_merge)
+    def with_options(self, **options) -> Job:
+        """This job with run options changed by name (``verify="full"``, ``in_process=True``)."""
+        return replace_flat(self, options)
 
-    @cached_property
-    def attention_config(self) -> AttentionConfig:
-        """The attention check's options as one validated object."""
-        return AttentionConfig(
-            heads=self.attention_heads,
-            head_dim=self.attention_head_dim,
-            value_dim=self.attention_head_dim,
-            lse_base=self.lse_base,
-            merge=self.attention_merge,
-            max_step_keys=self.attention_max_step_keys,
-        )
+    def build_engine(self) -> Engine:
+        """The engine under test: ``--engine`` (vLLM's code, a plugin), else the injected
+        fault, else the reference engine (``FAULTS["none"]``, the catalogue's correct engine)."""
+        if not self.engine.is_reference:
+            return self.engine.build()
+        return get_fault(self.inject)
+
+    def attention_on(self, engine: Engine) -> bool:
+        """``--attention``, or an engine (a fault) that can only show in the attention check."""
+        return self.attention.enabled or bool(getattr(engine, "needs", {}).get("attention"))
 
     @property
     def world_size(self) -> int:
         """Processes of the world: ``prefill_context_parallel_size * tensor_parallel_size``
         (``decode_context_parallel_size`` without PCP or a larger TP)."""
         return self.scenario.config.world_size
+
+
+RUN_OPTIONS = tuple(leaf.key for leaf in leaves(Job) if leaf.path[0] != "world")
+"""The run options a replay record carries: every leaf of a ``Job`` but where it runs."""
 
 
 def parse_rank_failure(text: str, world_size: int) -> tuple[str, int, int]:
@@ -137,21 +114,3 @@ def parse_rank_failure(text: str, world_size: int) -> tuple[str, int, int]:
     if rank >= world_size:
         raise ConfigError(f"--simulate-rank-failure: rank {rank} is not in a world of {world_size}")
     return kind, rank, step
-
-
-def simulate_rank_failure(job: Job, rank: int, step: int) -> None:
-    """Break this rank now if the job says so (raise, hang forever, or exit at once)."""
-    if job.rank_failure is None:
-        return
-    kind, which, at = job.rank_failure
-    if (which, at) != (rank, step):
-        return
-    if kind == RankFailureKind.RAISE:
-        raise RuntimeError(f"simulated failure of rank {rank} at step {step}")
-    from dcpsim.harness.world import flush_progress
-
-    flush_progress()  # the parent places the hang or the exit at this step
-    if kind == RankFailureKind.HANG:
-        while True:
-            time.sleep(3600)
-    os._exit(17)

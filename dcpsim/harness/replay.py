@@ -8,12 +8,12 @@ failing configuration and schedule.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 from dcpsim.errors import ConfigError, ScenarioError
-from dcpsim.harness.job import Job
+from dcpsim.harness.job import RUN_OPTIONS, Job
+from dcpsim.options import flatten
 from dcpsim.scenarios.dump import scenario_to_dict
 from dcpsim.scenarios.load import scenario_from_dict
 
@@ -21,7 +21,8 @@ REPLAY_VERSION = 1
 
 
 def replay_record(job: Job) -> dict:
-    options = {f.name: getattr(job, f.name) for f in dataclasses.fields(job) if f.name != "scenario"}
+    """The scenario and every run option of ``job`` (``RUN_OPTIONS``: all but where it runs)."""
+    options = {key: value for key, value in flatten(job).items() if key in RUN_OPTIONS}
     return {"version": REPLAY_VERSION, "scenario": scenario_to_dict(job.scenario), "options": options}
 
 
@@ -31,14 +32,13 @@ def job_from_record(record: dict, source: str) -> Job:
     if record.get("version") != REPLAY_VERSION:
         raise ScenarioError(f"{source}: replay version {record.get('version')!r} is not {REPLAY_VERSION}")
     scenario = scenario_from_dict(record["scenario"], source=f"{source} (replay)")
-    known = {f.name for f in dataclasses.fields(Job)} - {"scenario"}
     options = record.get("options", {})
-    unknown = sorted(set(options) - known)
+    unknown = sorted(set(options) - set(RUN_OPTIONS))
     if unknown:
         raise ScenarioError(f"{source}: replay.options has unknown field(s) {unknown}")
     fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
     try:
-        return Job(scenario, **fixed)
+        return Job.from_options(scenario, **fixed)
     except (ConfigError, TypeError, ValueError) as exc:
         raise ScenarioError(f"{source}: replay.options: {exc}") from None
 

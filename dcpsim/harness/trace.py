@@ -108,7 +108,7 @@ def step_args(plan: StepPlan) -> dict:
         tokens=sum(len(w.contents) for w in plan.writes),
         drafts=sum(w.num_drafts for w in plan.writes),
         live_requests=len(plan.views),
-        events=list(plan.events),
+        events=[str(e) for e in plan.events],
         last=plan.last,
     )
 

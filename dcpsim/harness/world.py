@@ -41,10 +41,15 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 
 from dcpsim.errors import ConfigError, HarnessError
+from dcpsim.harness.progress import Progress
 from dcpsim.model.validate import check_int
 from dcpsim.plural import plural
 
 START_METHOD = "forkserver"
+RANK_PRELOAD = "dcpsim.harness.runner"
+"""What the forkserver of a world of jobs imports before it forks the ranks (the rank code:
+the engine, the checker and torch); named, not imported, so this module stays light for
+``python -m dcpsim``, which starts the forkserver before it imports torch itself."""
 BASE_PRELOAD = ("__main__", "torch", "torch.distributed", "numpy.ma", __name__)
 MAX_GRACE_S = 2.0
 WAIT_REPORT_S = 5.0
@@ -139,6 +144,19 @@ def _flush_loop() -> None:
         if delay > 0:
             time.sleep(delay)
         flush_progress()
+
+
+class _PipeProgress(Progress):
+    """``Progress`` over this rank's pipe to the parent (``set_progress``, ``flush_progress``)."""
+
+    def set(self, step: int | None, phase: str = "") -> None:
+        set_progress(step, phase)
+
+    def flush(self) -> None:
+        flush_progress()
+
+
+PIPE_PROGRESS = _PipeProgress()
 
 
 def send_event(payload) -> None:

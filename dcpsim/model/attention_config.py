@@ -1,7 +1,9 @@
 """Options of the attention-level check (``--attention``): one object, validated once.
 
-Picklable and part of a ``Job``; the engine's attention reads the head counts, LSE base
-and merge variant, the checker reads the tolerance and the sampling budget.
+Picklable and part of a ``Job`` (``Job.attention``, a branch of the option tree,
+``dcpsim.options``): the engine's attention reads the head counts, LSE base and merge
+variant, the checker reads the tolerance and the sampling budget. The fields after
+``max_step_keys`` are no run options: tests and benchmarks set them on the object.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.validate import check_int
+from dcpsim.options import option
 
 LSE_BASES = ("e", "2")
 MERGE_VARIANTS = ("allgather", "alltoall", "alternate")
@@ -34,17 +37,35 @@ DEFAULT_MAX_STEP_KEYS = 2**18
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    heads: int = 8
+    enabled: bool = option(
+        False,
+        "also store K/V vectors and check every step's decode attention: per-rank attention over the local "
+        "shard, LSE merge across ranks, full-context reference",
+        key="attention",
+    )
+    lse_base: str = option("e", "base of the log-sum-exp the ranks compute and merge (default e)", choices=LSE_BASES)
+    merge: str = option(
+        "alternate",
+        "allgather: all-gather LSEs, reduce-scatter outputs over heads, gather the slices; alltoall: all-to-all "
+        "over heads; alternate (default): allgather on even steps, alltoall on odd ones",
+        key="attention_merge",
+        choices=MERGE_VARIANTS,
+    )
+    heads: int = option(8, "query heads (one shared latent KV head per group; default 8)", key="attention_heads", metavar="H")
     """Query heads. Every group has one KV head (an MLA-style latent shared by all heads)."""
-    head_dim: int = 16
+    head_dim: int = option(16, "width of K and of V vectors (default 16)", key="attention_head_dim", metavar="D")
     """K (and query) width."""
-    value_dim: int = 16
-    """V width (the output width)."""
-    lse_base: str = "e"
-    merge: str = "alternate"
-    """allgather (all-gather the LSEs, reduce-scatter the rescaled outputs over heads,
-    all-gather the head slices), alltoall (all-to-all over heads, merge locally), or
-    alternate (allgather on even steps, alltoall on odd steps)."""
+    max_step_keys: int = option(
+        DEFAULT_MAX_STEP_KEYS,
+        "the step rule: a (group, request) whose context is at most N keys is checked every step; a longer one "
+        f"on its first and last step and every ceil(keys / N)-th step (default {DEFAULT_MAX_STEP_KEYS})",
+        key="attention_max_step_keys",
+        metavar="N",
+    )
+    """Per (group, request): check every step while the reference reads at most this many
+    keys (the last query token's context); beyond it, only the request's first and last
+    step and every ``ceil(keys / max_step_keys)``-th step (``step % stride == 0``;
+    ``dcpsim.verify.attention_reference.check_step``). Bounds the time of long contexts."""
     tolerance: float = DEFAULT_TOLERANCE
     query_gain: float = 2.0
     """Logits are ``query_gain / sqrt(head_dim) * q . k``: logit std ~ query_gain."""
@@ -52,15 +73,12 @@ class AttentionConfig:
     """Per (group, request, step): check every query token while ``tokens x context keys``
     stays within this; beyond it (a 16K-token chunk of a 256K context) check a deterministic
     sample of the tokens (``dcpsim.verify.attention_reference.select_queries``). Bounds memory and time."""
-    max_step_keys: int = DEFAULT_MAX_STEP_KEYS
-    """Per (group, request): check every step while the reference reads at most this many
-    keys (the last query token's context); beyond it, only the request's first and last
-    step and every ``ceil(keys / max_step_keys)``-th step (``step % stride == 0``;
-    ``dcpsim.verify.attention_reference.check_step``). Bounds the time of long contexts."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"attention must be true or false, got {self.enabled!r}")
         # named as the run options (``Job`` fields, replay options) that set them
-        for name, field in (("attention_heads", "heads"), ("attention_head_dim", "head_dim"), ("attention_value_dim", "value_dim")):
+        for name, field in (("attention_heads", "heads"), ("attention_head_dim", "head_dim")):
             check_int(name, getattr(self, field))
         if self.lse_base not in LSE_BASES:
             raise ConfigError(f"lse_base must be 'e' or '2', got {self.lse_base!r}")
@@ -70,6 +88,11 @@ class AttentionConfig:
         check_int("attention_max_step_keys", self.max_step_keys)
         if not self.tolerance > 0:
             raise ConfigError(f"attention tolerance must be > 0, got {self.tolerance!r}")
+
+    @property
+    def value_dim(self) -> int:
+        """V width (the output width): ``head_dim``, as ``--attention-head-dim`` sets both."""
+        return self.head_dim
 
     @property
     def softmax_scale(self) -> float:

@@ -6,9 +6,12 @@ Plain data, identical on every rank for the plan; no behaviour.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from dcpsim.plural import plural
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,50 @@ class KVEvent:
     key: int
 
 
+class EventKind(enum.StrEnum):
+    ADMITTED = "admitted"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    VERIFIED = "verified"
+    """A speculative step's drafts were verified: ``accepted`` of ``drafts`` kept."""
+
+
+class PreemptReason(enum.StrEnum):
+    SCENARIO = "scenario"
+    """The scenario's ``preempt_at_steps``."""
+    OUT_OF_BLOCKS = "out of blocks"
+    """The pool could not hold a running request's next tokens."""
+
+
+@dataclass(frozen=True)
+class ScheduleEvent:
+    """What the scheduler did to one request in a step. ``str(event)`` is its line in a
+    timeline: ``admitted b with a prefix-cache hit of 512 tokens``, ``preempted a (scenario)``."""
+
+    kind: EventKind
+    request_id: str
+    reason: PreemptReason | None = None
+    """Why a preemption happened."""
+    prefix_hit: int = 0
+    """Tokens an admission took from the prefix cache."""
+    loaded: int = 0
+    """Tokens an admission took from a KV connector (disaggregated decode)."""
+    drafts: int = 0
+    accepted: int = 0
+
+    def __str__(self) -> str:
+        if self.kind is EventKind.VERIFIED:
+            return f"{self.request_id}: {self.accepted}/{self.drafts} drafts accepted"
+        head = f"{self.kind} {self.request_id}"
+        if self.kind is EventKind.PREEMPTED:
+            return f"{head} ({self.reason})"
+        if self.loaded:
+            return f"{head} with {plural(self.loaded, 'token')} from the kv connector"
+        if self.prefix_hit:
+            return f"{head} with a prefix-cache hit of {plural(self.prefix_hit, 'token')}"
+        return head
+
+
 @dataclass(frozen=True)
 class StepPlan:
     step: int
@@ -63,7 +110,7 @@ class StepPlan:
     views: tuple[RequestView, ...]
     rows_after: tuple[dict[int, np.ndarray], ...]
     """Per group: rows after the step's releases (what attention reads next)."""
-    events: tuple[str, ...] = field(default_factory=tuple)
+    events: tuple[ScheduleEvent, ...] = field(default_factory=tuple)
     kv_events: tuple[KVEvent, ...] = field(default_factory=tuple)
     """The prefix-cache blocks the step made findable, as the engine advertises them."""
     last: bool = False

@@ -13,6 +13,7 @@ from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import check_draft_layout, group_layer_specs
 from dcpsim.model.specs import MAMBA_CACHE_MODES, CircularBufferSpec, KVCacheSpec, MambaSpec
+from dcpsim.options import option
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Scenario:
     loader checks that every target is a layer with a cache, and reports and replays
     carry the aliases; nothing else reads them."""
     disaggregated: object = None
-    """A ``scenarios.disagg.Disaggregation`` (the ``[disaggregated]`` table): a prefill and a
+    """A ``scenarios.pd.Disaggregation`` (the ``[disaggregated]`` table): a prefill and a
     decode instance joined by a KV connector; None: one instance (``run`` runs it as given)."""
 
     def __post_init__(self) -> None:
@@ -114,68 +115,95 @@ class Scenario:
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ConfigError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
 
-    def with_overrides(
-        self,
-        *,
-        decode_context_parallel_size: int | None = None,
-        cp_kv_cache_interleave_size: int | None = None,
-        block_size: int | None = None,
-        kernel_block_size: int | None = None,
-        seed: int | None = None,
-        verify_every: int | None = None,
-        max_cudagraph_capture_size: int | None = None,
-        async_scheduling: bool | None = None,
-        mamba_cache_mode: str | None = None,
-        prefill_context_parallel_size: int | None = None,
-        tensor_parallel_size: int | None = None,
-    ) -> Scenario:
-        """The same scenario with command-line overrides applied.
-
-        ``block_size`` sets how many states a page of every paged layer holds:
-        ``B`` tokens for plain layers, ``B * R`` tokens for a compressed layer
-        (``tokens_per_state = R``), so that one interleave size fits every
-        group. Ring capacities are a property of the model and stay.
-        ``mamba_cache_mode`` switches every Mamba layer to ``none`` or ``align``
-        (see ``with_mamba_cache_mode``); an ``align``-mode Mamba layer's block size
-        follows ``block_size``, as vLLM's ``mamba_block_size`` follows the cache block
-        size, and a ``none``-mode one keeps ``max_model_len``.
-        """
-        config_changes = {}
-        if decode_context_parallel_size is not None:
-            config_changes["decode_context_parallel_size"] = decode_context_parallel_size
-        if cp_kv_cache_interleave_size is not None:
-            config_changes["cp_kv_cache_interleave_size"] = cp_kv_cache_interleave_size
-        if kernel_block_size is not None:
-            config_changes["kernel_block_size"] = kernel_block_size
-        if max_cudagraph_capture_size is not None:
-            config_changes["max_cudagraph_capture_size"] = max_cudagraph_capture_size
-        if async_scheduling is not None:
-            config_changes["async_scheduling"] = async_scheduling
-        if block_size is not None:
-            config_changes["block_size"] = block_size  # vLLM's --block-size: the cache block size
-        if prefill_context_parallel_size is not None:
-            config_changes["prefill_context_parallel_size"] = prefill_context_parallel_size
-        if tensor_parallel_size is not None:
-            config_changes["tensor_parallel_size"] = tensor_parallel_size
-        elif decode_context_parallel_size is not None or prefill_context_parallel_size is not None:
+    def with_overrides(self, overrides: ScenarioOverrides) -> Scenario:
+        """The same scenario with ``overrides`` (the command line's, or a fault's config)
+        applied; see ``ScenarioOverrides`` for what each one changes."""
+        o = overrides
+        config_changes = {
+            name: value
+            for name, value in (
+                ("decode_context_parallel_size", o.decode_context_parallel_size),
+                ("cp_kv_cache_interleave_size", o.cp_kv_cache_interleave_size),
+                ("kernel_block_size", o.kernel_block_size),
+                ("max_cudagraph_capture_size", o.max_cudagraph_capture_size),
+                ("async_scheduling", o.async_scheduling),
+                ("block_size", o.block_size),  # vLLM's --block-size: the cache block size
+                ("prefill_context_parallel_size", o.prefill_context_parallel_size),
+                ("tensor_parallel_size", o.tensor_parallel_size),
+            )
+            if value is not None
+        }
+        if o.tensor_parallel_size is None and (o.decode_context_parallel_size is not None or o.prefill_context_parallel_size is not None):
             config_changes["tensor_parallel_size"] = None  # follows the new sizes unless given
         config = dataclasses.replace(self.config, **config_changes)
         layers = self.layers
-        if mamba_cache_mode is not None:
-            layers = with_mamba_cache_mode(layers, mamba_cache_mode, config)
-        if block_size is not None:
-            layers = {
-                name: spec
-                if isinstance(spec, CircularBufferSpec) or (isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align")
-                else dataclasses.replace(spec, block_size=block_size * _compression(spec))
-                for name, spec in layers.items()
-            }
+        if o.mamba_cache_mode is not None:
+            layers = with_mamba_cache_mode(layers, o.mamba_cache_mode, config)
+        if o.block_size is not None:
+            layers = {name: _with_block_size(spec, o.block_size) for name, spec in layers.items()}
         changes = {"config": config, "layers": layers}
-        if seed is not None:
-            changes["seed"] = seed
-        if verify_every is not None:
-            changes["verify_every"] = verify_every
+        if o.seed is not None:
+            changes["seed"] = o.seed
+        if o.verify_every is not None:
+            changes["verify_every"] = o.verify_every
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ScenarioOverrides:
+    """What the command line (or a fault's config) changes of a scenario; None leaves the
+    scenario's own value. Flags follow vLLM's names (``dcpsim.options``)."""
+
+    decode_context_parallel_size: int | None = option(
+        None, "DCP world size (default: the scenario's; for worker: the torchrun world size)", aliases=("--dcp",), metavar="W"
+    )
+    prefill_context_parallel_size: int | None = option(
+        None,
+        "prefill context parallel size: prefills are split over P ranks and their KV all-gathered; the world is "
+        "P x TP processes (default: the scenario's, else 1)",
+        aliases=("--pcp",),
+        metavar="P",
+    )
+    tensor_parallel_size: int | None = option(
+        None,
+        "tensor parallel size (default: the scenario's, else W without PCP and the smallest that fits with it)",
+        aliases=("--tp",),
+        metavar="T",
+    )
+    cp_kv_cache_interleave_size: int | None = option(
+        None, "positions per rank before moving to the next one", aliases=("--interleave",), metavar="I"
+    )
+    block_size: int | None = option(
+        None,
+        "states per page of every paged layer: B tokens for plain layers, B*R tokens for a compressed layer "
+        "(tokens_per_state = R), so that one interleave size fits every group; ring capacities stay (a property "
+        "of the model), and an align-mode Mamba layer follows it as vLLM's mamba_block_size follows the cache "
+        "block size",
+        metavar="B",
+    )
+    kernel_block_size: int | None = option(None, "attention-kernel block size in states (must divide B)", metavar="Bk")
+    max_cudagraph_capture_size: int | None = option(
+        None,
+        "pad uniform decode steps of at most N tokens to a captured CUDA-graph size (dummy requests that must "
+        "write nothing; default: the scenario's, 0 = off)",
+        metavar="N",
+    )
+    async_scheduling: bool | None = option(None, "two batches in flight: sliding-window and chunked-local caps reserve for both")
+    mamba_cache_mode: str | None = option(
+        None,
+        "every Mamba layer's state layout: none (one block holds the state) or align (position-indexed state "
+        "blocks of the cache block size); see with_mamba_cache_mode",
+        choices=MAMBA_CACHE_MODES,
+    )
+    seed: int | None = option(None, "changes token contents and acceptance patterns")
+    verify_every: int | None = option(None, "verify every N steps (and at the end)", metavar="N")
+
+
+def _with_block_size(spec: KVCacheSpec, block_size: int) -> KVCacheSpec:
+    """``spec`` with ``block_size`` states per page (rings and none-mode Mamba states keep theirs)."""
+    if isinstance(spec, CircularBufferSpec) or (isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align"):
+        return spec
+    return dataclasses.replace(spec, block_size=block_size * _compression(spec))
 
 
 def _compression(spec: KVCacheSpec) -> int:

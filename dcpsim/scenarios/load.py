@@ -24,8 +24,8 @@ from dcpsim.model.config import SimConfig
 from dcpsim.model.scenario import RequestSpec, Scenario
 from dcpsim.model.specs import CircularBufferSpec, MambaSpec
 from dcpsim.model.validate import is_int
-from dcpsim.scenarios.disagg import check_disaggregation, parse_disaggregated
-from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_path
+from dcpsim.scenarios.pd import check_disaggregation, parse_disaggregated
+from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_names, builtin_scenario_path
 
 TOP_KEYS = {
     "name",
@@ -77,8 +77,6 @@ def resolve(name_or_path: str) -> Path:
         return path
     builtin = builtin_scenario_path(name_or_path)
     if builtin is None:
-        from dcpsim.scenarios.registry import builtin_scenario_names
-
         names = builtin_scenario_names()
         close = difflib.get_close_matches(name_or_path, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -43,6 +43,7 @@ from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
+from dcpsim.verify.options import CheckOptions
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
 from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
@@ -93,22 +94,22 @@ class Checker:
         collectives: Collectives,
         view: RankView,
         request_ids: dict[int, str],
-        paranoid: bool = False,
         config=None,
-        mode: str = "incremental",
+        options: CheckOptions = CheckOptions(),  # noqa: B008 - a frozen value
     ):
         """``config``: the scenario's ``SimConfig`` (the metadata check reads
         ``max_model_len`` and the CUDA-graph capture sizes of it; None: no metadata check).
-        ``mode``: ``incremental`` or ``full`` (``--verify``; ``paranoid`` reads in full)."""
+        ``options``: ``--verify`` (``incremental`` or ``full``) and ``--paranoid`` (which
+        also reads in full)."""
         self.groups = groups
         self.coll = collectives
         self.view = view
         self.rank = collectives.rank
         self.world = collectives.world_size
         self.request_ids = request_ids
-        self.paranoid = paranoid
+        self.paranoid = options.paranoid
         self.verified_indices = 0
-        self.incremental = mode == "incremental" and not paranoid
+        self.incremental = options.incremental and not options.paranoid
         self.full_sweeps = 0
         """Checks that read every live index (all of them in ``full`` mode)."""
         self.verifications = 0

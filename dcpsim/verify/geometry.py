@@ -51,6 +51,11 @@ class ExpectedGroup:
         return self.block_size // self.tokens_per_state
 
     @property
+    def manager_block_size(self) -> int:
+        """Tokens one block-table entry spans: ``B * W`` sharded, ``B`` replicated (section 5)."""
+        return self.block_size * (self.dcp_size if self.sharded else 1)
+
+    @property
     def index_kind(self) -> str:
         kinds = {Storage.RECORDS: "record", Storage.RING: "ring row", Storage.STATE: "state after position"}
         return kinds.get(self.storage, "position")

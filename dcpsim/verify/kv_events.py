@@ -27,12 +27,12 @@ MAX_KEPT = 20
 
 def hash_block_size(groups: list[ExpectedGroup]) -> int:
     """The hash unit a router must use: the GCD of the groups' manager block sizes."""
-    return math.gcd(*(g.block_size * (g.dcp_size if g.sharded else 1) for g in groups))
+    return math.gcd(*(g.manager_block_size for g in groups))
 
 
 def hit_alignment(groups: list[ExpectedGroup]) -> int:
     """Hits are whole multiples of the LCM of the groups' manager block sizes."""
-    return math.lcm(*(g.block_size * (g.dcp_size if g.sharded else 1) for g in groups))
+    return math.lcm(*(g.manager_block_size for g in groups))
 
 
 def prefix_cacheable(groups: list[ExpectedGroup]) -> bool:

@@ -205,7 +205,7 @@ class MetadataJudge:
         """A running request holds exactly the block-table entries its tokens fill: one per
         ``B * W`` tokens of a sharded group, one per ``B`` of a replicated one (a released
         window block stays as a null entry). More is capacity the pool never gets back."""
-        unit = group.block_size * (group.dcp_size if group.sharded else 1)
+        unit = group.manager_block_size
         for w in plan.writes:
             held = len(rows.get(w.req_index, ()))
             need = -(-w.stop // unit)

@@ -19,7 +19,7 @@ and sums up, per rank:
   tokens of the write stored at consecutive slots, what one copy can move), the mean runs
   per write and the mean run length.
 
-Pure numpy over plan records; the run itself is ``dcpsim.harness.write_trace``.
+Pure numpy over plan records; the run itself is ``dcpsim.campaigns.interleave``.
 """
 
 from __future__ import annotations

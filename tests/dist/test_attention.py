@@ -18,11 +18,14 @@ def run_json(capsys, *argv) -> tuple[int, dict]:
     return code, json.loads(out)
 
 
-@pytest.mark.parametrize("scenario,argv,variants", [
-    ("dsv41-hybrid", ["--dcp", "4"], ("allgather", "alltoall")),
-    ("dsv3", ["--dcp", "3", "--interleave", "16", "--lse-base", "2", "--attention-merge", "alltoall"], ("alltoall",)),
-    ("dsv3", ["--dcp", "2", "--attention-merge", "allgather", "--attention-heads", "6"], ("allgather",)),
-])
+@pytest.mark.parametrize(
+    "scenario,argv,variants",
+    [
+        ("dsv41-hybrid", ["--dcp", "4"], ("allgather", "alltoall")),
+        ("dsv3", ["--dcp", "3", "--interleave", "16", "--lse-base", "2", "--attention-merge", "alltoall"], ("alltoall",)),
+        ("dsv3", ["--dcp", "2", "--attention-merge", "allgather", "--attention-heads", "6"], ("allgather",)),
+    ],
+)
 def test_attention_passes_over_gloo(capsys, scenario, argv, variants):
     code, report = run_json(capsys, scenario, *argv)
     assert code == 0, report["failure"]
@@ -35,11 +38,14 @@ def test_attention_passes_over_gloo(capsys, scenario, argv, variants):
     assert report["replay"]["options"]["attention"] is True
 
 
-@pytest.mark.parametrize("scenario,fault,argv", [
-    ("dsv41-hybrid", "empty-shard-lse-zero", ["--dcp", "2"]),
-    ("dsv3", "empty-shard-lse-zero", ["--dcp", "4", "--interleave", "16", "--attention-merge", "alltoall"]),
-    ("dsv3", "multi-token-local-lens", ["--dcp", "2", "--interleave", "16"]),
-])
+@pytest.mark.parametrize(
+    "scenario,fault,argv",
+    [
+        ("dsv41-hybrid", "empty-shard-lse-zero", ["--dcp", "2"]),
+        ("dsv3", "empty-shard-lse-zero", ["--dcp", "4", "--interleave", "16", "--attention-merge", "alltoall"]),
+        ("dsv3", "multi-token-local-lens", ["--dcp", "2", "--interleave", "16"]),
+    ],
+)
 def test_attention_faults_exit_1(capsys, scenario, fault, argv):
     code, report = run_json(capsys, scenario, *argv, "--inject", fault)
     assert code == 1

@@ -9,19 +9,22 @@ import json
 import pytest
 
 from dcpsim.cli import main
-from dcpsim.harness.disagg import PDJob, run_pd, run_pd_batch
+from dcpsim.harness.pd import run_pd, run_pd_batch
+from dcpsim.harness.pd_job import PDJob
+from dcpsim.harness.world_options import WorldOptions
 from dcpsim.scenarios.load import scenario_from_dict
 
 pytestmark = pytest.mark.dist
 
 TINY = {
     "name": "pd-tiny",
-    "config": {"max_model_len": 1024, "max_num_batched_tokens": 96, "num_speculative_tokens": 1,
-               "enable_prefix_caching": False},
+    "config": {"max_model_len": 1024, "max_num_batched_tokens": 96, "num_speculative_tokens": 1, "enable_prefix_caching": False},
     "layers": [{"name": "l.{i}", "layers": "0-1", "kind": "mla", "block_size": 16, "head_size": 576}],
-    "requests": [{"id": "a", "prompt_len": 150, "output_len": 6, "acceptance": [1, 0]},
-                 {"id": "b", "prompt_len": 37, "output_len": 9, "arrival_step": 1},
-                 {"id": "c", "prompt_len": 260, "output_len": 5, "arrival_step": 2}],
+    "requests": [
+        {"id": "a", "prompt_len": 150, "output_len": 6, "acceptance": [1, 0]},
+        {"id": "b", "prompt_len": 37, "output_len": 9, "arrival_step": 1},
+        {"id": "c", "prompt_len": 260, "output_len": 5, "arrival_step": 2},
+    ],
 }
 
 PAIRS = [(p, d) for p in range(1, 8) for d in range(1, 8) if p + d <= 8]
@@ -46,28 +49,38 @@ def check_passed(report, P, D):
 def test_every_nixl_pair_passes():
     """One world of 8 runs the 20 pairs whose context-parallel sizes divide one another, in turn."""
     jobs = [PDJob(tiny({"decode_context_parallel_size": P}, {"decode_context_parallel_size": D}, "nixl")) for P, D in NIXL]
-    for (P, D), report in zip(NIXL, run_pd_batch(jobs, timeout=60)):
+    for (P, D), report in zip(NIXL, run_pd_batch(jobs, world=WorldOptions(timeout=60))):
         check_passed(report, P, D)
         assert report.layouts["decode"]["cp_kv_cache_interleave_size"] == (16 if D > 1 else 1)
 
 
 def test_every_other_pair_passes_resharding_with_differing_interleave_and_block_size():
-    jobs = [PDJob(tiny({"decode_context_parallel_size": P, "cp_kv_cache_interleave_size": 1},
-                       {"decode_context_parallel_size": D, "cp_kv_cache_interleave_size": 4, "block_size": 32},
-                       "resharding")) for P, D in RESHARD]
-    for (P, D), report in zip(RESHARD, run_pd_batch(jobs, timeout=60)):
+    jobs = [
+        PDJob(
+            tiny(
+                {"decode_context_parallel_size": P, "cp_kv_cache_interleave_size": 1},
+                {"decode_context_parallel_size": D, "cp_kv_cache_interleave_size": 4, "block_size": 32},
+                "resharding",
+            )
+        )
+        for P, D in RESHARD
+    ]
+    for (P, D), report in zip(RESHARD, run_pd_batch(jobs, world=WorldOptions(timeout=60))):
         check_passed(report, P, D)
         assert report.layouts["decode"]["block_size"] == 32
 
 
-@pytest.mark.parametrize("fault, connector, prefill_i, failing", [
-    ("nixl-interleave-not-block-size", "nixl", None, "prefill"),
-    ("reshard-ignores-interleave", "resharding", 1, "decode"),
-])
+@pytest.mark.parametrize(
+    "fault, connector, prefill_i, failing",
+    [
+        ("nixl-interleave-not-block-size", "nixl", None, "prefill"),
+        ("reshard-ignores-interleave", "resharding", 1, "decode"),
+    ],
+)
 def test_a_pd_fault_fails_the_run(fault, connector, prefill_i, failing):
     prefill = {"decode_context_parallel_size": 2} | ({"cp_kv_cache_interleave_size": prefill_i} if prefill_i else {})
     decode = {"decode_context_parallel_size": 4} | ({"cp_kv_cache_interleave_size": 8} if prefill_i else {})
-    report = run_pd(PDJob(tiny(prefill, decode, connector), inject=fault), timeout=60)
+    report = run_pd(PDJob(tiny(prefill, decode, connector), inject=fault), world=WorldOptions(timeout=60))
     assert not report.passed
     assert getattr(report, failing).failure.kind == "wrong-content"
 
@@ -77,13 +90,19 @@ def test_the_cli_reports_both_instances(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["passed"] and doc["kv_connector"] == "nixl"
     assert doc["layouts"]["prefill"]["decode_context_parallel_size"] == 2
-    assert doc["layouts"]["decode"] == {"decode_context_parallel_size": 4, "cp_kv_cache_interleave_size": 64,
-                                        "block_size": 64, "prefill_context_parallel_size": 1,
-                                        "tensor_parallel_size": 4, "kv_shards": 4}
+    assert doc["layouts"]["decode"] == {
+        "decode_context_parallel_size": 4,
+        "cp_kv_cache_interleave_size": 64,
+        "block_size": 64,
+        "prefill_context_parallel_size": 1,
+        "tensor_parallel_size": 4,
+        "kv_shards": 4,
+    }
     assert doc["entries_sent"] == doc["entries_written"] == 700 * 2 + 90 + 1000
     assert len(doc["decode"]["ranks"]) == 4 and doc["decode"]["passed"] and doc["prefill"]["passed"]
-    assert main(["run", "pd-dsv3", "--kv-connector", "resharding", "--decode-interleave", "8",
-                 "--inject", "reshard-ignores-interleave"]) == 1
+    assert (
+        main(["run", "pd-dsv3", "--kv-connector", "resharding", "--decode-interleave", "8", "--inject", "reshard-ignores-interleave"]) == 1
+    )
     assert "P/D FAILED" in capsys.readouterr().out
 
 
@@ -104,11 +123,23 @@ def test_decode_prefix_hits_and_a_decode_preemption_recompute_from_the_loaded_bl
     data["config"]["enable_prefix_caching"] = True
     for r in data["requests"][:2]:
         r.update(prefix="sys", shared_prefix_len=36)
-    data["requests"].append({"id": "d", "prompt_len": 200, "output_len": 4, "arrival_step": 6, "prefix": "sys",
-                             "shared_prefix_len": 36, "preempt_at_steps": [8]})
-    data["disaggregated"] = {"kv_connector": "resharding", "prefill": {"decode_context_parallel_size": 1},
-                             "decode": {"decode_context_parallel_size": 3, "cp_kv_cache_interleave_size": 2}}
-    (report,) = run_pd_batch([PDJob(scenario_from_dict(data, source="pd-prefix.toml"))], timeout=60)
+    data["requests"].append(
+        {
+            "id": "d",
+            "prompt_len": 200,
+            "output_len": 4,
+            "arrival_step": 6,
+            "prefix": "sys",
+            "shared_prefix_len": 36,
+            "preempt_at_steps": [8],
+        }
+    )
+    data["disaggregated"] = {
+        "kv_connector": "resharding",
+        "prefill": {"decode_context_parallel_size": 1},
+        "decode": {"decode_context_parallel_size": 3, "cp_kv_cache_interleave_size": 2},
+    }
+    (report,) = run_pd_batch([PDJob(scenario_from_dict(data, source="pd-prefix.toml"))], world=WorldOptions(timeout=60))
     assert report.passed, report.failure
     assert report.decode.schedule["preemptions"] == 1 and report.decode.schedule["prefix_hit_tokens"] > 0
     assert report.entries_written == 150 + 37 + 260 + 200

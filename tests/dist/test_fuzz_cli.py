@@ -14,7 +14,9 @@ def test_fuzz_saves_a_shrunk_scenario_that_fails_on_gloo(tmp_path):
     fault = "interleave-off-by-one"
     proc = subprocess.run(
         [sys.executable, "-m", "dcpsim", "fuzz", "--inject", fault, "--out", str(tmp_path), "--examples", "100"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 1, proc.stderr
     files = list(tmp_path.glob("*.toml"))

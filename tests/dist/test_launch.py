@@ -19,8 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dcpsim.harness import world as launch
 from dcpsim.errors import EXIT_HARNESS, ConfigError, HarnessError
+from dcpsim.harness import world as launch
 from dcpsim.harness.world import RankFailureError, run_world, set_progress
 
 pytestmark = pytest.mark.dist
@@ -28,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # ------------------------------------------------------------------------ rank functions
+
 
 def all_reduce_sum(payload, rank, world_size):
     t = torch.tensor([float(rank + 1)])
@@ -109,6 +110,7 @@ class BreaksInRank1:
 
 # ---------------------------------------------------------------------------- helpers
 
+
 def _stat(pid) -> list[str] | None:
     """Fields of /proc/<pid>/stat after the command name (state, ppid, ...), or None."""
     try:
@@ -151,6 +153,7 @@ def _by_rank(err: RankFailureError):
 
 
 # ------------------------------------------------------------------------------ tests
+
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_all_reduce_sum(world_size):
@@ -217,8 +220,9 @@ def test_deadline_kills_everything_and_names_progress():
 
 def test_events_arrive_as_sent_and_a_wait_names_the_ranks_still_running():
     events, waits = [], []
-    out = run_world(events_then_rank1_lingers, 1.5, world_size=2, on_event=lambda r, e: events.append((r, e)),
-                    on_wait=waits.append, wait_report_s=0.3)
+    out = run_world(
+        events_then_rank1_lingers, 1.5, world_size=2, on_event=lambda r, e: events.append((r, e)), on_wait=waits.append, wait_report_s=0.3
+    )
     assert out == [0, 1]
     assert sorted(events) == [(r, ("tick", k)) for r in range(2) for k in range(3)]
     assert [e for r, e in events if r == 1] == [("tick", 0), ("tick", 1), ("tick", 2)]  # in order
@@ -277,8 +281,10 @@ def test_worlds_back_to_back_and_concurrently_do_not_collide(monkeypatch):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
 def test_ranks_die_with_their_parent(tmp_path, sig):
     """SIGKILL: no cleanup runs in the parent; SIGINT: KeyboardInterrupt unwinds run_world."""
-    code = (f"import sys; sys.path.insert(0, {HERE!r}); import test_launch; "
-            f"test_launch.run_world(test_launch.sleep_forever, {str(tmp_path)!r}, world_size=2)")
+    code = (
+        f"import sys; sys.path.insert(0, {HERE!r}); import test_launch; "
+        f"test_launch.run_world(test_launch.sleep_forever, {str(tmp_path)!r}, world_size=2)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.monotonic() + 30
@@ -286,8 +292,9 @@ def test_ranks_die_with_their_parent(tmp_path, sig):
             assert time.monotonic() < deadline and parent.poll() is None, "ranks never started"
             time.sleep(0.05)
         ranks = [int((tmp_path / f"rank{r}").read_text()) for r in range(2)]
-        helpers = [int(p) for p in filter(str.isdigit, os.listdir("/proc"))
-                   if (_stat(p) or [0, 0])[1] == str(parent.pid)]  # forkserver, tracker
+        helpers = [
+            int(p) for p in filter(str.isdigit, os.listdir("/proc")) if (_stat(p) or [0, 0])[1] == str(parent.pid)
+        ]  # forkserver, tracker
         assert len(helpers) >= 1
     finally:
         parent.send_signal(sig)

@@ -35,10 +35,13 @@ def test_qwen3_next_passes_on_gloo(capsys, dcp, mode):
     assert sched["finished"] == sched["requests"] == 7 and sched["preemptions"] >= 2
 
 
-@pytest.mark.parametrize("fault,argv,kind", [
-    ("mamba-block-size-scaled-by-w", ["--mamba-cache-mode", "align", "--block-size", "16"], "write-violation"),
-    ("dcp-transform-on-replicated", [], "wrong-content"),
-])
+@pytest.mark.parametrize(
+    "fault,argv,kind",
+    [
+        ("mamba-block-size-scaled-by-w", ["--mamba-cache-mode", "align", "--block-size", "16"], "write-violation"),
+        ("dcp-transform-on-replicated", [], "wrong-content"),
+    ],
+)
 def test_mamba_faults_fail_on_gloo(capsys, fault, argv, kind):
     code, report = run_json(capsys, "--dcp", "2", "--inject", fault, *argv)
     assert code == 1 and report["failure"]["kind"] == kind

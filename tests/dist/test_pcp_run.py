@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
+from dcpsim.model.scenario import ScenarioOverrides
 from helpers import allowed_parallel_sizes, pcp_scenario
 
 pytestmark = pytest.mark.dist
@@ -23,7 +24,7 @@ for sizes in allowed_parallel_sizes(8):
 @pytest.mark.parametrize("world", sorted(BY_WORLD))
 def test_every_allowed_combination_passes(world):
     combos = BY_WORLD[world]
-    reports = run_jobs([Job(pcp_scenario(*c)) for c in combos], timeout=60)
+    reports = run_jobs([Job.from_options(pcp_scenario(*c), timeout=60) for c in combos])
     for (pcp, tp, dcp), report in zip(combos, reports):
         assert report.passed, ((pcp, tp, dcp), report.failure and report.failure.lines())
         assert report.dcp_size == dcp and report.prefill_context_parallel_size == pcp
@@ -35,20 +36,29 @@ def test_every_allowed_combination_passes(world):
 
 
 def test_a_rank_that_skips_the_pcp_gather_is_named_in_a_collective_hang():
-    proc = subprocess.run([sys.executable, "-m", "dcpsim", "run", "glm-pcp2-dcp2", "--inject", "pcp-gather-rank-local",
-                           "--timeout", "5"], capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dcpsim", "run", "glm-pcp2-dcp2", "--inject", "pcp-gather-rank-local", "--timeout", "5"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 3, proc.stderr
-    assert ("dcpsim: error: collective hang in a world of 2 ranks: rank 0 skipped a collective: ran ahead to step 9 "
-            "(verify) while rank 1 waited at step 9 (pcp kv gather); every rank then timed out") in proc.stderr
+    assert (
+        "dcpsim: error: collective hang in a world of 2 ranks: rank 0 skipped a collective: ran ahead to step 9 "
+        "(verify) while rank 1 waited at step 9 (pcp kv gather); every rank then timed out"
+    ) in proc.stderr
 
 
 def test_the_pcp_builtin_passes_at_its_own_sizes_and_at_pcp8():
     from dcpsim.scenarios.load import load_scenario
 
     base = load_scenario("glm-pcp2-dcp2")
-    jobs = [Job(base), Job(base.with_overrides(decode_context_parallel_size=1))]  # both worlds of 2
-    for report in run_jobs(jobs, timeout=60):
+    jobs = [
+        Job.from_options(base, timeout=60),
+        Job.from_options(base.with_overrides(ScenarioOverrides(decode_context_parallel_size=1)), timeout=60),
+    ]  # both worlds of 2
+    for report in run_jobs(jobs):
         assert report.passed, report.failure and report.failure.lines()
-    (report,) = run_jobs([Job(base.with_overrides(prefill_context_parallel_size=8, decode_context_parallel_size=1))],
-                         timeout=60)
+    pcp8 = base.with_overrides(ScenarioOverrides(prefill_context_parallel_size=8, decode_context_parallel_size=1))
+    (report,) = run_jobs([Job.from_options(pcp8, timeout=60)])
     assert report.passed and len(report.ranks) == 8

@@ -6,11 +6,13 @@ stride-by-dcp fault fails on the decode instance as wrong content."""
 from __future__ import annotations
 
 import pytest
+from test_disagg_run import TINY, tiny
 
 from dcpsim.campaigns.pd_selftest import run_case
-from dcpsim.harness.disagg import PDJob, run_pd_batch
+from dcpsim.harness.pd import run_pd_batch
+from dcpsim.harness.pd_job import PDJob
+from dcpsim.harness.world_options import WorldOptions
 from helpers import nixl_takes_pcp_prefill, pd_pcp_sizes
-from test_disagg_run import TINY, tiny
 
 pytestmark = pytest.mark.dist
 
@@ -21,8 +23,7 @@ sharded decode instance."""
 
 
 def prefill(pcp, tp, w, **more):
-    return dict({"prefill_context_parallel_size": pcp, "tensor_parallel_size": tp, "decode_context_parallel_size": w},
-                **more)
+    return dict({"prefill_context_parallel_size": pcp, "tensor_parallel_size": tp, "decode_context_parallel_size": w}, **more)
 
 
 def check(report, sizes):
@@ -37,21 +38,28 @@ def check(report, sizes):
 
 def test_every_nixl_pcp_prefill_passes():
     jobs = [PDJob(tiny(prefill(*p), {"decode_context_parallel_size": d}, "nixl")) for p, d in NIXL_PCP]
-    for sizes, report in zip(NIXL_PCP, run_pd_batch(jobs, timeout=60)):
+    for sizes, report in zip(NIXL_PCP, run_pd_batch(jobs, world=WorldOptions(timeout=60))):
         check(report, sizes)
 
 
 def test_pcp_prefills_nixl_refuses_pass_resharding():
     assert not any(nixl_takes_pcp_prefill(*p, d) for p, d in RESHARD_PCP)
-    jobs = [PDJob(tiny(prefill(*p, cp_kv_cache_interleave_size=1),
-                       {"decode_context_parallel_size": d, "cp_kv_cache_interleave_size": 4, "block_size": 32},
-                       "resharding")) for p, d in RESHARD_PCP]
-    for sizes, report in zip(RESHARD_PCP, run_pd_batch(jobs, timeout=60)):
+    jobs = [
+        PDJob(
+            tiny(
+                prefill(*p, cp_kv_cache_interleave_size=1),
+                {"decode_context_parallel_size": d, "cp_kv_cache_interleave_size": 4, "block_size": 32},
+                "resharding",
+            )
+        )
+        for p, d in RESHARD_PCP
+    ]
+    for sizes, report in zip(RESHARD_PCP, run_pd_batch(jobs, world=WorldOptions(timeout=60))):
         check(report, sizes)
 
 
 def test_the_stride_by_dcp_fault_is_wrong_content_on_the_decode_instance():
-    row = run_case("nixl-stride-by-dcp", "nixl-pcp", timeout=60)
+    row = run_case("nixl-stride-by-dcp", "nixl-pcp", world=WorldOptions(timeout=60))
     assert row.outcome == "detected" and row.kind == "wrong-content", row
     assert row.report.startswith("decode instance: FAIL at step 0: ")
     assert "P: W=2 I=64 PCP=2" in row.config

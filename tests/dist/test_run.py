@@ -48,7 +48,9 @@ def test_builtin_scenario_passes(capsys, scenario, dcp, interleave):
 def test_human_report_and_exit_code_in_a_subprocess():
     proc = subprocess.run(
         [sys.executable, "-m", "dcpsim", "run", "dsv41-hybrid", "--dcp", "2"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "PASS" in proc.stdout
@@ -124,7 +126,9 @@ def _children_of(pid: int) -> list[int]:
 def test_rank_that_raises_ends_in_exit_3_with_its_traceback():
     proc = subprocess.run(
         [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--simulate-rank-failure", "raise:1:4"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 3
     err = proc.stderr
@@ -136,7 +140,9 @@ def test_rank_that_raises_ends_in_exit_3_with_its_traceback():
 def test_rank_that_exits_is_reported():
     proc = subprocess.run(
         [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "2", "--simulate-rank-failure", "exit:0:2", "--timeout", "5"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 3
     assert "rank 0" in proc.stderr and "exited with code 17" in proc.stderr
@@ -145,9 +151,24 @@ def test_rank_that_exits_is_reported():
 def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process():
     start = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--timeout", "3", "--deadline", "120",
-         "--simulate-rank-failure", "hang:2:3"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "dcpsim",
+            "run",
+            "dsv3",
+            "--dcp",
+            "3",
+            "--timeout",
+            "3",
+            "--deadline",
+            "120",
+            "--simulate-rank-failure",
+            "hang:2:3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     time.sleep(1.0)
     helpers = _children_of(proc.pid)
@@ -169,17 +190,21 @@ def test_a_waiting_run_says_which_ranks_it_waits_for_and_where():
     # rank 2 hangs at step 3; ranks 0 and 1 wait for it in step 15's verification until the
     # 6 s process-group timeout: after 5 s without news the parent says so on stderr
     proc = subprocess.run(
-        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--timeout", "6",
-         "--simulate-rank-failure", "hang:2:3"],
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--timeout", "6", "--simulate-rank-failure", "hang:2:3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 3, proc.stderr
     waits = [line for line in proc.stderr.splitlines() if line.startswith("dcpsim: waiting")]
     assert waits, proc.stderr
     # ranks 0 and 1 go on to their next exchange of verification rows (Job.exchange_every):
     # 16 verified steps a queue, the first queue ends at step 15
-    assert re.fullmatch(r"dcpsim: waiting [\d.]+ s for 3 of 3 ranks: ranks 0, 1 at step 15 \(verify\); "
-                        r"rank 2 at step 3 \(write\)", waits[0]), waits
+    assert re.fullmatch(
+        r"dcpsim: waiting [\d.]+ s for 3 of 3 ranks: ranks 0, 1 at step 15 \(verify\); "
+        r"rank 2 at step 3 \(write\)",
+        waits[0],
+    ), waits
     assert proc.stdout == ""
 
 
@@ -197,7 +222,11 @@ def test_bad_scenario_and_config_exit_2_before_any_rank(capsys, tmp_path):
     assert main(["run", "dsv3", "--interleave", "3"]) == 2
     assert "cp_kv_cache_interleave_size (3)" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
-    bad.write_text('[config]\nmax_num_batchd_tokens = 4\n[[layers]]\nname = "a"\nkind = "mla"\nblock_size = 16\nhead_size = 8\n[[requests]]\nprompt_len = 3\noutput_len = 2\n')
+    bad.write_text(
+        "[config]\nmax_num_batchd_tokens = 4\n"
+        '[[layers]]\nname = "a"\nkind = "mla"\nblock_size = 16\nhead_size = 8\n'
+        "[[requests]]\nprompt_len = 3\noutput_len = 2\n"
+    )
     assert main(["run", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}: config.max_num_batchd_tokens: unknown field (did you mean 'max_num_batched_tokens'?)" in err
@@ -206,9 +235,24 @@ def test_bad_scenario_and_config_exit_2_before_any_rank(capsys, tmp_path):
 def test_torchrun_worker_gives_the_same_verdict_as_run(capsys):
     code, direct = run_json(capsys, "dsv41-hybrid", "--dcp", "4", "--interleave", "16")
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-         "-m", "dcpsim", "worker", "dsv41-hybrid", "--interleave", "16", "--json"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            "-m",
+            "dcpsim",
+            "worker",
+            "dsv41-hybrid",
+            "--interleave",
+            "16",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     via_torchrun = json.loads(proc.stdout)
@@ -219,9 +263,24 @@ def test_torchrun_worker_gives_the_same_verdict_as_run(capsys):
 
 def test_torchrun_worker_catches_a_fault_too():
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "dcpsim", "worker", "dsv3", "--inject", "interleave-off-by-one", "--json"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "dcpsim",
+            "worker",
+            "dsv3",
+            "--inject",
+            "interleave-off-by-one",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode != 0
     report = json.loads(proc.stdout)

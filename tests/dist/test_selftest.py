@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from dcpsim.engine.faults import FAULTS
-from dcpsim.engine.faults import PD_FAULTS
+from dcpsim.engine.faults import FAULTS, PD_FAULTS
 from dcpsim.scenarios.registry import builtin_scenario_names
 
 pytestmark = pytest.mark.dist
@@ -46,8 +45,9 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
     for r in faults:
         assert r[3] == "detected", r
         if r[0] in FAULTS and FAULTS[r[0]].expects == "hang":  # exit 3 naming the rank that skipped the collective
-            assert r[4].startswith("[collective-hang] RankFailureError: collective hang in a world of 2 ranks: "
-                                   "rank 0 skipped a collective"), r
+            assert r[4].startswith(
+                "[collective-hang] RankFailureError: collective hang in a world of 2 ranks: rank 0 skipped a collective"
+            ), r
             continue
         assert re.match(r"\[[a-z-]+\] ((prefill|decode) instance: )?FAIL at step \d+: ", r[4]), r
     stride = [r for r in faults if r[0] == "nixl-stride-by-dcp"]  # a real run on a PCP prefill
@@ -73,9 +73,14 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
     # group has no attention metadata, so there the long request overflows its row
     narrow = [r for r in faults if r[0] == "replicated-scaled-by-w"]
     # (llama4-scout's long chunked-local prompt overflows its row in the step-0 writes too)
-    assert narrow and all(r[4].startswith(("[block-table-overflow] FAIL at step 0:",) if r[1] == "qwen3-next-hybrid"
-                                          else ("[attention-metadata] FAIL at step 0:",
-                                                "[block-table-overflow] FAIL at step 0:")) for r in narrow), narrow
+    assert narrow and all(
+        r[4].startswith(
+            ("[block-table-overflow] FAIL at step 0:",)
+            if r[1] == "qwen3-next-hybrid"
+            else ("[attention-metadata] FAIL at step 0:", "[block-table-overflow] FAIL at step 0:")
+        )
+        for r in narrow
+    ), narrow
     assert any(r[4].startswith("[attention-metadata]") for r in narrow), narrow
     # baselines: every scenario in every config a fault ran on it in (a config that changes nothing of
     # a scenario, such as a Mamba cache mode on a model without Mamba layers, is its baseline already)

@@ -40,9 +40,26 @@ def interrupt(tmp_path, send) -> tuple[int, str, str]:
     env = {**os.environ, "PYTHONPATH": ROOT, mark.split("=")[0]: mark.split("=")[1]}
     err_path = tmp_path / "stderr"
     with open(err_path, "w") as err:
-        parent = subprocess.Popen([sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "2", "--json",
-                                   "--simulate-rank-failure", "hang:0:1", "--timeout", "120"],
-                                  stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        parent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dcpsim",
+                "run",
+                "dsv3",
+                "--dcp",
+                "2",
+                "--json",
+                "--simulate-rank-failure",
+                "hang:0:1",
+                "--timeout",
+                "120",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+        )
         try:
             deadline = time.monotonic() + 120
             while "waiting" not in err_path.read_text():  # the world runs, rank 0 hangs

@@ -32,8 +32,9 @@ def by_rank(doc, world: int, **match) -> list[list[dict]]:
 @pytest.mark.parametrize("mode", ["gloo", "in-process"])
 def test_a_passing_run_traces_every_step_write_check_and_collective(capsys, tmp_path, mode):
     W = 3
-    code, report, doc = traced_run(capsys, tmp_path, "dsv41-hybrid", "--dcp", str(W), "--interleave", "16",
-                                   *(["--in-process"] if mode == "in-process" else []))
+    code, report, doc = traced_run(
+        capsys, tmp_path, "dsv41-hybrid", "--dcp", str(W), "--interleave", "16", *(["--in-process"] if mode == "in-process" else [])
+    )
     assert code == 0, report["failure"]
     assert trace_problems(doc) == []
     processes, threads = trace_names(doc)

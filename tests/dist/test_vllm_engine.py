@@ -11,12 +11,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import builtin, run
 
 from dcpsim.cli import main
-from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.registry import builtin_scenario_names
+from helpers import builtin, run
 
 SCENARIOS = builtin_scenario_names()
 V2 = "vllm/v1/worker/gpu/block_table.py"
@@ -46,8 +46,8 @@ def vllm_run(capsys, source, *argv) -> tuple[int, dict]:
 def test_builtins_get_the_reference_verdicts(vllm_source, runner, W, I):
     scenarios = [builtin(name, W, I) for name in SCENARIOS]
     reference = [run(sc) for sc in scenarios]
-    jobs = [Job(sc, engine="vllm", vllm_source=str(vllm_source), vllm_runner=runner) for sc in scenarios]
-    reports = run_jobs(jobs, timeout=60)
+    jobs = [Job.from_options(sc, engine="vllm", vllm_source=str(vllm_source), vllm_runner=runner, timeout=60) for sc in scenarios]
+    reports = run_jobs(jobs)
     for name, ref, got in zip(SCENARIOS, reference, reports):
         assert got.engine["name"] == "vllm" and got.engine["version"] == "0.33.0"
         assert "vllm " in got.engine["decisions"]["write_slots"], got.engine
@@ -64,11 +64,18 @@ def test_attention_with_vllm_local_lengths(capsys, vllm_source):
     assert "get_dcp_local_seq_lens" in report["engine"]["decisions"]["query_local_bounds"]
 
 
-@pytest.mark.parametrize("runner,rel,old,new", [
-    ("v2", V2, "is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
-     "is_local = virtual_block_offsets % CP_SIZE == cp_rank"),
-    ("v1", V1, "virtual_block_offsets // CP_KV_CACHE_INTERLEAVE_SIZE\n", "virtual_block_offsets // 1\n"),
-])
+@pytest.mark.parametrize(
+    "runner,rel,old,new",
+    [
+        (
+            "v2",
+            V2,
+            "is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
+            "is_local = virtual_block_offsets % CP_SIZE == cp_rank",
+        ),
+        ("v1", V1, "virtual_block_offsets // CP_KV_CACHE_INTERLEAVE_SIZE\n", "virtual_block_offsets // 1\n"),
+    ],
+)
 def test_a_kernel_that_ignores_the_interleave_is_caught(capsys, tmp_path, vllm_source, runner, rel, old, new):
     copy = patched_copy(vllm_source, tmp_path / "vllm-bug", rel, old, new)
     code, report = vllm_run(capsys, copy, "dsv3", "--dcp", "2", "--interleave", "16", "--vllm-runner", runner)
@@ -80,17 +87,26 @@ def test_a_kernel_that_ignores_the_interleave_is_caught(capsys, tmp_path, vllm_s
 
 
 def test_local_lengths_one_too_long_are_caught_by_the_attention_check(capsys, tmp_path, vllm_source):
-    copy = patched_copy(vllm_source, tmp_path / "vllm-bug", LENS,
-                        "    dcp_local_seq_lens = base + remainder\n", "    dcp_local_seq_lens = base + remainder + 1\n")
+    copy = patched_copy(
+        vllm_source,
+        tmp_path / "vllm-bug",
+        LENS,
+        "    dcp_local_seq_lens = base + remainder\n",
+        "    dcp_local_seq_lens = base + remainder + 1\n",
+    )
     code, report = vllm_run(capsys, copy, "dsv3", "--dcp", "2", "--attention")
     assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]
 
 
 @pytest.mark.parametrize("name", ["gpt-oss-hybrid", "llama-draft"])
 def test_a_replicated_spec_scaled_by_w_in_the_spec_class_is_caught(capsys, tmp_path, vllm_source, name):
-    copy = patched_copy(vllm_source, tmp_path / "vllm-bug", SPECS,
-                        "parallel_config.decode_context_parallel_size if self.dcp_sharded else 1",
-                        "parallel_config.decode_context_parallel_size")
+    copy = patched_copy(
+        vllm_source,
+        tmp_path / "vllm-bug",
+        SPECS,
+        "parallel_config.decode_context_parallel_size if self.dcp_sharded else 1",
+        "parallel_config.decode_context_parallel_size",
+    )
     code, report = vllm_run(capsys, copy, name, "--dcp", "4")
     # the worker's table is narrower than the metadata builder expects: caught at step 0
     assert code == 1 and report["failure"]["kind"] == "attention-metadata", report["failure"]
@@ -99,33 +115,45 @@ def test_a_replicated_spec_scaled_by_w_in_the_spec_class_is_caught(capsys, tmp_p
 
 
 def test_a_missing_function_is_exit_2_naming_file_function_and_versions(capsys, tmp_path, vllm_source):
-    copy = patched_copy(vllm_source, tmp_path / "vllm-old", V2, "def _compute_slot_mappings_kernel(",
-                        "def _renamed_slot_mappings_kernel(")
+    copy = patched_copy(vllm_source, tmp_path / "vllm-old", V2, "def _compute_slot_mappings_kernel(", "def _renamed_slot_mappings_kernel(")
     assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(copy)]) == 2
     err = capsys.readouterr().err
     assert "_compute_slot_mappings_kernel" in err and str(copy / V2) in err and "supports vLLM 0.33.0" in err
 
 
 def test_a_changed_signature_is_exit_2(capsys, tmp_path, vllm_source):
-    copy = patched_copy(vllm_source, tmp_path / "vllm-new", V2, "def _compute_slot_mappings_kernel(\n",
-                        "def _compute_slot_mappings_kernel(\n    new_first_argument,\n")
+    copy = patched_copy(
+        vllm_source,
+        tmp_path / "vllm-new",
+        V2,
+        "def _compute_slot_mappings_kernel(\n",
+        "def _compute_slot_mappings_kernel(\n    new_first_argument,\n",
+    )
     assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(copy)]) == 2
     assert "has the signature (new_first_argument, max_num_tokens" in capsys.readouterr().err
 
 
 def test_vllm_code_that_raises_in_a_rank_is_exit_3_naming_rank_and_function(capsys, tmp_path, vllm_source):
-    copy = patched_copy(vllm_source, tmp_path / "vllm-raises", V2, "    kv_block_size = tl.load(block_sizes + group_id)\n",
-                        "    kv_block_size = tl.load(block_sizes + group_id)\n    raise RuntimeError('planted failure')\n")
+    copy = patched_copy(
+        vllm_source,
+        tmp_path / "vllm-raises",
+        V2,
+        "    kv_block_size = tl.load(block_sizes + group_id)\n",
+        "    kv_block_size = tl.load(block_sizes + group_id)\n    raise RuntimeError('planted failure')\n",
+    )
     assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(copy)]) == 3
     err = capsys.readouterr().err
     assert "rank" in err and "_compute_slot_mappings_kernel raised" in err and "planted failure" in err
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--vllm-source", "/nonexistent/vllm-tree"], "no such directory"),
-    (["--vllm-source", "/tmp"], "no vllm/ package in this directory"),
-    ([], "needs --vllm-source DIR"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--vllm-source", "/nonexistent/vllm-tree"], "no such directory"),
+        (["--vllm-source", "/tmp"], "no vllm/ package in this directory"),
+        ([], "needs --vllm-source DIR"),
+    ],
+)
 def test_a_bad_source_is_exit_2(capsys, monkeypatch, argv, message):
     monkeypatch.delenv("DCPSIM_VLLM_SOURCE", raising=False)
     assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", *argv]) == 2
@@ -173,8 +201,13 @@ def test_the_merge_through_vllms_correction_kernel(capsys, tmp_path, vllm_source
     scenario.write_text(TINY, encoding="utf-8")
     source = vllm_source
     if planted:  # the rank's output no longer rescaled by its share of the merged LSE
-        source = patched_copy(vllm_source, tmp_path / "vllm-bug", "vllm/v1/attention/ops/dcp.py",
-                              "lse_finally = lse_tmp - lse\n", "lse_finally = lse_tmp - lse_tmp\n")
+        source = patched_copy(
+            vllm_source,
+            tmp_path / "vllm-bug",
+            "vllm/v1/attention/ops/dcp.py",
+            "lse_finally = lse_tmp - lse\n",
+            "lse_finally = lse_tmp - lse_tmp\n",
+        )
     code, report = vllm_run(capsys, source, str(scenario), "--attention", "--vllm-merge", "--attention-merge", "allgather")
     assert "CorrectAttnCPOutKernel" in report["engine"]["decisions"]["merge_across_ranks"]
     if planted:
@@ -187,10 +220,16 @@ def test_the_merge_through_vllms_correction_kernel(capsys, tmp_path, vllm_source
 def test_kernel_block_tables_through_vllm(capsys, tmp_path, vllm_source, planted):
     source = vllm_source
     if planted:  # kernel block j of KV block b taken as b + j instead of b * (B / Bk) + j
-        source = patched_copy(vllm_source, tmp_path / "vllm-bug", "vllm/v1/worker/utils.py",
-                              "alpha=self.kernel_block_stride or blocks_per_kv_block,", "alpha=1,")
-    code, report = vllm_run(capsys, source, "dsv3", "--dcp", "2", "--interleave", "16", "--block-size", "64",
-                            "--kernel-block-size", "16", "--attention")
+        source = patched_copy(
+            vllm_source,
+            tmp_path / "vllm-bug",
+            "vllm/v1/worker/utils.py",
+            "alpha=self.kernel_block_stride or blocks_per_kv_block,",
+            "alpha=1,",
+        )
+    code, report = vllm_run(
+        capsys, source, "dsv3", "--dcp", "2", "--interleave", "16", "--block-size", "64", "--kernel-block-size", "16", "--attention"
+    )
     assert "map_to_kernel_block_table" in report["engine"]["decisions"]["kernel_block_table"]
     if planted:
         assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]

@@ -78,8 +78,9 @@ def forbidden_imports(tree: dict[str, Path], side: str, forbidden: tuple[str, ..
 TREE = modules(PACKAGE_ROOT)
 
 LAYERS = (
-    # neutral ground: errors, words, the cache folder, report files, the Collectives interface
-    ("dcpsim.errors", "dcpsim.plural", "dcpsim.cache", "dcpsim.report_file", "dcpsim.collectives"),
+    # neutral ground: errors, words, the cache folder, report files, the Collectives interface,
+    # option trees
+    ("dcpsim.errors", "dcpsim.plural", "dcpsim.cache", "dcpsim.report_file", "dcpsim.collectives", "dcpsim.options"),
     # the pure model both sides share (specs, layout math, the scenario, plan records)
     ("dcpsim.model",),
     # scenario files: reading, writing, the built-ins

@@ -34,7 +34,7 @@ from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
 from dcpsim.model.content import random_tokens, stable_seed
 from dcpsim.model.kinds import Retention, Storage
-from dcpsim.model.plan import RequestView, ReqWrite, StepPlan
+from dcpsim.model.plan import EventKind, PreemptReason, RequestView, ReqWrite, ScheduleEvent, StepPlan
 from dcpsim.model.scenario import Scenario
 from dcpsim.model.specs import cdiv
 from dcpsim.plural import plural
@@ -158,7 +158,7 @@ class Scheduler:
         if self.prefix_cache:
             self.prefix_cache.forget(req)
 
-    def _preempt(self, req: Request, events: list[str], why: str) -> None:
+    def _preempt(self, req: Request, events: list[ScheduleEvent], why: PreemptReason) -> None:
         self.running.remove(req)
         self._free(req)
         req.status = Status.WAITING
@@ -166,7 +166,7 @@ class Scheduler:
         req.num_preemptions += 1
         self.waiting.appendleft(req)
         self.stats["preemptions"] += 1
-        events.append(f"preempted {req.request_id} ({why})")
+        events.append(ScheduleEvent(EventKind.PREEMPTED, req.request_id, reason=why))
 
     def _rows(self) -> tuple[dict[int, np.ndarray], ...]:
         return tuple({r: m.row_array(r) for r in m.blocks} for m in self.managers)
@@ -187,7 +187,7 @@ class Scheduler:
 
     def step(self) -> StepPlan:
         s = self.step_index
-        events: list[str] = []
+        events: list[ScheduleEvent] = []
         for req in self.requests:
             if req.status is Status.PENDING and req.spec.arrival_step <= s:
                 req.status = Status.WAITING
@@ -195,7 +195,7 @@ class Scheduler:
         preempted_now = False
         for req in list(self.running):
             if s in req.spec.preempt_at_steps:
-                self._preempt(req, events, "scenario")
+                self._preempt(req, events, PreemptReason.SCENARIO)
                 preempted_now = True
 
         budget = self.config.max_num_batched_tokens
@@ -207,7 +207,7 @@ class Scheduler:
             n, drafts = self._tokens_for(req, budget)
             while not self._can_allocate(req, req.num_computed + n):
                 victim = self.running[-1]
-                self._preempt(victim, events, "out of blocks")
+                self._preempt(victim, events, PreemptReason.OUT_OF_BLOCKS)
                 preempted_now = True
                 if victim is req:
                     break
@@ -246,12 +246,8 @@ class Scheduler:
             budget -= n
             if external:
                 loaded.append((req.index, external))
-                events.append(f"admitted {req.request_id} with {plural(external, 'token')} from the kv connector")
-            elif hit:
-                self.stats["prefix_hit_tokens"] += hit
-                events.append(f"admitted {req.request_id} with a prefix-cache hit of {plural(hit, 'token')}")
-            else:
-                events.append(f"admitted {req.request_id}")
+            self.stats["prefix_hit_tokens"] += hit
+            events.append(ScheduleEvent(EventKind.ADMITTED, req.request_id, prefix_hit=hit, loaded=external))
 
         rows_before = self._rows()
         writes = [self._execute(req, n, drafts, s, events) for req, n, drafts in scheduled]
@@ -273,7 +269,7 @@ class Scheduler:
                 self._free(req)
                 req.status = Status.FINISHED
                 self.stats["finished"] += 1
-                events.append(f"finished {req.request_id}")
+                events.append(ScheduleEvent(EventKind.FINISHED, req.request_id))
         self.step_index += 1
         self.stats["steps"] = self.step_index
         if not scheduled and not self.running and self.waiting and not preempted_now:
@@ -294,7 +290,7 @@ class Scheduler:
             loaded=tuple(loaded),
         )
 
-    def _execute(self, req: Request, n: int, drafts: int, step: int, events: list[str]) -> ReqWrite:
+    def _execute(self, req: Request, n: int, drafts: int, step: int, events: list[ScheduleEvent]) -> ReqWrite:
         """The step's outcome for one request: contents written, then commit."""
         start = req.num_computed
         known = req.num_known
@@ -309,7 +305,7 @@ class Scheduler:
         req.num_computed = known + accepted
         req.num_output += accepted + 1
         if d:
-            events.append(f"{req.request_id}: {accepted}/{d} drafts accepted")
+            events.append(ScheduleEvent(EventKind.VERIFIED, req.request_id, drafts=d, accepted=accepted))
         prefill = num_true > 1 or start < req.spec.prompt_len
         return ReqWrite(req.index, req.request_id, start, contents, num_drafts=d, prefill=prefill)
 

@@ -39,15 +39,16 @@ function (the harness turns it into exit 3 naming the rank).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import os
 import threading
+import types
 
 import numpy as np
 import torch
 
 from dcpsim.engine.reference import ReferenceEngine
-from dcpsim.engine.vllm.loader import SourceTree
+from dcpsim.engine.vllm.loader import SourceTree, source_dir
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import PAD
@@ -138,18 +139,6 @@ class VllmCallError(RuntimeError):
     """vLLM's code raised inside a rank."""
 
 
-def source_dir(vllm_source: str | None) -> str:
-    source = vllm_source or os.environ.get("DCPSIM_VLLM_SOURCE")
-    if not source:
-        raise ConfigError(
-            "--engine vllm needs --vllm-source DIR (or DCPSIM_VLLM_SOURCE): a directory holding "
-            "vllm/; get one with: python -m dcpsim engine fetch vllm==0.33.0"
-        )
-    if not os.path.isdir(source):
-        raise ConfigError(f"--vllm-source {source}: no such directory")
-    return source
-
-
 def _arg_names(fn) -> tuple[str, ...]:
     names = getattr(fn, "arg_names", None)
     if names is None:
@@ -231,8 +220,6 @@ class VllmEngine(ReferenceEngine):
 
     def vllm_spec(self, spec):
         """vLLM's spec of the same class name as one of the scenario's layer specs."""
-        import dataclasses
-
         cls = getattr(self._specs, type(spec).__name__, None)
         if cls is None or not dataclasses.is_dataclass(cls):
             raise ConfigError(self._where(SPECS_MODULE, type(spec).__name__, "is missing"))
@@ -260,9 +247,6 @@ class VllmEngine(ReferenceEngine):
             ) from None
 
     def group_geometry(self, group_id, group, config):
-        import dataclasses
-        import types
-
         g = super().group_geometry(group_id, group, config)  # validation, storage, retention
         vspec = self.vllm_spec(group.representative)
         replicated = getattr(vspec, "dcp_replicated", None)
@@ -409,8 +393,6 @@ class VllmEngine(ReferenceEngine):
     # --- attention metadata ---------------------------------------------------------
 
     def kernel_block_table(self, geometry, block_row):
-        import types
-
         page, bk = geometry.states_per_page, geometry.kernel_block_size
         if bk is None or bk == page:
             return np.asarray(block_row, dtype=np.int64)

@@ -35,6 +35,19 @@ from dcpsim.errors import ConfigError
 _LOCK = threading.Lock()
 
 
+def source_dir(vllm_source: str | None) -> str:
+    """The directory holding ``vllm/``: ``vllm_source``, else ``$DCPSIM_VLLM_SOURCE``."""
+    source = vllm_source or os.environ.get("DCPSIM_VLLM_SOURCE")
+    if not source:
+        raise ConfigError(
+            "--engine vllm needs --vllm-source DIR (or DCPSIM_VLLM_SOURCE): a directory holding "
+            "vllm/; get one with: python -m dcpsim engine fetch vllm==0.33.0"
+        )
+    if not os.path.isdir(source):
+        raise ConfigError(f"--vllm-source {source}: no such directory")
+    return source
+
+
 class _Placeholder:
     """What an automatic stub hands out for every name (see the module docstring)."""
 

@@ -21,10 +21,10 @@ from dcpsim.engine.faults import FAULTS, Fault, get_fault
 from dcpsim.engine.faults.layout import KernelVirtualBlock
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.reference import ReferenceEngine
-from dcpsim.harness.rank import prepare
+from dcpsim.harness.dry_run import dry_run
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD, slot_mapping
-from dcpsim.model.plan import ReqWrite
+from dcpsim.model.plan import EventKind, ReqWrite
 from dcpsim.model.specs import cdiv
 from dcpsim.scenarios.load import load_scenario
 from helpers import WRITE_PATH_FAULTS, builtin, geometries, scheduler
@@ -40,7 +40,7 @@ def scenario(name, **options):
 
 def run(sc, fault=None):
     """Validate (and dry-run) ``sc``, then run it in process with the named fault injected."""
-    prepare(sc)
+    dry_run(sc)
     return helpers.run(sc, inject=fault)
 
 
@@ -50,9 +50,8 @@ def admissions(sc, fault=None) -> dict[str, int]:
     hits: dict[str, int] = {}
     for plan in sched.plans():
         for e in plan.events:
-            if "prefix-cache hit of" in e:
-                rid = e.split()[1]
-                hits.setdefault(rid, int(e.split("hit of ")[1].split()[0]))
+            if e.kind is EventKind.ADMITTED and e.prefix_hit:
+                hits.setdefault(e.request_id, e.prefix_hit)
     return hits
 
 

@@ -15,7 +15,7 @@ import helpers
 from dcpsim.campaigns.selftest import BASELINE, plan_selftest
 from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
-from dcpsim.harness.rank import prepare
+from dcpsim.harness.dry_run import dry_run
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD
 from dcpsim.model.plan import ReqWrite
@@ -26,7 +26,7 @@ NAME = "qwen3-next-hybrid"
 
 
 def run(sc, fault=None):
-    prepare(sc)
+    dry_run(sc)
     return helpers.run(sc, inject=fault)
 
 

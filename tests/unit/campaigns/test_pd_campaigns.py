@@ -30,7 +30,7 @@ def test_the_pcp_selftest_case_misroutes_only_with_the_stride_by_dcp_matching():
     shards the fault reads with a stride of 1; the correct connector delivers every position."""
     from dcpsim.engine.connector import CONNECTORS
     from dcpsim.model.connector import routes_cover
-    from dcpsim.scenarios.disagg import instance_layout
+    from dcpsim.scenarios.pd import instance_layout
 
     s = _scenario("nixl-pcp")
     assert s.disaggregated.prefill.prefill_context_parallel_size == 2 and s.disaggregated.world_size == 6

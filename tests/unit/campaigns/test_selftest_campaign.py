@@ -31,7 +31,8 @@ from dcpsim.campaigns.selftest import (
 )
 from dcpsim.cli import main
 from dcpsim.engine.faults import FAULTS, PD_FAULTS, Fault
-from dcpsim.harness import rank
+from dcpsim.harness.job import Job
+from dcpsim.harness.world_options import WorldOptions
 from dcpsim.scenarios.load import load_scenario
 from helpers import WRITE_PATH_FAULTS
 
@@ -111,7 +112,7 @@ def test_a_fault_that_applies_nowhere_is_listed_not_applicable(monkeypatch):
     plan = plan_selftest(["nowhere"], ["dsv3"], dry_run=False)
     assert [(c.fault, c.options) for c in plan.cases] == [(BASELINE, ())]  # the scenario's own config only
     assert [(r.fault, r.outcome) for r in plan.rows] == [("nowhere", NOT_APPLICABLE)]
-    rows = run_plan(plan, in_process=True)
+    rows = run_plan(plan, world=WorldOptions(in_process=True))
     assert fault_status(rows, "nowhere") == NOT_APPLICABLE
     assert verdict(rows, ["nowhere"])[0]
 
@@ -174,11 +175,11 @@ def test_a_fault_that_breaks_nothing_is_missed_and_fails_selftest(monkeypatch, c
 
 
 def test_a_broken_baseline_is_a_false_positive(monkeypatch, capsys):
-    # A baseline job (no fault injected) runs the engine ``job_engine`` picks: the reference
-    # engine. Break it there, so that only the baselines run a broken engine.
+    # A baseline job (no fault injected) runs the engine ``Job.build_engine`` picks: the
+    # reference engine. Break it there, so that only the baselines run a broken engine.
     broken = FAULTS["foreign-block"]
-    pick = rank.job_engine
-    monkeypatch.setattr(rank, "job_engine", lambda job: pick(job) if job.inject else broken)
+    pick = Job.build_engine
+    monkeypatch.setattr(Job, "build_engine", lambda job: pick(job) if job.inject else broken)
     code = main(["selftest", "--in-process", "--fault", "interleave-off-by-one", "--scenario", "llama-draft", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 1 and not doc["passed"]

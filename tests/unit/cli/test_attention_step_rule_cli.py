@@ -15,7 +15,7 @@ def test_a_small_step_budget_skips_checks_and_replays_with_the_same_rule(run_jso
     assert doc["attention"]["max_step_keys"] == 64
     assert doc["attention_skipped_checks"] > 0 and doc["attention_checks"] > 0
     assert doc["attention_checked_steps"] < doc["steps"]
-    assert job_from_record(doc["replay"], "r").attention_config.max_step_keys == 64
+    assert job_from_record(doc["replay"], "r").attention.max_step_keys == 64
     code, full = run_json("run", "dsv3", "--dcp", "2", "--attention", "--in-process")
     assert code == 0 and full["attention_skipped_checks"] == 0, "the default checks every step of dsv3"
     assert full["attention_checks"] == doc["attention_checks"] + doc["attention_skipped_checks"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import dcpsim.harness.batch
+import dcpsim.harness.runner
 from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.replay import replay_record
@@ -18,7 +18,7 @@ def no_world(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a world was started")
 
-    monkeypatch.setattr(dcpsim.harness.batch, "run_jobs", refuse)
+    monkeypatch.setattr(dcpsim.harness.runner, "run_jobs", refuse)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +45,6 @@ def test_under_json_the_error_is_one_json_document(tmp_path, capsys, no_world):
 
 def test_replay_takes_the_flag_too(tmp_path, capsys, no_world):
     report = tmp_path / "r.json"
-    report.write_text(json.dumps({"replay": replay_record(Job(builtin("llama-draft", 2)))}))
+    report.write_text(json.dumps({"replay": replay_record(Job.from_options(builtin("llama-draft", 2)))}))
     assert main(["replay", str(report), "--trace", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"dcpsim: error: --trace {tmp_path}: is a directory")

@@ -46,7 +46,7 @@ def test_a_bad_mode_is_a_usage_error(capsys):
 
 def test_replay_keeps_the_recorded_mode_unless_told(tmp_path, capsys):
     report = tmp_path / "r.json"
-    report.write_text(json.dumps({"replay": replay_record(Job(builtin("llama-draft", 2), verify="full"))}))
+    report.write_text(json.dumps({"replay": replay_record(Job.from_options(builtin("llama-draft", 2), verify="full"))}))
     code, doc = run_json(capsys, "replay", str(report), "--in-process")
     assert code == 0 and doc["verify_mode"] == "full"
     code, doc = run_json(capsys, "replay", str(report), "--in-process", "--verify", "incremental")
@@ -61,7 +61,7 @@ def test_matrix_takes_the_flag(capsys):
 
 
 def test_a_replay_with_an_unknown_mode_is_exit_2(tmp_path, capsys):
-    record = replay_record(Job(builtin("llama-draft", 2)))
+    record = replay_record(Job.from_options(builtin("llama-draft", 2)))
     record["options"]["verify"] = "sometimes"
     report = tmp_path / "r.json"
     report.write_text(json.dumps({"replay": record}))

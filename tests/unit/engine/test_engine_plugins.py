@@ -79,13 +79,13 @@ def test_a_bad_plugin_is_exit_2_naming_it(capsys, spec, message):
 def test_engine_options_are_refused_together_with_what_they_contradict():
     sc = builtin("dsv3", 2)
     with pytest.raises(ConfigError, match="cannot be combined with --engine"):
-        Job(sc, inject="foreign-block", engine=PLUGIN)
+        Job.from_options(sc, inject="foreign-block", engine=PLUGIN)
     with pytest.raises(ConfigError, match="only used with --engine vllm"):
-        Job(sc, vllm_source="/tmp")
+        Job.from_options(sc, vllm_source="/tmp")
     with pytest.raises(ConfigError, match="--vllm-runner must be one of v2, v1"):
-        Job(sc, vllm_runner="v3")
+        Job.from_options(sc, vllm_runner="v3")
     with pytest.raises(ConfigError, match="needs --vllm-source DIR"):
-        Job(sc, engine="vllm")
+        Job.from_options(sc, engine="vllm")
 
 
 def test_selftest_runs_its_baselines_with_the_engine(capsys):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dcpsim.engine.connector import LoadedScheduler, gather_entries
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.model.kv_entry import EMPTY
-from dcpsim.scenarios.disagg import instance_scenario
+from dcpsim.model.plan import EventKind
 from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.pd import instance_scenario
 
 
 def test_admission_loads_all_but_the_last_prompt_token_and_the_plan_says_so():
@@ -18,7 +19,8 @@ def test_admission_loads_all_but_the_last_prompt_token_and_the_plan_says_so():
     assert {(scheduler.requests[i].request_id, n) for i, n in first.loaded} == {(k, v - 1) for k, v in prompts.items()}
     for w in first.writes:  # the step recomputes the last prompt token (plus a draft)
         assert w.start == prompts[w.request_id] - 1
-    assert any("from the kv connector" in e for e in first.events)
+    assert any(e.kind is EventKind.ADMITTED and e.loaded for e in first.events)
+    assert any("from the kv connector" in str(e) for e in first.events)  # as a timeline shows it
     assert all(not scheduler.step().loaded for _ in range(3))
 
 

@@ -107,8 +107,8 @@ def test_a_kv_cache_tokens_below_the_largest_request_says_which_pool_was_used():
 
 
 def test_a_pd_run_counts_both_instances_in_one_world_and_is_refused_with_their_figures():
-    from dcpsim.scenarios.disagg import ROLES, instance_scenario
     from dcpsim.scenarios.load import load_scenario
+    from dcpsim.scenarios.pd import ROLES, instance_scenario
 
     pd = load_scenario("pd-dsv3")
     instances = {role: instance_scenario(pd, role) for role in ROLES}

@@ -11,10 +11,10 @@ import pytest
 from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.worker.pcp_prefill import MISSING_KV, pcp_prefill
-from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.collectives import CollectiveTimeout, run_in_threads
 from dcpsim.harness.groups import build_groups
 from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
 from dcpsim.harness.world import RankFailure, _failure_error
 from dcpsim.model.config import SimConfig
 from dcpsim.model.plan import ReqWrite, StepPlan
@@ -108,9 +108,9 @@ def test_the_regular_mask_of_a_speculative_step_is_caught_in_the_metadata():
 
 
 def test_the_rank_local_gather_plan_hangs_and_the_timeout_names_the_ranks():
-    job = Job(pcp_scenario(2, 1, 2), inject="pcp-gather-rank-local")
+    job = Job.from_options(pcp_scenario(2, 1, 2), inject="pcp-gather-rank-local")
     with pytest.raises(CollectiveTimeout) as exc:
-        run_jobs([job], in_process=True, timeout=1.0)
+        run_jobs([job.with_options(in_process=True, timeout=1.0)])
     text = str(exc.value)
     assert "rank 0 in its dcp group" in text and "rank 1 in its pcp group" in text
 

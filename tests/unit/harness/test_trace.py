@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dcpsim.errors import ConfigError
-from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.collectives import run_in_threads
 from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
 from dcpsim.harness.trace import (
     NULL_RECORDER,
     TracedCollectives,
@@ -178,7 +178,7 @@ def _small_scenario(W=2):
 @pytest.mark.parametrize("inject", [None, "interleave-off-by-one"])
 def test_an_in_process_run_records_every_step_write_check_and_collective(tmp_path, inject):
     trace = Trace(str(tmp_path / "t.json"))
-    (report,) = run_jobs([Job(_small_scenario(), inject=inject)], in_process=True, trace=trace)
+    (report,) = run_jobs([Job.from_options(_small_scenario(), inject=inject, in_process=True)], trace=trace)
     assert report.passed == (inject is None)
     trace.write({"scenario": "t"})
     doc = json.loads((tmp_path / "t.json").read_text())
@@ -209,7 +209,7 @@ def test_an_in_process_run_records_every_step_write_check_and_collective(tmp_pat
 
 def test_write_slices_say_which_positions_each_rank_wrote():
     trace = Trace("unused")
-    run_jobs([Job(_small_scenario())], in_process=True, trace=trace)
+    run_jobs([Job.from_options(_small_scenario(), in_process=True)], trace=trace)
     (rank0, rank1) = ([e for e in evs if e["ph"] == "X"] for evs in trace.per_rank)
     # step 0 writes a's first 32 prompt positions; I = 4 on W = 2 ranks
     sharded = {r: next(e for e in evs if e["tid"] == group_tid(r, 0) and e["args"]["step"] == 0) for r, evs in enumerate((rank0, rank1))}
@@ -223,7 +223,7 @@ def test_write_slices_say_which_positions_each_rank_wrote():
 
 
 def test_ranks_that_disagree_are_the_launchers_failure_event(tmp_path, monkeypatch):
-    import dcpsim.harness.batch as batch
+    import dcpsim.harness.runner as batch
     from dcpsim.verify.report import Failure, FailureKind
 
     def disagree(reports):
@@ -233,7 +233,7 @@ def test_ranks_that_disagree_are_the_launchers_failure_event(tmp_path, monkeypat
 
     monkeypatch.setattr(batch, "merge_rank_reports", disagree)
     trace = Trace(str(tmp_path / "t.json"))
-    run_jobs([Job(_small_scenario())], in_process=True, trace=trace)
+    run_jobs([Job.from_options(_small_scenario(), in_process=True)], trace=trace)
     trace.write()
     doc = json.loads((tmp_path / "t.json").read_text())
     assert trace_problems(doc) == []

@@ -8,6 +8,7 @@ import pytest
 
 from dcpsim.cli import main
 from dcpsim.errors import ConfigError, ScenarioError
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario, scenario_from_dict
 
 
@@ -59,16 +60,16 @@ def test_without_dcp_the_interleave_is_not_checked_as_vllm_does():
 
 
 def test_block_size_override_sets_the_cache_block_size_and_is_validated():
-    sc = load_scenario("dsv3").with_overrides(block_size=16)
+    sc = load_scenario("dsv3").with_overrides(ScenarioOverrides(block_size=16))
     assert sc.config.block_size == 16
     with pytest.raises(ConfigError, match=r"block_size \(16\) should be .* cp_kv_cache_interleave_size \(32\)"):
-        sc.with_overrides(cp_kv_cache_interleave_size=32)
+        sc.with_overrides(ScenarioOverrides(cp_kv_cache_interleave_size=32))
 
 
 def test_the_seed_rule_still_checks_each_sharded_group(capsys):
     # no cache block size: a sharded group whose page the interleave does not divide is refused,
     # naming the group (the seed's per-group rule)
-    sc = load_scenario("dsv3").with_overrides(cp_kv_cache_interleave_size=128)
+    sc = load_scenario("dsv3").with_overrides(ScenarioOverrides(cp_kv_cache_interleave_size=128))
     assert sc.config.block_size is None
     code = main(["run", "dsv3", "--interleave", "128", "--in-process"])
     err = capsys.readouterr().err

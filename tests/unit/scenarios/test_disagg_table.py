@@ -8,9 +8,9 @@ import pytest
 
 from dcpsim.cli import main
 from dcpsim.errors import ConfigError, ScenarioError
-from dcpsim.harness.disagg import PDJob, prepare_pd
-from dcpsim.scenarios.disagg import instance_layout, instance_scenario, shard_ranks
+from dcpsim.harness.pd import PDJob, prepare_pd
 from dcpsim.scenarios.load import load_scenario, scenario_from_dict
+from dcpsim.scenarios.pd import instance_layout, instance_scenario, shard_ranks
 from dcpsim.scenarios.registry import builtin_scenario_path
 
 

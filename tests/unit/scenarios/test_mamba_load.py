@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dcpsim.cli import main
 from dcpsim.errors import ConfigError, ScenarioError
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.model.specs import FullAttentionSpec, MambaSpec
 from dcpsim.scenarios.dump import scenario_to_dict, scenario_to_toml
 from dcpsim.scenarios.load import load_scenario, scenario_from_dict
@@ -129,19 +130,19 @@ def test_with_overrides_mamba_cache_mode_and_block_size():
     sc = load_scenario("qwen3-next-hybrid")
     gdn = "model.layers.0.linear_attn"
     # --block-size leaves a none-mode state alone (its block is the whole request)
-    assert sc.with_overrides(block_size=16).layers[gdn].block_size == 8192
+    assert sc.with_overrides(ScenarioOverrides(block_size=16)).layers[gdn].block_size == 8192
     # align: the cache block size (the attention layers' 560), or --block-size
-    align = sc.with_overrides(mamba_cache_mode="align")
+    align = sc.with_overrides(ScenarioOverrides(mamba_cache_mode="align"))
     assert align.layers[gdn].mamba_cache_mode == "align" and align.layers[gdn].block_size == 560
-    small = sc.with_overrides(mamba_cache_mode="align", block_size=16)
+    small = sc.with_overrides(ScenarioOverrides(mamba_cache_mode="align", block_size=16))
     assert small.layers[gdn].block_size == 16 and small.layers["model.layers.3.self_attn.attn"].block_size == 16
     (state,) = [g for g in geometries(small) if g.storage == "state"]
     assert state.block_table_width == 8192 // 16 + 2 and state.manager_block_size == 16
     # and back: none mode takes max_model_len again
-    back = small.with_overrides(mamba_cache_mode="none")
+    back = small.with_overrides(ScenarioOverrides(mamba_cache_mode="none"))
     assert back.layers[gdn].block_size == 8192 and back.layers[gdn].mamba_cache_mode == "none"
     with pytest.raises(ConfigError, match=r"mamba_cache_mode must be one of \['none', 'align'\], got 'all'"):
-        sc.with_overrides(mamba_cache_mode="all")
+        sc.with_overrides(ScenarioOverrides(mamba_cache_mode="all"))
 
 
 def test_the_cli_flag(capsys):

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dcpsim.errors import ConfigError, ScenarioError
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.model.specs import CircularBufferSpec, MLAAttentionSpec, SlidingWindowMLASpec
 from dcpsim.scenarios.load import load_scenario, resolve, scenario_from_dict
 from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_names
@@ -395,7 +396,7 @@ def test_request_stamping():
 @pytest.mark.parametrize("B", [16, 32, 128])
 def test_with_overrides_block_size(B):
     sc = load_scenario("dsv41-hybrid")
-    o = sc.with_overrides(block_size=B)
+    o = sc.with_overrides(ScenarioOverrides(block_size=B))
     for name, spec in o.layers.items():
         old = sc.layers[name]
         if isinstance(old, CircularBufferSpec):
@@ -407,7 +408,7 @@ def test_with_overrides_block_size(B):
         assert type(spec) is type(old)
         assert dataclasses_equal_except_block_size(spec, old)
     assert sc.layers["model.layers.2.attn.main_cache"].block_size == 128  # the original is untouched
-    geometries(o.with_overrides(decode_context_parallel_size=2, cp_kv_cache_interleave_size=min(B, 16)))
+    geometries(o.with_overrides(ScenarioOverrides(decode_context_parallel_size=2, cp_kv_cache_interleave_size=min(B, 16))))
 
 
 def dataclasses_equal_except_block_size(a, b):
@@ -418,7 +419,9 @@ def dataclasses_equal_except_block_size(a, b):
 
 def test_with_overrides_config_fields():
     sc = load_scenario("dsv3")
-    o = sc.with_overrides(decode_context_parallel_size=4, cp_kv_cache_interleave_size=8, kernel_block_size=16, seed=5, verify_every=3)
+    o = sc.with_overrides(
+        ScenarioOverrides(decode_context_parallel_size=4, cp_kv_cache_interleave_size=8, kernel_block_size=16, seed=5, verify_every=3)
+    )
     assert (
         o.config.decode_context_parallel_size,
         o.config.cp_kv_cache_interleave_size,
@@ -429,9 +432,9 @@ def test_with_overrides_config_fields():
     assert o.config.max_model_len == sc.config.max_model_len and o.requests == sc.requests
     assert sc.config.decode_context_parallel_size == 2  # frozen: the original is unchanged
     with pytest.raises(ConfigError):
-        sc.with_overrides(decode_context_parallel_size=0)
+        sc.with_overrides(ScenarioOverrides(decode_context_parallel_size=0))
     with pytest.raises(ConfigError):
-        sc.with_overrides(verify_every=0)
+        sc.with_overrides(ScenarioOverrides(verify_every=0))
 
 
 # ----------------------------------------------------------------------------- known crashes

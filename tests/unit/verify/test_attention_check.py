@@ -9,9 +9,7 @@ contribution must each end in an ``attention-mismatch``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from functools import cached_property
 
 import numpy as np
 import pytest
@@ -19,11 +17,11 @@ import pytest
 from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.worker.model_runner import ModelRunner
-from dcpsim.harness.batch import merge_rank_reports
 from dcpsim.harness.collectives import run_in_threads
 from dcpsim.harness.job import Job
-from dcpsim.harness.rank import run_rank
-from dcpsim.model.attention_config import DEFAULT_TOLERANCE
+from dcpsim.harness.rank_run import run_rank
+from dcpsim.harness.runner import merge_rank_reports
+from dcpsim.model.attention_config import DEFAULT_TOLERANCE, AttentionConfig
 from dcpsim.model.kinds import Storage
 from helpers import builtin, geometries, run, scheduler
 
@@ -91,22 +89,13 @@ def test_other_geometry_and_sizes():
     assert rep.attention_checks == expected_checks(sc)[0]
 
 
-@dataclasses.dataclass(frozen=True)
-class SmallBudgetJob(Job):
-    """A job whose attention check may cost at most 4096 token-keys per (group, request,
-    step): every prefill chunk of the built-ins is then sampled."""
-
-    @cached_property
-    def attention_config(self):
-        return dataclasses.replace(super().attention_config, max_query_keys=4096)
-
-
 def test_huge_chunks_are_sampled():
     sc = builtin("dsv3", 2, 1)
     rep = run(sc, attention=True)
     base_tokens = rep.attention_query_tokens
-    # a tiny budget forces sampling of every prefill chunk; the check still passes
-    rep = run_job(SmallBudgetJob(sc, attention=True))
+    # a tiny budget (at most 4096 token-keys per group, request and step) forces sampling of
+    # every prefill chunk of the built-ins; the check still passes
+    rep = run_job(Job(sc, attention=AttentionConfig(enabled=True, max_query_keys=4096)))
     assert rep.passed and rep.attention_sampled_checks > 0
     assert rep.attention["max_query_keys"] == 4096
     assert rep.attention_query_tokens < base_tokens

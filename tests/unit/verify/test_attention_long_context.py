@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import dcpsim.verify.attention as attention
-from dcpsim.harness.batch import merge_rank_reports
 from dcpsim.harness.collectives import run_in_threads
 from dcpsim.harness.job import Job
-from dcpsim.harness.rank import run_rank
+from dcpsim.harness.rank_run import run_rank
+from dcpsim.harness.runner import merge_rank_reports
 from dcpsim.model.attention_config import DEFAULT_MAX_STEP_KEYS, AttentionConfig
 from dcpsim.model.plan import RequestView, ReqWrite, StepPlan
 from dcpsim.model.vectors import kv_vectors, query_vectors
@@ -168,7 +168,7 @@ def test_queries_follow_the_step_rule():
 
 def step_budget_job(scenario, **options) -> Job:
     """A job whose attention check reads at most 64 keys a step before the step rule skips."""
-    return Job(scenario, attention_max_step_keys=64, **options)
+    return Job.from_options(scenario, attention_max_step_keys=64, **options)
 
 
 def test_run_with_a_tiny_step_budget_passes_and_reports_skips():

@@ -3,18 +3,14 @@ checker, on the built-ins and in the configs it declares, wherever it can show."
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-
 import pytest
 
+from dcpsim.campaigns.selftest import apply_options
 from dcpsim.engine.faults import FAULTS
 from dcpsim.errors import ConfigError
-from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.collectives import CollectiveTimeout
 from dcpsim.harness.job import Job
-from dcpsim.model.config import SimConfig
-from dcpsim.model.scenario import Scenario
+from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
 from helpers import geometries, run
@@ -25,16 +21,9 @@ def _fault_names():
 
 
 def _configured(sc, options):
-    """Apply fault run options: with_overrides arguments, SimConfig fields, or Job fields."""
-    ov_names = set(inspect.signature(Scenario.with_overrides).parameters) - {"self"}
-    cfg_names = {f.name for f in dataclasses.fields(SimConfig)}
-    ov = {k: v for k, v in options.items() if k in ov_names}
-    cfg = {k: v for k, v in options.items() if k in cfg_names and k not in ov_names}
-    job = {k: v for k, v in options.items() if k not in ov_names and k not in cfg_names}
-    sc = sc.with_overrides(**ov)
-    if cfg:
-        sc = dataclasses.replace(sc, config=dataclasses.replace(sc.config, **cfg))
-    return sc, job
+    """Apply fault run options (scenario overrides, SimConfig fields, Job options), as
+    selftest does; the Job options are returned."""
+    return apply_options(sc, options)
 
 
 def test_the_registry_holds_faults():
@@ -65,7 +54,7 @@ def test_every_registered_fault_is_caught(fault):
                 continue
             if f.expects == "hang":  # diverging collectives: a timeout naming the ranks, no verdict
                 with pytest.raises(CollectiveTimeout, match="collective timeout: rank"):
-                    run_jobs([Job(sc, inject=fault, **job)], in_process=True, timeout=2.0)
+                    run_jobs([Job.from_options(sc, inject=fault, in_process=True, timeout=2.0, **job)])
                 caught += 1
                 continue
             rep = run(sc, inject=fault, **job)

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from dcpsim.model.scenario import ScenarioOverrides
 from helpers import builtin, geometries, run
 
 CONFIGS = [(1, 1), (2, 1), (2, 8), (3, 1), (3, 64), (4, 1), (4, 16)]
@@ -53,7 +54,7 @@ def test_sharded_verification_counts_every_index_once():
     base = builtin("dsv3", 1)
     base = dataclasses.replace(base, kv_cache_tokens=None, config=dataclasses.replace(base.config, enable_prefix_caching=False))
     a = run(base)
-    b = run(base.with_overrides(decode_context_parallel_size=2))
+    b = run(base.with_overrides(ScenarioOverrides(decode_context_parallel_size=2)))
     assert a.passed and b.passed
     # block reuse counts differ (pages of 64 vs 128 tokens); everything else is the same schedule
     assert {k: v for k, v in a.schedule.items() if k != "reused_blocks"} == {k: v for k, v in b.schedule.items() if k != "reused_blocks"}

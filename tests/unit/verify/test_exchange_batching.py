@@ -11,15 +11,15 @@ import dataclasses
 import pytest
 
 from dcpsim.errors import ConfigError
-from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.verify.check import Checker, StaleFailure
 from tests.unit.verify.test_incremental_parity import FAULT_NAMES, first_case_job
 
 
 def run(job: Job, every: int):
-    (report,) = run_jobs([dataclasses.replace(job, exchange_every=every)], in_process=True)
+    (report,) = run_jobs([job.with_options(exchange_every=every, in_process=True)])
     return report
 
 
@@ -61,7 +61,7 @@ def test_a_step_queue_reports_every_fault_as_lockstep_does(name, exchanges):
 
 
 def test_a_passing_run_exchanges_once_per_queue_and_at_the_last_step(exchanges):
-    job = Job(load_scenario("dsv3"))
+    job = Job.from_options(load_scenario("dsv3"))
     lockstep = run(job, 1)
     lockstep_calls = len(exchanges["calls"])
     exchanges["calls"].clear()
@@ -94,4 +94,4 @@ def test_a_failure_inside_a_queue_is_reported_after_a_lockstep_rerun(exchanges):
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "8"])
 def test_exchange_every_must_be_a_positive_integer(bad):
     with pytest.raises(ConfigError, match="exchange_every"):
-        Job(load_scenario("dsv3"), exchange_every=bad)
+        Job.from_options(load_scenario("dsv3"), exchange_every=bad)

@@ -10,14 +10,12 @@ index is re-read).
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from dcpsim.campaigns.selftest import plan_selftest
 from dcpsim.engine.faults import FAULTS
-from dcpsim.harness.batch import run_jobs
 from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
 from dcpsim.verify.write_guard import WriteGuard
 
 FAULT_NAMES = [n for n in FAULTS if n != "none" and FAULTS[n].expects != "hang"]
@@ -33,11 +31,11 @@ def first_case_job(name: str) -> Job:
     plan = _PLAN[name]
     case = next(c for c in plan.cases if c.fault == name)
     scenario, fields, _ = plan.resolved[(case.scenario, case.options)]
-    return Job(scenario, inject=name, **fields)
+    return Job.from_options(scenario, inject=name, **fields)
 
 
 def detection(job: Job, mode: str):
-    (report,) = run_jobs([dataclasses.replace(job, verify=mode)], in_process=True)
+    (report,) = run_jobs([job.with_options(verify=mode, in_process=True)])
     f = report.failure
     return report, (report.passed, f and f.kind, f and f.step, f and f.group, f and f.request_id, f and f.index)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import pytest
 from scheduler_mutations import EVICTED_PREFIX_ASKED_AGAIN, PREEMPTED_INSIDE_UNIT, mutated, situations
 
+from dcpsim.model.plan import EventKind
 from dcpsim.verify.report import FailureKind
 from helpers import builtin, run, scheduler
 
@@ -43,7 +44,7 @@ def hit_before(sc, step):
     """Requests admitted with a prefix-cache hit up to ``step`` (under the active mutation)."""
     out = set()
     for plan in scheduler(sc).plans():
-        out |= {ev.split()[1] for ev in plan.events if "prefix-cache hit" in ev}
+        out |= {ev.request_id for ev in plan.events if ev.kind is EventKind.ADMITTED and ev.prefix_hit}
         if plan.step == step:
             return out
     raise AssertionError(f"no step {step}")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dcpsim.harness.write_trace import WriteTrace, interleave_stats
+from dcpsim.campaigns.interleave import interleave_stats
+from dcpsim.engine.serial_ranks import SerialRanks
 from dcpsim.model.layout import local_seq_lens
 from dcpsim.model.plan import WriteRecord
 from dcpsim.views.interleave import write_runs
@@ -91,7 +92,7 @@ def test_trends_on_dsv3_at_w4():
 
 def test_the_trace_hands_out_every_ranks_write_log_of_every_step():
     sc = decode_only(1)
-    trace = WriteTrace(sc)
+    trace = SerialRanks(sc)
     steps = list(trace.steps())
     assert len(steps) == 16
     for plan, logs in steps:

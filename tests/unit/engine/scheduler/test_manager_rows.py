@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
 from helpers import scheduler
 
 
 @pytest.mark.parametrize("name,W", [("dsv41-hybrid", 1), ("dsv41-hybrid", 4), ("dsv3", 2), ("llama4-scout", 2)])
 def test_plan_rows_are_the_lists_and_stay_snapshots(name, W):
-    sc = load_scenario(name).with_overrides(decode_context_parallel_size=W)
+    sc = load_scenario(name).with_overrides(ScenarioOverrides(decode_context_parallel_size=W))
     sched = scheduler(sc)
     kept = []
     nulled = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from dcpsim.model.plan import EventKind
 from helpers import full_rep_spec as full_rep
 from helpers import ring_spec as ring
 from helpers import scheduler
@@ -33,7 +34,7 @@ def test_prefix_hit_unit_is_lcm_of_manager_block_sizes(audit, prefix_scenario):
     # the hit blocks are the very blocks of "first", in both groups
     sched2 = scheduler(sc)
     for plan in sched2.plans():
-        if any(e.startswith("admitted second") for e in plan.events):
+        if any(e.kind is EventKind.ADMITTED and e.request_id == "second" for e in plan.events):
             for g, table in enumerate(plan.rows_before):
                 mbs = sched2.geometries[g].manager_block_size
                 n = 480 // mbs
@@ -52,7 +53,7 @@ def test_no_prefix_hits_when_disabled_or_not_cacheable(why, audit, prefix_scenar
     assert sched.prefix_cache is None
     assert sched.summary["prefix_hit_tokens"] == 0
     assert all(h == 0 for st in aud.req.values() for h in st.hits)
-    assert not any("prefix-cache hit" in e for e in aud.events)
+    assert not any(e.prefix_hit for e in aud.events)
 
 
 @pytest.mark.parametrize("W", [1, 2, 4, 8])
@@ -81,7 +82,7 @@ def test_compressed_hit_reuses_the_blocks_of_both_groups():
     sc = builtin("compressed-prefix", 2)
     sched = scheduler(sc)
     for plan in sched.plans():
-        if any(e.startswith("admitted sys-1 with") for e in plan.events):
+        if any(e.kind is EventKind.ADMITTED and e.request_id == "sys-1" and e.prefix_hit for e in plan.events):
             a, b = (next(r.index for r in sched.requests if r.request_id == rid) for rid in ("sys-0", "sys-1"))
             for g, table in enumerate(plan.rows_after):
                 n = 256 // sched.geometries[g].manager_block_size  # 8 plain blocks, 2 compressed

@@ -9,13 +9,11 @@ must be rejected by the audit alone.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from dcpsim.campaigns.selftest import apply_options
 from dcpsim.engine.faults import FAULTS, Fault
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.block_pool import BlockPool
@@ -24,7 +22,7 @@ from dcpsim.engine.scheduler.request import Request
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Retention
-from dcpsim.model.scenario import Scenario
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
 from helpers import chunked_spec as chunked
@@ -67,7 +65,7 @@ BUILTIN_CASES = [(n, W) for n in ("dsv3", "dsv41-hybrid") for W in (1, 2, 3, 4)]
 def test_audit_builtin_scenarios(name, W, audit):
     sc = load_scenario(name)
     if W is not None:
-        sc = sc.with_overrides(decode_context_parallel_size=W)
+        sc = sc.with_overrides(ScenarioOverrides(decode_context_parallel_size=W))
     sched, aud = audit(sc)
     assert sched.summary["finished"] == len(sc.requests)
     if name in ("dsv3", "dsv41-hybrid"):  # these exercise preemption and rejected drafts
@@ -271,17 +269,13 @@ def test_auditor_rejects_registered_scheduler_faults(fault, auditor):
     """Faults of the engine's registry that act on the scheduler side (prefix keys, releases,
     group layouts) must be rejected by the audit alone, before any rank writes anything."""
     f = FAULTS[fault]
-    ov_names = set(inspect.signature(Scenario.with_overrides).parameters) - {"self"}
     tried = 0
     for name in builtin_scenario_names():
         if "256k" in name or (getattr(f, "scenarios", None) and name not in f.scenarios):
             continue
         for config in getattr(f, "configs", ({},)):
             options = {**config, **getattr(f, "needs", {})}
-            sc = load_scenario(name).with_overrides(**{k: v for k, v in options.items() if k in ov_names})
-            cfg = {k: v for k, v in options.items() if k not in ov_names and hasattr(sc.config, k)}
-            if cfg:
-                sc = dataclasses.replace(sc, config=dataclasses.replace(sc.config, **cfg))
+            sc, _ = apply_options(load_scenario(name), options)
             layouts = geometries(sc)
             if not f.applies_to_scenario(sc, layouts):
                 continue

@@ -13,7 +13,8 @@ from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
-from dcpsim.model.scenario import Scenario
+from dcpsim.model.plan import EventKind, PreemptReason, ScheduleEvent
+from dcpsim.model.scenario import Scenario, ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
 from helpers import full_rep_spec as full_rep
 from helpers import geometries, scheduler
@@ -95,7 +96,8 @@ def test_forced_preemption_frees_everything_and_recomputes(auditor):
         aud.feed(plan)  # checks held + free == pool after every step
         starts += [(plan.step, w.start) for w in plan.writes if w.request_id == "a"]
         if plan.step == 3:
-            assert "preempted a (scenario)" in plan.events
+            assert ScheduleEvent(EventKind.PREEMPTED, "a", reason=PreemptReason.SCENARIO) in plan.events
+            assert "preempted a (scenario)" in map(str, plan.events)  # its line in a timeline
     aud.finish()
     st = aud.req[0]
     assert st.preemptions == [(3, "scenario")]
@@ -112,9 +114,9 @@ def test_no_admission_in_a_step_that_preempted(which, mixed):
     sched = scheduler(sc)
     preempting_steps = 0
     for plan in sched.plans():
-        if any(e.startswith("preempted") for e in plan.events):
+        if any(e.kind is EventKind.PREEMPTED for e in plan.events):
             preempting_steps += 1
-            assert not any(e.startswith("admitted") for e in plan.events), plan.events
+            assert not any(e.kind is EventKind.ADMITTED for e in plan.events), plan.events
     assert preempting_steps
 
 
@@ -171,7 +173,7 @@ def test_determinism_two_schedulers_same_plans(mixed, pressure):
 def test_seed_changes_contents_not_shape(mixed):
     sc = mixed(W=2, I=2)
     a = list(scheduler(sc).plans())
-    sc2 = sc.with_overrides(seed=7)
+    sc2 = sc.with_overrides(ScenarioOverrides(seed=7))
     b = list(scheduler(sc2).plans())
     assert not np.array_equal(a[0].writes[0].contents, b[0].writes[0].contents)
 
@@ -235,7 +237,7 @@ def test_no_windowed_request_holds_more_blocks_than_its_pool_counts_it_at(name, 
     # request of every step of the built-ins must fit in that
     from dcpsim.engine.scheduler.scheduler import windowed_live_blocks
 
-    sched = scheduler(load_scenario(name).with_overrides(decode_context_parallel_size=W))
+    sched = scheduler(load_scenario(name).with_overrides(ScenarioOverrides(decode_context_parallel_size=W)))
     bounds = [windowed_live_blocks(g, sched.config) for g in sched.geometries]
     assert any(b is not None for b in bounds)
     most = [0] * len(bounds)

@@ -40,6 +40,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from dcpsim.errors import ConfigError
+from dcpsim.model.connector import InstanceLayout, check_block_matching
+from dcpsim.model.parallel import default_tensor_parallel_size
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.model.specs import CircularBufferSpec, MambaSpec
 from dcpsim.model.validate import is_int
 
@@ -68,8 +71,6 @@ class Instance:
     @property
     def world_size(self) -> int:
         """The instance's processes: ``pcp * tp``."""
-        from dcpsim.model.parallel import default_tensor_parallel_size
-
         pcp, dcp = self.prefill_context_parallel_size, self.decode_context_parallel_size
         tp = self.tensor_parallel_size or default_tensor_parallel_size(pcp, dcp)
         return pcp * tp
@@ -140,15 +141,17 @@ def instance_scenario(scenario, role: str):
         interleave = scenario.config.cp_kv_cache_interleave_size
         if pd.kv_connector == "nixl" and inst.decode_context_parallel_size > 1:
             # the instance's layers at its block size (W = 1 here: the interleave is not checked yet)
-            layers = scenario.with_overrides(decode_context_parallel_size=1, block_size=inst.block_size).layers
+            layers = scenario.with_overrides(ScenarioOverrides(decode_context_parallel_size=1, block_size=inst.block_size)).layers
             interleave = smallest_block_size(layers) or interleave
     # every size at once: the interleave is checked against the instance's block size, not [config]'s
     out = scenario.with_overrides(
-        decode_context_parallel_size=inst.decode_context_parallel_size,
-        prefill_context_parallel_size=inst.prefill_context_parallel_size,
-        tensor_parallel_size=inst.tensor_parallel_size,
-        block_size=inst.block_size,
-        cp_kv_cache_interleave_size=interleave,
+        ScenarioOverrides(
+            decode_context_parallel_size=inst.decode_context_parallel_size,
+            prefill_context_parallel_size=inst.prefill_context_parallel_size,
+            tensor_parallel_size=inst.tensor_parallel_size,
+            block_size=inst.block_size,
+            cp_kv_cache_interleave_size=interleave,
+        )
     )
     out = dataclasses.replace(out, name=f"{scenario.name}[{role}]", disaggregated=None)
     if role == "prefill":
@@ -161,8 +164,6 @@ def instance_layout(scenario, role: str):
     (``model.connector.InstanceLayout``; imported here: loading a scenario needs no numpy):
     its ``W`` KV shards as ``pcp`` PCP ranks of ``W // pcp`` DCP ranks (one shard when
     ``W = 1``; see the module doc)."""
-    from dcpsim.model.connector import InstanceLayout
-
     sc = instance_scenario(scenario, role)
     inst = scenario.disaggregated.instance(role)
     w, pcp = inst.decode_context_parallel_size, inst.prefill_context_parallel_size
@@ -185,8 +186,6 @@ def shard_ranks(scenario, role: str) -> list[int]:
 def check_disaggregation(scenario) -> None:
     """The connector's own rules (exit 2, naming the field): NIXL consumers have no PCP,
     a NIXL producer's PCP follows vLLM 0.33.0's rule, and NIXL matches whole blocks."""
-    from dcpsim.model.connector import check_block_matching
-
     pd: Disaggregation = scenario.disaggregated
     if pd.kv_connector != "nixl":
         return

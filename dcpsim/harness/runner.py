@@ -19,46 +19,50 @@ from dataclasses import dataclass
 from dcpsim.collectives import Collectives
 from dcpsim.harness.collectives import GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
-from dcpsim.harness.rank import run_rank
+from dcpsim.harness.progress import NO_PROGRESS, Progress
+from dcpsim.harness.rank_run import STEP_PHASES, run_rank
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder, TracedCollectives, TraceRecorder
 from dcpsim.harness.trace_file import Trace
+from dcpsim.harness.world import PIPE_PROGRESS, RANK_PRELOAD, run_world, send_event
 from dcpsim.plural import plural
 from dcpsim.verify.report import Failure, FailureKind, RunReport
 
 
-def run_batch(jobs: list[Job], coll: Collectives, on_job=None, recorder: NullRecorder = NULL_RECORDER) -> list[RunReport]:
+def run_batch(
+    jobs: list[Job], coll: Collectives, on_job=None, recorder: NullRecorder = NULL_RECORDER, progress: Progress = NO_PROGRESS
+) -> list[RunReport]:
     """What every rank runs: the jobs in turn, over one ``Collectives``; ``on_job(k, report,
     seconds)`` after each, with this rank's report and the time it took."""
     reports = []
     for k, job in enumerate(jobs):
         start = time.perf_counter()
         with recorder.span(f"job {k}: {job.scenario.name}", "job"):
-            reports.append(run_rank(job, coll, recorder=recorder))
+            reports.append(run_rank(job, coll, recorder=recorder, progress=progress))
         if on_job is not None:
             on_job(k, reports[-1], time.perf_counter() - start)
     return reports
 
 
-def rank_batch(payload: tuple[list[Job], int | None], coll: Collectives, on_job=None) -> tuple[list[RunReport], list[dict]]:
+def rank_batch(
+    payload: tuple[list[Job], int | None], coll: Collectives, on_job=None, progress: Progress = NO_PROGRESS
+) -> tuple[list[RunReport], list[dict]]:
     """A rank's batch: ``payload`` is the jobs and the trace's clock origin (None: no
     trace). Returns the reports and the rank's trace events."""
     jobs, origin_ns = payload
     if origin_ns is None:
-        return run_batch(jobs, coll, on_job), []
+        return run_batch(jobs, coll, on_job, progress=progress), []
     recorder = TraceRecorder(coll.rank, origin_ns)
-    return run_batch(jobs, TracedCollectives(coll, recorder), on_job, recorder), recorder.events
+    return run_batch(jobs, TracedCollectives(coll, recorder), on_job, recorder, progress), recorder.events
 
 
 def _tell_parent(k: int, report: RunReport, seconds: float) -> None:
-    from dcpsim.harness.world import send_event
-
     send_event(("job", k, report, seconds))
 
 
 def gloo_rank_batch(payload: tuple[list[Job], int | None], rank: int, world_size: int):
     """``world.run_world`` target: ``rank_batch`` over the rank's gloo process group, telling
     the parent as each job ends."""
-    return rank_batch(payload, GlooCollectives(rank, world_size), on_job=_tell_parent)
+    return rank_batch(payload, GlooCollectives(rank, world_size), on_job=_tell_parent, progress=PIPE_PROGRESS)
 
 
 def _thread_rank_batch(payload, coll: Collectives, tally: JobTally):
@@ -91,28 +95,21 @@ class JobTally:
             self.add(rank, *payload[1:])
 
 
-def run_jobs(
-    jobs: list[Job],
-    *,
-    in_process: bool = False,
-    timeout: float = 30.0,
-    deadline: float | None = None,
-    on_job=None,
-    on_wait=None,
-    trace: Trace | None = None,
-) -> list[RunReport]:
-    """Run jobs of one W in turn in one world; one merged report per job.
+def run_jobs(jobs: list[Job], *, on_job=None, on_wait=None, trace: Trace | None = None) -> list[RunReport]:
+    """Run jobs of one W in turn in one world (their ``WorldOptions``: gloo processes or
+    threads, the timeout, the deadline); one merged report per job.
 
     ``on_job(k, report, seconds)`` is called as job ``k`` ends on every rank (the merged
     report, the slowest rank's time); ``on_wait(message)`` when a gloo world keeps the
     parent waiting (``world.run_world``). With ``trace``, the ranks record their events
-    into it. The default deadline is a backstop (a hang ends at the process-group timeout):
-    ``2 * timeout + 30`` s for one job, 10 s more per further job, so a long batch of
-    healthy runs is never cut short.
+    into it.
     """
-    world = jobs[0].world_size
+    world, options = jobs[0].world_size, jobs[0].world
     if any(j.world_size != world for j in jobs):
         raise ValueError("run_jobs: every job of one world must have the same world size (PCP x TP)")
+    if any(j.world != options for j in jobs):
+        raise ValueError("run_jobs: every job of one world must have the same WorldOptions")
+    in_process, timeout = options.in_process, options.timeout
     tally = JobTally(world, on_job or (lambda k, report, seconds: None))
     payload = (jobs, None if trace is None else trace.origin_ns)
     launcher = NULL_RECORDER if trace is None else trace.launcher(world)
@@ -120,20 +117,15 @@ def run_jobs(
     if in_process:
         per_rank = run_in_threads(functools.partial(_thread_rank_batch, tally=tally), payload, world, timeout=timeout)
     else:
-        from dcpsim.harness.rank import STEP_PHASES
-        from dcpsim.harness.world import run_world
-
-        if deadline is None:
-            deadline = 2 * timeout + 30 + 10 * (len(jobs) - 1)
-        preload = ("dcpsim.harness.batch",)
-        if any(j.engine == "vllm" for j in jobs):  # import Triton once, in the forkserver
+        preload = (RANK_PRELOAD,)
+        if any(j.engine.name == "vllm" for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.vllm.preload",)
         per_rank = run_world(
             gloo_rank_batch,
             payload,
             world_size=world,
             pg_timeout_s=timeout,
-            deadline_s=deadline,
+            deadline_s=options.deadline_for(len(jobs)),
             preload=preload,
             on_event=tally.on_event,
             on_wait=on_wait,
@@ -162,7 +154,7 @@ class JobOutcome:
     world, the wall time of the world it ran alone in."""
 
 
-def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0, on_outcome=None, on_wait=None) -> list[JobOutcome]:
+def run_each(jobs: list[Job], *, on_outcome=None, on_wait=None) -> list[JobOutcome]:
     """Run jobs of one W in one world; if that world breaks, rerun each job it did not
     finish in a world of its own, so that the breakage is attributed to the job(s) that
     cause it. ``on_outcome(k, outcome)`` is called once per job, as it ends. The one batch
@@ -179,7 +171,7 @@ def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
 
     start = time.perf_counter()
     try:
-        run_jobs(jobs, in_process=in_process, timeout=timeout, on_job=done, on_wait=on_wait)
+        run_jobs(jobs, on_job=done, on_wait=on_wait)
     except Exception as exc:  # noqa: BLE001 - rerun the unfinished jobs one by one to attribute the breakage
         if len(jobs) == 1 and 0 not in outcomes:  # a world of its own already: no rerun needed
             settle(0, JobOutcome(None, exc, time.perf_counter() - start))
@@ -188,13 +180,7 @@ def run_each(jobs: list[Job], *, in_process: bool = False, timeout: float = 30.0
             continue
         start = time.perf_counter()
         try:
-            run_jobs(
-                [job],
-                in_process=in_process,
-                timeout=timeout,
-                on_wait=on_wait,
-                on_job=lambda _, report, seconds, k=k: done(k, report, seconds),
-            )
+            run_jobs([job], on_wait=on_wait, on_job=lambda _, report, seconds, k=k: done(k, report, seconds))
         except Exception as exc:  # noqa: BLE001 - reported in the outcome
             if k not in outcomes:
                 settle(k, JobOutcome(None, exc, time.perf_counter() - start))

@@ -1,5 +1,5 @@
 """``dcpsim run`` of a scenario with a ``[disaggregated]`` table: a prefill and a decode
-instance in one gloo world, joined by a KV connector (``dcpsim.harness.disagg``).
+instance in one gloo world, joined by a KV connector (``dcpsim.harness.pd``).
 
 Flags override the table: ``--prefill-dcp W`` / ``--decode-dcp W`` (each instance's
 ``decode_context_parallel_size``), ``--prefill-interleave I`` / ``--decode-interleave I``,
@@ -12,7 +12,15 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from dcpsim.cli.flags import options_from
+from dcpsim.cli.outcome import json_errors
+from dcpsim.cli.progress import print_waiting
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
+from dcpsim.harness.budget import check_pd_budget, cpu_warning
+from dcpsim.harness.pd import run_pd
+from dcpsim.harness.pd_job import PDJob, prepare_pd
+from dcpsim.harness.world_options import WorldOptions
+from dcpsim.scenarios.pd import ROLES, check_disaggregation
 
 _INSTANCE_FLAGS = {
     "dcp": "decode_context_parallel_size",
@@ -75,8 +83,6 @@ def pd_overrides(args) -> dict:
 
 def with_pd_overrides(scenario, overrides: dict):
     """``scenario`` with its instances and connector overridden, checked again."""
-    from dcpsim.scenarios.disagg import check_disaggregation
-
     if not overrides:
         return scenario
     if scenario.disaggregated is None:
@@ -93,26 +99,19 @@ def with_pd_overrides(scenario, overrides: dict):
     return out
 
 
-def _check_pd_budget(job, args) -> None:
+def _check_pd_budget(job: PDJob, force: bool) -> None:
     """Refuse (exit 2) a P/D run the machine cannot hold, before the dry runs; warn when
     the instances' ranks outnumber the CPUs."""
-    from dcpsim.harness.budget import check_pd_budget, cpu_warning
-    from dcpsim.scenarios.disagg import ROLES
-
     instances = {role: job.instance(role) for role in ROLES}
-    check_pd_budget(instances, force=getattr(args, "force", False))
+    check_pd_budget(instances, force=force)
     warning = cpu_warning(sum(sc.config.world_size for sc in instances.values()))
     if warning:
         print(warning, file=sys.stderr)
 
 
 def run_disaggregated(args, scenario) -> int:
-    from dcpsim.cli.options import json_errors
-    from dcpsim.cli.progress import print_waiting
-    from dcpsim.harness.disagg import PDJob, prepare_pd, run_pd
-
     with json_errors(args.json):
-        if getattr(args, "dcp", None) is not None:
+        if args.decode_context_parallel_size is not None:
             raise ConfigError(
                 "--decode-context-parallel-size sizes one instance; a P/D scenario's instances take --prefill-dcp and --decode-dcp"
             )
@@ -121,11 +120,11 @@ def run_disaggregated(args, scenario) -> int:
                 raise ConfigError(f"--{flag.replace('_', '-')} is not supported for P/D runs yet")
         job = PDJob(scenario, inject=args.inject)
         try:
-            _check_pd_budget(job, args)
+            _check_pd_budget(job, args.force)
             prepare_pd(job)
         except ConfigError as exc:
             raise ConfigError(f"{scenario.source}: {exc}") from None
-        report = run_pd(job, timeout=args.timeout, deadline=args.deadline, on_wait=print_waiting)
+        report = run_pd(job, world=options_from(WorldOptions, args), on_wait=print_waiting)
     print(report.to_json() if args.json else report.text())
     sys.stdout.flush()
     return EXIT_OK if report.passed else EXIT_CHECK_FAILED

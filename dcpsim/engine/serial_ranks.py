@@ -1,9 +1,7 @@
-"""The engine side of a run with every rank in this thread: the scheduler's plans applied
-by one ``ModelRunner`` per rank, each step's write logs handed out. No checker and no
-world (the ranks of the write path never talk to each other), so analyses can run a
-schedule many times cheaply.
-
-``interleave_stats`` feeds the sharded groups' steps to ``dcpsim.views.interleave``.
+"""``SerialRanks``: the engine's write path of a schedule for every rank, one after another in
+this thread. No checker and no world (the ranks of the write path never talk to each
+other), so analyses can run a schedule many times cheaply (``dcpsim interleave``,
+``dcpsim.campaigns.interleave``).
 """
 
 from __future__ import annotations
@@ -20,10 +18,9 @@ from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import StepPlan, WriteRecord
 from dcpsim.model.scenario import Scenario
-from dcpsim.views.interleave import GroupStep, InterleaveStats
 
 
-class WriteTrace:
+class SerialRanks:
     def __init__(self, scenario: Scenario, engine: Engine | None = None):
         self.engine = engine or ReferenceEngine()
         self.dcp_size = scenario.config.decode_context_parallel_size
@@ -55,26 +52,3 @@ class WriteTrace:
         return np.stack(
             [np.asarray(self.engine.local_seq_lens(geometry, entries, r), dtype=np.int64).reshape(-1) for r in range(self.dcp_size)], axis=1
         )
-
-
-def interleave_stats(scenario: Scenario, engine: Engine | None = None) -> list[tuple[GroupGeometry, dict]]:
-    """Run the schedule once; the ``InterleaveStats`` result of every sharded group."""
-    trace = WriteTrace(scenario, engine)
-    sharded = [g for g in trace.geometries if g.sharded]
-    stats = {g.group_id: InterleaveStats(trace.dcp_size) for g in sharded}
-    for plan, logs in trace.steps():
-        for g in sharded:
-            records = tuple(tuple(rec for rec in log if rec.group == g.group_id) for log in logs)
-            stops = [w.stop for w in plan.writes]
-            local = trace.local_lens(g, stops) if stops else np.zeros((0, trace.dcp_size), dtype=np.int64)
-            stats[g.group_id].add(GroupStep(plan.writes, records, local))
-    requests = trace.scheduler.requests
-    out = []
-    for g in sharded:
-        final = trace.entries(g, [r.num_computed for r in requests])
-        local = trace.local_lens(g, [r.num_computed for r in requests])
-        result = stats[g.group_id].result(
-            {r.index: int(n) for r, n in zip(requests, final)}, {r.index: lens for r, lens in zip(requests, local)}
-        )
-        out.append((g, result))
-    return out

@@ -1,0 +1,213 @@
+"""A disaggregated prefill/decode run: two instances in one gloo world, joined by a KV connector.
+
+The world has ``P + D`` processes (each instance's ``pcp * tp``): world ranks ``0 .. P-1``
+are the prefill instance, ``P .. P+D-1`` the decode instance, each instance a gloo subgroup
+(``dist.new_group``) that its own run (``run_rank``: scheduler, worker, checker) uses for
+every collective. An instance's own DCP, PCP and TP groups are made on every process of
+the world at the job's start (``harness.groups.make_world_groups``: ``new_group`` is
+collective over the whole world), so the instance's run finds them made. One world
+rather than two joined by a store: one supervisor (``world.run_world``) sees both
+instances, so a crash or a hang on either side is reported with every rank's progress,
+and the transfer is plain point-to-point ``send``/``recv`` of the default group.
+
+1. The prefill instance runs every prompt (requests end after the first output token) and
+   is verified like any run; as each request finishes, each rank reads the prompt's pages
+   through its block table (``engine.connector.read_pages``).
+2. The connector transfers every prompt: for each (prefill rank, decode rank) pair, one
+   tensor of the entries its routes move (``KVConnector.routes``), sent with ``isend``.
+   A route's prefill rank is a shard of the connector layout (``instance_layout``): the
+   prefill instance's first DCP group serves the KV (``shard_ranks``; with PCP and several
+   DCP groups the others are replicas, and with ``W = 1`` rank 0 alone serves it).
+3. The decode instance admits each request with its prompt's KV loaded (all but the last
+   prompt token computed), writes the received entries at the slots its own block table
+   gives, decodes the rest and is verified like any run. The checker never sees the
+   connector's math: it judges the decode stores from the decode instance's scenario.
+
+The decode instance is one DCP group (``require_one_dcp_group``): no PCP, TP = its W.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dcpsim.engine.connector import LoadedScheduler, gather_entries, read_pages, write_loaded
+from dcpsim.engine.scheduler.request import Status
+from dcpsim.engine.scheduler.scheduler import Scheduler
+from dcpsim.harness.collectives import GlooCollectives
+from dcpsim.harness.groups import make_world_groups
+from dcpsim.harness.job import Job
+from dcpsim.harness.pd_job import PDJob, instance_sizes, prepare_pd
+from dcpsim.harness.pd_report import PDReport
+from dcpsim.harness.progress import NO_PROGRESS, Progress
+from dcpsim.harness.rank_run import run_rank
+from dcpsim.harness.runner import merge_rank_reports
+from dcpsim.harness.world import PIPE_PROGRESS, run_world
+from dcpsim.harness.world_options import WorldOptions
+from dcpsim.model.kv_entry import FIELDS
+from dcpsim.scenarios.pd import ROLES, shard_ranks
+
+WORLD = WorldOptions()
+
+# ----------------------------------------------------------------------------- rank side
+
+
+class PrefillInstance:
+    """Reads each finished prompt's pages (the connector's source blocks)."""
+
+    scheduler_class = Scheduler
+
+    def __init__(self):
+        self.pages: dict[int, dict[int, np.ndarray]] = {}
+
+    def before_write(self, plan, runner) -> None:
+        pass
+
+    def after_step(self, plan, runner, scheduler) -> None:
+        for req in scheduler.requests:
+            if req.status is Status.FINISHED and req.index not in self.pages:
+                self.pages[req.index] = {
+                    g: read_pages(runner, g, plan.rows_after[g][req.index])
+                    for g in range(len(runner.stores))
+                    if req.index in plan.rows_after[g]
+                }
+
+
+class DecodeInstance:
+    """Writes each admitted prompt's received entries at its own slots."""
+
+    scheduler_class = LoadedScheduler
+
+    def __init__(self, received: dict):
+        self.received = received
+        self.written = 0
+
+    def before_write(self, plan, runner) -> None:
+        if plan.loaded:
+            self.written += write_loaded(plan, runner, self.received)
+
+    def after_step(self, plan, runner, scheduler) -> None:
+        pass
+
+
+def _send_prompts(pairs, pages, rank: int, prefill_size: int, shards: list[int]) -> int:
+    """``rank``'s routes (``shards``: the instance rank of each source shard)."""
+    handles, sent = [], 0
+    for (p, d), items in sorted(pairs.items()):
+        if shards[p] != rank:
+            continue
+        empty = np.zeros((0, len(FIELDS)), np.int64)
+        chunks = [gather_entries(pages.get(i, {}).get(g, empty), route.src_local) for i, g, route in items]
+        tensor = torch.from_numpy(np.concatenate(chunks))
+        handles.append(dist.isend(tensor, dst=prefill_size + d))
+        sent += len(tensor)
+    for h in handles:
+        h.wait()
+    return sent
+
+
+def _receive_prompts(pairs, rank: int, shards: list[int]) -> dict:
+    """The entries the prefill ranks send ``rank``: request -> group -> (local indices, entries)."""
+    buffers, handles = [], []
+    for (p, d), items in sorted(pairs.items()):
+        if d != rank:
+            continue
+        buf = torch.empty((sum(len(route.src_local) for _, _, route in items), len(FIELDS)), dtype=torch.int64)
+        handles.append(dist.irecv(buf, src=shards[p]))
+        buffers.append((items, buf))
+    for h in handles:
+        h.wait()
+    parts: dict[int, dict[int, list]] = {}
+    for items, buf in buffers:
+        entries, at = buf.numpy(), 0
+        for i, g, route in items:
+            n = len(route.dst_local)
+            parts.setdefault(i, {}).setdefault(g, []).append((route.dst_local, entries[at : at + n]))
+            at += n
+    return {
+        i: {g: (np.concatenate([a for a, _ in chunks]), np.concatenate([b for _, b in chunks])) for g, chunks in by_group.items()}
+        for i, by_group in parts.items()
+    }
+
+
+def pd_rank(job: PDJob, rank: int, world: GlooCollectives, progress: Progress = NO_PROGRESS):
+    """One rank of either instance of ``job``; ``world``: the default world's collectives
+    (world ranks past ``job.world_size`` only take part in making the groups, which every
+    rank of the world must)."""
+    prefill_size = job.sizes[0]
+    instances = world.subgroup("pd-instance", [list(range(prefill_size)), list(range(prefill_size, job.world_size))])
+    make_world_groups(world, [(0, job.instance("prefill").config), (prefill_size, job.instance("decode").config)])
+    if rank >= job.world_size:
+        return None
+    pairs = job.pairs()
+    fault = job.fault()
+    shards = shard_ranks(job.scenario, "prefill")
+    if rank < prefill_size:
+        instance = PrefillInstance()
+        report = run_rank(Job(job.instance("prefill")), instances, engine=fault.engine("prefill"), instance=instance, progress=progress)
+        progress.set(report.steps, "kv transfer (send)")
+        sent = _send_prompts(pairs, instance.pages, rank, prefill_size, shards)
+        return "prefill", report, sent
+    progress.set(None, "kv transfer (receive)")
+    instance = DecodeInstance(_receive_prompts(pairs, rank - prefill_size, shards))
+    report = run_rank(Job(job.instance("decode")), instances, engine=fault.engine("decode"), instance=instance, progress=progress)
+    return "decode", report, instance.written
+
+
+def pd_world(jobs: list[PDJob], rank: int, world_size: int) -> list:
+    """``world.run_world`` target: the jobs in turn, each on the world's first ranks (their
+    process groups shared: gloo groups are never freed)."""
+    world = GlooCollectives(rank, world_size)
+    out = []
+    for job in jobs:
+        out.append(pd_rank(job, rank, world, PIPE_PROGRESS))
+        dist.barrier()  # the next job's groups start from a quiet world
+    return out
+
+
+# ----------------------------------------------------------------------------- parent side
+
+
+def run_pd(job: PDJob, *, world: WorldOptions = WORLD, on_wait=None) -> PDReport:
+    """Validate, run the world of both instances, merge each instance's rank reports."""
+    return run_pd_batch([job], world=world, on_wait=on_wait)[0]
+
+
+def run_pd_batch(jobs: list[PDJob], *, world: WorldOptions = WORLD, on_wait=None) -> list[PDReport]:
+    """Several P/D runs in turn in one gloo world of the largest ``P + D`` (world start-up
+    and forks once; ``world``'s timeout and deadline); each validated first."""
+    for job in jobs:
+        prepare_pd(job)
+    start = time.perf_counter()
+    per_rank = run_world(
+        pd_world,
+        jobs,
+        world_size=max(j.world_size for j in jobs),
+        pg_timeout_s=world.timeout,
+        deadline_s=world.deadline_for(len(jobs)),
+        preload=("dcpsim.harness.pd",),
+        on_wait=on_wait,
+    )
+    seconds = (time.perf_counter() - start) / len(jobs)
+    reports = []
+    for k, job in enumerate(jobs):
+        results = [ranks[k] for ranks in per_rank if ranks[k] is not None]
+        by_role = {role: [r for r in results if r[0] == role] for role in ROLES}
+        layouts = {role: instance_sizes(job.scenario, role) for role in ROLES}
+        reports.append(
+            PDReport(
+                scenario=job.scenario.name,
+                kv_connector=job.scenario.disaggregated.kv_connector,
+                prefill=merge_rank_reports([r[1] for r in by_role["prefill"]]),
+                decode=merge_rank_reports([r[1] for r in by_role["decode"]]),
+                entries_sent=sum(r[2] for r in by_role["prefill"]),
+                entries_written=sum(r[2] for r in by_role["decode"]),
+                inject=job.inject,
+                wall_time_s=seconds,
+                layouts=layouts,
+            )
+        )
+    return reports

@@ -1,0 +1,116 @@
+"""``PDJob``: a disaggregated prefill/decode run (a scenario with a ``[disaggregated]`` table
+and an optional P/D fault), validated before any rank starts, and each instance's sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dcpsim.engine.connector import CONNECTORS, LoadedScheduler
+from dcpsim.engine.faults import PDFault, get_pd_fault
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.scheduler.scheduler import Scheduler
+from dcpsim.errors import ConfigError
+from dcpsim.model.kinds import Storage
+from dcpsim.model.scenario import Scenario
+from dcpsim.scenarios.pd import ROLES, check_disaggregation, instance_layout, instance_scenario
+
+
+def require_one_dcp_group(scenario: Scenario) -> None:
+    """The decode instance loads each prompt into one DCP group: PCP 1 and TP = its W (exit 2)."""
+    layout = instance_scenario(scenario, "decode").config.parallel_layout
+    if layout.pcp > 1 or layout.world_size != layout.dcp:
+        raise ConfigError(
+            f"disaggregated.decode: prefill_context_parallel_size {layout.pcp}, tensor_parallel_size {layout.tp}, "
+            f"decode_context_parallel_size {layout.dcp}: the decode instance of a P/D run is one DCP group "
+            "(prefill_context_parallel_size 1, tensor_parallel_size = decode_context_parallel_size)"
+        )
+
+
+@dataclass(frozen=True)
+class PDJob:
+    scenario: Scenario
+    inject: str | None = None
+    """A P/D fault (``dcpsim.engine.faults.pd``)."""
+
+    def __post_init__(self) -> None:
+        if self.scenario.disaggregated is None:
+            raise ConfigError(f"scenario {self.scenario.name!r} has no [disaggregated] table")
+        fault = get_pd_fault(self.inject)
+        kind = self.scenario.disaggregated.kv_connector
+        if self.inject and fault.connector(kind) is not None and fault.kv_connector != kind:
+            raise ConfigError(
+                f"--inject {self.inject}: the fault is in the {fault.kv_connector} connector; this run uses "
+                f"kv_connector = {kind} (--kv-connector {fault.kv_connector})"
+            )
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """Each instance's processes (``pcp * tp``)."""
+        pd = self.scenario.disaggregated
+        return pd.prefill.world_size, pd.decode.world_size
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.sizes)
+
+    def fault(self) -> PDFault:
+        return get_pd_fault(self.inject)
+
+    def instance(self, role: str) -> Scenario:
+        return instance_scenario(self.scenario, role)
+
+    def connector(self):
+        return self.fault().connector(self.scenario.disaggregated.kv_connector) or CONNECTORS[self.scenario.disaggregated.kv_connector]()
+
+    def pairs(self) -> dict[tuple[int, int], list]:
+        """(prefill rank, decode rank) -> [(request index, group, Route)], in one order for both sides."""
+        src, dst = instance_layout(self.scenario, "prefill"), instance_layout(self.scenario, "decode")
+        groups = len(ReferenceEngine().geometries(self.instance("decode").layers, self.instance("decode").config))
+        connector = self.connector()
+        out: dict[tuple[int, int], list] = {}
+        for i, req in enumerate(self.scenario.requests):
+            for route in connector.routes(req.prompt_len, src, dst):
+                for g in range(groups):
+                    out.setdefault((route.src_rank, route.dst_rank), []).append((i, g, route))
+        return out
+
+
+def prepare_pd(job: PDJob) -> dict:
+    """Validate a P/D run before any rank starts (exit 2 naming the field); dry-run both
+    instances' schedules. Returns their summaries."""
+    scenario = job.scenario
+    check_disaggregation(scenario)
+    require_one_dcp_group(scenario)
+    summaries = {}
+    for role in ROLES:
+        sc = job.instance(role)
+        engine = ReferenceEngine()
+        geometries = engine.geometries(sc.layers, sc.config)
+        for g in geometries:
+            if g.storage is not Storage.PAGED or g.tokens_per_state != 1 or g.draft or not (g.sharded or g.dcp_size == 1):
+                raise ConfigError(
+                    f"disaggregated: group {g.name} ({g.storage}, {'sharded' if g.sharded else 'replicated'}) "
+                    "is not supported in P/D runs yet: every KV-cache group must be a sharded, paged, "
+                    "uncompressed attention cache of the target model"
+                )
+        if len({g.block_size for g in geometries}) != 1:
+            raise ConfigError("disaggregated: P/D runs need one block size for every KV-cache group")
+        scheduler = (LoadedScheduler if role == "decode" else Scheduler)(sc, engine, geometries)
+        for _ in scheduler.plans():
+            pass
+        summaries[role] = scheduler.summary
+    return summaries
+
+
+def instance_sizes(scenario: Scenario, role: str) -> dict:
+    """An instance's sizes as run (``W`` its DCP group's) and its connector layout's shards."""
+    config = instance_scenario(scenario, role).config
+    layout = instance_layout(scenario, role)
+    return dict(
+        decode_context_parallel_size=config.decode_context_parallel_size,
+        prefill_context_parallel_size=config.prefill_context_parallel_size,
+        tensor_parallel_size=config.parallel_layout.tp,
+        cp_kv_cache_interleave_size=layout.cp_kv_cache_interleave_size,
+        block_size=layout.block_size,
+        kv_shards=layout.cp_size,
+    )
