@@ -24,13 +24,13 @@ class DryRun:
     request was not running at that step."""
 
 
-def dry_run(scenario: Scenario) -> DryRun:
-    """Validate everything and dry-run the schedule with the reference engine. Always
-    unfaulted: it judges the user's scenario. An injected fault acts in the ranks only,
-    where every rank runs the same faulted (deterministic) scheduler, so the ranks stay
-    in lockstep."""
+def dry_run(scenario: Scenario, scheduler_class: type[Scheduler] = Scheduler) -> DryRun:
+    """Validate everything and dry-run the schedule with the reference engine (and
+    ``scheduler_class``: a P/D decode instance's loads its prompts). Always unfaulted: it
+    judges the user's scenario. An injected fault acts in the ranks only, where every rank
+    runs the same faulted (deterministic) scheduler, so the ranks stay in lockstep."""
     engine = ReferenceEngine()
-    scheduler = Scheduler(scenario, engine, engine.geometries(scenario.layers, scenario.config))
+    scheduler = scheduler_class(scenario, engine, engine.geometries(scenario.layers, scenario.config))
     fired = {
         (event.request_id, plan.step)
         for plan in scheduler.plans()

@@ -10,6 +10,7 @@ from dcpsim.engine.faults import PDFault, get_pd_fault
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
+from dcpsim.harness.dry_run import dry_run
 from dcpsim.model.kinds import Storage
 from dcpsim.model.scenario import Scenario
 from dcpsim.scenarios.pd import ROLES, check_disaggregation, instance_layout, instance_scenario
@@ -95,11 +96,14 @@ def prepare_pd(job: PDJob) -> dict:
                 )
         if len({g.block_size for g in geometries}) != 1:
             raise ConfigError("disaggregated: P/D runs need one block size for every KV-cache group")
-        scheduler = (LoadedScheduler if role == "decode" else Scheduler)(sc, engine, geometries)
-        for _ in scheduler.plans():
-            pass
-        summaries[role] = scheduler.summary
+        summaries[role] = dry_run(sc, scheduler_class=instance_scheduler(role)).summary
     return summaries
+
+
+def instance_scheduler(role: str) -> type[Scheduler]:
+    """The scheduler of an instance: the decode instance's admits prompts whose KV the
+    connector loads (``LoadedScheduler``)."""
+    return LoadedScheduler if role == "decode" else Scheduler
 
 
 def instance_sizes(scenario: Scenario, role: str) -> dict:

@@ -21,7 +21,8 @@ Every built-in's own W is a valid size, and so are 2 and 4, with two explicit ca
   and the selftest baselines run, is checked like any other; its two instances at the sizes
   the table gives them: the prefill instance drops every ``preempt_at_steps`` (its requests
   end at their first token), and the decode instance schedules with ``LoadedScheduler``
-  (prompts arrive with their KV), so it is dry-run with that scheduler.
+  (prompts arrive with their KV), so it is dry-run with that scheduler
+  (``harness.pd_job.instance_scheduler``).
 """
 
 from __future__ import annotations
@@ -31,19 +32,19 @@ import dataclasses
 import pytest
 
 from dcpsim.cli import main
-from dcpsim.engine.connector import LoadedScheduler
-from dcpsim.harness import rank
-from dcpsim.harness.rank import dry_run
-from dcpsim.scenarios.disagg import instance_scenario
+from dcpsim.harness.dry_run import dry_run
+from dcpsim.harness.pd_job import instance_scheduler
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.pd import instance_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
 
 EXTRA_SIZES = (2, 4)
 """W = 2 beside each built-in's own W, and the quick start's W = 4."""
 
 
-def never_fires(scenario, where: str) -> list[str]:
-    found = dry_run(scenario)
+def never_fires(scenario, where: str, role: str | None = None) -> list[str]:
+    found = dry_run(scenario, scheduler_class=instance_scheduler(role)) if role else dry_run(scenario)
     return [
         f"{where}: request {rid!r}: preempt_at_steps {step} never fires (the schedule has {found.steps} steps)"
         for rid, step in found.unfired_preemptions
@@ -51,13 +52,13 @@ def never_fires(scenario, where: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", builtin_scenario_names())
-def test_every_declared_preemption_fires_at_its_own_w_at_2_and_at_4(name, monkeypatch, capsys):
+def test_every_declared_preemption_fires_at_its_own_w_at_2_and_at_4(name, capsys):
     scenario = load_scenario(name)
     own = scenario.config.decode_context_parallel_size
     sizes = sorted({own, *EXTRA_SIZES})
     problems = []
     for W in sizes:
-        sized = scenario.with_overrides(decode_context_parallel_size=W)
+        sized = scenario.with_overrides(ScenarioOverrides(decode_context_parallel_size=W))
         assert sized.config.decode_context_parallel_size == W
         assert sized.config.prefill_context_parallel_size == scenario.config.prefill_context_parallel_size
         problems += never_fires(sized, f"W = {W}{' (its own)' if W == own else ''}")
@@ -67,8 +68,7 @@ def test_every_declared_preemption_fires_at_its_own_w_at_2_and_at_4(name, monkey
         prefill = instance_scenario(scenario, "prefill")
         assert all(not r.preempt_at_steps for r in prefill.requests)
         decode = instance_scenario(scenario, "decode")
-        monkeypatch.setattr(rank, "Scheduler", LoadedScheduler)  # dry_run's scheduler, the decode instance's
-        problems += never_fires(decode, f"decode instance W = {decode.config.decode_context_parallel_size}")
+        problems += never_fires(decode, f"decode instance W = {decode.config.decode_context_parallel_size}", role="decode")
     assert not problems, "\n".join(problems)
 
 
