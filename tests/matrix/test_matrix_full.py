@@ -1,6 +1,6 @@
 """The full correctness matrix under pytest: ``campaigns.grid.full_grid`` on real gloo worlds.
 
-Part of the default test command (about 4 minutes on 2 cores, README.md's table);
+Part of the default test command (about 4 minutes on 2 cores, docs/matrix.md's table);
 ``--dcpsim-skip-full-matrix`` leaves it out of a quick local run, ``--dcpsim-shard K/N`` runs
 only the cells of ``dcpsim matrix --full --shard K/N``, so a CI system can fan it out over
 machines. One test item is one chunk of at most ``UNIT`` cells of one (scenario, W) world

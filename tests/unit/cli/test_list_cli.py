@@ -1,4 +1,4 @@
-"""``python -m dcpsim list``: one line per built-in scenario, as the README says; ``--verbose``
+"""``python -m dcpsim list``: one line per built-in scenario, as docs/commands.md says; ``--verbose``
 adds its layers, requests and groups."""
 
 from __future__ import annotations

@@ -174,14 +174,15 @@ def test_fuzz_mamba_tables_only_raise_scenario_errors(changes):
         assert str(exc).startswith(f"{SRC}: "), str(exc)
 
 
-def test_the_readme_mamba_layer_joins_the_readme_example(tmp_path):
+def test_the_documented_mamba_layer_joins_the_documented_example(tmp_path):
+    """docs/scenarios.md: its first ```toml block is the example, its second the Mamba layer."""
     import re
     from pathlib import Path
 
     from dcpsim.campaigns.fuzz import check
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    example, layer = re.findall(r"```toml\n(.*?)```", readme, flags=re.S)[:2]
+    page = (Path(__file__).resolve().parents[3] / "docs" / "scenarios.md").read_text()
+    example, layer = re.findall(r"```toml\n(.*?)```", page, flags=re.S)[:2]
     assert 'kind = "mamba"' in layer
     head, requests = example.split("[[requests]]", 1)
     path = tmp_path / "tiny-mamba.toml"

@@ -1,4 +1,5 @@
-"""The README's example scenario loads, runs and passes; a misspelled field gets a clear message."""
+"""The example scenario of docs/scenarios.md (its first ```toml block) loads, runs and passes; a
+misspelled field gets a clear message."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from dcpsim.campaigns.fuzz import check
 from dcpsim.errors import ScenarioError
 from dcpsim.scenarios.load import load_scenario
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+SCENARIOS_PAGE = Path(__file__).resolve().parents[3] / "docs" / "scenarios.md"
 
 
 def example_toml() -> str:
-    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
-    assert blocks, "the README has no TOML example"
+    blocks = re.findall(r"```toml\n(.*?)```", SCENARIOS_PAGE.read_text(), flags=re.S)
+    assert blocks, "docs/scenarios.md has no TOML example"
     return blocks[0]
 
 
