@@ -16,6 +16,7 @@ import torch
 from dcpsim.engine.attention.merge import merge_attention_states, merge_lse, scale_output
 from dcpsim.engine.geometry import GroupGeometry, derive_geometry
 from dcpsim.engine.interface import Engine
+from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import KVCacheGroupSpec, check_groups_for_dcp, group_layer_specs
 from dcpsim.model.kinds import Retention, Storage
@@ -33,7 +34,6 @@ from dcpsim.model.layout import (
     state_writes,
 )
 from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ReqWrite
-from dcpsim.model.specs import cdiv
 
 
 class ReferenceEngine(Engine):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import pool_sizes
 from dcpsim.errors import ConfigError
+from dcpsim.model.arith import cdiv
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.model.scenario import Scenario
@@ -45,7 +46,7 @@ ENTRY_BYTES = 8 * len(FIELDS)
 
 
 @dataclass(frozen=True)
-class Budget:
+class RunEstimate:
     """The estimate of one run (one world of ``ranks`` ranks)."""
 
     ranks: int
@@ -129,13 +130,9 @@ def size(n: int) -> str:
     return f"{gib(n)} GiB"
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def estimate(
     scenario: Scenario, *, in_process: bool = False, attention_width: int = 0, local_ranks: int | None = None, geometries=None
-) -> Budget:
+) -> RunEstimate:
     """The estimate of a validated scenario, by arithmetic only (no pool, table or store
     is built). ``attention_width``: the K/V width of the attention check (0: off);
     ``local_ranks``: the ranks on this machine, if not all of them; ``geometries``: the
@@ -156,7 +153,7 @@ def estimate(
     computed = sum(r.prompt_len - r.shared_prefix_len + r.output_len for r in requests)
     step_cap = config.max_num_batched_tokens + max(config.max_cudagraph_capture_size, 0)
     min_steps = max(cdiv(computed, config.max_num_batched_tokens), max(r.arrival_step + cdiv(r.output_len, 1 + k) for r in requests))
-    return Budget(
+    return RunEstimate(
         ranks=config.world_size,
         processes=1 if in_process else config.world_size + 1,
         store_bytes=store,
@@ -208,8 +205,8 @@ def check_budget(
     local_ranks: int | None = None,
     hint: str = "; --force to run anyway",
     geometries=None,
-) -> Budget:
-    """The run's ``Budget``, or a ``ConfigError`` with its figures if the schedule cannot end
+) -> RunEstimate:
+    """The run's ``RunEstimate``, or a ``ConfigError`` with its figures if the schedule cannot end
     within ``max_steps`` or (unless ``force``) the run needs more memory than ``available``
     (default: the machine's ``available_memory``)."""
     budget = estimate(scenario, in_process=in_process, attention_width=attention_width, local_ranks=local_ranks, geometries=geometries)
@@ -248,7 +245,7 @@ def check_pd_budget(
     return need
 
 
-def check_scheduler_fits(scenario: Scenario, *, available: int | None = None) -> Budget:
+def check_scheduler_fits(scenario: Scenario, *, available: int | None = None) -> RunEstimate:
     """For commands that build one scheduler and no stores (``capacity``): refuse a
     scheduler (its pools and requests) larger than the memory ``available``."""
     budget = estimate(scenario, in_process=True)

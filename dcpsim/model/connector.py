@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcpsim.errors import ConfigError
+from dcpsim.model.arith import cdiv
 from dcpsim.model.validate import check_int
 
 
@@ -86,10 +87,6 @@ class Route:
     dst_rank: int
     src_local: np.ndarray
     dst_local: np.ndarray
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def rank_global_blocks(layout: InstanceLayout, rank: int, num_blocks: int, *, stride: int | None = None) -> np.ndarray:

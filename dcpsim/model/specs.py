@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from dcpsim.errors import ConfigError
+from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
 from dcpsim.model.validate import check_int
 
@@ -32,10 +33,6 @@ DTYPE_BYTES: dict[str, int] = {
     "int8": 1,
     "uint8": 1,
 }
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def get_block_table_width(max_num_blocks: int, block_size: int, *, token_alignment: int | None = 128) -> int:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from dcpsim.model.arith import cdiv
 from dcpsim.model.grouping import KVCacheGroupSpec, group_layer_specs
 from dcpsim.model.kinds import Storage, records_per_state, storage_of
 from dcpsim.model.scenario import Scenario
-from dcpsim.model.specs import FullAttentionSpec, KVCacheSpec, UniformTypeKVCacheSpecs, cdiv
+from dcpsim.model.specs import FullAttentionSpec, KVCacheSpec, UniformTypeKVCacheSpecs
 
 GIB = 1 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

@@ -9,10 +9,11 @@ import numpy as np
 
 from dcpsim.engine.faults.base import Fault, has_sharded_attention, is_replicated_paged
 from dcpsim.engine.geometry import GroupGeometry
+from dcpsim.model.arith import cdiv
 from dcpsim.model.grouping import KVCacheGroupSpec
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD, owner_rank, ring_slot_mapping
-from dcpsim.model.specs import FullAttentionSpec, cdiv
+from dcpsim.model.specs import FullAttentionSpec
 
 
 class KernelVirtualBlock(Fault):

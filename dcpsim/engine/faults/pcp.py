@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 
 from dcpsim.engine.faults.base import Fault, has_sharded_attention
+from dcpsim.model.arith import cdiv
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import local_seq_lens
-from dcpsim.model.specs import cdiv
 
 
 def _pcp_dcp(scenario) -> tuple[int, int]:

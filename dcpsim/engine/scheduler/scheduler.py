@@ -31,12 +31,12 @@ from dcpsim.engine.scheduler.managers import StateManager, make_manager, state_b
 from dcpsim.engine.scheduler.prefix_cache import PrefixCache
 from dcpsim.engine.scheduler.request import Request, Status
 from dcpsim.errors import ConfigError
+from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
 from dcpsim.model.content import random_tokens, stable_seed
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import EventKind, PreemptReason, RequestView, ReqWrite, ScheduleEvent, StepPlan
 from dcpsim.model.scenario import Scenario
-from dcpsim.model.specs import cdiv
 from dcpsim.plural import plural
 
 

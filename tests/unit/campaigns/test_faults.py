@@ -22,10 +22,10 @@ from dcpsim.engine.faults.layout import KernelVirtualBlock
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.harness.dry_run import dry_run
+from dcpsim.model.arith import cdiv
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD, slot_mapping
 from dcpsim.model.plan import EventKind, ReqWrite
-from dcpsim.model.specs import cdiv
 from dcpsim.scenarios.load import load_scenario
 from helpers import WRITE_PATH_FAULTS, builtin, geometries, scheduler
 
