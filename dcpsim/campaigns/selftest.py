@@ -29,7 +29,7 @@ from dcpsim.harness.collectives import CollectiveTimeout
 from dcpsim.harness.dry_run import dry_run as schedule_dry_run
 from dcpsim.harness.job import RUN_OPTIONS, Job
 from dcpsim.harness.runner import run_each
-from dcpsim.harness.world import RankFailureError
+from dcpsim.harness.world_failure import RankFailureError
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.config import SimConfig
 from dcpsim.model.scenario import Scenario, ScenarioOverrides

@@ -14,9 +14,9 @@ from dcpsim.cli.options import add_scenario_arguments, job_from_args, scenario_f
 from dcpsim.cli.outcome import finish, json_errors
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.collectives import GlooCollectives
+from dcpsim.harness.rank_process import init_env_process_group
 from dcpsim.harness.replay import replay_record
 from dcpsim.harness.runner import merge_rank_reports, run_batch
-from dcpsim.harness.world import init_env_process_group
 from dcpsim.harness.world_options import WorldOptions
 
 

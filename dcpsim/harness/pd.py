@@ -43,9 +43,10 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.pd_job import PDJob, instance_sizes, prepare_pd
 from dcpsim.harness.pd_report import PDReport
 from dcpsim.harness.progress import NO_PROGRESS, Progress
+from dcpsim.harness.rank_process import PIPE_PROGRESS
 from dcpsim.harness.rank_run import run_rank
 from dcpsim.harness.runner import merge_rank_reports
-from dcpsim.harness.world import PIPE_PROGRESS, run_world
+from dcpsim.harness.world import run_world
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.scenarios.pd import ROLES, shard_ranks

@@ -1,7 +1,7 @@
 """``Progress``: where a rank is (step and phase), told to whoever supervises it.
 
 The default tells nobody (thread ranks, torchrun workers); a rank of a gloo world started
-here tells its parent over its pipe (``world.PIPE_PROGRESS``), which names the step and
+here tells its parent over its pipe (``rank_process.PIPE_PROGRESS``), which names the step and
 phase in a crash, hang or waiting report.
 """
 

@@ -2,7 +2,7 @@
 ranks' reports. The one runner behind ``run``, ``replay``, ``matrix``, ``selftest`` and
 ``fuzz``; ``worker`` merges its ranks' reports with the same ``merge_rank_reports``.
 
-Each rank times every job it runs and tells the parent (``world.send_event``, or a call
+Each rank times every job it runs and tells the parent (``rank_process.send_event``, or a call
 across threads) as soon as the job ends, so a caller hears of each job when the last rank
 finishes it (``on_job``), with the time the slowest rank took, long before the world ends.
 With a ``Trace`` (``--trace``), every rank records its events and the parent merges them.
@@ -20,10 +20,11 @@ from dcpsim.collectives import Collectives
 from dcpsim.harness.collectives import GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
 from dcpsim.harness.progress import NO_PROGRESS, Progress
+from dcpsim.harness.rank_process import PIPE_PROGRESS, send_event
 from dcpsim.harness.rank_run import STEP_PHASES, run_rank
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder, TracedCollectives, TraceRecorder
 from dcpsim.harness.trace_file import Trace
-from dcpsim.harness.world import PIPE_PROGRESS, RANK_PRELOAD, run_world, send_event
+from dcpsim.harness.world import RANK_PRELOAD, run_world
 from dcpsim.plural import plural
 from dcpsim.verify.report import Failure, FailureKind, RunReport
 

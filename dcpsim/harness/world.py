@@ -24,24 +24,19 @@ processes and returns the per-rank results in rank order. The parent only superv
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import multiprocessing as mp
 import os
 import pickle
-import re
 import shutil
 import signal
 import tempfile
 import threading
 import time
-import traceback
-from dataclasses import dataclass
-from datetime import timedelta
 from multiprocessing.connection import wait
 
-from dcpsim.errors import ConfigError, HarnessError
-from dcpsim.harness.progress import Progress
+from dcpsim.errors import HarnessError
+from dcpsim.harness.rank_process import rank_main
+from dcpsim.harness.world_failure import RankFailure, exit_failure, failure_error, waiting_message, where_text
 from dcpsim.model.validate import check_int
 from dcpsim.plural import plural
 
@@ -50,206 +45,11 @@ RANK_PRELOAD = "dcpsim.harness.runner"
 """What the forkserver of a world of jobs imports before it forks the ranks (the rank code:
 the engine, the checker and torch); named, not imported, so this module stays light for
 ``python -m dcpsim``, which starts the forkserver before it imports torch itself."""
-BASE_PRELOAD = ("__main__", "torch", "torch.distributed", "numpy.ma", __name__)
+BASE_PRELOAD = ("__main__", "torch", "torch.distributed", "numpy.ma", "dcpsim.harness.rank_process")
 MAX_GRACE_S = 2.0
 WAIT_REPORT_S = 5.0
 """How long the parent waits without news (an event) before saying what it waits for."""
-_PR_SET_PDEATHSIG = 1
-EXIT_ORPHANED = 75
-"""A rank's exit code when its parent went away (its pipe is broken): it ends at once, silently."""
 
-
-@dataclass
-class RankFailure:
-    """One rank that did not return a result. ``exc_type`` is the exception's class
-    name, or ``ProcessExit`` (died without reporting) or ``Killed`` (by the harness)."""
-
-    rank: int
-    step: int | None
-    what: str
-    exc_type: str
-    message: str
-    traceback: str
-    primary: bool = False
-
-    def where(self) -> str:
-        return _where((self.step, self.what))
-
-
-class RankFailureError(HarnessError):
-    """One or more ranks failed; ``.failures`` holds the details, primary ones first."""
-
-    def __init__(self, message: str, failures: list[RankFailure]):
-        super().__init__(message, failures)
-        self.failures = failures
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-
-# ----------------------------------------------------------------------------- rank side
-
-_conn = None  # this rank's pipe to the parent; None outside run_world ranks
-_send_lock = threading.Lock()
-_progress: tuple[int | None, str] = (None, "")
-PROGRESS_INTERVAL_S = 0.05
-"""At most one progress message per this many seconds: a later change within it is sent by
-a flusher thread when it ends (so the parent learns where a rank stopped within ~50 ms)."""
-_progress_lock = threading.Lock()  # orders progress messages: taken around each send
-_progress_sent: tuple[int | None, str] | None = None
-_progress_sent_at = -PROGRESS_INTERVAL_S
-_progress_wake = threading.Event()
-_flusher: threading.Thread | None = None
-
-
-def set_progress(step: int | None, what: str = "") -> None:
-    """Record where this rank is (step number, phase); shown in failure reports, hang
-    reports and the parent's waiting message. Sent at once unless a message went less than
-    ``PROGRESS_INTERVAL_S`` ago; then the flusher sends the latest one when that ends (a
-    step's several phases cost a pipe message, not one each)."""
-    global _progress, _flusher
-    _progress = (step, what)
-    if _conn is None:
-        return
-    # a phase outside the steps (rendezvous, started, ...) is rare and places a death before
-    # the first step: always sent at once
-    if step is None or time.monotonic() - _progress_sent_at >= PROGRESS_INTERVAL_S:
-        flush_progress()
-        return
-    if _flusher is None:
-        _flusher = threading.Thread(target=_flush_loop, name="dcpsim-progress", daemon=True)
-        _flusher.start()
-    _progress_wake.set()
-
-
-def flush_progress() -> None:
-    """Send the latest progress now if the parent does not have it (before a rank ends
-    without a report, so its exit is placed right)."""
-    global _progress_sent, _progress_sent_at
-    if _conn is None:
-        return
-    with _progress_lock:
-        progress = _progress
-        if progress == _progress_sent:
-            return
-        _progress_sent, _progress_sent_at = progress, time.monotonic()
-        _send(("progress", *progress))
-
-
-def _flush_loop() -> None:
-    while True:
-        _progress_wake.wait()
-        _progress_wake.clear()
-        delay = _progress_sent_at + PROGRESS_INTERVAL_S - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        flush_progress()
-
-
-class _PipeProgress(Progress):
-    """``Progress`` over this rank's pipe to the parent (``set_progress``, ``flush_progress``)."""
-
-    def set(self, step: int | None, phase: str = "") -> None:
-        set_progress(step, phase)
-
-    def flush(self) -> None:
-        flush_progress()
-
-
-PIPE_PROGRESS = _PipeProgress()
-
-
-def send_event(payload) -> None:
-    """Send a picklable ``payload`` to the parent's ``on_event(rank, payload)`` now (no-op
-    outside ``run_world`` ranks)."""
-    if _conn is not None:
-        _send(("event", payload))
-
-
-def _send(msg) -> None:
-    # plain pickle: the parent gets bytes, never fds or shared memory of a dying rank
-    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-    with _send_lock:
-        try:
-            _conn.send_bytes(data)
-        except (BrokenPipeError, ConnectionResetError):
-            os._exit(EXIT_ORPHANED)  # the parent is gone: nobody to tell, so end quietly
-
-
-def _die_with_parent() -> None:
-    """Best effort: never outlive the supervising process."""
-    try:  # SIGKILL this rank when its parent (the forkserver) dies
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-    # The forkserver exits once every holder of its "alive" pipe is gone, and each child
-    # inherits a copy. Drop ours, so the forkserver (and so, via PDEATHSIG, every rank)
-    # goes away with the main process.
-    from multiprocessing import forkserver
-
-    fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
-    if fd is not None:
-        os.close(fd)
-        forkserver._forkserver._forkserver_alive_fd = None
-    os.setpgrp()  # own process group: no terminal ^C here, and killpg reaches helpers
-
-
-def _rank_main(conn, job: bytes, rank, world_size, store_path, pg_timeout_s):
-    global _conn
-    _conn = conn
-    _die_with_parent()
-    # Everything the forkserver preloaded (torch: ~10^5 objects) is never garbage, yet every
-    # full collection of the rank walked it: freeze it out of the collector's generations
-    # (a quarter of a decode step's CPU at W = 8; benchmarks/bench_verify.py)
-    gc.freeze()
-    try:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)
-        rank_fn, payload = pickle.loads(job)
-        set_progress(None, "rendezvous")
-        dist.init_process_group(
-            "gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size, timeout=timedelta(seconds=pg_timeout_s)
-        )
-        set_progress(None, "started")
-        result = rank_fn(payload, rank, world_size)
-        dist.destroy_process_group()
-        _send(("ok", result))
-    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
-        _send(("fail", RankFailure(rank, *_progress, type(exc).__name__, str(exc), traceback.format_exc())))
-
-
-def init_env_process_group(pg_timeout_s: float) -> tuple[int, int]:
-    """torchrun entry: join the gloo group described by RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT, with one intra-op thread. Returns (rank, world_size); the caller
-    destroys the group when done."""
-    need = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    missing = [k for k in need if not os.environ.get(k)]
-    if missing:  # a usage error: nothing was started
-        raise ConfigError(
-            f"environment variable(s) {', '.join(missing)} not set: start this entry point with torchrun (or set {', '.join(need)})"
-        )
-    try:
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except ValueError as exc:
-        raise ConfigError(f"RANK/WORLD_SIZE must be integers: {exc}") from None
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size, timeout=timedelta(seconds=pg_timeout_s))
-    except Exception as exc:
-        raise HarnessError(
-            f"rendezvous failed for rank {rank} of {world_size} at "
-            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}: "
-            f"{type(exc).__name__}: {_first_line(str(exc))}"
-        ) from exc
-    return rank, world_size
-
-
-# --------------------------------------------------------------------------- parent side
 
 _preload_lock = threading.Lock()
 
@@ -322,7 +122,7 @@ def run_world(
             recv_end, send_end = ctx.Pipe(duplex=False)
             conns.append(recv_end)
             proc = ctx.Process(
-                target=_rank_main,
+                target=rank_main,
                 name=f"dcpsim-rank{rank}",
                 daemon=True,
                 args=(send_end, job, rank, world_size, os.path.join(store_dir, "store"), pg_timeout_s),
@@ -405,7 +205,7 @@ def _supervise(
                 if rank in running:
                     running.discard(rank)
                     procs[rank].join()
-                    failures[rank] = _exit_failure(rank, procs[rank].exitcode, progress[rank])
+                    failures[rank] = exit_failure(rank, procs[rank].exitcode, progress[rank])
             elif rank in reading:
                 receive(rank)
         if failures and stop_at == deadline:
@@ -414,28 +214,18 @@ def _supervise(
     if running and not failures:
         raise HarnessError(
             f"world of {plural(world_size, 'rank')} did not finish within deadline_s={deadline_s:g} s; "
-            "killed the ranks still running:\n" + "\n".join(f"  rank {r}, last progress: {_where(progress[r])}" for r in sorted(running))
+            "killed the ranks still running:\n"
+            + "\n".join(f"  rank {r}, last progress: {where_text(progress[r])}" for r in sorted(running))
         )
     if failures:
         killed = [
             RankFailure(r, *progress[r], "Killed", f"still running {grace_s:g} s after the first failure", "") for r in sorted(running)
         ]
-        raise _failure_error(list(failures.values()), killed, world_size, phase_order)
+        raise failure_error(list(failures.values()), killed, world_size, phase_order)
     exit_by = time.monotonic() + 1.0  # ranks exit right after reporting; _kill does the rest
     for proc in procs:
         proc.join(max(0.0, exit_by - time.monotonic()))
     return [results[r] for r in range(world_size)]
-
-
-def waiting_message(seconds: float, running: list[int], progress, world_size: int) -> str:
-    """``waiting 5.0 s for 3 of 3 ranks: ranks 0, 1 at step 3 (verify); rank 2 at step 3 (write)``:
-    how long since the last event (or the start), and where each rank still running is."""
-    where: dict[str, list[int]] = {}
-    for rank in running:
-        where.setdefault(_where(progress[rank]), []).append(rank)
-    parts = [f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} at {at}" for at, ranks in where.items()]
-    took = f"{seconds:.1f}" if seconds < 10 else f"{seconds:.0f}"
-    return f"waiting {took} s for {len(running)} of {plural(world_size, 'rank')}: " + "; ".join(parts)
 
 
 def _kill(procs) -> None:
@@ -449,83 +239,3 @@ def _kill(procs) -> None:
             proc.kill()
     for proc in procs:
         proc.join()
-
-
-def _exit_failure(rank, exitcode, progress) -> RankFailure:
-    if exitcode is not None and exitcode < 0:
-        how = f"killed by signal {signal.Signals(-exitcode).name}"
-    else:
-        how = f"exited with code {exitcode}"
-    return RankFailure(rank, *progress, "ProcessExit", f"{how} without reporting a result", "")
-
-
-_COLLECTIVE = re.compile(r"gloo|connection (closed|reset)|timed? ?out|socket", re.I)
-
-
-def _is_collective_error(f: RankFailure) -> bool:
-    """Did a collective (or the rendezvous) give up because of some other rank?"""
-    return f.exc_type.startswith("Dist") or (f.exc_type == "RuntimeError" and bool(_COLLECTIVE.search(f.message)))
-
-
-def _ran_ahead(failed: list[RankFailure], phase_order: tuple[str, ...]) -> list[RankFailure]:
-    """Of ranks that all timed out in collectives at known phases, those furthest along
-    when the others are behind them: they skipped a collective the others wait in."""
-    if not phase_order or any(f.step is None or f.what not in phase_order for f in failed):
-        return []
-    at = {f.rank: (f.step, phase_order.index(f.what)) for f in failed}
-    ahead = max(at.values())
-    if all(v == ahead for v in at.values()):
-        return []
-    return [f for f in failed if at[f.rank] == ahead]
-
-
-def _failure_error(
-    failed: list[RankFailure], killed: list[RankFailure], world_size: int, phase_order: tuple[str, ...] = ()
-) -> RankFailureError:
-    """Primary: ranks that failed on their own; if there are none, the ranks that hung
-    while the others timed out in a collective; then the ranks that ran ahead past a
-    collective the others timed out in (``_ran_ahead``); failing that, the first failure."""
-    own = [f for f in failed if not _is_collective_error(f)]
-    ahead = [] if own or killed else _ran_ahead(failed, phase_order)
-    primary = own or killed or ahead or failed[:1]
-    for f in primary:
-        f.primary = True
-    secondary = [f for f in failed if not f.primary]
-    killed = [f for f in killed if not f.primary]
-
-    first = primary[0]
-    rendezvous = any(f.step is None and f.what in ("", "rendezvous") for f in failed + killed)
-    if ahead:
-        behind = [f for f in failed if not f.primary]
-        lines = [
-            f"collective hang in a world of {plural(world_size, 'rank')}: "
-            f"{'rank' if len(ahead) == 1 else 'ranks'} {', '.join(str(f.rank) for f in ahead)} skipped a "
-            f"collective: ran ahead to {first.where()} while "
-            + "; ".join(f"rank {f.rank} waited at {f.where()}" for f in behind)
-            + "; every rank then timed out"
-        ]
-    else:
-        lines = [
-            f"{'rendezvous failed' if rendezvous else 'rank failure'} in a world of "
-            f"{plural(world_size, 'rank')}: rank {first.rank} {first.exc_type}: "
-            f"{_first_line(first.message)}"
-        ]
-    for f in primary:
-        lines.append(f"primary: rank {f.rank} at {f.where()}: {f.exc_type}: {f.message}")
-        lines += ["    " + line for line in f.traceback.rstrip().splitlines()]
-    for f in secondary:
-        lines.append(f"secondary: rank {f.rank} at {f.where()}: {f.exc_type}: {_first_line(f.message)}")
-    for f in killed:
-        lines.append(f"killed: rank {f.rank} at {f.where()}: {f.message}")
-    return RankFailureError("\n".join(lines), primary + secondary + killed)
-
-
-def _where(progress) -> str:
-    step, what = progress
-    if step is None:
-        return f"'{what}' (no step)" if what else "start (no progress yet)"
-    return f"step {step} ({what})" if what else f"step {step}"
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else ""

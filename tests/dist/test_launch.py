@@ -20,8 +20,11 @@ import torch
 import torch.distributed as dist
 
 from dcpsim.errors import EXIT_HARNESS, ConfigError, HarnessError
+from dcpsim.harness import rank_process
 from dcpsim.harness import world as launch
-from dcpsim.harness.world import RankFailureError, run_world, set_progress
+from dcpsim.harness.rank_process import set_progress
+from dcpsim.harness.world import run_world
+from dcpsim.harness.world_failure import RankFailureError
 
 pytestmark = pytest.mark.dist
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,7 +70,7 @@ def hang_in_rank1(payload, rank, world_size):
 
 def events_then_rank1_lingers(payload, rank, world_size):
     for k in range(3):
-        launch.send_event(("tick", k))
+        rank_process.send_event(("tick", k))
     if rank == 1:
         set_progress(9, "lingering")
         time.sleep(payload)
@@ -319,4 +322,4 @@ def test_init_env_process_group_needs_torchrun_env(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set"):  # usage: exit 2
-        launch.init_env_process_group(5)
+        rank_process.init_env_process_group(5)

@@ -3,6 +3,7 @@ its lint rules and its formatter."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,30 @@ def test_ruff_check_passes():
 def test_ruff_format_leaves_the_code_as_it_is():
     done = _ruff("format", "--check")
     assert done.returncode == 0, "run `ruff format dcpsim tests benchmarks`:\n" + done.stdout + done.stderr
+
+
+MAX_HARNESS_FUNCTION_LINES = 80
+"""The harness is what a newcomer reads first: no function of it longer than a screen."""
+
+
+def long_functions(root: Path, limit: int) -> list[str]:
+    """``path:line name (N lines)`` of every function under ``root`` longer than ``limit`` lines."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    out.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    return out
+
+
+def test_no_harness_function_is_longer_than_80_lines():
+    assert not long_functions(ROOT / "dcpsim" / "harness", MAX_HARNESS_FUNCTION_LINES)
+
+
+def test_the_length_rule_catches_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_HARNESS_FUNCTION_LINES))
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "long.py").write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n")
+    assert long_functions(tmp_path / "harness", MAX_HARNESS_FUNCTION_LINES) == ["harness/long.py:5 long (81 lines)"]

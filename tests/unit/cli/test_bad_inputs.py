@@ -177,11 +177,11 @@ def test_a_rank_whose_parent_is_gone_ends_silently(tmp_path):
     import subprocess
     import sys
 
-    from dcpsim.harness.world import EXIT_ORPHANED
+    from dcpsim.harness.rank_process import EXIT_ORPHANED
 
     code = (
         "from multiprocessing import Pipe\n"
-        "from dcpsim.harness import world\n"
+        "from dcpsim.harness import rank_process as world\n"
         "recv, send = Pipe(duplex=False)\n"
         "recv.close()\n"
         "world._conn = send\n"

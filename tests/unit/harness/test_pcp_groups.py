@@ -15,7 +15,7 @@ from dcpsim.harness.collectives import CollectiveTimeout, run_in_threads
 from dcpsim.harness.groups import build_groups
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
-from dcpsim.harness.world import RankFailure, _failure_error
+from dcpsim.harness.world_failure import RankFailure, failure_error
 from dcpsim.model.config import SimConfig
 from dcpsim.model.plan import ReqWrite, StepPlan
 from helpers import allowed_parallel_sizes, pcp_scenario, run
@@ -121,7 +121,7 @@ def test_a_gloo_hang_names_the_rank_that_ran_ahead():
         RankFailure(1, 5, "pcp kv gather", "RuntimeError", "Timed out waiting 1000ms", ""),
         RankFailure(0, 5, "verify", "RuntimeError", "Timed out waiting 1000ms", ""),
     ]
-    err = _failure_error(timed_out, [], 2, phases)
+    err = failure_error(timed_out, [], 2, phases)
     assert str(err).splitlines()[0] == (
         "collective hang in a world of 2 ranks: rank 0 skipped a collective: ran ahead to step 5 (verify) "
         "while rank 1 waited at step 5 (pcp kv gather); every rank then timed out"
@@ -129,4 +129,4 @@ def test_a_gloo_hang_names_the_rank_that_ran_ahead():
     assert [f.rank for f in err.failures if f.primary] == [0]
     # ranks stuck at the same place: no one ran ahead, the old report
     same = [dataclasses.replace(f, what="verify") for f in timed_out]
-    assert str(_failure_error(same, [], 2, phases)).startswith("rank failure in a world of 2 ranks")
+    assert str(failure_error(same, [], 2, phases)).startswith("rank failure in a world of 2 ranks")

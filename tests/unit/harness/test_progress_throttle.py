@@ -1,4 +1,4 @@
-"""``world.set_progress`` in a rank: the first change is sent at once, a burst of changes
+"""``rank_process.set_progress`` in a rank: the first change is sent at once, a burst of changes
 costs a few pipe messages instead of one each, and the latest progress always reaches the
 parent (so hang reports and the waiting message name where the rank stopped)."""
 
@@ -9,7 +9,7 @@ from multiprocessing import Pipe
 
 import pytest
 
-from dcpsim.harness import world
+from dcpsim.harness import rank_process as world
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dcpsim.harness.world import waiting_message
+from dcpsim.harness.world_failure import waiting_message
 
 
 def test_ranks_at_the_same_place_are_named_together():
