@@ -186,21 +186,70 @@ class Scheduler:
         return min(todo + drafts, cap), drafts
 
     def step(self) -> StepPlan:
+        """One step: arrivals, forced preemptions, the running requests (preempting under
+        pressure), admissions (not in a step that preempted), the writes, then releases,
+        prefix registration and finishes."""
         s = self.step_index
         events: list[ScheduleEvent] = []
+        self._arrive(s)
+        forced = self._preempt_forced(s, events)
+        scheduled: list[tuple[Request, int, int]] = []
+        budget, pressed = self._schedule_running(self.config.max_num_batched_tokens, scheduled, events)
+        preempted = forced or pressed
+        loaded: list[tuple[int, int]] = []
+        if not preempted:
+            self._admit_waiting(budget, scheduled, loaded, events)
+        rows_before = self._rows()
+        writes = [self._execute(req, n, drafts, s, events) for req, n, drafts in scheduled]
+        self._settle(scheduled)
+        views = tuple(
+            RequestView(r.index, r.request_id, r.num_computed, r.fingerprints, finished=r.remaining_output <= 0)
+            for r in self.running
+            if r.num_computed > 0
+        )
+        rows_after = self._rows()
+        self._finish(events)
+        self.step_index += 1
+        self.stats["steps"] = self.step_index
+        if not scheduled and not self.running and self.waiting and not preempted:
+            stuck = self.waiting[0]
+            raise ConfigError(
+                f"request {stuck.request_id!r} can never be admitted: not enough free blocks "
+                "or token budget (raise num_gpu_blocks or max_num_batched_tokens)"
+            )
+        return StepPlan(
+            step=s,
+            writes=tuple(writes),
+            rows_before=rows_before,
+            views=views,
+            rows_after=rows_after,
+            events=tuple(events),
+            kv_events=self.prefix_cache.take_events() if self.prefix_cache else (),
+            last=self.done,
+            loaded=tuple(loaded),
+        )
+
+    def _arrive(self, step: int) -> None:
+        """Requests whose arrival step has come start waiting."""
         for req in self.requests:
-            if req.status is Status.PENDING and req.spec.arrival_step <= s:
+            if req.status is Status.PENDING and req.spec.arrival_step <= step:
                 req.status = Status.WAITING
                 self.waiting.append(req)
-        preempted_now = False
-        for req in list(self.running):
-            if s in req.spec.preempt_at_steps:
-                self._preempt(req, events, PreemptReason.SCENARIO)
-                preempted_now = True
 
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[Request, int, int]] = []
-        loaded: list[tuple[int, int]] = []
+    def _preempt_forced(self, step: int, events: list[ScheduleEvent]) -> bool:
+        """The scenario's ``preempt_at_steps`` of this step; whether any fired."""
+        fired = False
+        for req in list(self.running):
+            if step in req.spec.preempt_at_steps:
+                self._preempt(req, events, PreemptReason.SCENARIO)
+                fired = True
+        return fired
+
+    def _schedule_running(self, budget: int, scheduled: list[tuple[Request, int, int]], events: list[ScheduleEvent]) -> tuple[int, bool]:
+        """The running requests in order, each with its tokens of the step, preempting the
+        last running request while one cannot get its blocks. Returns the budget left and
+        whether a preemption happened."""
+        preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -208,7 +257,7 @@ class Scheduler:
             while not self._can_allocate(req, req.num_computed + n):
                 victim = self.running[-1]
                 self._preempt(victim, events, PreemptReason.OUT_OF_BLOCKS)
-                preempted_now = True
+                preempted = True
                 if victim is req:
                     break
             else:
@@ -218,20 +267,16 @@ class Scheduler:
                 i += 1
                 continue
             # req itself was preempted: the list shifted, do not advance i
+        return budget, preempted
 
-        while not preempted_now and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+    def _admit_waiting(
+        self, budget: int, scheduled: list[tuple[Request, int, int]], loaded: list[tuple[int, int]], events: list[ScheduleEvent]
+    ) -> None:
+        """Waiting requests in order while the budget, the blocks and ``max_num_seqs``
+        allow, each with what the connector loads or the prefix cache hits first."""
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            hit, hit_blocks = (0, None)
-            external = self.external_tokens(req) if req.num_computed == 0 else 0
-            if external:
-                req.num_computed = external
-            elif self.prefix_cache and req.num_computed == 0:
-                hit, hit_blocks = self.prefix_cache.lookup(req)
-            if hit:
-                for m, blocks in zip(self.managers, hit_blocks):
-                    m.pool.touch(blocks)
-                    m.adopt(req.index, blocks)
-                req.num_computed = hit
+            hit, external = self._start_from_cache(req)
             n, drafts = self._tokens_for(req, budget)
             if not self._can_allocate(req, req.num_computed + n):
                 if hit:
@@ -249,20 +294,36 @@ class Scheduler:
             self.stats["prefix_hit_tokens"] += hit
             events.append(ScheduleEvent(EventKind.ADMITTED, req.request_id, prefix_hit=hit, loaded=external))
 
-        rows_before = self._rows()
-        writes = [self._execute(req, n, drafts, s, events) for req, n, drafts in scheduled]
+    def _start_from_cache(self, req: Request) -> tuple[int, int]:
+        """A fresh request's computed start: the tokens a connector loads, else a
+        prefix-cache hit (whose blocks it adopts). Returns (hit tokens, loaded tokens)."""
+        if req.num_computed:
+            return 0, 0
+        external = self.external_tokens(req)
+        if external:
+            req.num_computed = external
+            return 0, external
+        if not self.prefix_cache:
+            return 0, 0
+        hit, hit_blocks = self.prefix_cache.lookup(req)
+        if hit:
+            for m, blocks in zip(self.managers, hit_blocks):
+                m.pool.touch(blocks)
+                m.adopt(req.index, blocks)
+            req.num_computed = hit
+        return hit, 0
 
+    def _settle(self, scheduled: list[tuple[Request, int, int]]) -> None:
+        """After the writes: each scheduled request's out-of-window blocks released and its
+        full units registered in the prefix cache."""
         for req, _, _ in scheduled:
             for m in self.managers:
                 m.release_skipped(req.index, req.num_computed)
             if self.prefix_cache:
                 self.prefix_cache.register(req)
-        views = tuple(
-            RequestView(r.index, r.request_id, r.num_computed, r.fingerprints, finished=r.remaining_output <= 0)
-            for r in self.running
-            if r.num_computed > 0
-        )
-        rows_after = self._rows()
+
+    def _finish(self, events: list[ScheduleEvent]) -> None:
+        """Requests with every output token leave the running list and free their blocks."""
         for req in list(self.running):
             if req.remaining_output <= 0:
                 self.running.remove(req)
@@ -270,25 +331,6 @@ class Scheduler:
                 req.status = Status.FINISHED
                 self.stats["finished"] += 1
                 events.append(ScheduleEvent(EventKind.FINISHED, req.request_id))
-        self.step_index += 1
-        self.stats["steps"] = self.step_index
-        if not scheduled and not self.running and self.waiting and not preempted_now:
-            stuck = self.waiting[0]
-            raise ConfigError(
-                f"request {stuck.request_id!r} can never be admitted: not enough free blocks "
-                "or token budget (raise num_gpu_blocks or max_num_batched_tokens)"
-            )
-        return StepPlan(
-            step=s,
-            writes=tuple(writes),
-            rows_before=rows_before,
-            views=views,
-            rows_after=rows_after,
-            events=tuple(events),
-            kv_events=self.prefix_cache.take_events() if self.prefix_cache else (),
-            last=self.done,
-            loaded=tuple(loaded),
-        )
 
     def _execute(self, req: Request, n: int, drafts: int, step: int, events: list[ScheduleEvent]) -> ReqWrite:
         """The step's outcome for one request: contents written, then commit."""
