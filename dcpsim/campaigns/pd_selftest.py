@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from dcpsim.campaigns.selftest import BASELINE, DETECTED, ERROR, FALSE_POSITIVE, MISSED, PASS, Row
+from dcpsim.campaigns.selftest_plan import BASELINE, DETECTED, ERROR, FALSE_POSITIVE, MISSED, PASS, Row
 from dcpsim.engine.faults import PD_FAULTS, get_pd_fault
 from dcpsim.harness.pd import run_pd
 from dcpsim.harness.pd_job import PDJob

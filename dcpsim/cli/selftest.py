@@ -8,20 +8,9 @@ import json
 import time
 
 from dcpsim.campaigns.pd_selftest import PD_SCENARIO, pd_fault_names, run_pd_selftest
-from dcpsim.campaigns.selftest import (
-    DETECTED,
-    PASS,
-    Plan,
-    bug_class_legend,
-    canonical_options,
-    fault_status,
-    format_table,
-    options_text,
-    plan_selftest,
-    row_line,
-    run_plan,
-    verdict,
-)
+from dcpsim.campaigns.selftest import bug_class_legend, fault_status, format_table, row_line, run_plan, verdict
+from dcpsim.campaigns.selftest_options import canonical_options, options_text
+from dcpsim.campaigns.selftest_plan import DETECTED, PASS, Plan, plan_selftest
 from dcpsim.cli.flags import add_flags, options_from
 from dcpsim.cli.options import add_engine_arguments, engine_choice
 from dcpsim.cli.progress import progress_view

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import helpers
-from dcpsim.campaigns.selftest import apply_options
+from dcpsim.campaigns.selftest_options import apply_options
 from dcpsim.engine.faults import FAULTS, Fault, get_fault
 from dcpsim.engine.faults.layout import KernelVirtualBlock
 from dcpsim.engine.interface import Engine

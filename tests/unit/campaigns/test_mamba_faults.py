@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import helpers
-from dcpsim.campaigns.selftest import BASELINE, plan_selftest
+from dcpsim.campaigns.selftest_plan import BASELINE, plan_selftest
 from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.harness.dry_run import dry_run

@@ -10,25 +10,9 @@ import json
 
 import pytest
 
-from dcpsim.campaigns.selftest import (
-    BASELINE,
-    DETECTED,
-    ERROR,
-    FALSE_POSITIVE,
-    MISSED,
-    NOT_APPLICABLE,
-    PASS,
-    Row,
-    UnknownOption,
-    apply_options,
-    canonical_options,
-    config_text,
-    fault_status,
-    format_table,
-    plan_selftest,
-    run_plan,
-    verdict,
-)
+from dcpsim.campaigns.selftest import fault_status, format_table, run_plan, verdict
+from dcpsim.campaigns.selftest_options import UnknownOption, apply_options, canonical_options, config_text
+from dcpsim.campaigns.selftest_plan import BASELINE, DETECTED, ERROR, FALSE_POSITIVE, MISSED, NOT_APPLICABLE, PASS, Row, plan_selftest
 from dcpsim.cli import main
 from dcpsim.engine.faults import FAULTS, PD_FAULTS, Fault
 from dcpsim.harness.job import Job

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcpsim.campaigns.selftest import apply_options
+from dcpsim.campaigns.selftest_options import apply_options
 from dcpsim.engine.faults import FAULTS
 from dcpsim.errors import ConfigError
 from dcpsim.harness.collectives import CollectiveTimeout

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcpsim.campaigns.selftest import plan_selftest
+from dcpsim.campaigns.selftest_plan import plan_selftest
 from dcpsim.engine.faults import FAULTS
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs

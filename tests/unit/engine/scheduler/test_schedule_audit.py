@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dcpsim.campaigns.selftest import apply_options
+from dcpsim.campaigns.selftest_options import apply_options
 from dcpsim.engine.faults import FAULTS, Fault
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.block_pool import BlockPool
