@@ -19,6 +19,10 @@ Pages: README.md, every docs/*.md and benchmarks/README.md.
   ``--interleave``), which argparse would accept.
 * Every ```toml block of the pages under docs/ that is a complete scenario (a top-level ``name``)
   loads with ``load_scenario``; every other block (a fragment: one layer, one table) is valid TOML.
+* Every dotted name in inline code that starts with ``dcpsim.`` (``dcpsim.engine.faults``,
+  ``dcpsim.options.option``) is a module of the package or a name in one, and every file or folder
+  of the repository named in inline code (``dcpsim/harness/``, ``tests/unit/test_docs.py``) exists:
+  a rename that forgets a page fails here.
 
 No gloo world starts here; the checks of the checks (a planted bad flag, link, anchor and
 scenario) run on small pages written in a temporary folder.
@@ -27,6 +31,7 @@ scenario) run on small pages written in a temporary folder.
 from __future__ import annotations
 
 import functools
+import importlib
 import io
 import re
 import shlex
@@ -39,8 +44,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
-FORTHCOMING = {ROOT / "docs" / "architecture.md"}
+FORTHCOMING: set[Path] = set()
 """Pages another change writes; links to them are accepted while they do not exist."""
+DOTTED = re.compile(r"`(dcpsim(?:\.[A-Za-z_]\w*)+)`")
+REPO_PATH = re.compile(r"`((?:dcpsim|tests|benchmarks|docs|examples)/[\w./-]*)`")
 MAX_README_LINES = 300
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
@@ -264,7 +271,51 @@ def test_every_scenario_shown_in_docs_loads(tmp_path):
     assert not problems, "\n".join(problems)
 
 
+def name_problem(dotted: str) -> str:
+    """Why ``dotted`` (``dcpsim.x.y``, maybe ``dcpsim.x.Class.attr``) names nothing ("": it does)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return f"{dotted}: {'.'.join(parts[:cut])} has no {attr!r}"
+            obj = getattr(obj, attr)
+        return ""
+    return f"{dotted}: no such module"
+
+
+def named_problems(page: Path) -> list[str]:
+    """Names and repository paths in ``page``'s inline code that do not exist."""
+    text = page.read_text()
+    problems = [f"{rel(page)}: {p}" for name in sorted(set(DOTTED.findall(text))) if (p := name_problem(name))]
+    for path in sorted(set(REPO_PATH.findall(text))):
+        target = ROOT / path.rstrip("/")
+        if not target.exists() and not any(ch in path for ch in "*{"):
+            problems.append(f"{rel(page)}: `{path}`: no such file or folder")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_every_module_and_file_named_exists(page):
+    problems = named_problems(page)
+    assert not problems, "\n".join(problems)
+
+
 # --- the checks catch what they are for -------------------------------------------------
+
+
+def test_a_renamed_module_or_file_fails(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`dcpsim.engine.faults` `dcpsim.options.option` `dcpsim.harness.job.Job.from_options` `tests/unit/`\n"
+        "`dcpsim.campaigns.faults` `dcpsim.harness.job.Job.no_such` `dcpsim/harness/batch.py`\n"
+    )
+    problems = named_problems(page)
+    assert len(problems) == 3, problems
+    assert "dcpsim.campaigns.faults" in problems[0] and "no 'no_such'" in problems[1] and "batch.py" in problems[2]
 
 
 def test_anchor_rules_are_githubs():
