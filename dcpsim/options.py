@@ -30,7 +30,7 @@ from dcpsim.errors import ConfigError
 
 def option(
     default,
-    help: str,  # noqa: A002 - argparse's word
+    help: str,  # argparse's word
     *,
     key: str | None = None,
     aliases: tuple[str, ...] = (),

@@ -72,7 +72,7 @@ def run_case(fault_name: str, kind: str, *, world: WorldOptions | None = None, o
         report = run_pd(
             PDJob(scenario, inject=None if fault_name == BASELINE else fault_name), world=world or WorldOptions(), on_wait=on_wait
         )
-    except Exception as exc:  # noqa: BLE001 - an error row
+    except Exception as exc:  # an error row
         row.report = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         row.seconds = time.perf_counter() - start
         return row

@@ -187,7 +187,7 @@ def format_table(rows: list[Row]) -> str:
         for r in rows
     ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers[:4])]
-    fmt = lambda c: "  ".join(f"{v:<{w}}" for v, w in zip(c[:4], widths)) + "  " + c[4]  # noqa: E731
+    fmt = lambda c: "  ".join(f"{v:<{w}}" for v, w in zip(c[:4], widths)) + "  " + c[4]
     out = [fmt(headers), fmt(tuple("-" * w for w in widths) + ("-" * len(headers[4]),))]
     out += [fmt(c).rstrip() for c in cells]
     return "\n".join(out)

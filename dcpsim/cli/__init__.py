@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
     wants_json = False
     """Set by ``main`` when ``--json`` is on the command line."""
 
-    def error(self, message: str):  # noqa: D401 - argparse API
+    def error(self, message: str):  # argparse API
         self.print_usage(sys.stderr)
         print(f"dcpsim: error: {message}", file=sys.stderr)
         if _Parser.wants_json:

@@ -252,7 +252,7 @@ def run_in_threads(rank_fn, payload, world_size: int, timeout: float | None = No
             abort_all()
         except threading.BrokenBarrierError:
             pass
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append((rank, exc))
             abort_all()
 

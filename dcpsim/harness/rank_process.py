@@ -155,7 +155,7 @@ def rank_main(conn, job: bytes, rank, world_size, store_path, pg_timeout_s):
         result = rank_fn(payload, rank, world_size)
         dist.destroy_process_group()
         _send(("ok", result))
-    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+    except BaseException as exc:  # everything is reported to the parent
         _send(("fail", RankFailure(rank, *_progress, type(exc).__name__, str(exc), traceback.format_exc())))
 
 

@@ -172,7 +172,7 @@ class RankRun:
             with self.rec.span("write (all groups)", "write"):
                 if self.instance is not None:
                     self.instance.before_write(plan, self.runner)
-                on_phase = lambda what, step=plan.step: self.progress.set(step, what)  # noqa: E731
+                on_phase = lambda what, step=plan.step: self.progress.set(step, what)
                 computed = pcp_prefill(self.engine, plan, self.par.pcp, coords.pcp_rank, layout.pcp, layout.dcp, on_phase=on_phase)
                 self.progress.set(plan.step, "write")
                 self.runner.apply(computed, self.request_ids, during_step=during_step)

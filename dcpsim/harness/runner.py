@@ -173,7 +173,7 @@ def run_each(jobs: list[Job], *, on_outcome=None, on_wait=None) -> list[JobOutco
     start = time.perf_counter()
     try:
         run_jobs(jobs, on_job=done, on_wait=on_wait)
-    except Exception as exc:  # noqa: BLE001 - rerun the unfinished jobs one by one to attribute the breakage
+    except Exception as exc:  # rerun the unfinished jobs one by one to attribute the breakage
         if len(jobs) == 1 and 0 not in outcomes:  # a world of its own already: no rerun needed
             settle(0, JobOutcome(None, exc, time.perf_counter() - start))
     for k, job in enumerate(jobs):
@@ -182,7 +182,7 @@ def run_each(jobs: list[Job], *, on_outcome=None, on_wait=None) -> list[JobOutco
         start = time.perf_counter()
         try:
             run_jobs([job], on_wait=on_wait, on_job=lambda _, report, seconds, k=k: done(k, report, seconds))
-        except Exception as exc:  # noqa: BLE001 - reported in the outcome
+        except Exception as exc:  # reported in the outcome
             if k not in outcomes:
                 settle(k, JobOutcome(None, exc, time.perf_counter() - start))
     return [outcomes[k] for k in range(len(jobs))]

@@ -74,7 +74,7 @@ def start_forkserver(preload: tuple[str, ...] = ()) -> None:
 
     try:
         forkserver.ensure_running()
-    except Exception:  # noqa: BLE001 - the first world reports it
+    except Exception:  # the first world reports it
         pass
 
 

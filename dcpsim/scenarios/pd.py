@@ -97,7 +97,7 @@ def parse_disaggregated(table, add) -> Disaggregation | None:
         add("disaggregated", "must be a table with [disaggregated.prefill] and [disaggregated.decode]")
         return None
     before = []
-    report = lambda path, msg: (before.append(1), add(path, msg))  # noqa: E731
+    report = lambda path, msg: (before.append(1), add(path, msg))
     for key in table:
         if key not in ("kv_connector", *ROLES):
             report(f"disaggregated.{key}", "unknown field (known: kv_connector, prefill, decode)")

@@ -37,7 +37,7 @@ class PcpGatherRankLocal(Fault):
     def applies_to_scenario(self, scenario, geometries) -> bool:
         """A fresh prompt so short that PCP rank 0's mirror chunk is empty."""
         pcp, _ = _pcp_dcp(scenario)
-        size = lambda q: cdiv(q, 2 * pcp)  # noqa: E731
+        size = lambda q: cdiv(q, 2 * pcp)
         return pcp > 1 and any(not r.shared_prefix_len and (2 * pcp - 1) * size(r.prompt_len) >= r.prompt_len for r in scenario.requests)
 
     def pcp_replicated(self, query_len, prefill, pcp, dcp):

@@ -213,7 +213,7 @@ class VllmEngine(ReferenceEngine):
         try:
             with _INTERPRETER_LOCK:
                 return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - reported with the function's name
+        except Exception as exc:  # reported with the function's name
             raise VllmCallError(f"vLLM {what} raised {type(exc).__name__}: {exc}") from exc
 
     # --- geometry through vLLM's spec classes ----------------------------------------
@@ -241,7 +241,7 @@ class VllmEngine(ReferenceEngine):
                 values["dcp_sharded"] = not spec.dcp_replicated
         try:
             return cls(**values)
-        except Exception as exc:  # noqa: BLE001 - a spec class vLLM changed
+        except Exception as exc:  # a spec class vLLM changed
             raise ConfigError(
                 self._where(SPECS_MODULE, type(spec).__name__, f"refused {sorted(values)}: {type(exc).__name__}: {exc}")
             ) from None

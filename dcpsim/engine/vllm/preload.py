@@ -6,9 +6,9 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402,F401
-import triton.language  # noqa: E402,F401
+import triton
+import triton.language  # noqa: F401 - imported once, in the forkserver
 
-from dcpsim.engine.vllm.loader import mend_interpreter_bools  # noqa: E402
+from dcpsim.engine.vllm.loader import mend_interpreter_bools
 
 mend_interpreter_bools()

@@ -94,7 +94,7 @@ def test_striding_by_dcp_alone_breaks_as_soon_as_pcp_is_above_1():
     bad = block_matches(200, src, dst, src_stride=src.decode_context_parallel_size)
     assert routes_cover(good, 200, src, dst) and not routes_cover(bad, 200, src, dst)
     # decode rank 2 needs global block 6 (prefill rank 2, its second block: local 16..31); the bug reads its fourth
-    pick = lambda routes: next(r for r in routes if r.dst_rank == 2 and r.dst_local[0] == 16)  # noqa: E731
+    pick = lambda routes: next(r for r in routes if r.dst_rank == 2 and r.dst_local[0] == 16)
     assert pick(good).src_rank == 2 and pick(good).src_local[0] == 16
     assert pick(bad).src_local[0] == 32
     same = InstanceLayout(decode_context_parallel_size=2, cp_kv_cache_interleave_size=16, block_size=16)

@@ -19,10 +19,10 @@ from dcpsim.cli import main
 
 pytest.importorskip("matplotlib")  # the test extra installs it; the command itself needs the views extra
 
-from matplotlib.colors import to_rgb  # noqa: E402
-from matplotlib.image import imread  # noqa: E402
+from matplotlib.colors import to_rgb
+from matplotlib.image import imread
 
-from dcpsim.views.layout_picture import RANK_COLOURS  # noqa: E402
+from dcpsim.views.layout_picture import RANK_COLOURS
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 DOC = ["layout", "--dcp", "2", "--interleave", "4", "--block-size", "16", "--positions", "0:40", "--block-table", "5,6"]
