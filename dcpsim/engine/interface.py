@@ -63,6 +63,17 @@ class Engine:
 
     # --- the scheduler: block managers and the prefix cache ---------------------------
 
+    def make_scheduler(self, scenario, geometries: list[GroupGeometry]):
+        """The scheduler of a run (``dcpsim.engine.scheduler.scheduler.Scheduler``): by
+        default dcpsim's, which asks this engine for each decision below (block counts,
+        releases, prefix keys). An engine that brings its own block manager returns a
+        subclass whose allocation seams (``_try_allocate``, ``_free``, ``_rows``, ...) call
+        it (``dcpsim.engine.vllm.scheduler``). Every rank builds its own, from the same
+        arguments: it must be deterministic."""
+        from dcpsim.engine.scheduler.scheduler import Scheduler  # the scheduler asks the engine: a cycle
+
+        return Scheduler(scenario, self, geometries)
+
     def blocks_needed(self, geometry: GroupGeometry, num_tokens: int) -> int:
         """Block-table entries a request of ``num_tokens`` tokens holds in the group."""
         raise NotImplementedError

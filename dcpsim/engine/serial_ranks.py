@@ -13,7 +13,6 @@ import numpy as np
 from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.reference import ReferenceEngine
-from dcpsim.engine.scheduler.scheduler import Scheduler, pool_sizes
 from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import StepPlan, WriteRecord
@@ -25,9 +24,9 @@ class SerialRanks:
         self.engine = engine or ReferenceEngine()
         self.dcp_size = scenario.config.decode_context_parallel_size
         self.geometries = self.engine.geometries(scenario.layers, scenario.config)
-        self.scheduler = Scheduler(scenario, self.engine, self.geometries)
+        self.scheduler = self.engine.make_scheduler(scenario, self.geometries)
         self.request_ids = {r.index: r.request_id for r in self.scheduler.requests}
-        pools = pool_sizes(scenario, self.engine, self.geometries)
+        pools = self.scheduler.pool_sizes
         self.runners = [
             ModelRunner(self.engine, self.geometries, pools, rank, max_num_reqs=len(self.request_ids)) for rank in range(self.dcp_size)
         ]

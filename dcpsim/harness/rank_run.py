@@ -26,7 +26,6 @@ import time
 from dcpsim.collectives import Collectives
 from dcpsim.engine.attention.shard import ShardAttention
 from dcpsim.engine.interface import Engine
-from dcpsim.engine.scheduler.scheduler import Scheduler, pool_sizes
 from dcpsim.engine.worker.block_table import BlockTableOverflow
 from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.engine.worker.pcp_prefill import GATHER_PHASE, pcp_prefill
@@ -89,12 +88,15 @@ class RankRun:
         """The engine under test: its geometries, scheduler, model runner and shard attention."""
         scenario, engine = self.job.scenario, self.engine
         self.geometries = engine.geometries(scenario.layers, scenario.config)
-        self.scheduler = (self.instance.scheduler_class if self.instance else Scheduler)(scenario, engine, self.geometries)
+        if self.instance is not None:
+            self.scheduler = self.instance.scheduler_class(scenario, engine, self.geometries)
+        else:
+            self.scheduler = engine.make_scheduler(scenario, self.geometries)
         self.request_ids = {r.index: r.request_id for r in self.scheduler.requests}
         self.runner = ModelRunner(
             engine,
             self.geometries,
-            pool_sizes(scenario, engine, self.geometries),
+            self.scheduler.pool_sizes,
             engine.dcp_rank_of(self.par.layout, self.world.rank),
             max_num_reqs=len(self.scheduler.requests),
             vector_width=self.job.attention.kv_width if self.attention_on else 0,

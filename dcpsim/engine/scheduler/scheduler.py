@@ -108,8 +108,9 @@ class Scheduler:
         self.config = scenario.config
         self.engine = engine
         self.geometries = geometries
-        sizes = pool_sizes(scenario, engine, geometries)
-        self.managers = [make_manager(g, self.block_pool_class(n), engine) for g, n in zip(geometries, sizes)]
+        self.pool_sizes = pool_sizes(scenario, engine, geometries)
+        """Blocks in each group's pool besides the null block: what each group's KV store holds."""
+        self.managers = [make_manager(g, self.block_pool_class(n), engine) for g, n in zip(geometries, self.pool_sizes)]
         prefixes: dict[str, np.ndarray] = {}
         for r in scenario.requests:
             if r.prefix:
@@ -145,12 +146,14 @@ class Scheduler:
 
     # --- allocation helpers -------------------------------------------------------
 
-    def _can_allocate(self, req: Request, num_tokens: int) -> bool:
-        return all(m.num_new_blocks(req.index, num_tokens) <= m.pool.num_free for m in self.managers)
-
-    def _allocate(self, req: Request, num_tokens: int) -> None:
+    def _try_allocate(self, req: Request, num_tokens: int) -> bool:
+        """Give ``req`` the blocks of its first ``num_tokens`` tokens in every group if the
+        pools hold them all; whether it did (False: the caller preempts, or waits)."""
+        if not all(m.num_new_blocks(req.index, num_tokens) <= m.pool.num_free for m in self.managers):
+            return False
         for m in self.managers:
             m.allocate(req.index, num_tokens)
+        return True
 
     def _free(self, req: Request) -> None:
         for m in self.managers:
@@ -254,14 +257,13 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n, drafts = self._tokens_for(req, budget)
-            while not self._can_allocate(req, req.num_computed + n):
+            while not self._try_allocate(req, req.num_computed + n):
                 victim = self.running[-1]
                 self._preempt(victim, events, PreemptReason.OUT_OF_BLOCKS)
                 preempted = True
                 if victim is req:
                     break
             else:
-                self._allocate(req, req.num_computed + n)
                 scheduled.append((req, n, drafts))
                 budget -= n
                 i += 1
@@ -278,12 +280,11 @@ class Scheduler:
             req = self.waiting[0]
             hit, external = self._start_from_cache(req)
             n, drafts = self._tokens_for(req, budget)
-            if not self._can_allocate(req, req.num_computed + n):
+            if not self._try_allocate(req, req.num_computed + n):
                 if hit:
                     self._free(req)
                 req.num_computed = 0
                 break
-            self._allocate(req, req.num_computed + n)
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)

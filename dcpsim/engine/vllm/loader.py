@@ -4,7 +4,8 @@
 checks, compiled extensions). ``SourceTree.load(names)`` executes only the named modules
 from ``DIR/vllm/...``, each as vLLM wrote it, under their real names:
 
-* a package (a folder) becomes an empty package whose ``__init__.py`` is not run;
+* a package (a folder) becomes an empty package whose ``__init__.py`` is not run, unless
+  it is one of the named modules;
 * the few modules the adapter needs from around them have small hand-written stubs
   (``STUBS``: a logger, ``triton_utils`` over the real ``triton``, ``get_dtype_size``);
 * any other ``vllm`` module the loaded code imports is an *automatic stub*: every name in
@@ -126,6 +127,10 @@ def _torch_utils_stub(name: str, tree) -> types.ModuleType:
     return module
 
 
+ABSENT_THIRD_PARTY = ("uvloop",)
+"""Third-party modules vLLM imports at module level for code dcpsim never runs (the engine
+core's event loop): placeholders while a tree loads, if they are not installed."""
+
 STUBS = {
     "vllm.logger": _logger_stub,
     "vllm.triton_utils": _triton_utils_stub,
@@ -142,9 +147,10 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if fullname != "vllm" and not fullname.startswith("vllm."):
             return None
         file = self.tree.file(fullname)
-        if fullname in self.real and file is not None and file.name != "__init__.py":
-            return importlib.util.spec_from_file_location(fullname, file)
         is_package = self.tree.is_package(fullname)
+        if fullname in self.real and file is not None:  # a listed package runs its __init__.py too
+            locations = [str(file.parent)] if is_package else None
+            return importlib.util.spec_from_file_location(fullname, file, submodule_search_locations=locations)
         spec = importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
         if is_package:
             spec.submodule_search_locations = [str(self.tree.root / fullname.replace(".", "/"))]
@@ -201,9 +207,11 @@ class SourceTree:
     def exists(self, name: str) -> bool:
         return self.is_package(name) or self.file(name) is not None
 
-    def load(self, names: list[str]) -> dict[str, types.ModuleType]:
+    def load(self, names: list[str], warm=None) -> dict[str, types.ModuleType]:
         """Execute the modules ``names`` (and return them by name); every other ``vllm``
-        module they import is a stub. Raises ``ConfigError`` naming a missing file."""
+        module they import is a stub. ``warm(modules)``, if given, runs while the tree is
+        still importable: for code that imports lazily on first use (vLLM's spec-manager
+        registry). Raises ``ConfigError`` naming a missing file."""
         missing = [n for n in names if self.file(n) is None]
         if missing:
             files = ", ".join(str(self.root / (n.replace(".", "/") + ".py")) for n in missing)
@@ -215,12 +223,18 @@ class SourceTree:
             for k in saved:
                 del sys.modules[k]
             finder = _Finder(self, set(names))
+            absent = {n: _StubModule(n, self) for n in ABSENT_THIRD_PARTY if n not in sys.modules}
+            sys.modules.update(absent)
             sys.meta_path.insert(0, finder)
             try:
                 for name in names:
                     self.modules[name] = importlib.import_module(name)
+                if warm is not None:
+                    warm({n: self.modules[n] for n in names})
             finally:
                 sys.meta_path.remove(finder)
+                for n in absent:
+                    del sys.modules[n]
                 for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
                     del sys.modules[k]
                 sys.modules.update(saved)
