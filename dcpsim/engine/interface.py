@@ -35,6 +35,16 @@ from dcpsim.model.plan import AttentionMetadata, ReqWrite
 from dcpsim.model.specs import KVCacheSpec
 
 
+class EngineError(Exception):
+    """The engine under test raised on a valid input: its code refused or crashed. Every rank
+    runs the same scheduler, so a scheduler's error is every rank's, at the same step, and
+    the run ends in a failure naming where (``function``, ``file``, ``line``) and why."""
+
+    def __init__(self, *, what: str, function: str, file: str, line: int, message: str):
+        super().__init__(f"{function} ({file}:{line}) raised {message}")
+        self.what, self.function, self.file, self.line, self.message = what, function, file, line, message
+
+
 class Engine:
     """The interface. See the module docstring for the contract."""
 
@@ -73,6 +83,11 @@ class Engine:
         from dcpsim.engine.scheduler.scheduler import Scheduler  # the scheduler asks the engine: a cycle
 
         return Scheduler(scenario, self, geometries)
+
+    def check_scenario(self, scenario) -> None:
+        """Refuse a scenario this engine cannot run (``ConfigError``, naming the engine's own
+        rule), in the parent before any rank starts; the default accepts every scenario the
+        reference validates."""
 
     def blocks_needed(self, geometry: GroupGeometry, num_tokens: int) -> int:
         """Block-table entries a request of ``num_tokens`` tokens holds in the group."""
@@ -242,6 +257,7 @@ need not."""
 ENGINE_DECISIONS = (
     "kv_cache_groups",
     "group_geometry",
+    "make_scheduler",
     "blocks_needed",
     "first_needed_position",
     "num_released_blocks",

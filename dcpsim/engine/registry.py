@@ -52,22 +52,25 @@ def unimplemented(engine: Engine) -> list[str]:
     """The interface methods ``engine`` leaves to the base class (which raises)."""
     out = []
     for name, member in inspect.getmembers(Engine, inspect.isfunction):
-        if name.startswith("_") or name in ("geometries", "step_write_slots", "make_scheduler", *PCP_DECISIONS):
+        if name.startswith("_") or name in ("geometries", "step_write_slots", "make_scheduler", "check_scenario", *PCP_DECISIONS):
             continue
         if getattr(type(engine), name) is member:
             out.append(name)
     return out
 
 
-def build_engine(name: str = "reference", *, vllm_source: str | None = None, vllm_runner: str = "v2", vllm_merge: bool = False) -> Engine:
+def build_engine(
+    name: str = "reference", *, vllm_source: str | None = None, vllm_runner: str = "v2", vllm_merge: bool = False,
+    vllm_scheduler: str = "manager",
+) -> Engine:  # fmt: skip
     """The engine called ``name`` (see the module docstring); raises ``ConfigError``."""
-    key = (name, vllm_source, vllm_runner, vllm_merge)
+    key = (name, vllm_source, vllm_runner, vllm_merge, vllm_scheduler)
     if key in _CACHE:
         return _CACHE[key]
     if name == "reference":
         engine: Engine = ReferenceEngine()
     elif name == "vllm":
-        engine = VllmEngine(vllm_source, runner=vllm_runner, merge=vllm_merge)
+        engine = VllmEngine(vllm_source, runner=vllm_runner, merge=vllm_merge, scheduler=vllm_scheduler)
     else:
         engine = _plugin(name)
     _CACHE[key] = engine

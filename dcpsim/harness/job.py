@@ -67,6 +67,7 @@ class Job:
                 f"--inject switches on a fault of the reference engine; it cannot be combined with --engine {self.engine.name}"
             )
         self.engine.validate()
+        self.build_engine().check_scenario(self.scenario)
         if self.rank_failure is not None:
             kind, rank, step = self.rank_failure
             if kind not in tuple(RankFailureKind) or not is_int(rank) or not is_int(step):

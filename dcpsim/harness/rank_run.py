@@ -25,7 +25,7 @@ import time
 
 from dcpsim.collectives import Collectives
 from dcpsim.engine.attention.shard import ShardAttention
-from dcpsim.engine.interface import Engine
+from dcpsim.engine.interface import Engine, EngineError
 from dcpsim.engine.worker.block_table import BlockTableOverflow
 from dcpsim.engine.worker.model_runner import ModelRunner
 from dcpsim.engine.worker.pcp_prefill import GATHER_PHASE, pcp_prefill
@@ -128,20 +128,39 @@ class RankRun:
 
     def run(self) -> RunReport:
         """Every step in turn until the first failure; the rank's report."""
-        failure = None
+        try:
+            failure = self.steps()
+        except EngineError as exc:  # the scheduler's: every rank's, at the same step
+            failure = self.engine_failure(exc)
+        if failure is None and self.batched and self.checker.pending:  # the last step always exchanges; a safeguard
+            failure = self.checker.exchange(metadata=True)
+        if failure is not None and self.world.rank == 0:  # rank 0's verdict is the report's
+            self.rec.failure(failure)
+        return rank_report(self, failure)
+
+    def steps(self) -> Failure | None:
+        """The schedule's steps in turn; the first failure, or None."""
         scheduled = self.rec.now()  # the next step's scheduling starts
         for plan in self.scheduler.plans():
             self.rec.complete("schedule", "schedule", scheduled, args={"step": plan.step})
             with self.rec.step(plan):
                 failure = self.step(plan)
             if failure is not None:
-                break
+                return failure
             scheduled = self.rec.now()
-        if failure is None and self.batched and self.checker.pending:  # the last step always exchanges; a safeguard
-            failure = self.checker.exchange(metadata=True)
-        if failure is not None and self.world.rank == 0:  # rank 0's verdict is the report's
-            self.rec.failure(failure)
-        return rank_report(self, failure)
+        return None
+
+    def engine_failure(self, exc: EngineError) -> Failure:
+        """The run's failure when the engine under test raised: the steps still queued for an
+        exchange first (their verdict comes before), else an ``engine-error`` naming where."""
+        queued = self.checker.exchange(metadata=True) if self.batched and self.checker.pending else None
+        step = self.scheduler.step_index
+        return queued or Failure(
+            kind=FailureKind.ENGINE_ERROR,
+            step=step,
+            message=f"the engine under test raised in {exc.what}: {exc.message}",
+            details=[f"raised by {exc.function}, {exc.file}:{exc.line}" if exc.file else f"raised by {exc.function}"],
+        )
 
     def step(self, plan: StepPlan) -> Failure | None:
         """One step's phases; the first failure, or None."""

@@ -8,6 +8,8 @@ from dcpsim.errors import ConfigError
 from dcpsim.model.parallel import ParallelLayout, check_parallel_sizes, default_tensor_parallel_size
 from dcpsim.model.validate import check_int
 
+KV_CACHE_REPORT_MODES = ("incremental", "full")
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -56,6 +58,10 @@ class SimConfig:
     tensor_parallel_size: int | None = None
     """vLLM's TP size; the world is ``prefill_context_parallel_size * tensor_parallel_size``
     processes. None: ``default_tensor_parallel_size`` (the DCP size without PCP)."""
+    kv_cache_report_mode: str = "incremental"
+    """vLLM's KV events report mode (a request's ``kv_cache_report_mode``): ``incremental``
+    advertises each block once, when it is cached; ``full`` also advertises again the cached
+    blocks a prefix-cache hit reuses, so a router learns them (vllm#50118 lives there)."""
 
     def __post_init__(self) -> None:
         check_int("max_model_len", self.max_model_len, 1)
@@ -83,6 +89,8 @@ class SimConfig:
         if self.tensor_parallel_size is not None:
             check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         check_parallel_sizes(self.prefill_context_parallel_size, self.tp_size, self.decode_context_parallel_size)
+        if self.kv_cache_report_mode not in KV_CACHE_REPORT_MODES:
+            raise ConfigError(f"kv_cache_report_mode must be one of {', '.join(KV_CACHE_REPORT_MODES)}, got {self.kv_cache_report_mode!r}")
         for flag in ("enable_prefix_caching", "async_scheduling"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")

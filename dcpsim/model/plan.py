@@ -55,6 +55,9 @@ class KVEvent:
     start: int
     stop: int
     key: int
+    group: int | None = None
+    """The KV-cache group whose block this is (vLLM emits one event per group's block, of
+    that group's manager block size); None: one hash block of every group (dcpsim's own)."""
 
 
 class EventKind(enum.StrEnum):

@@ -344,6 +344,9 @@ def _parse_config(cfg, problems: _Problems) -> SimConfig | None:
         if CONFIG_TYPES[key] in (bool, "bool"):
             if not isinstance(value, bool):
                 problems.add(f"config.{key}", f"must be true or false, got {value!r}")
+        elif CONFIG_TYPES[key] in (str, "str"):
+            if not isinstance(value, str):
+                problems.add(f"config.{key}", f"must be a string, got {value!r}")
         elif value is not None and not is_int(value):
             problems.add(f"config.{key}", f"must be an integer, got {value!r}")
     if len(problems.items) > before:

@@ -30,6 +30,9 @@ class FailureKind(enum.StrEnum):
     """A rank's attention metadata (lengths, query bounds, paged plan, table width,
     CUDA-graph padding) differs from what the scenario gives."""
     RANKS_DISAGREE = "ranks-disagree"
+    ENGINE_ERROR = "engine-error"
+    """The engine under test raised on a valid input (its scheduler refused or crashed at a
+    step every rank reached alike)."""
 
 
 def _json_safe(value):

@@ -90,10 +90,18 @@ class PrefixCache:
 
     def _advertise(self, req: Request, unit: int) -> None:
         """One ``BlockStored`` event per hash block of a newly findable unit."""
+        self._advertise_span(req, unit * self.unit, (unit + 1) * self.unit)
+
+    def advertise_hit(self, req: Request, hit: int) -> None:
+        """The events of the cached blocks a hit of ``hit`` tokens reuses, advertised again
+        (``kv_cache_report_mode = "full"``), so a router learns them."""
+        self._advertise_span(req, 0, hit)
+
+    def _advertise_span(self, req: Request, start: int, stop: int) -> None:
         hb = max(1, self.hash_block)
-        for start in range(unit * self.unit, (unit + 1) * self.unit, hb):
-            stop = start + hb
-            self.events.append(KVEvent(req.request_id, start, stop, int(req.fingerprints[stop - 1])))
+        for begin in range(start, stop, hb):
+            end = begin + hb
+            self.events.append(KVEvent(req.request_id, begin, end, int(req.fingerprints[end - 1])))
 
     def take_events(self) -> tuple[KVEvent, ...]:
         events, self.events = tuple(self.events), []

@@ -35,7 +35,7 @@ from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
 from dcpsim.model.content import random_tokens, stable_seed
 from dcpsim.model.kinds import Retention, Storage
-from dcpsim.model.plan import EventKind, PreemptReason, RequestView, ReqWrite, ScheduleEvent, StepPlan
+from dcpsim.model.plan import EventKind, KVEvent, PreemptReason, RequestView, ReqWrite, ScheduleEvent, StepPlan
 from dcpsim.model.scenario import Scenario
 from dcpsim.plural import plural
 
@@ -108,22 +108,30 @@ class Scheduler:
         self.config = scenario.config
         self.engine = engine
         self.geometries = geometries
-        self.pool_sizes = pool_sizes(scenario, engine, geometries)
-        """Blocks in each group's pool besides the null block: what each group's KV store holds."""
-        self.managers = [make_manager(g, self.block_pool_class(n), engine) for g, n in zip(geometries, self.pool_sizes)]
-        prefixes: dict[str, np.ndarray] = {}
-        for r in scenario.requests:
-            if r.prefix:
-                n = max(len(prefixes.get(r.prefix, ())), r.shared_prefix_len)
-                prefixes[r.prefix] = random_tokens(stable_seed(scenario.seed, "prefix", r.prefix), n)
-        self.requests = [Request(i, spec, scenario.seed, prefixes.get(spec.prefix)) for i, spec in enumerate(scenario.requests)]
-        self._check_fits()
-        use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in geometries)
-        self.prefix_cache = self.prefix_cache_class(self.managers, engine) if use_prefix else None
+        self.requests = self._make_requests()
+        self._init_blocks()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.step_index = 0
         self.stats = {"preemptions": 0, "prefix_hit_tokens": 0, "finished": 0, "steps": 0}
+
+    def _make_requests(self) -> list[Request]:
+        """The scenario's requests, requests of one prefix name sharing its tokens."""
+        prefixes: dict[str, np.ndarray] = {}
+        for r in self.scenario.requests:
+            if r.prefix:
+                n = max(len(prefixes.get(r.prefix, ())), r.shared_prefix_len)
+                prefixes[r.prefix] = random_tokens(stable_seed(self.scenario.seed, "prefix", r.prefix), n)
+        return [Request(i, spec, self.scenario.seed, prefixes.get(spec.prefix)) for i, spec in enumerate(self.scenario.requests)]
+
+    def _init_blocks(self) -> None:
+        """dcpsim's block managers (one pool per group) and prefix cache."""
+        self.pool_sizes = pool_sizes(self.scenario, self.engine, self.geometries)
+        """Blocks in each group's pool besides the null block: what each group's KV store holds."""
+        self.managers = [make_manager(g, self.block_pool_class(n), self.engine) for g, n in zip(self.geometries, self.pool_sizes)]
+        self._check_fits()
+        use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in self.geometries)
+        self.prefix_cache = self.prefix_cache_class(self.managers, self.engine) if use_prefix else None
 
     def _check_fits(self) -> None:
         for req in self.requests:
@@ -227,7 +235,7 @@ class Scheduler:
             views=views,
             rows_after=rows_after,
             events=tuple(events),
-            kv_events=self.prefix_cache.take_events() if self.prefix_cache else (),
+            kv_events=self._take_kv_events(),
             last=self.done,
             loaded=tuple(loaded),
         )
@@ -312,6 +320,8 @@ class Scheduler:
                 m.pool.touch(blocks)
                 m.adopt(req.index, blocks)
             req.num_computed = hit
+            if self.config.kv_cache_report_mode == "full":
+                self.prefix_cache.advertise_hit(req, hit)
         return hit, 0
 
     def _settle(self, scheduled: list[tuple[Request, int, int]]) -> None:
@@ -322,6 +332,10 @@ class Scheduler:
                 m.release_skipped(req.index, req.num_computed)
             if self.prefix_cache:
                 self.prefix_cache.register(req)
+
+    def _take_kv_events(self) -> tuple[KVEvent, ...]:
+        """The KV events the step's prefix-cache registrations advertised."""
+        return self.prefix_cache.take_events() if self.prefix_cache else ()
 
     def _finish(self, events: list[ScheduleEvent]) -> None:
         """Requests with every output token leave the running list and free their blocks."""

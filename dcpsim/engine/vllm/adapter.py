@@ -47,14 +47,33 @@ import types
 import numpy as np
 import torch
 
+from dcpsim.engine.interface import EngineError
 from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.vllm.core import load_with_core
 from dcpsim.engine.vllm.loader import SourceTree, source_dir
+from dcpsim.engine.vllm.scheduler import VllmScheduler
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import PAD
 from dcpsim.model.specs import MambaSpec
 
 SUPPORTED_VERSIONS = ("0.33.0",)
+VLLM_SCHEDULERS = ("manager", "dcpsim")
+"""``--vllm-scheduler``: vLLM's ``KVCacheManager`` decides every block in dcpsim's step loop
+(``manager``, the default), or dcpsim's own scheduler does (``dcpsim``: only the worker
+side runs vLLM's code)."""
+_MANAGER = "vllm vllm.v1.core.kv_cache_manager.KVCacheManager"
+SCHEDULER_SIDE = {
+    "make_scheduler": f"{_MANAGER} in dcpsim's step loop (dcpsim.engine.vllm.scheduler)",
+    "blocks_needed": f"{_MANAGER}.allocate_slots (its coordinator's get_num_blocks_to_allocate; None: preempt)",
+    "first_needed_position": f"{_MANAGER}.allocate_slots (remove_skipped_blocks, lazily at the next allocation)",
+    "num_released_blocks": f"{_MANAGER}.allocate_slots (remove_skipped_blocks)",
+    "prefix_block_tokens": f"{_MANAGER}.get_computed_blocks (find_longest_cache_hit)",
+    "prefix_hash_unit": f"{_MANAGER}.get_computed_blocks (find_longest_cache_hit)",
+    "prefix_hash_block_size": "vllm vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes",
+    "prefix_key_position": "vllm vllm.v1.core.kv_cache_utils.get_request_block_hasher (vLLM's block hashes)",
+}
+"""Who makes the scheduler-side decisions under ``--vllm-scheduler manager``."""
 PAD_ID = -1
 
 V2_MODULE, V2_KERNEL = "vllm.v1.worker.gpu.block_table", "_compute_slot_mappings_kernel"
@@ -151,20 +170,27 @@ class VllmEngine(ReferenceEngine):
     name = "vllm"
     description = "vLLM's own slot mapping kernel and DCP local lengths, loaded from a source tree"
 
-    def __init__(self, vllm_source: str | None = None, runner: str = "v2", merge: bool = False):
+    def __init__(self, vllm_source: str | None = None, runner: str = "v2", merge: bool = False, scheduler: str = "manager"):
         if runner not in ("v1", "v2"):
             raise ConfigError(f"--vllm-runner must be v1 or v2, got {runner!r}")
+        if scheduler not in VLLM_SCHEDULERS:
+            raise ConfigError(f"--vllm-scheduler must be one of {', '.join(VLLM_SCHEDULERS)}, got {scheduler!r}")
         self.runner = runner
         self.merge = merge
+        self.scheduler = scheduler
         self.tree = SourceTree(source_dir(vllm_source))
         self.version = self.tree.version
+        names = [V1_MODULE, LENS_MODULE, MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES]
         if runner == "v2":
-            mods = self.tree.load(
-                ["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, V1_MODULE, LENS_MODULE, MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES]
-            )
+            names = ["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, *names]
+        self.core = None
+        if scheduler == "manager":
+            mods, self.core = load_with_core(self.tree, names)
+        else:
+            mods = self.tree.load(names)
+        if runner == "v2":
             self._slot_kernel = self._function(mods, V2_MODULE, V2_KERNEL, V2_ARGS)
         else:
-            mods = self.tree.load([V1_MODULE, LENS_MODULE, MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES])
             self._slot_kernel = self._function(mods, V1_MODULE, V1_KERNEL, V1_ARGS)
         self._specs = mods[SPECS_MODULE]
         self._correct = self._function(mods, MERGE_MODULE, MERGE_KERNEL, MERGE_ARGS)
@@ -189,7 +215,28 @@ class VllmEngine(ReferenceEngine):
                 "runs it: all-gather the LSEs, correct, reduce-scatter over heads) for steps of at most "
                 f"{MAX_MERGE_PROGRAMS} token x head programs; alltoall and prefill chunks: reference"
             )
+        if self.core is not None:
+            self.decisions.update(SCHEDULER_SIDE)
         """Decision -> what makes it; every other decision is the reference engine's."""
+
+    # --- the scheduler: vLLM's KVCacheManager decides every block ------------------------
+
+    def make_scheduler(self, scenario, geometries):
+        if self.core is None:
+            return super().make_scheduler(scenario, geometries)
+        return VllmScheduler(scenario, self, geometries)
+
+    def check_scenario(self, scenario) -> None:
+        """Build the run's scheduler once, in the parent: a configuration vLLM refuses (an
+        assertion or error of its KV cache manager) is exit 2 quoting vLLM's own words."""
+        if self.core is None:
+            return
+        try:
+            self.make_scheduler(scenario, self.geometries(scenario.layers, scenario.config))
+        except EngineError as exc:
+            raise ConfigError(
+                f"vLLM {self.version} refuses this configuration: {exc.function} ({exc.file}:{exc.line}): {exc.message}"
+            ) from None
 
     def _function(self, mods, module: str, qualname: str, args: tuple[str, ...]):
         obj = mods[module]

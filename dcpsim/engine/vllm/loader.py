@@ -7,7 +7,8 @@ from ``DIR/vllm/...``, each as vLLM wrote it, under their real names:
 * a package (a folder) becomes an empty package whose ``__init__.py`` is not run, unless
   it is one of the named modules;
 * the few modules the adapter needs from around them have small hand-written stubs
-  (``STUBS``: a logger, ``triton_utils`` over the real ``triton``, ``get_dtype_size``);
+  (``STUBS``: a logger, ``triton_utils`` over the real ``triton``, ``get_dtype_size``, the
+  KV event records);
 * any other ``vllm`` module the loaded code imports is an *automatic stub*: every name in
   it is a placeholder that can be called, subclassed, decorated with and tested for
   truth (always false), so import-time code runs; using one for real fails loudly.
@@ -102,10 +103,33 @@ class _StubModule(types.ModuleType):
         return _Placeholder(f"{self.__name__}.{name}")
 
 
+class _Logger(logging.LoggerAdapter):
+    """vLLM's logger: a standard logger plus its ``*_once`` methods (each message once)."""
+
+    def __init__(self, name: str):
+        super().__init__(logging.getLogger(name), {})
+        self._said: set = set()
+
+    def _once(self, level: int, msg, *args, **kwargs) -> None:
+        key = (level, msg, args)
+        if key not in self._said:
+            self._said.add(key)
+            self.log(level, msg, *args, **{k: v for k, v in kwargs.items() if k != "scope"})
+
+    def debug_once(self, msg, *args, **kwargs) -> None:
+        self._once(logging.DEBUG, msg, *args, **kwargs)
+
+    def info_once(self, msg, *args, **kwargs) -> None:
+        self._once(logging.INFO, msg, *args, **kwargs)
+
+    def warning_once(self, msg, *args, **kwargs) -> None:
+        self._once(logging.WARNING, msg, *args, **kwargs)
+
+
 def _logger_stub(name: str, tree) -> types.ModuleType:
     module = types.ModuleType(name)
-    module.init_logger = lambda n: logging.getLogger(n)
-    module.logger = logging.getLogger("vllm")
+    module.init_logger = _Logger
+    module.logger = _Logger("vllm")
     return module
 
 
@@ -127,6 +151,26 @@ def _torch_utils_stub(name: str, tree) -> types.ModuleType:
     return module
 
 
+class _Event:
+    """A KV cache event as vLLM's block pool builds it (keywords only), readable back."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.__dict__})"
+
+
+def _kv_events_stub(name: str, tree) -> types.ModuleType:
+    """vLLM's KV event types (msgspec structs there) as plain records of the same names."""
+    module = types.ModuleType(name)
+    module.KVCacheEvent = type("KVCacheEvent", (_Event,), {})
+    for event in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
+        setattr(module, event, type(event, (module.KVCacheEvent,), {}))
+    module.MEDIUM_GPU, module.MEDIUM_CPU, module.MEDIUM_STORAGE = "GPU", "CPU", "STORAGE"
+    return module
+
+
 ABSENT_THIRD_PARTY = ("uvloop",)
 """Third-party modules vLLM imports at module level for code dcpsim never runs (the engine
 core's event loop): placeholders while a tree loads, if they are not installed."""
@@ -135,6 +179,7 @@ STUBS = {
     "vllm.logger": _logger_stub,
     "vllm.triton_utils": _triton_utils_stub,
     "vllm.utils.torch_utils": _torch_utils_stub,
+    "vllm.distributed.kv_events": _kv_events_stub,
 }
 
 

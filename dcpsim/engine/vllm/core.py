@@ -1,0 +1,131 @@
+"""vLLM's KV-cache core from a source tree: ``KVCacheManager`` with its coordinator, the
+per-spec managers and the ``BlockPool``, the spec classes, ``Request`` and its block
+hashing, run as vLLM wrote them (``SourceTree``: the modules named here execute for real,
+everything around them is a stub).
+
+The loader's stubs include vLLM's KV events (``vllm.distributed.kv_events``, which needs
+msgspec and zmq) as plain records of the same names, so the events the block pool emits
+can be read back; ``SamplingParams`` is duck-typed here. An exception raised inside vLLM's code becomes an ``EngineError``
+naming vLLM's function, file and line (``engine_error``).
+"""
+
+from __future__ import annotations
+
+import linecache
+import traceback
+from pathlib import Path
+
+from dcpsim.engine.interface import EngineError
+from dcpsim.engine.vllm.loader import SourceTree
+
+MANAGER_MODULE = "vllm.v1.core.kv_cache_manager"
+UTILS_MODULE = "vllm.v1.core.kv_cache_utils"
+SINGLE_TYPE_MODULE = "vllm.v1.core.single_type_kv_cache_manager"
+SPECS_MODULE = "vllm.v1.kv_cache_interface"
+REQUEST_MODULE = "vllm.v1.request"
+HASHING_MODULE = "vllm.utils.hashing"
+CORE_MODULES = (
+    "vllm.utils",
+    "vllm.utils.math_utils",
+    HASHING_MODULE,
+    "vllm.v1.utils",
+    "vllm.v1.kv_cache_layout",
+    "vllm.v1.kv_cache_spec_registry",
+    SPECS_MODULE,
+    "vllm.v1.structured_output.request",
+    REQUEST_MODULE,
+    "vllm.v1.hisparse.block_pool",
+    UTILS_MODULE,
+    "vllm.v1.core.kv_cache_metrics",
+    "vllm.v1.core.block_pool",
+    SINGLE_TYPE_MODULE,
+    "vllm.v1.core.kv_cache_coordinator",
+    MANAGER_MODULE,
+)
+"""The modules of ``vllm/`` that run for real (the rest are stubs)."""
+HASH_ALGO = "sha256"
+"""vLLM 0.33.0's default ``cache_config.prefix_caching_hash_algo``."""
+
+
+class SamplingParams:
+    """What ``vllm.v1.request.Request`` reads of a ``SamplingParams`` (greedy, no structured
+    output, no logprobs)."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.extra_args = None
+        self.structured_outputs = None
+        self.logprobs = None
+        self.prompt_logprobs = None
+        self.n = 1
+        self.skip_reading_prefix_cache = False
+
+    def clone(self) -> SamplingParams:
+        return self
+
+
+class VllmCore:
+    """The loaded modules and the handful of names dcpsim calls."""
+
+    def __init__(self, tree: SourceTree, mods: dict):
+        """``mods``: the loaded modules (``load_with_core``: every module of one load, so
+        the spec classes the worker side builds are the ones the manager registered)."""
+        self.tree = tree
+        self.modules = mods
+        self.specs = mods[SPECS_MODULE]
+        self.utils = mods[UTILS_MODULE]
+        self.KVCacheManager = mods[MANAGER_MODULE].KVCacheManager
+        self.Request = mods[REQUEST_MODULE].Request
+        self.RequestStatus = mods[REQUEST_MODULE].RequestStatus
+        self.BlockStored = mods["vllm.v1.core.block_pool"].BlockStored  # the loader's record (STUBS)
+        self.hash_fn = mods[HASHING_MODULE].get_hash_fn_by_name(HASH_ALGO)
+
+    def call(self, what: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, an exception inside vLLM's code an ``EngineError``."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # vLLM's code refused or crashed: the engine's failure
+            raise engine_error(exc, self.tree.root, what) from exc
+
+
+def load_with_core(tree: SourceTree, names: list[str]) -> tuple[dict, VllmCore]:
+    """Load ``names`` and vLLM's KV-cache core in one go; the modules, and the core."""
+    mods = tree.load(list(dict.fromkeys([*names, *CORE_MODULES])), warm=_register_spec_managers)
+    return mods, VllmCore(tree, mods)
+
+
+def _register_spec_managers(mods: dict) -> None:
+    """vLLM's spec-manager registry registers on first use, importing lazily; warm it while
+    the tree is importable (``SourceTree.load``'s ``warm``)."""
+    mods[SINGLE_TYPE_MODULE].register_all_kvcache_specs(None)
+
+
+def engine_error(exc: BaseException, root: Path, what: str) -> EngineError:
+    """An ``EngineError`` for ``exc`` raised under ``what``: the innermost frame inside the
+    tree at ``root`` names the function, the file (relative to ``root``) and the line, and
+    an assertion without a message is quoted from its source line."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _inside(f.filename, root)]
+    where = frames[-1] if frames else None
+    message = str(exc).strip()
+    if not message and where is not None:
+        message = linecache.getline(where.filename, where.lineno).strip()
+    module = _module_of(where.filename, root) if where else "?"
+    return EngineError(
+        what=what,
+        function=f"{module}.{where.name}" if where else what,
+        file=str(Path(where.filename).resolve().relative_to(root)) if where else "",
+        line=where.lineno if where else 0,
+        message=f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
+    )
+
+
+def _inside(filename: str, root: Path) -> bool:
+    try:
+        return Path(filename).resolve().is_relative_to(root)
+    except OSError:
+        return False
+
+
+def _module_of(filename: str, root: Path) -> str:
+    rel = Path(filename).resolve().relative_to(root).with_suffix("")
+    return ".".join(rel.parts)
