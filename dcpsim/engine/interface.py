@@ -40,9 +40,11 @@ class EngineError(Exception):
     runs the same scheduler, so a scheduler's error is every rank's, at the same step, and
     the run ends in a failure naming where (``function``, ``file``, ``line``) and why."""
 
-    def __init__(self, *, what: str, function: str, file: str, line: int, message: str):
+    def __init__(self, *, what: str, function: str, file: str, line: int, message: str, frames: tuple[str, ...] = ()):
         super().__init__(f"{function} ({file}:{line}) raised {message}")
         self.what, self.function, self.file, self.line, self.message = what, function, file, line, message
+        self.frames = frames
+        """The engine's own frames, outermost first (``file:line function``)."""
 
 
 class Engine:

@@ -159,7 +159,8 @@ class RankRun:
             kind=FailureKind.ENGINE_ERROR,
             step=step,
             message=f"the engine under test raised in {exc.what}: {exc.message}",
-            details=[f"raised by {exc.function}, {exc.file}:{exc.line}" if exc.file else f"raised by {exc.function}"],
+            details=[f"raised by {exc.function}, {exc.file}:{exc.line}" if exc.file else f"raised by {exc.function}"]
+            + ([f"through {' -> '.join(exc.frames)}"] if len(exc.frames) > 1 else []),
         )
 
     def step(self, plan: StepPlan) -> Failure | None:

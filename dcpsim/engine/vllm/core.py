@@ -12,7 +12,6 @@ naming vLLM's function, file and line (``engine_error``).
 from __future__ import annotations
 
 import linecache
-import traceback
 from pathlib import Path
 
 from dcpsim.engine.interface import EngineError
@@ -85,7 +84,7 @@ class VllmCore:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # vLLM's code refused or crashed: the engine's failure
-            raise engine_error(exc, self.tree.root, what) from exc
+            raise engine_error(exc, self.tree, what) from exc
 
 
 def load_with_core(tree: SourceTree, names: list[str]) -> tuple[dict, VllmCore]:
@@ -100,32 +99,24 @@ def _register_spec_managers(mods: dict) -> None:
     mods[SINGLE_TYPE_MODULE].register_all_kvcache_specs(None)
 
 
-def engine_error(exc: BaseException, root: Path, what: str) -> EngineError:
+def engine_error(exc: BaseException, tree: SourceTree, what: str) -> EngineError:
     """An ``EngineError`` for ``exc`` raised under ``what``: the innermost frame inside the
-    tree at ``root`` names the function, the file (relative to ``root``) and the line, and
-    an assertion without a message is quoted from its source line."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _inside(f.filename, root)]
+    tree names the function, the file (relative to the tree) and the line, and an
+    assertion without a message is quoted from its source line."""
+    frames = tree.frames(exc)
     where = frames[-1] if frames else None
     message = str(exc).strip()
     if not message and where is not None:
         message = linecache.getline(where.filename, where.lineno).strip()
-    module = _module_of(where.filename, root) if where else "?"
     return EngineError(
         what=what,
-        function=f"{module}.{where.name}" if where else what,
-        file=str(Path(where.filename).resolve().relative_to(root)) if where else "",
+        function=f"{_module_of(tree, where.filename)}.{where.name}" if where else what,
+        file=tree.relative(where.filename) if where else "",
         line=where.lineno if where else 0,
         message=f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
+        frames=tuple(f"{tree.relative(f.filename)}:{f.lineno} {f.name}" for f in frames),
     )
 
 
-def _inside(filename: str, root: Path) -> bool:
-    try:
-        return Path(filename).resolve().is_relative_to(root)
-    except OSError:
-        return False
-
-
-def _module_of(filename: str, root: Path) -> str:
-    rel = Path(filename).resolve().relative_to(root).with_suffix("")
-    return ".".join(rel.parts)
+def _module_of(tree: SourceTree, filename: str) -> str:
+    return ".".join(Path(tree.relative(filename)).with_suffix("").parts)

@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import threading
+import traceback
 import types
 from pathlib import Path
 
@@ -273,9 +274,13 @@ class SourceTree:
             sys.meta_path.insert(0, finder)
             try:
                 for name in names:
-                    self.modules[name] = importlib.import_module(name)
+                    self.modules[name] = self._import(name)
                 if warm is not None:
                     warm({n: self.modules[n] for n in names})
+            except ConfigError:
+                raise
+            except Exception as exc:  # a tree that does not import: exit 2 naming the file and line
+                raise ConfigError(f"vLLM source {self.root}: {self.failure_text(exc)}") from None
             finally:
                 sys.meta_path.remove(finder)
                 for n in absent:
@@ -285,6 +290,40 @@ class SourceTree:
                 sys.modules.update(saved)
             self.stubbed |= finder.stubbed
         return {n: self.modules[n] for n in names}
+
+    def _import(self, name: str) -> types.ModuleType:
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            if isinstance(exc, ModuleNotFoundError) and exc.name and not exc.name.startswith("vllm"):
+                raise ConfigError(
+                    f"vLLM source {self.root}: {name} imports {exc.name!r}, which is not installed "
+                    f"(pip install {exc.name}; dcpsim's 'vllm' extra holds what the loaded modules need)"
+                ) from None
+            raise
+
+    def frames(self, exc: BaseException) -> list[traceback.FrameSummary]:
+        """The frames of ``exc``'s traceback inside this tree, outermost first."""
+        return [f for f in traceback.extract_tb(exc.__traceback__) if self.contains(f.filename)]
+
+    def contains(self, filename: str) -> bool:
+        try:
+            return Path(filename).resolve().is_relative_to(self.root)
+        except OSError:
+            return False
+
+    def relative(self, filename: str) -> str:
+        return str(Path(filename).resolve().relative_to(self.root))
+
+    def failure_text(self, exc: BaseException) -> str:
+        """Where in the tree ``exc`` came from: ``vllm/x.py:12: SyntaxError: ...``."""
+        if isinstance(exc, SyntaxError) and exc.filename and self.contains(exc.filename):
+            return f"{self.relative(exc.filename)}:{exc.lineno}: {type(exc).__name__}: {exc.msg}"
+        frames = self.frames(exc)
+        if frames:
+            f = frames[-1]
+            return f"{self.relative(f.filename)}:{f.lineno} ({f.name}): {type(exc).__name__}: {exc}"
+        return f"{type(exc).__name__}: {exc}"
 
 
 _FIXED = False
