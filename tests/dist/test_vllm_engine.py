@@ -44,9 +44,13 @@ def vllm_run(capsys, source, *argv) -> tuple[int, dict]:
 @pytest.mark.parametrize("runner", ["v2", "v1"])
 @pytest.mark.parametrize("W,I", [(2, 16), (4, 1)])
 def test_builtins_get_the_reference_verdicts(vllm_source, runner, W, I):
+    """With dcpsim's own scheduler (only vLLM's worker-side code), the very same schedule."""
     scenarios = [builtin(name, W, I) for name in SCENARIOS]
     reference = [run(sc) for sc in scenarios]
-    jobs = [Job.from_options(sc, engine="vllm", vllm_source=str(vllm_source), vllm_runner=runner, timeout=60) for sc in scenarios]
+    jobs = [
+        Job.from_options(sc, engine="vllm", vllm_source=str(vllm_source), vllm_runner=runner, vllm_scheduler="dcpsim", timeout=60)
+        for sc in scenarios
+    ]
     reports = run_jobs(jobs)
     for name, ref, got in zip(SCENARIOS, reference, reports):
         assert got.engine["name"] == "vllm" and got.engine["version"] == "0.33.0"
@@ -168,7 +172,11 @@ def test_engine_info_and_fetch(capsys, vllm_source, monkeypatch):
     assert "vllm.v1.worker.gpu.block_table" in info["loaded"] and info["stubbed"]
     assert "spec classes" in info["decisions"]["group_geometry"]
     assert info["decisions"]["merge_across_ranks"].startswith("reference")
-    assert info["decisions"]["prefix_key_position"] == "reference"
+    assert "KVCacheManager" in info["decisions"]["make_scheduler"]  # --vllm-scheduler manager, the default
+    assert "vllm.v1.core.kv_cache_manager" in info["loaded"]
+    assert main(["engine", "info", "--engine", "vllm", "--vllm-scheduler", "dcpsim", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["decisions"]["prefix_key_position"] == "reference" and info["decisions"]["make_scheduler"].startswith("reference")
     assert main(["engine", "fetch", "vllm==0.33.0", "--dest", str(vllm_source)]) == 0  # already there
     assert capsys.readouterr().out.strip() == str(vllm_source)
 

@@ -215,6 +215,7 @@ class VllmEngine(ReferenceEngine):
                 "runs it: all-gather the LSEs, correct, reduce-scatter over heads) for steps of at most "
                 f"{MAX_MERGE_PROGRAMS} token x head programs; alltoall and prefill chunks: reference"
             )
+        self.decisions["make_scheduler"] = "reference (--vllm-scheduler dcpsim)"
         if self.core is not None:
             self.decisions.update(SCHEDULER_SIDE)
         """Decision -> what makes it; every other decision is the reference engine's."""

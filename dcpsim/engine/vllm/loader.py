@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -338,6 +339,8 @@ def mend_interpreter_bools() -> None:
     * A comparison (and the cast of a load to int1) yields numpy bools tagged with the
       operand's type (say int8), so a mask built from it is refused ("mask has
       unsupported dtype") or ``~`` flips every bit: a boolean result is tagged int1.
+    * An interpreted kernel has no ``constexprs`` (the indices of its ``tl.constexpr``
+      parameters, a ``JITFunction`` attribute vLLM's kernel launchers read): it gets one.
     """
     global _FIXED
     if _FIXED:
@@ -364,6 +367,12 @@ def mend_interpreter_bools() -> None:
             return interpreter.TensorHandle(out.data, tl.int1)
         return out
 
+    def constexprs(self) -> list[int]:  # what JITFunction has and vLLM's kernel launchers read
+        params = inspect.signature(self.fn).parameters.values()
+        return [i for i, p in enumerate(params) if "constexpr" in str(p.annotation)]
+
     interpreter._implicit_cvt = implicit_cvt
     builder.binary_op = binary_op
+    if not hasattr(interpreter.InterpretedFunction, "constexprs"):
+        interpreter.InterpretedFunction.constexprs = property(constexprs)
     _FIXED = True

@@ -1,0 +1,131 @@
+"""``--engine vllm`` with vLLM's own ``KVCacheManager`` deciding every block (the default,
+``--vllm-scheduler manager``): the built-ins get the reference's verdicts, vllm#50118
+reproduces as a clear engine error, and copies of vLLM's source with a scheduler-side bug
+planted fail with the right kind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_vllm_engine import patched_copy, vllm_run
+
+from dcpsim.cli import main
+from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
+from dcpsim.scenarios.registry import builtin_scenario_names
+from helpers import builtin, run
+
+UPSTREAM_BUG = "kv-events-full"
+"""Fails under vLLM 0.33.0 at W > 1 by design: it reproduces vllm#50118 (tested below)."""
+MANAGER = "vllm/v1/core/kv_cache_manager.py"
+POOL = "vllm/v1/core/block_pool.py"
+SINGLE_TYPE = "vllm/v1/core/single_type_kv_cache_manager.py"
+COORDINATOR = "vllm/v1/core/kv_cache_coordinator.py"
+
+
+@pytest.mark.parametrize("W", [1, 2, 4])
+def test_builtins_get_the_reference_verdicts_with_vllms_block_manager(vllm_source, W):
+    names = [n for n in builtin_scenario_names() if not (n == UPSTREAM_BUG and W > 1)]
+    scenarios = [builtin(name, W) for name in names]
+    by_world: dict[int, list[int]] = {}
+    for k, sc in enumerate(scenarios):
+        by_world.setdefault(sc.config.world_size, []).append(k)
+    for ks in by_world.values():  # one gloo world per world size (a PCP built-in has its own)
+        jobs = [Job.from_options(scenarios[k], engine="vllm", vllm_source=str(vllm_source), timeout=60) for k in ks]
+        for k, got in zip(ks, run_jobs(jobs)):
+            ref = run(scenarios[k])
+            assert "KVCacheManager" in got.engine["decisions"]["make_scheduler"], got.engine
+            assert ref.passed, names[k]
+            assert got.passed, f"{names[k]} at W = {W} under vLLM's KVCacheManager:\n{got.text()}"
+            assert got.schedule["finished"] == ref.schedule["finished"] == len(scenarios[k].requests)
+
+
+def test_vllm_50118_is_an_engine_error_naming_vllms_assertion(capsys, vllm_source):
+    code, report = vllm_run(capsys, vllm_source, UPSTREAM_BUG)
+    assert code == 1, report
+    failure = report["failure"]
+    assert failure["kind"] == "engine-error" and failure["step"] == 3, failure
+    assert "KVCacheManager.get_computed_blocks" in failure["message"]
+    assert "AssertionError: assert block_size % hash_block_size == 0" in failure["message"]
+    assert failure["details"][0] == "raised by vllm.v1.core.kv_cache_utils.resolve_block_hashes, vllm/v1/core/kv_cache_utils.py:1262"
+    assert "kv_cache_coordinator.py:390 emit_cached_block_events" in failure["details"][1]
+    # at W = 1 the spec's block size is the manager's: it passes, as the reference does at W = 4
+    code, report = vllm_run(capsys, vllm_source, UPSTREAM_BUG, "--dcp", "1")
+    assert code == 0, report.get("failure")
+    assert main(["run", UPSTREAM_BUG, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schedule"]["prefix_hit_tokens"] > 0
+
+
+def test_with_the_fix_vllms_readvertised_blocks_pass_the_router(capsys, tmp_path, vllm_source):
+    fixed = patched_copy(
+        vllm_source,
+        tmp_path / "vllm-fixed",
+        COORDINATOR,
+        "                    len(group_blocks),\n                    group.kv_cache_spec.block_size,\n",
+        "                    len(group_blocks),\n                    manager.block_size,\n",
+    )
+    code, report = vllm_run(capsys, fixed, UPSTREAM_BUG)
+    assert code == 0, report.get("failure")
+    assert report["schedule"]["prefix_hit_tokens"] > 0
+
+
+PLANTED = [
+    pytest.param(  # a BlockStored event's span: half the manager's block
+        POOL,
+        "            block_size=block_size,\n            lora_id=request.lora_request.adapter_id if request.lora_request else None,",
+        "            block_size=block_size // 2,\n            lora_id=request.lora_request.adapter_id if request.lora_request else None,",
+        "dsv3",
+        "kv-events",
+        id="event-block-size",
+    ),
+    pytest.param(  # sliding-window blocks released 16 tokens early (still inside the window)
+        SINGLE_TYPE,
+        "            num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens,",
+        "            num_computed_tokens - self.sliding_window + 17 - self.extra_retained_tokens,",
+        "gpt-oss-hybrid",
+        "wrong-content",
+        id="window-release",
+    ),
+    pytest.param(  # one slot too few: the step's last token has no block
+        MANAGER,
+        "            num_tokens_main_model + num_lookahead_tokens, self.max_model_len\n        )",
+        "            num_tokens_main_model + num_lookahead_tokens, self.max_model_len\n        ) - 1",
+        "dsv3",
+        "write-violation",
+        id="slots-short-by-one",
+    ),
+    pytest.param(  # a prefix hit does not take a reference: its blocks are handed out while in use
+        POOL,
+        "                self.free_block_queue.remove(block)\n            block.ref_cnt += 1",
+        "                self.free_block_queue.remove(block)\n            block.ref_cnt += 0",
+        "dsv3",
+        "engine-error",
+        id="hit-without-reference",
+    ),
+    pytest.param(  # the hash view of a sharded group at B, not B * W
+        SINGLE_TYPE,
+        "            block_size *= dcp_world_size",
+        "            block_size *= 1",
+        "dsv3",
+        "engine-error",
+        id="hash-view-unscaled",
+    ),
+]
+
+
+@pytest.mark.parametrize("rel,old,new,scenario,kind", PLANTED)
+def test_a_scheduler_side_bug_planted_in_vllm_is_caught(capsys, tmp_path, vllm_source, rel, old, new, scenario, kind):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-bug", rel, old, new)
+    code, report = vllm_run(capsys, copy, scenario, "--dcp", "2")
+    assert code == 1 and report["failure"]["kind"] == kind, report.get("failure")
+    code, report = vllm_run(capsys, vllm_source, scenario, "--dcp", "2")  # the clean tree passes
+    assert code == 0, report.get("failure")
+
+
+def test_a_source_tree_that_does_not_import_is_exit_2_naming_file_and_line(capsys, tmp_path, vllm_source):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-syntax", "vllm/v1/kv_cache_interface.py", "@dataclass", "@dataclass(")
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert f"vLLM source {copy}: vllm/v1/kv_cache_interface.py:" in err and "SyntaxError" in err
+    assert "Traceback" not in err
