@@ -92,10 +92,14 @@ class PrefixCache:
         """One ``BlockStored`` event per hash block of a newly findable unit."""
         self._advertise_span(req, unit * self.unit, (unit + 1) * self.unit)
 
-    def advertise_hit(self, req: Request, hit: int) -> None:
-        """The events of the cached blocks a hit of ``hit`` tokens reuses, advertised again
-        (``kv_cache_report_mode = "full"``), so a router learns them."""
-        self._advertise_span(req, 0, hit)
+    def hit(self, req: Request, hit: int, *, report_full: bool) -> None:
+        """``req`` reuses the cached blocks of its first ``hit`` tokens: their units are
+        registered already (not advertised again as the request's own), and with
+        ``report_full`` (``kv_cache_report_mode = "full"``) their events are advertised
+        again, so a router that missed them learns them."""
+        self._registered[req.index] = max(self._registered.get(req.index, 0), hit // self.unit)
+        if report_full:
+            self._advertise_span(req, 0, hit)
 
     def _advertise_span(self, req: Request, start: int, stop: int) -> None:
         hb = max(1, self.hash_block)

@@ -320,8 +320,7 @@ class Scheduler:
                 m.pool.touch(blocks)
                 m.adopt(req.index, blocks)
             req.num_computed = hit
-            if self.config.kv_cache_report_mode == "full":
-                self.prefix_cache.advertise_hit(req, hit)
+            self.prefix_cache.hit(req, hit, report_full=self.config.kv_cache_report_mode == "full")
         return hit, 0
 
     def _settle(self, scheduled: list[tuple[Request, int, int]]) -> None:

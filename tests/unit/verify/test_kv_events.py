@@ -4,6 +4,8 @@ units (the LCM); a unit mismatch (a router's hit rate silently 0) is caught."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from dcpsim.model.kinds import Retention, Storage
@@ -66,3 +68,45 @@ def test_events_at_the_spec_block_size_are_caught():
     report = run(builtin("dsv3", 2), inject="kv-events-hash-unit-b")
     assert report.failure.kind == "kv-events"
     assert any("not one hash block" in d for d in report.failure.details)
+
+
+def test_group_events_are_held_to_their_groups_manager_block_size():
+    # dsv3-like at W = 2 with a replicated indexer: group 0 B * W = 64, group 1 B = 32; hash unit 32
+    fp = np.arange(1000, 1300, dtype=np.int64)
+    router = KVEventRouter(0, [group(32, 2, True), group(32, 2, False)])
+    ok = [KVEvent("a", 0, 64, int(fp[63]), group=0), KVEvent("a", 0, 32, int(fp[31]), group=1), KVEvent("a", 32, 64, int(fp[63]), group=1)]
+    router.judge(_plan(ok, fp))
+    assert router.count == 0 and router.events == 3
+    router.judge(_plan([KVEvent("a", 64, 96, int(fp[95]), group=0)], fp))  # a partial prompt tail of group 0
+    assert router.count == 0
+    router.judge(_plan([KVEvent("a", 64, 80, int(fp[79]), group=0)], fp))  # not whole hash blocks
+    assert router.count == 1 and "neither one block of 64 tokens" in str(router.kept[-1])
+    router.judge(_plan([KVEvent("a", 96, 160, int(fp[159]), group=0)], fp))  # spans two of group 0's blocks
+    assert router.count == 2 and "of group g32" in str(router.kept[-1])
+    router.judge(_plan([KVEvent("a", 0, 64, int(fp[63]), group=5)], fp))
+    assert router.count == 3 and "names group 5; the model has 2" in str(router.kept[-1])
+
+
+def test_a_steps_events_chain_in_any_order_and_unseen_requests_wait():
+    fp = np.arange(7, 307, dtype=np.int64)
+    router = KVEventRouter(0, [group(32, 1, True)])
+    router.judge(_plan([KVEvent("a", 32, 64, int(fp[63])), KVEvent("a", 0, 32, int(fp[31]))], fp))  # later first
+    assert router.count == 0 and router.events == 2
+    early = StepPlan(step=1, writes=(), rows_before=(), views=(), rows_after=(), kv_events=(KVEvent("b", 0, 32, int(fp[31])),))
+    router.judge(early)  # "b" has run in no step yet: judged when it does
+    assert router.events == 2 and router.count == 0
+    view = RequestView(req_index=1, request_id="b", num_committed=40, fingerprints=fp[:40])
+    router.judge(StepPlan(step=2, writes=(), rows_before=(), views=(view,), rows_after=(), kv_events=()))
+    assert router.events == 3 and router.count == 0
+
+
+def test_full_report_mode_readvertises_the_hit_blocks():
+    full = builtin("kv-events-full", 4)
+    incremental = dataclasses.replace(full, config=dataclasses.replace(full.config, kv_cache_report_mode="incremental"))
+
+    def readvertised(s):  # chat-1's events from 0: its 320-token hit on chat-0's system prompt
+        return [e for p in scheduler(s).plans() for e in p.kv_events if e.request_id == "chat-1" and e.start == 0]
+
+    assert full.config.kv_cache_report_mode == "full" and readvertised(full)
+    assert not readvertised(incremental)  # incremental: only the blocks chat-1 computed itself
+    assert run(full).passed and run(incremental).passed
