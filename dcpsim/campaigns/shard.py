@@ -98,23 +98,17 @@ def merge(shards: list[tuple[str, list[dict]]]) -> list[dict]:
     naming the files if they are not exactly shards 1..N of one matrix."""
     if not shards:
         raise ConfigError("merge: no shard reports given")
+    return _cells_in_order(shards, _matrix_size(shards))
+
+
+def _matrix_size(shards: list[tuple[str, list[dict]]]) -> int:
+    """The number of cells of the one matrix the shards belong to; a ``ConfigError`` unless
+    they are of one matrix (hash, cell count and shard count alike) and each of its shards
+    1..N is there exactly once."""
     seen: dict[int, str] = {}
     first_path, meta0 = None, None
     for path, entries in shards:
-        if not isinstance(entries, list) or not entries:
-            raise ConfigError(f"{path}: not a matrix shard report (expected a non-empty list of cells)")
-        metas = []
-        for entry in entries:
-            meta = entry.get("matrix") if isinstance(entry, dict) else None
-            if not isinstance(meta, dict) or not isinstance(entry.get("index"), int):
-                raise ConfigError(
-                    f"{path}: cell {entry.get('cell') if isinstance(entry, dict) else entry!r} has no "
-                    "matrix shard record (index, matrix); run matrix with --shard K/N --json"
-                )
-            metas.append((meta.get("hash"), meta.get("cells"), meta.get("shard")))
-        if len(set(metas)) != 1:
-            raise ConfigError(f"{path}: its cells belong to different matrices or shards")
-        digest, total, shard = metas[0]
+        digest, total, shard = _shard_record(path, entries)
         k, n = parse_shard(shard, f"{path}: matrix.shard")
         if meta0 is None:
             first_path, meta0 = path, (digest, total, n)
@@ -130,6 +124,34 @@ def merge(shards: list[tuple[str, list[dict]]]) -> list[dict]:
     missing = [k for k in range(1, n + 1) if k not in seen]
     if missing:
         raise ConfigError(f"missing {plural(len(missing), 'shard')} of {n}: " + ", ".join(f"{k}/{n}" for k in missing))
+    return total
+
+
+def _shard_record(path: str, entries) -> tuple:
+    """``(hash, cells, shard)``: the matrix record that every cell of one shard's report
+    carries; a ``ConfigError`` naming the file if it is no shard report or its cells disagree."""
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{path}: not a matrix shard report (expected a non-empty list of cells)")
+    metas = [_cell_record(path, entry) for entry in entries]
+    if len(set(metas)) != 1:
+        raise ConfigError(f"{path}: its cells belong to different matrices or shards")
+    return metas[0]
+
+
+def _cell_record(path: str, entry) -> tuple:
+    """``(hash, cells, shard)`` of one cell entry's matrix record; a ``ConfigError`` if it has none."""
+    meta = entry.get("matrix") if isinstance(entry, dict) else None
+    if not isinstance(meta, dict) or not isinstance(entry.get("index"), int):
+        raise ConfigError(
+            f"{path}: cell {entry.get('cell') if isinstance(entry, dict) else entry!r} has no "
+            "matrix shard record (index, matrix); run matrix with --shard K/N --json"
+        )
+    return meta.get("hash"), meta.get("cells"), meta.get("shard")
+
+
+def _cells_in_order(shards: list[tuple[str, list[dict]]], total: int) -> list[dict]:
+    """Every shard's cells by their index in the matrix of ``total`` cells; a ``ConfigError``
+    for an index outside it, a cell in two shards, or cells missing."""
     cells: dict[int, dict] = {}
     source: dict[int, str] = {}
     for path, entries in shards:

@@ -125,71 +125,96 @@ GROUP_ROWS = (
 )
 
 
+TOTAL_ROWS = (
+    ("max memory per request", lambda c: fmt_bytes(c.max_memory_per_request), False),
+    ("  of it replicated groups", lambda c: fmt_bytes(c.replicated_per_request), False),
+    ("  those groups if sharded", lambda c: fmt_bytes(c.replicated_if_sharded), False),
+    ("pool bytes", lambda c: fmt_bytes(c.pool_bytes), False),
+    ("block bytes (largest group page)", lambda c: fmt_bytes(c.block_bytes), True),
+    ("num_blocks (shared pool)", lambda c: fmt_int(c.num_blocks), True),
+    ("concurrency at max_model_len", lambda c: fmt_ratio(c.concurrency), False),
+    ("context the DCP group holds (tokens)", lambda c: fmt_int(c.context_tokens), False),
+    ("  concurrency without padding", lambda c: fmt_ratio(c.concurrency_without_padding), True),
+    ("  context without padding (tokens)", lambda c: fmt_int(c.context_tokens_without_padding), True),
+)
+"""The rows of the "per rank, all groups" section: label, value of a column, and whether
+the row is shown only for a pool sized from a KV budget (``--gpu-memory-gib``)."""
+
+Rows = list[tuple[str, list[str]]]
+"""A table's rows: a label, then one cell per DCP size."""
+
+
 def render(p: cap.CapacityPlan) -> str:
-    pool = p.pool
+    """The capacity plan as text: the heading, the table (a column per DCP size: each
+    group's rows, then the totals per rank), why each invalid size is invalid, a budget's
+    padding per block, and the notes."""
+    budget = p.pool["mode"] != "scenario"
+    valid = [c for c in p.columns if c.valid]
+    out = [f"capacity: {p.scenario} (max_model_len {p.max_model_len:,}); {_pool_heading(p.pool)}"]
+    rows = [("", [f"W={c.decode_context_parallel_size}" for c in p.columns])]
+    rows += _group_rows(p.columns, valid[0].groups)
+    rows += _total_rows(p.columns, budget)
+    out += _aligned(rows)
+    out += [f"W={c.decode_context_parallel_size}: invalid: {c.error}" for c in p.columns if not c.valid]
+    if budget:
+        out += _padding_lines(valid[0].groups)
+    out.append("notes:")
+    for n in p.notes:
+        out += textwrap.wrap(n, NOTE_WIDTH, initial_indent="  - ", subsequent_indent="    ")
+    return "\n".join(out)
+
+
+def _pool_heading(pool: dict) -> str:
+    """Where the pool's size comes from: the scenario's setting, or the KV budget per rank."""
     if pool["mode"] == "scenario":
         setting = next(
             (f"{k} = {pool[k]}" for k in ("kv_cache_tokens", "num_gpu_blocks") if pool[k] is not None), "room for every request at once"
         )
-        head = f"pool from the scenario: {setting}"
-    else:
-        head = (
-            f"pool from a KV budget of {pool['gpu_memory_gib']:g} GiB * {pool['gpu_memory_utilization']:g} = "
-            f"{fmt_bytes(pool['budget_bytes_per_rank'])} per rank"
-        )
-    out = [f"capacity: {p.scenario} (max_model_len {p.max_model_len:,}); {head}"]
-    cols = p.columns
-    valid = [c for c in cols if c.valid]
-    rows: list[tuple[str, list[str]]] = [("", [f"W={c.decode_context_parallel_size}" for c in cols])]
-    for i, first in enumerate(valid[0].groups):
+        return f"pool from the scenario: {setting}"
+    return (
+        f"pool from a KV budget of {pool['gpu_memory_gib']:g} GiB * {pool['gpu_memory_utilization']:g} = "
+        f"{fmt_bytes(pool['budget_bytes_per_rank'])} per rank"
+    )
+
+
+def _group_rows(cols: list, groups: list) -> Rows:
+    """Each group's title row and ``GROUP_ROWS`` (``groups``: a valid column's, for the
+    titles); "if sharded" only where some column has it, "-" in an invalid column."""
+    rows: Rows = []
+    for i, first in enumerate(groups):
         rows.append((f"{first.name} ({first.layers} layer{'s' if first.layers > 1 else ''})", [""] * len(cols)))
         for label, get in GROUP_ROWS:
             if label == "  if sharded" and all(not c.valid or c.groups[i].if_sharded_bytes is None for c in cols):
                 continue
             rows.append((f"  {label}", [get(c.groups[i]) if c.valid else "-" for c in cols]))
-    rows.append(("per rank, all groups", [""] * len(cols)))
-    budget = pool["mode"] != "scenario"
-    totals = [
-        ("max memory per request", lambda c: fmt_bytes(c.max_memory_per_request)),
-        ("  of it replicated groups", lambda c: fmt_bytes(c.replicated_per_request)),
-        ("  those groups if sharded", lambda c: fmt_bytes(c.replicated_if_sharded)),
-        ("pool bytes", lambda c: fmt_bytes(c.pool_bytes)),
-    ]
-    if budget:
-        totals += [
-            ("block bytes (largest group page)", lambda c: fmt_bytes(c.block_bytes)),
-            ("num_blocks (shared pool)", lambda c: fmt_int(c.num_blocks)),
-        ]
-    totals += [
-        ("concurrency at max_model_len", lambda c: fmt_ratio(c.concurrency)),
-        ("context the DCP group holds (tokens)", lambda c: fmt_int(c.context_tokens)),
-    ]
-    if budget:
-        totals += [
-            ("  concurrency without padding", lambda c: fmt_ratio(c.concurrency_without_padding)),
-            ("  context without padding (tokens)", lambda c: fmt_int(c.context_tokens_without_padding)),
-        ]
-    for label, get in totals:
-        rows.append((f"  {label}", [get(c) if c.valid else "-" for c in cols]))
+    return rows
+
+
+def _total_rows(cols: list, budget: bool) -> Rows:
+    """The "per rank, all groups" title and the ``TOTAL_ROWS`` shown for this pool, "-" in an invalid column."""
+    rows: Rows = [("per rank, all groups", [""] * len(cols))]
+    for label, get, budget_only in TOTAL_ROWS:
+        if budget or not budget_only:
+            rows.append((f"  {label}", [get(c) if c.valid else "-" for c in cols]))
+    return rows
+
+
+def _aligned(rows: Rows) -> list[str]:
+    """The rows as lines: labels left-aligned, each column right-aligned to its widest cell."""
     label_w = max(len(label) for label, _ in rows)
-    widths = [max(len(r[1][j]) for r in rows) for j in range(len(cols))]
-    for label, cells in rows:
-        line = label.ljust(label_w) + "".join("  " + v.rjust(w) for v, w in zip(cells, widths))
-        out.append(line.rstrip())
-    for c in cols:
-        if not c.valid:
-            out.append(f"W={c.decode_context_parallel_size}: invalid: {c.error}")
-    if budget:
-        pad = [(g.name, g.padding_bytes_per_block) for g in valid[0].groups if g.padding_bytes_per_block]
-        if pad:
-            out.append(
-                "padding per block (the shared block is as large as the largest group page): "
-                + ", ".join(f"{name} {fmt_bytes(b)}" for name, b in pad)
-            )
-    out.append("notes:")
-    for n in p.notes:
-        out += textwrap.wrap(n, NOTE_WIDTH, initial_indent="  - ", subsequent_indent="    ")
-    return "\n".join(out)
+    widths = [max(len(r[1][j]) for r in rows) for j in range(len(rows[0][1]))]
+    return [(label.ljust(label_w) + "".join("  " + v.rjust(w) for v, w in zip(cells, widths))).rstrip() for label, cells in rows]
+
+
+def _padding_lines(groups: list) -> list[str]:
+    """Under a KV budget, the padding each group's page leaves in the shared block (no line if none does)."""
+    pad = [(g.name, g.padding_bytes_per_block) for g in groups if g.padding_bytes_per_block]
+    if not pad:
+        return []
+    return [
+        "padding per block (the shared block is as large as the largest group page): "
+        + ", ".join(f"{name} {fmt_bytes(b)}" for name, b in pad)
+    ]
 
 
 def run(args) -> int:

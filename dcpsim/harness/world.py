@@ -36,7 +36,7 @@ from multiprocessing.connection import wait
 
 from dcpsim.errors import HarnessError
 from dcpsim.harness.rank_process import rank_main
-from dcpsim.harness.world_failure import RankFailure, exit_failure, failure_error, waiting_message, where_text
+from dcpsim.harness.world_failure import RankFailure, RankFailureError, exit_failure, failure_error, waiting_message, where_text
 from dcpsim.model.validate import check_int
 from dcpsim.plural import plural
 
@@ -130,7 +130,7 @@ def run_world(
             proc.start()
             procs.append(proc)
             send_end.close()
-        return _supervise(
+        return _Supervisor(
             procs,
             conns,
             deadline_s,
@@ -139,7 +139,7 @@ def run_world(
             on_wait=on_wait,
             wait_report_s=wait_report_s,
             phase_order=phase_order,
-        )
+        ).run()
     finally:
         _kill(procs)
         for conn in conns:
@@ -147,85 +147,142 @@ def run_world(
         shutil.rmtree(store_dir, ignore_errors=True)
 
 
-def _supervise(
-    procs,
-    conns,
-    deadline_s,
-    grace_s,
-    *,
-    on_event=None,
-    on_wait=None,
-    wait_report_s: float = WAIT_REPORT_S,
-    phase_order: tuple[str, ...] = (),
-) -> list:
-    world_size = len(procs)
-    progress: list[tuple[int | None, str]] = [(None, "")] * world_size
-    results: dict[int, object] = {}
-    failures: dict[int, RankFailure] = {}  # in order of arrival
-    running = set(range(world_size))  # neither reported nor exited
-    reading = dict(enumerate(conns))
+class _Supervisor:
+    """The parent's side of a running world: it reads every rank's pipe as messages arrive
+    and watches every rank's process, until each rank has reported or exited, the first
+    failure's grace period is over, or the deadline has passed."""
 
-    def receive(rank):
+    def __init__(
+        self,
+        procs,
+        conns,
+        deadline_s,
+        grace_s,
+        *,
+        on_event=None,
+        on_wait=None,
+        wait_report_s: float = WAIT_REPORT_S,
+        phase_order: tuple[str, ...] = (),
+    ) -> None:
+        self.procs, self.world_size = procs, len(procs)
+        self.deadline_s, self.grace_s = deadline_s, grace_s
+        self.on_event, self.on_wait, self.wait_report_s, self.phase_order = on_event, on_wait, wait_report_s, phase_order
+        self.progress: list[tuple[int | None, str]] = [(None, "")] * self.world_size
+        self.results: dict[int, object] = {}
+        self.failures: dict[int, RankFailure] = {}  # in order of arrival
+        self.running = set(range(self.world_size))  # neither reported nor exited
+        self.reading = dict(enumerate(conns))
+        self.quiet_since = self.reported = time.monotonic()  # the last event, the last wait report
+
+    def run(self) -> list:
+        """The per-rank results, in rank order. Raises ``RankFailureError`` if a rank failed
+        (the ranks still running after the grace period are named as killed), and
+        ``HarnessError`` if ranks were still running at the deadline."""
+        self._watch()
+        if self.running and not self.failures:
+            raise self._deadline_error()
+        if self.failures:
+            raise self._failure_error()
+        self._let_ranks_exit()
+        return [self.results[r] for r in range(self.world_size)]
+
+    def _watch(self) -> None:
+        """Handle whatever the ranks send or do until none is running or time is up (the
+        deadline, or the grace period the first failure gives the others)."""
+        deadline = time.monotonic() + self.deadline_s
+        stop_at = deadline
+        while self.running:
+            now = time.monotonic()
+            if stop_at - now <= 0:
+                break
+            self._report_wait(now)
+            by_handle = self._handles()
+            for handle in wait(list(by_handle), self._wait_timeout(now, stop_at)):
+                self._handle_ready(by_handle[handle], handle)
+            if self.failures and stop_at == deadline:
+                stop_at = min(deadline, time.monotonic() + self.grace_s)
+
+    def _report_wait(self, now: float) -> None:
+        """Tell ``on_wait`` which ranks are still running and where, once ``wait_report_s``
+        has passed without an event or a report."""
+        if self.on_wait is not None and now - max(self.quiet_since, self.reported) >= self.wait_report_s:
+            self.reported = now
+            self.on_wait(waiting_message(now - self.quiet_since, sorted(self.running), self.progress, self.world_size))
+
+    def _wait_timeout(self, now: float, stop_at: float) -> float:
+        """How long the next wait may last: until ``stop_at``, or the next wait report if sooner."""
+        if self.on_wait:
+            return min(stop_at - now, max(self.quiet_since, self.reported) + self.wait_report_s - now)
+        return stop_at - now
+
+    def _handles(self) -> dict:
+        """What to wait on, each mapped to its rank: the pipe of every rank that may still
+        send, the process sentinel of every rank still running."""
+        by_handle = {conn: r for r, conn in self.reading.items()}
+        by_handle.update((self.procs[r].sentinel, r) for r in self.running)
+        return by_handle
+
+    def _handle_ready(self, rank: int, handle) -> None:
+        """A rank's process exited, or its pipe has a message."""
+        if handle is self.procs[rank].sentinel:
+            self._exited(rank)
+        elif rank in self.reading:
+            self._receive(rank)
+
+    def _exited(self, rank: int) -> None:
+        """A rank's process exited: read what it sent first; if it never reported, its exit
+        is its failure."""
+        while rank in self.reading and self.reading[rank].poll():
+            self._receive(rank)
+        if rank in self.running:
+            self.running.discard(rank)
+            self.procs[rank].join()
+            self.failures[rank] = exit_failure(rank, self.procs[rank].exitcode, self.progress[rank])
+
+    def _receive(self, rank: int) -> None:
+        """Take one message of a rank: its progress, an event for the caller, or its outcome
+        (a result or a failure: the rank is then done). A closed pipe is read no more."""
         try:
-            msg = pickle.loads(reading[rank].recv_bytes())
+            msg = pickle.loads(self.reading[rank].recv_bytes())
         except (EOFError, OSError):
-            del reading[rank]
+            del self.reading[rank]
             return
         if msg[0] == "progress":
-            progress[rank] = msg[1:]
-            return
-        if msg[0] == "event":
-            nonlocal quiet_since
-            quiet_since = time.monotonic()
-            if on_event is not None:
-                on_event(rank, msg[1])
-            return
-        (results if msg[0] == "ok" else failures)[rank] = msg[1]
-        running.discard(rank)  # reported: done, whether or not it has exited yet
-        del reading[rank]
+            self.progress[rank] = msg[1:]
+        elif msg[0] == "event":
+            self._event(rank, msg[1])
+        else:
+            (self.results if msg[0] == "ok" else self.failures)[rank] = msg[1]
+            self.running.discard(rank)  # reported: done, whether or not it has exited yet
+            del self.reading[rank]
 
-    deadline = time.monotonic() + deadline_s
-    stop_at = deadline
-    quiet_since = reported = time.monotonic()  # the last event, the last wait report
-    while running:
-        now = time.monotonic()
-        if stop_at - now <= 0:
-            break
-        if on_wait is not None and now - max(quiet_since, reported) >= wait_report_s:
-            reported = now
-            on_wait(waiting_message(now - quiet_since, sorted(running), progress, world_size))
-        timeout = min(stop_at - now, max(quiet_since, reported) + wait_report_s - now) if on_wait else stop_at - now
-        by_handle = {conn: r for r, conn in reading.items()}
-        by_handle.update((procs[r].sentinel, r) for r in running)
-        for handle in wait(list(by_handle), timeout):
-            rank = by_handle[handle]
-            if handle is procs[rank].sentinel:  # exited: drain what it sent first
-                while rank in reading and reading[rank].poll():
-                    receive(rank)
-                if rank in running:
-                    running.discard(rank)
-                    procs[rank].join()
-                    failures[rank] = exit_failure(rank, procs[rank].exitcode, progress[rank])
-            elif rank in reading:
-                receive(rank)
-        if failures and stop_at == deadline:
-            stop_at = min(deadline, time.monotonic() + grace_s)
+    def _event(self, rank: int, payload) -> None:
+        """A rank's ``send_event``: news, so the wait reports start over; the caller hears it."""
+        self.quiet_since = time.monotonic()
+        if self.on_event is not None:
+            self.on_event(rank, payload)
 
-    if running and not failures:
-        raise HarnessError(
-            f"world of {plural(world_size, 'rank')} did not finish within deadline_s={deadline_s:g} s; "
+    def _deadline_error(self) -> HarnessError:
+        """The error of a world still running at the deadline, naming where each rank was."""
+        return HarnessError(
+            f"world of {plural(self.world_size, 'rank')} did not finish within deadline_s={self.deadline_s:g} s; "
             "killed the ranks still running:\n"
-            + "\n".join(f"  rank {r}, last progress: {where_text(progress[r])}" for r in sorted(running))
+            + "\n".join(f"  rank {r}, last progress: {where_text(self.progress[r])}" for r in sorted(self.running))
         )
-    if failures:
+
+    def _failure_error(self) -> RankFailureError:
+        """The ``RankFailureError`` of the failed ranks, with those still running named as killed."""
         killed = [
-            RankFailure(r, *progress[r], "Killed", f"still running {grace_s:g} s after the first failure", "") for r in sorted(running)
+            RankFailure(r, *self.progress[r], "Killed", f"still running {self.grace_s:g} s after the first failure", "")
+            for r in sorted(self.running)
         ]
-        raise failure_error(list(failures.values()), killed, world_size, phase_order)
-    exit_by = time.monotonic() + 1.0  # ranks exit right after reporting; _kill does the rest
-    for proc in procs:
-        proc.join(max(0.0, exit_by - time.monotonic()))
-    return [results[r] for r in range(world_size)]
+        return failure_error(list(self.failures.values()), killed, self.world_size, self.phase_order)
+
+    def _let_ranks_exit(self) -> None:
+        """Give the ranks, which exit right after reporting, a second to do so; ``_kill`` does the rest."""
+        exit_by = time.monotonic() + 1.0
+        for proc in self.procs:
+            proc.join(max(0.0, exit_by - time.monotonic()))
 
 
 def _kill(procs) -> None:

@@ -158,60 +158,113 @@ def _parse_layers(entries, problems: _Problems, config: SimConfig | None = None,
     draft_layers = [] if draft_layers is None else draft_layers
     layers: dict = {}
     for _, path, entry in _tables(entries, "layers", problems):
-        kind = entry.get("kind")
-        if not isinstance(kind, str) or kind not in SPEC_KINDS:
-            close = difflib.get_close_matches(str(kind), sorted(SPEC_KINDS), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.add(f"{path}.kind", f"unknown kind {kind!r}{hint}; one of {sorted(SPEC_KINDS)}")
+        parsed = _parse_layer(entry, problems, path, config)
+        if parsed is None:
             continue
-        cls = SPEC_KINDS[kind]
-        allowed = _spec_fields(cls) | {"kind", "name", "names", "layers", "draft"}
-        if "dcp_replicated" in _spec_fields(cls):
-            allowed.add("dcp_sharded")
-        before = len(problems.items)
-        problems.unknown_keys(path, entry, allowed)
-        fields = {k: v for k, v in entry.items() if k in _spec_fields(cls)}
-        _upstream_sharded_flag(entry, fields, problems, path)
-        if fields.get("alignment") is not None and fields.get("page_size_padded") is not None:
-            problems.add(f"{path}.page_size_padded", "alignment derives the padded page; give one of the two")
-        if cls is MambaSpec:
-            _mamba_defaults(fields, config)
-        else:
-            _cache_block_size_default(cls, fields, config)
-        for f in dataclasses.fields(cls):
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in fields:
-                problems.add(f"{path}.{f.name}", f"is required for kind {kind!r}")
-        tps = fields.get("tokens_per_state")
-        if isinstance(tps, str):
-            try:
-                fields["tokens_per_state"] = Fraction(tps)
-            except (ValueError, ZeroDivisionError):
-                problems.add(f"{path}.tokens_per_state", f'expected an int or a fraction like "1/4", got {tps!r}')
-        names = _layer_names(entry, problems, path)
-        if len(problems.items) > before:
-            continue
-        try:
-            spec = cls(**fields)
-            if isinstance(spec, MambaSpec) and config is not None:
-                spec.check_config(config)
-        except ConfigError as exc:
-            message = str(exc)
-            field = message.split(" ", 1)[0].removeprefix(cls.__name__ + ".")
-            problems.add(f"{path}.{field}" if field in fields else path, message)
-            continue
-        except (TypeError, ValueError) as exc:  # a value of the wrong type deep inside a check
-            problems.add(path, f"invalid field value: {exc}")
-            continue
-        draft = entry.get("draft", False)
-        if not isinstance(draft, bool):
-            problems.add(f"{path}.draft", f"must be true or false, got {draft!r}")
+        names, spec, draft = parsed
         for nm in names:
             if nm in layers:
                 problems.add(f"{path}.name", f"layer {nm!r} is defined twice")
             layers[nm] = spec
-            if draft is True:
+            if draft:
                 draft_layers.append(nm)
     return layers
+
+
+def _parse_layer(entry: dict, problems: _Problems, path: str, config: SimConfig | None):
+    """One ``[[layers]]`` entry: its layer names, its spec and whether they are draft layers
+    (a ``draft`` that is not a boolean is reported, and the layers are not draft layers);
+    None if the entry has a problem that leaves no spec (every one reported)."""
+    cls = _layer_kind(entry, problems, path)
+    if cls is None:
+        return None
+    before = len(problems.items)
+    problems.unknown_keys(path, entry, _layer_keys(cls))
+    fields = _layer_fields(entry, cls, problems, path, config)
+    names = _layer_names(entry, problems, path)
+    if len(problems.items) > before:
+        return None
+    spec = _build_spec(cls, fields, problems, path, config)
+    if spec is None:
+        return None
+    return names, spec, _draft_flag(entry, problems, path)
+
+
+def _layer_kind(entry: dict, problems: _Problems, path: str):
+    """The spec class the entry's ``kind`` names; None (reported, with a suggestion) if it names none."""
+    kind = entry.get("kind")
+    if isinstance(kind, str) and kind in SPEC_KINDS:
+        return SPEC_KINDS[kind]
+    close = difflib.get_close_matches(str(kind), sorted(SPEC_KINDS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    problems.add(f"{path}.kind", f"unknown kind {kind!r}{hint}; one of {sorted(SPEC_KINDS)}")
+    return None
+
+
+def _layer_keys(cls) -> set[str]:
+    """The keys an entry of this spec class may have: the spec's fields, what names the
+    layers, ``draft``, and ``dcp_sharded`` where the spec has ``dcp_replicated``."""
+    allowed = _spec_fields(cls) | {"kind", "name", "names", "layers", "draft"}
+    if "dcp_replicated" in _spec_fields(cls):
+        allowed.add("dcp_sharded")
+    return allowed
+
+
+def _layer_fields(entry: dict, cls, problems: _Problems, path: str, config: SimConfig | None) -> dict:
+    """The spec's fields as the entry gives them, with the defaults the config gives; reports
+    a bad ``dcp_sharded``, both ``alignment`` and ``page_size_padded``, a required field
+    missing and a ``tokens_per_state`` that is no fraction."""
+    fields = {k: v for k, v in entry.items() if k in _spec_fields(cls)}
+    _upstream_sharded_flag(entry, fields, problems, path)
+    if fields.get("alignment") is not None and fields.get("page_size_padded") is not None:
+        problems.add(f"{path}.page_size_padded", "alignment derives the padded page; give one of the two")
+    if cls is MambaSpec:
+        _mamba_defaults(fields, config)
+    else:
+        _cache_block_size_default(cls, fields, config)
+    for f in dataclasses.fields(cls):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in fields:
+            problems.add(f"{path}.{f.name}", f"is required for kind {entry['kind']!r}")
+    _fraction_tokens_per_state(fields, problems, path)
+    return fields
+
+
+def _fraction_tokens_per_state(fields: dict, problems: _Problems, path: str) -> None:
+    """A ``tokens_per_state`` written as a string (``"1/4"``) becomes a ``Fraction``; one that
+    is no fraction is reported."""
+    tps = fields.get("tokens_per_state")
+    if isinstance(tps, str):
+        try:
+            fields["tokens_per_state"] = Fraction(tps)
+        except (ValueError, ZeroDivisionError):
+            problems.add(f"{path}.tokens_per_state", f'expected an int or a fraction like "1/4", got {tps!r}')
+
+
+def _build_spec(cls, fields: dict, problems: _Problems, path: str, config: SimConfig | None):
+    """The spec built from ``fields`` (a Mamba spec also checked against the config); None
+    if the spec refuses them, reported at the field its message names."""
+    try:
+        spec = cls(**fields)
+        if isinstance(spec, MambaSpec) and config is not None:
+            spec.check_config(config)
+    except ConfigError as exc:
+        message = str(exc)
+        field = message.split(" ", 1)[0].removeprefix(cls.__name__ + ".")
+        problems.add(f"{path}.{field}" if field in fields else path, message)
+        return None
+    except (TypeError, ValueError) as exc:  # a value of the wrong type deep inside a check
+        problems.add(path, f"invalid field value: {exc}")
+        return None
+    return spec
+
+
+def _draft_flag(entry: dict, problems: _Problems, path: str) -> bool:
+    """Whether the entry's layers are draft layers (``draft = true``); any other value than
+    true or false is reported."""
+    draft = entry.get("draft", False)
+    if not isinstance(draft, bool):
+        problems.add(f"{path}.draft", f"must be true or false, got {draft!r}")
+    return draft is True
 
 
 def _upstream_sharded_flag(entry: dict, fields: dict, problems: _Problems, path: str) -> None:
@@ -289,43 +342,82 @@ def _parse_requests(entries, problems: _Problems) -> list[tuple[str, RequestSpec
     for n, path, entry in _tables(entries, "requests", problems):
         before = len(problems.items)
         problems.unknown_keys(path, entry, REQUEST_KEYS)
-        count = entry.get("count", 1)
-        if not is_int(count) or not 1 <= count <= MAX_STAMPED:
-            problems.add(f"{path}.count", f"must be an integer from 1 to {MAX_STAMPED}, got {count!r}")
+        stamp = _request_stamp(n, entry, problems, path)
+        if stamp is None:
             continue
-        rid = entry.get("id", f"req{n}" + ("-{i}" if count != 1 else ""))
-        if not isinstance(rid, str) or not rid:
-            problems.add(f"{path}.id", f"must be a non-empty string, got {rid!r}")
-            continue
-        if count > 1 and "{i}" not in str(rid):
-            problems.add(f"{path}.id", "must contain {i} when count > 1")
-            continue
-        kwargs = {}
-        for key in ("prompt_len", "output_len", "arrival_step", "shared_prefix_len"):
-            if key in entry:
-                if not is_int(entry[key]):
-                    problems.add(f"{path}.{key}", f"must be an integer, got {entry[key]!r}")
-                kwargs[key] = entry[key]
-        for key in ("acceptance", "preempt_at_steps"):
-            if key in entry:
-                v = entry[key]
-                if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-                    problems.add(f"{path}.{key}", f"must be a list of integers, got {v!r}")
-                    continue
-                kwargs[key] = tuple(v)
-        if "prefix" in entry:
-            kwargs["prefix"] = str(entry["prefix"])
-        for key in ("prompt_len", "output_len"):
-            if key not in entry:
-                problems.add(f"{path}.{key}", "is required")
+        fields = _request_fields(entry, problems, path)
         if len(problems.items) > before:
             continue
-        for i in range(count):
-            try:
-                out.append((path, RequestSpec(request_id=str(rid).replace("{i}", str(i)), **kwargs)))
-            except ConfigError as exc:
-                problems.add(path, str(exc))
-                break
+        count, rid = stamp
+        out += _stamped_requests(path, count, rid, fields, problems)
+    return out
+
+
+def _request_stamp(n: int, entry: dict, problems: _Problems, path: str) -> tuple[int, str] | None:
+    """``(count, id)`` of the ``n``-th entry: how many requests it stamps out, and their id
+    (``{i}`` marks where each one's number goes; default ``req{n}``, ``req{n}-{i}``); None if
+    either is malformed (reported)."""
+    count = entry.get("count", 1)
+    if not is_int(count) or not 1 <= count <= MAX_STAMPED:
+        problems.add(f"{path}.count", f"must be an integer from 1 to {MAX_STAMPED}, got {count!r}")
+        return None
+    rid = entry.get("id", f"req{n}" + ("-{i}" if count != 1 else ""))
+    if not isinstance(rid, str) or not rid:
+        problems.add(f"{path}.id", f"must be a non-empty string, got {rid!r}")
+        return None
+    if count > 1 and "{i}" not in str(rid):
+        problems.add(f"{path}.id", "must contain {i} when count > 1")
+        return None
+    return count, rid
+
+
+def _request_fields(entry: dict, problems: _Problems, path: str) -> dict:
+    """The ``RequestSpec`` fields the entry gives; reports a value of the wrong type and a
+    missing ``prompt_len`` or ``output_len``."""
+    fields = _request_ints(entry, problems, path) | _request_int_lists(entry, problems, path)
+    if "prefix" in entry:
+        fields["prefix"] = str(entry["prefix"])
+    for key in ("prompt_len", "output_len"):
+        if key not in entry:
+            problems.add(f"{path}.{key}", "is required")
+    return fields
+
+
+def _request_ints(entry: dict, problems: _Problems, path: str) -> dict:
+    """The integer fields the entry gives (one that is not an integer is reported)."""
+    fields = {}
+    for key in ("prompt_len", "output_len", "arrival_step", "shared_prefix_len"):
+        if key in entry:
+            if not is_int(entry[key]):
+                problems.add(f"{path}.{key}", f"must be an integer, got {entry[key]!r}")
+            fields[key] = entry[key]
+    return fields
+
+
+def _request_int_lists(entry: dict, problems: _Problems, path: str) -> dict:
+    """The integer-list fields the entry gives, as tuples (one that is not a list of
+    integers is reported and left out)."""
+    fields = {}
+    for key in ("acceptance", "preempt_at_steps"):
+        if key in entry:
+            v = entry[key]
+            if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                problems.add(f"{path}.{key}", f"must be a list of integers, got {v!r}")
+                continue
+            fields[key] = tuple(v)
+    return fields
+
+
+def _stamped_requests(path: str, count: int, rid: str, fields: dict, problems: _Problems) -> list[tuple[str, RequestSpec]]:
+    """The entry's ``count`` requests, ``{i}`` of the id replaced by each one's number; the
+    first the spec refuses is reported, and ends the stamping."""
+    out: list[tuple[str, RequestSpec]] = []
+    for i in range(count):
+        try:
+            out.append((path, RequestSpec(request_id=str(rid).replace("{i}", str(i)), **fields)))
+        except ConfigError as exc:
+            problems.add(path, str(exc))
+            break
     return out
 
 

@@ -61,6 +61,12 @@ _WHAT = {
 }
 
 
+def _replicas_differ(rows: np.ndarray) -> bool:
+    """Whether every rank re-read the same local indices of an item (``LOCALS``; ``rows``:
+    the ranks' rows of it) yet their ``ORDERED`` digests differ."""
+    return bool((rows[:, LOCALS] == rows[0, LOCALS]).all() and (rows[:, ORDERED] != rows[0, ORDERED]).any())
+
+
 class StaleFailure(Exception):
     """A queued step failed, but it is no longer the newest: the stores have moved on, so
     its report's details cannot be read any more. The run is redone in lockstep (one
@@ -266,46 +272,59 @@ class Checker:
     def _judge(self, p: _Pending, gathered: np.ndarray, reads) -> Failure | None:
         """One step's verdict from every rank's row. ``reads``: this rank's reads of the
         step (None: an older step, whose failure is reported as ``STALE``)."""
-        plan, items, local, h = p.plan, p.items, p.local, p.header_len
+        h = p.header_len
         violations, mismatches, event_errors = gathered[:, 0], gathered[:, 1], gathered[:, 2]
-        table_digests = gathered[:, 4:h]
-        per_item = gathered[:, h:].reshape(self.world, len(items), len(_ROW))
+        per_item = gathered[:, h:].reshape(self.world, len(p.items), len(_ROW))
         self.verified_indices += int(per_item[:, :, COUNT].sum())
-
-        if self.paranoid and reads is not None:  # paranoid runs in lockstep (harness.rank)
-            failure = self._paranoid(plan, items, reads)
-            if failure:
-                return failure
-        if violations.any():
-            return self._violation_failure(plan, int(violations.sum())) if reads is not None else STALE
-        if (table_digests != table_digests[0]).any():
-            return self._table_failure(plan) if reads is not None else STALE
-        for k, (g, view) in enumerate(items):
-            bad_total = int(per_item[:, k, BAD].sum())
-            if self.groups[g].sharded:
-                reassembles = True
-                if local[k] is None:
-                    full_index, full_content = expected_full(self.groups[g], view)
-                    want = multiset_digest(full_index, full_content)
-                    reassembles = want == int(per_item[:, k, MULTISET].astype(np.uint64).sum(dtype=np.uint64))
-                if bad_total or not reassembles:
-                    if reads is None:
-                        return STALE
-                    kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REASSEMBLY
-                    return self._item_failure(plan, g, view, reads[k], bad_total, kind)
-            else:
-                same_reads = (per_item[:, k, LOCALS] == per_item[0, k, LOCALS]).all()
-                differ = same_reads and (per_item[:, k, ORDERED] != per_item[0, k, ORDERED]).any()
-                if bad_total or differ:
-                    if reads is None:
-                        return STALE
-                    kind = FailureKind.WRONG_CONTENT if bad_total else FailureKind.REPLICAS_DIFFER
-                    return self._item_failure(plan, g, view, reads[k], bad_total, kind)
+        failure = self._step_failure(p, violations, gathered[:, 4:h], reads)
+        if failure is None:
+            failure = self._first_bad_item(p, per_item, reads)
+        if failure is not None:
+            return failure
         self._metadata_total = int(mismatches.sum())  # reported by metadata_verdict, last
         self._events_total = int(event_errors.sum())
         if reads is None and (self._metadata_total or self._events_total):
             return STALE
         return None
+
+    def _step_failure(self, p: _Pending, violations: np.ndarray, table_digests: np.ndarray, reads) -> Failure | None:
+        """What fails before any item is judged: the paranoid reassembly (lockstep only),
+        a write violation on any rank, block tables that differ across the ranks; or None."""
+        if self.paranoid and reads is not None:  # paranoid runs in lockstep (harness.rank)
+            failure = self._paranoid(p.plan, p.items, reads)
+            if failure:
+                return failure
+        if violations.any():
+            return self._violation_failure(p.plan, int(violations.sum())) if reads is not None else STALE
+        if (table_digests != table_digests[0]).any():
+            return self._table_failure(p.plan) if reads is not None else STALE
+        return None
+
+    def _first_bad_item(self, p: _Pending, per_item: np.ndarray, reads) -> Failure | None:
+        """The failure of the first (group, request) item whose rows fail on some rank
+        (``STALE`` for an older step), or None."""
+        bad = per_item[:, :, BAD].sum(axis=0).tolist()  # every item's at once: this runs at every verification
+        for k, (g, view) in enumerate(p.items):
+            kind = self._item_kind(g, view, p.local[k], per_item[:, k], bad[k])
+            if kind is not None:
+                return STALE if reads is None else self._item_failure(p.plan, g, view, reads[k], bad[k], kind)
+        return None
+
+    def _item_kind(self, g: int, view: RequestView, local, rows: np.ndarray, bad: int) -> FailureKind | None:
+        """How an item fails, from every rank's row of it (``rows``) and its ``bad`` entries
+        on all ranks: an entry unlike the oracle's (``WRONG_CONTENT``), a full read of a
+        sharded group whose pieces do not add up to the full context (``REASSEMBLY``),
+        replicas that read the same indices but differ (``REPLICAS_DIFFER``); None if it passes."""
+        if bad:
+            return FailureKind.WRONG_CONTENT
+        if self.groups[g].sharded:
+            return FailureKind.REASSEMBLY if local is None and not self._reassembles(g, view, rows) else None
+        return FailureKind.REPLICAS_DIFFER if _replicas_differ(rows) else None
+
+    def _reassembles(self, g: int, view: RequestView, rows: np.ndarray) -> bool:
+        """Whether the ranks' multiset digests of a full read add up to the full context's."""
+        full_index, full_content = expected_full(self.groups[g], view)
+        return multiset_digest(full_index, full_content) == int(rows[:, MULTISET].astype(np.uint64).sum(dtype=np.uint64))
 
     def metadata_verdict(self, plan: StepPlan) -> Failure | None:
         """The attention-metadata verdict of the last ``verify`` (every rank knows the

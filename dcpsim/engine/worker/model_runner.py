@@ -22,8 +22,11 @@ from dcpsim.engine.worker.kv_store import KVStore
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.model.layout import PAD
-from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, StepPlan, WriteRecord
+from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ReqWrite, StepPlan, WriteRecord
 from dcpsim.model.vectors import kv_vectors
+
+ATTENTION_KV = (Storage.PAGED, Storage.RECORDS)
+"""The storages of attention KV: the groups with attention metadata and draft writes."""
 
 
 class WriteObserver(Protocol):
@@ -66,54 +69,82 @@ class ModelRunner:
     def apply(self, plan: StepPlan, request_ids: dict[int, str], during_step=None) -> None:
         """Write the step. ``during_step(plan, runner)``, if given, runs after the writes with
         the block tables the step ran with (before releases): the step's attention."""
-        for table, step_rows in zip(self.block_tables, plan.rows_before):
-            table.sync(step_rows, request_ids)
+        self._sync_tables(plan.rows_before, request_ids)
         self.write_log = []
         self.metadata_log = []
-        observer = self.observer
         for geometry, table, store in zip(self.geometries, self.block_tables, self.stores):
-            if observer is not None:
-                observer.group_started(plan.step, geometry.group_id)
-                logged = len(self.write_log)
-            tps = geometry.tokens_per_state
-            rows = [table.row(w.req_index) for w in plan.writes]
-            mapped = self.engine.step_write_slots(geometry, list(plan.writes), rows, self.rank)
-            if geometry.draft and geometry.storage in (Storage.PAGED, Storage.RECORDS):
-                mapped = self._with_draft_writes(geometry, table, plan, mapped)
-            if self.builds_metadata and geometry.storage in (Storage.PAGED, Storage.RECORDS):  # attention KV
-                self._build_metadata(plan, geometry, rows, store)
-                if geometry.draft:  # the drafter builds its own over the same block table
-                    self._build_metadata(plan, self.engine.draft_geometry(geometry), rows, store)
-            for write, (slots, index) in zip(plan.writes, mapped):
-                slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
-                if len(slots) and slots.min() < 0:  # drop PAD (not this rank's); other negatives stay, for the guard
-                    mine = slots != PAD
-                    slots, index = slots[mine], index[mine]
-                self.write_log.append(WriteRecord(geometry.group_id, write.req_index, write.request_id, slots, index))
-                if not len(slots):
-                    continue
-                # what a state holds: the KV of its position, or of the position emitting a
-                # record; an index the step does not compute has no KV to store
-                emit = index * tps + (tps - 1 - write.start)
-                if not (slots.min() >= 0 and slots.max() < store.num_slots and emit.min() >= 0 and emit.max() < len(write.contents)):
-                    keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < len(write.contents))
-                    slots, index, emit = slots[keep], index[keep], emit[keep]
-                content = write.contents[emit]
-                entries = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
-                entries[:, 0] = geometry.group_id
-                entries[:, 1] = index
-                entries[:, 2] = content
-                entries[:, 3] = write.req_index
-                entries[:, 4] = plan.step
-                store.write(slots, entries)
-                if store.vectors is not None:
-                    store.write_vectors(slots, kv_vectors(geometry.group_id, content, self.vector_width))
-            if observer is not None:
-                observer.group_written(plan.step, geometry.group_id, self.write_log[logged:])
+            self._write_group(plan, geometry, table, store)
         if during_step is not None:
             during_step(plan, self)
-        for table, rows in zip(self.block_tables, plan.rows_after):
+        self._sync_tables(plan.rows_after, request_ids)
+
+    def _sync_tables(self, rows_of_groups, request_ids: dict[int, str]) -> None:
+        """Set each group's block table to its rows of the plan (``rows_before`` or ``rows_after``)."""
+        for table, rows in zip(self.block_tables, rows_of_groups):
             table.sync(rows, request_ids)
+
+    def _write_group(self, plan: StepPlan, geometry: GroupGeometry, table: BlockTable, store: KVStore) -> None:
+        """One group's part of the step: its attention metadata (if the engine builds it),
+        then every request's writes, logged in ``write_log``; the observer hears both ends."""
+        observer = self.observer
+        if observer is not None:
+            observer.group_started(plan.step, geometry.group_id)
+            logged = len(self.write_log)
+        rows = [table.row(w.req_index) for w in plan.writes]
+        mapped = self._group_write_slots(plan, geometry, table, rows)
+        if self.builds_metadata and geometry.storage in ATTENTION_KV:
+            self._build_group_metadata(plan, geometry, rows, store)
+        for write, (slots, index) in zip(plan.writes, mapped):
+            self._write_request(plan.step, geometry, store, write, slots, index)
+        if observer is not None:
+            observer.group_written(plan.step, geometry.group_id, self.write_log[logged:])
+
+    def _group_write_slots(self, plan: StepPlan, geometry: GroupGeometry, table: BlockTable, rows):
+        """The engine's ``(slots, index)`` of each write of the step in this group, with the
+        drafter's writes of a group that holds draft layers."""
+        mapped = self.engine.step_write_slots(geometry, list(plan.writes), rows, self.rank)
+        if geometry.draft and geometry.storage in ATTENTION_KV:
+            mapped = self._with_draft_writes(geometry, table, plan, mapped)
+        return mapped
+
+    def _build_group_metadata(self, plan: StepPlan, geometry: GroupGeometry, rows, store: KVStore) -> None:
+        """The step's attention metadata of an attention group; a group with draft layers
+        also gets the drafter's own, built over the same block table."""
+        self._build_metadata(plan, geometry, rows, store)
+        if geometry.draft:
+            self._build_metadata(plan, self.engine.draft_geometry(geometry), rows, store)
+
+    def _write_request(self, step: int, geometry: GroupGeometry, store: KVStore, write: ReqWrite, slots, index) -> None:
+        """Log one request's writes in a group (``PAD``, another rank's, dropped) and store
+        those that land inside the store."""
+        slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
+        if len(slots) and slots.min() < 0:  # drop PAD (not this rank's); other negatives stay, for the guard
+            mine = slots != PAD
+            slots, index = slots[mine], index[mine]
+        self.write_log.append(WriteRecord(geometry.group_id, write.req_index, write.request_id, slots, index))
+        if len(slots):
+            self._store_entries(step, geometry, store, write, slots, index)
+
+    def _store_entries(self, step: int, geometry: GroupGeometry, store: KVStore, write: ReqWrite, slots, index) -> None:
+        """Write the fingerprint rows (and K/V vectors) of the logged ``slots``; a slot
+        outside the store, or an index the step does not compute, is left out."""
+        # what a state holds: the KV of its position, or of the position emitting a
+        # record; an index the step does not compute has no KV to store
+        tps = geometry.tokens_per_state
+        emit = index * tps + (tps - 1 - write.start)
+        if not (slots.min() >= 0 and slots.max() < store.num_slots and emit.min() >= 0 and emit.max() < len(write.contents)):
+            keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < len(write.contents))
+            slots, index, emit = slots[keep], index[keep], emit[keep]
+        content = write.contents[emit]
+        entries = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
+        entries[:, 0] = geometry.group_id
+        entries[:, 1] = index
+        entries[:, 2] = content
+        entries[:, 3] = write.req_index
+        entries[:, 4] = step
+        store.write(slots, entries)
+        if store.vectors is not None:
+            store.write_vectors(slots, kv_vectors(geometry.group_id, content, self.vector_width))
 
     def _with_draft_writes(self, geometry: GroupGeometry, table: BlockTable, plan: StepPlan, mapped):
         """The draft layers' KV is written by the drafter, with the slot mapping of its own
