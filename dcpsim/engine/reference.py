@@ -193,7 +193,7 @@ class ReferenceEngine(Engine):
         seq_lens = np.array([w.stop for w in writes], dtype=np.int64) // R
         rows = [np.asarray(r, dtype=np.int64) for r in block_rows]
         bounds = [np.asarray(self.query_local_bounds(g, w.start, w.stop, dcp_rank), dtype=np.int64) for w in writes]
-        dummies, q = self._cudagraph_dummies(g, q_lens)
+        dummies, q = self.cudagraph_dummies(g, q_lens)
         if dummies:  # dummy requests: no blocks, a context of W * I so no shard is empty
             dummy_len = g.dcp_size * g.interleave_size
             q_lens = np.concatenate([q_lens, np.full(dummies, q, np.int64)])
@@ -227,7 +227,7 @@ class ReferenceEngine(Engine):
         return dataclasses.replace(geometry, model="draft")
 
     @staticmethod
-    def _cudagraph_dummies(g: GroupGeometry, q_lens: np.ndarray) -> tuple[int, int]:
+    def cudagraph_dummies(g: GroupGeometry, q_lens: np.ndarray) -> tuple[int, int]:
         """(dummy requests, tokens each) padding a uniform decode step (every request runs
         the same ``q = 1 + k`` tokens) up to the smallest captured size that is a multiple
         of ``q``; none for a mixed step or one above every captured size (runs eagerly)."""

@@ -8,6 +8,8 @@ import dataclasses
 import numpy as np
 
 from dcpsim.engine.faults.base import Fault, has_sharded_attention
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import local_seq_lens
 
@@ -137,6 +139,17 @@ class CudagraphPaddingWrites(Fault):
         "of PAD, so padding writes KV"
     )
     needs = {"max_cudagraph_capture_size": 64}
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Where some step of the (reference) schedule is padded: a uniform decode step
+        whose token count is not itself a captured size. Two requests decoding one token
+        each (kv-events-full) fill a captured size exactly, and no dummy ever runs."""
+        engine = ReferenceEngine()
+        for plan in Scheduler(scenario, engine, geometries).plans():
+            q_lens = np.array([w.stop - w.start for w in plan.writes], np.int64)
+            if any(engine.cudagraph_dummies(g, q_lens)[0] for g in geometries):
+                return True
+        return False
 
     def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
         meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)

@@ -306,3 +306,14 @@ def test_llama_draft_passes_and_exercises_the_workload(W, I):
     hits = admissions(sc)
     unit = 32 * W
     assert all(0 < h <= 420 and h % unit == 0 for rid, h in hits.items() if rid != "long-doc")
+
+
+def test_cudagraph_padding_applies_only_where_some_decode_step_is_padded():
+    """kv-events-full decodes one request, then two: 1 and 2 tokens are captured sizes, no
+    dummy ever runs, so the fault cannot show there and selftest must not expect it to."""
+    fault = FAULTS["cudagraph-padding-writes"]
+    quiet = scenario("kv-events-full", **fault.needs)
+    assert not fault.applies_to_scenario(quiet, geometries(quiet))
+    busy = scenario("many-short", **fault.needs)
+    assert fault.applies_to_scenario(busy, geometries(busy))
+    assert not run(busy, "cudagraph-padding-writes").passed
