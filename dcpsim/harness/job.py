@@ -14,6 +14,7 @@ built: a bad one is a ``ConfigError`` (exit 2) before any rank starts.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -67,11 +68,26 @@ class Job:
                 f"--inject switches on a fault of the reference engine; it cannot be combined with --engine {self.engine.name}"
             )
         self.engine.validate()
-        self.build_engine().check_scenario(self.scenario)
+        engine = self.build_engine()
+        engine.check_scenario(self.scenario)
+        self._resolve_lse_base(engine)
         if self.rank_failure is not None:
             kind, rank, step = self.rank_failure
             if kind not in tuple(RankFailureKind) or not is_int(rank) or not is_int(step):
                 raise ConfigError(f"rank_failure must be (raise|hang|exit, rank, step), got {self.rank_failure!r}")
+
+    def _resolve_lse_base(self, engine: Engine) -> None:
+        """``lse_base`` unset: the engine's (``Engine.lse_base``), else e. Set: it must be
+        the engine's, when the engine fixes one (a vLLM backend computes in its own base)."""
+        fixed = engine.lse_base
+        if self.attention.lse_base is None:
+            object.__setattr__(self, "attention", dataclasses.replace(self.attention, lse_base=fixed or "e"))
+        elif fixed is not None and self.attention.lse_base != fixed:
+            source = getattr(getattr(engine, "backend", None), "describe", lambda: engine.name)()
+            raise ConfigError(
+                f"--lse-base {self.attention.lse_base}: the engine under test computes base-{fixed} LSEs ({source}); "
+                "leave --lse-base out, or choose another --vllm-attention-backend"
+            )
 
     @classmethod
     def from_options(cls, scenario: Scenario, **options) -> Job:

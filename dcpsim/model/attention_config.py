@@ -43,7 +43,13 @@ class AttentionConfig:
         "shard, LSE merge across ranks, full-context reference",
         key="attention",
     )
-    lse_base: str = option("e", "base of the log-sum-exp the ranks compute and merge (default e)", choices=LSE_BASES)
+    lse_base: str | None = option(
+        None,
+        "base of the log-sum-exp the ranks compute and merge (default: the engine's: e for the reference, "
+        "the --vllm-attention-backend's under --engine vllm)",
+        choices=LSE_BASES,
+    )
+    """None: the engine's (``Engine.lse_base``, else e); a ``Job`` sets it."""
     merge: str = option(
         "alternate",
         "allgather: all-gather LSEs, reduce-scatter outputs over heads, gather the slices; alltoall: all-to-all "
@@ -80,7 +86,7 @@ class AttentionConfig:
         # named as the run options (``Job`` fields, replay options) that set them
         for name, field in (("attention_heads", "heads"), ("attention_head_dim", "head_dim")):
             check_int(name, getattr(self, field))
-        if self.lse_base not in LSE_BASES:
+        if self.lse_base is not None and self.lse_base not in LSE_BASES:
             raise ConfigError(f"lse_base must be 'e' or '2', got {self.lse_base!r}")
         if self.merge not in MERGE_VARIANTS:
             raise ConfigError(f"attention_merge must be allgather, alltoall or alternate, got {self.merge!r}")
@@ -93,6 +99,11 @@ class AttentionConfig:
     def value_dim(self) -> int:
         """V width (the output width): ``head_dim``, as ``--attention-head-dim`` sets both."""
         return self.head_dim
+
+    @property
+    def base(self) -> str:
+        """The LSE base the ranks compute and merge in (``lse_base``, e when unset)."""
+        return self.lse_base or "e"
 
     @property
     def softmax_scale(self) -> float:
@@ -112,7 +123,7 @@ class AttentionConfig:
             heads=self.heads,
             head_dim=self.head_dim,
             value_dim=self.value_dim,
-            lse_base=self.lse_base,
+            lse_base=self.base,
             merge=self.merge,
             tolerance=self.tolerance,
             max_query_keys=self.max_query_keys,

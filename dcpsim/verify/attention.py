@@ -147,7 +147,7 @@ class AttentionVerifier:
             o_w = gathered[:, offset : offset + n_o].reshape(-1, *o.shape)
             l_w = gathered[:, offset + n_o : offset + n_o + n_l].reshape(-1, *lse.shape)
             offset += n_o + n_l
-            o_ref, total = merge_by_lse(o_w, l_w, base=self.cfg.lse_base)
+            o_ref, total = merge_by_lse(o_w, l_w, base=self.cfg.base)
             out.append((o_ref[:, res.head0 : res.head1], total[:, res.head0 : res.head1]))
         return out
 
@@ -196,7 +196,7 @@ class AttentionVerifier:
         what = "merged across ranks" if res.merged else "computed on each rank (replicated: no merge)"
         details = [
             f"query token {token} of {w.stop - w.start} (positions {w.start}..{w.stop - 1}), head {h}, checked on rank {who}",
-            f"lse: {lse_got:.6g} (engine, {what}) vs {lse_ref:.6g} (reference), base {self.cfg.lse_base}",
+            f"lse: {lse_got:.6g} (engine, {what}) vs {lse_ref:.6g} (reference), base {self.cfg.base}",
         ]
         if res.merged:
             details.append(f"merge variant: {self.cfg.variant_for_step(plan.step)}")
