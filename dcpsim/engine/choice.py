@@ -1,5 +1,6 @@
 """``EngineChoice``: which engine a run puts under test, and its options (``--engine``,
-``--vllm-source``, ``--vllm-runner``, ``--vllm-merge``).
+``--vllm-source``, ``--vllm-runner``, ``--vllm-merge``,
+``--vllm-scheduler``, ``--vllm-attention-backend``, ``--vllm-merge-programs``).
 
 A value of the option tree (``dcpsim.options``): it resolves where vLLM's source is when
 built; ``validate`` builds the engine once in the parent (loading a vLLM source tree and
@@ -14,9 +15,12 @@ from dataclasses import dataclass
 
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.registry import VLLM_RUNNERS, build_engine
-from dcpsim.engine.vllm.adapter import VLLM_SCHEDULERS
+from dcpsim.engine.vllm.adapter import VLLM_MERGES, VLLM_SCHEDULERS
+from dcpsim.engine.vllm.backends import DEFAULT_BACKEND
 from dcpsim.engine.vllm.loader import source_dir
+from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS
 from dcpsim.errors import ConfigError
+from dcpsim.model.validate import check_int
 from dcpsim.options import option
 
 
@@ -35,10 +39,23 @@ class EngineChoice:
         metavar="DIR",
     )
     vllm_runner: str = option("v2", "--engine vllm: the slot mapping kernel of model runner v2 (default) or v1", choices=VLLM_RUNNERS)
-    vllm_merge: bool = option(
-        False,
-        "--engine vllm with --attention: merge with vLLM's DCP correction kernel too (slow under Triton's "
-        "interpreter: one program per token and head)",
+    vllm_merge: str = option(
+        "vllm",
+        "--engine vllm with --attention: vllm (default): every cross-rank merge runs vLLM's combine wrappers "
+        "(cp_lse_ag_out_rs, dcp_a2a_lse_reduce) on a sample of its rows; reference: dcpsim's merge",
+        choices=VLLM_MERGES,
+    )
+    vllm_attention_backend: str = option(
+        DEFAULT_BACKEND,
+        f"--engine vllm: the vLLM attention backend whose LSE base (its lse_base_on_e, read from the source "
+        f"tree) the ranks compute and merge in (default {DEFAULT_BACKEND})",
+        metavar="NAME",
+    )
+    vllm_merge_programs: int = option(
+        DEFAULT_PROGRAMS,
+        "--engine vllm: at most N token x head programs of a merge run vLLM's wrappers (one Python call each "
+        f"under Triton's interpreter); a bigger merge runs them on N / heads evenly spaced rows (default {DEFAULT_PROGRAMS})",
+        metavar="N",
     )
     vllm_scheduler: str = option(
         "manager",
@@ -55,10 +72,19 @@ class EngineChoice:
             raise ConfigError(f"--vllm-runner must be one of {', '.join(VLLM_RUNNERS)}, got {self.vllm_runner!r}")
         if self.vllm_scheduler not in VLLM_SCHEDULERS:
             raise ConfigError(f"--vllm-scheduler must be one of {', '.join(VLLM_SCHEDULERS)}, got {self.vllm_scheduler!r}")
-        if self.name != "vllm" and (self.vllm_source is not None or self.vllm_merge or self.vllm_scheduler != "manager"):
-            raise ConfigError("--vllm-source, --vllm-merge and --vllm-scheduler are only used with --engine vllm")
+        if isinstance(self.vllm_merge, bool):  # a replay record of before 0.x: true was vLLM's kernel
+            object.__setattr__(self, "vllm_merge", "vllm" if self.vllm_merge else "reference")
+        if self.vllm_merge not in VLLM_MERGES:
+            raise ConfigError(f"--vllm-merge must be one of {', '.join(VLLM_MERGES)}, got {self.vllm_merge!r}")
+        check_int("vllm_merge_programs", self.vllm_merge_programs)
+        if self.name != "vllm" and self._vllm_options_set():
+            raise ConfigError("--vllm-* options are only used with --engine vllm")
         if self.name == "vllm":  # an absolute path, so that a replay finds the same tree
             object.__setattr__(self, "vllm_source", os.path.abspath(source_dir(self.vllm_source)))
+
+    def _vllm_options_set(self) -> bool:
+        defaults = EngineChoice.__dataclass_fields__
+        return any(getattr(self, f) != defaults[f].default for f in defaults if f.startswith("vllm_"))
 
     @property
     def is_reference(self) -> bool:
@@ -78,4 +104,6 @@ class EngineChoice:
             vllm_runner=self.vllm_runner,
             vllm_merge=self.vllm_merge,
             vllm_scheduler=self.vllm_scheduler,
+            vllm_attention_backend=self.vllm_attention_backend,
+            vllm_merge_programs=self.vllm_merge_programs,
         )

@@ -24,6 +24,8 @@ Contract for implementers
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -47,11 +49,26 @@ class EngineError(Exception):
         """The engine's own frames, outermost first (``file:line function``)."""
 
 
+@dataclass(frozen=True)
+class MergedBy:
+    """What an engine may return as a fourth element of ``merge_across_ranks``: the code
+    that merged the batch (``code``) and how many of its ``of`` rows it merged (the rest
+    merged otherwise, say by the reference), so a report can count them."""
+
+    code: str
+    rows: int
+    of: int
+
+
 class Engine:
     """The interface. See the module docstring for the contract."""
 
     name = "engine"
     description = ""
+    lse_base: str | None = None
+    """The base (``"e"`` or ``"2"``) the engine's attention returns its LSEs in, when the
+    engine fixes one (vLLM: its attention backend's ``lse_base_on_e``); ``None``: whichever
+    the run configures (``--lse-base``, default e)."""
 
     # --- the model: groups and their geometry ---------------------------------------
 
@@ -218,7 +235,8 @@ class Engine:
         other ranks' over ``group`` (``rank``, ``world_size``, ``all_gather_tensor``,
         ``reduce_scatter_tensor``, ``all_to_all_tensor``; ``H`` is a multiple of
         ``world_size``). ``variant`` is ``allgather`` or ``alltoall``. Returns one slice of
-        ``H / world_size`` merged heads ``(out, lse, slice_index)``."""
+        ``H / world_size`` merged heads ``(out, lse, slice_index)``, optionally with a
+        ``MergedBy`` as a fourth element."""
         raise NotImplementedError
 
     # --- prefill context parallelism (PCP x TP x DCP) ------------------------------------

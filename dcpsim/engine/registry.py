@@ -59,18 +59,17 @@ def unimplemented(engine: Engine) -> list[str]:
     return out
 
 
-def build_engine(
-    name: str = "reference", *, vllm_source: str | None = None, vllm_runner: str = "v2", vllm_merge: bool = False,
-    vllm_scheduler: str = "manager",
-) -> Engine:  # fmt: skip
-    """The engine called ``name`` (see the module docstring); raises ``ConfigError``."""
-    key = (name, vllm_source, vllm_runner, vllm_merge, vllm_scheduler)
+def build_engine(name: str = "reference", **vllm_options) -> Engine:
+    """The engine called ``name`` (see the module docstring); raises ``ConfigError``.
+    ``vllm_options``: ``EngineChoice``'s ``vllm_*`` fields, for ``--engine vllm``."""
+    key = (name, tuple(sorted(vllm_options.items())))
     if key in _CACHE:
         return _CACHE[key]
     if name == "reference":
         engine: Engine = ReferenceEngine()
     elif name == "vllm":
-        engine = VllmEngine(vllm_source, runner=vllm_runner, merge=vllm_merge, scheduler=vllm_scheduler)
+        o = {k.removeprefix("vllm_"): v for k, v in vllm_options.items()}
+        engine = VllmEngine(o.pop("source", None), **o)
     else:
         engine = _plugin(name)
     _CACHE[key] = engine

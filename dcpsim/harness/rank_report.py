@@ -78,6 +78,7 @@ def attention_figures(run: RankRun) -> dict:
         attention_max_error=v.max_error if v.checks else None,
         attention_bytes=run.attention_bytes,
         attention_merges=dict(run.shard_attention.merges),
+        attention_merged_by={code: dict(merges=m, rows=rows, of=of) for code, (m, rows, of) in run.shard_attention.merged_by.items()},
     )
 
 

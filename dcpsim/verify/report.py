@@ -168,6 +168,9 @@ class RunReport:
     """Bytes this rank contributed to the attention merge and verdict (not in bytes_gathered)."""
     attention_merges: dict = field(default_factory=dict)
     """Steps merged with each variant (allgather, alltoall)."""
+    attention_merged_by: dict = field(default_factory=dict)
+    """Code the engine names (``MergedBy``) -> ``{"merges", "rows", "of"}``: how many merges
+    it ran and how many of those merges' rows it merged (vLLM's combine wrappers)."""
     engine: dict | None = None
     """The engine under test: name, version, and who makes each decision."""
 
@@ -245,6 +248,12 @@ class RunReport:
         if self.attention is not None:
             a = self.attention
             merges = ", ".join(f"{n} {v}" for v, n in self.attention_merges.items() if n) or "none (no sharded group)"
+            if self.attention_merged_by:
+                by = "; ".join(
+                    f"{code} {plural(t['merges'], 'merge')}, {t['rows']} of {plural(t['of'], 'row')}"
+                    for code, t in self.attention_merged_by.items()
+                )
+                merges += f" (by the engine's code: {by})"
             err = "n/a" if self.attention_max_error is None else f"{self.attention_max_error:.2e}"
             out.append(
                 f"  attention: {plural(self.attention_checks, 'check')} ({plural(self.attention_query_tokens, 'query token')}"

@@ -47,6 +47,8 @@ class ShardAttention:
         self.own_heads = (min(self.rank * hs, config.heads), min((self.rank + 1) * hs, config.heads))
         """This rank's slice of heads: what it computes of a replicated group."""
         self.merges = {"allgather": 0, "alltoall": 0}
+        self.merged_by: dict[str, list[int]] = {}
+        """Code -> [merges, rows it merged, rows of those merges], from the engine's ``MergedBy``."""
         self._items: list[_Local] = []
 
     def compute(self, plan: StepPlan, runner, queries: dict[tuple[int, int], np.ndarray]) -> None:
@@ -65,7 +67,7 @@ class ShardAttention:
             # sharded: every head over the local shard (queries all-gathered), merged later;
             # replicated: this rank's heads over the whole replica, as with W == 1
             h0, h1 = (0, cfg.heads) if merged else self.own_heads
-            out, lse = attend(query[:, h0:h1], kv[:, :dk], kv[:, dk:], torch.from_numpy(mask), scale=cfg.softmax_scale, base=cfg.lse_base)
+            out, lse = attend(query[:, h0:h1], kv[:, :dk], kv[:, dk:], torch.from_numpy(mask), scale=cfg.softmax_scale, base=cfg.base)
             visible = mask.sum(axis=1)
             if merged:
                 empty = torch.from_numpy(visible == 0)
@@ -100,7 +102,11 @@ class ShardAttention:
             lse = torch.cat([lse, lse.new_full((lse.shape[0], pad), float("-inf"))], dim=1)
         variant = self.cfg.variant_for_step(step)
         self.merges[variant] += 1
-        o, l, c = self.engine.merge_across_ranks(out, lse, self.coll, variant=variant, base=self.cfg.lse_base)
+        o, l, c, *by = self.engine.merge_across_ranks(out, lse, self.coll, variant=variant, base=self.cfg.base)
+        if by:
+            self.merged_by.setdefault(by[0].code, [0, 0, 0])
+            tally = self.merged_by[by[0].code]
+            tally[0], tally[1], tally[2] = tally[0] + 1, tally[1] + by[0].rows, tally[2] + by[0].of
         h0, h1 = min(c * hs, H), min((c + 1) * hs, H)
         result, offset = [], 0
         for it in items:

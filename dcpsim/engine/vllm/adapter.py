@@ -10,22 +10,22 @@ which is which):
   (a replicated group runs it with a DCP world of 1). Compressed-record groups run the
   kernel over record indices, their pages counted in records. Rings stay with the
   reference (vLLM has no kernel for them here).
+* the scheduler side (``scheduler="manager"``, the default): vLLM's ``KVCacheManager``
+  decides every block (``dcpsim.engine.vllm.scheduler``; ``SCHEDULER_SIDE`` names each
+  decision's function).
 * ``group_geometry``: whether a group is sharded (``dcp_sharded`` of vLLM's own spec
   classes in ``vllm/v1/kv_cache_interface.py``, built from the scenario's specs; a
   replicated spec becomes ``dcp_sharded=False``, or ``dcp_replicated=True`` on a fork that
   has that field), the manager block size that follows from it, and the block-table width
   (the spec's ``max_num_blocks_per_req``, widened by vLLM's ``get_block_table_width``); validation
   stays the reference's.
-* ``merge_across_ranks`` (``merge=True``: ``--vllm-merge``; with ``--attention``, the
-  ``allgather`` variant): vLLM's DCP
-  correction ``vllm/v1/attention/ops/dcp.py::CorrectAttnCPOutKernel.kernel``, launched
-  the way ``cp_lse_ag_out_rs`` runs it (all-gather the LSEs over the rank's gloo group,
-  correct the rank's output, reduce-scatter it over heads) by a small launcher of ours
-  (vLLM's own launch wrapper needs its JIT-warmup classes); ranks padded to a power of
-  two with empty shards (``-inf``), as the kernel's ``N_ROUNDED`` needs. The kernel runs
-  one program per (token, head), a Python call each under the interpreter, so only steps
-  of at most ``MAX_MERGE_PROGRAMS`` of them (decode and speculative steps) run it;
-  prefill chunks merge with the reference.
+* ``merge_across_ranks`` (``--attention``; ``merge="vllm"``, the default of
+  ``--vllm-merge``): vLLM's combine wrappers themselves, ``cp_lse_ag_out_rs`` (allgather)
+  and ``dcp_a2a_lse_reduce`` (alltoall) of ``vllm/v1/attention/ops/dcp.py``, over the
+  rank's group (``dcpsim.engine.vllm.merge``), on a sample of each merge's rows
+  (``merge_programs``; the reference merges the rest), with the LSE base of the attention
+  backend (``attention_backend``, read from the tree by ``dcpsim.engine.vllm.backends``);
+  the ranks' attention computes its LSEs in that base too (``Engine.lse_base``).
 * ``kernel_block_table`` (``Bk < B``): ``vllm/v1/worker/utils.py::AttentionGroup.
   map_to_kernel_block_table``, called on a stand-in for the attention group that holds
   only what it reads (the kernel block size, the spec's block size, its buffers).
@@ -41,16 +41,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import threading
 import types
 
 import numpy as np
 import torch
 
-from dcpsim.engine.interface import EngineError
+from dcpsim.engine.interface import EngineError, MergedBy
 from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.vllm.backends import DEFAULT_BACKEND, read_backend
 from dcpsim.engine.vllm.core import load_with_core
-from dcpsim.engine.vllm.loader import SourceTree, source_dir
+from dcpsim.engine.vllm.loader import INTERPRETER_LOCK, SourceTree, source_dir
+from dcpsim.engine.vllm.merge import ALLGATHER, ALLTOALL, DEFAULT_PROGRAMS, WRAPPERS, VllmCombine, sample_rows
 from dcpsim.engine.vllm.scheduler import VllmScheduler
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
@@ -115,25 +116,12 @@ WIDTH_FUNCTION, WIDTH_ARGS = "get_block_table_width", ("max_num_blocks", "block_
 """The worker's block-table row width: max_num_blocks_per_req aligned to the spec's tokens."""
 LENS_MODULE, LENS_FUNCTION = "vllm.v1.attention.backends.utils", "get_dcp_local_seq_lens"
 LENS_ARGS = ("seq_lens", "dcp_size", "dcp_rank", "cp_kv_cache_interleave_size")
-MERGE_MODULE, MERGE_KERNEL = "vllm.v1.attention.ops.dcp", "CorrectAttnCPOutKernel.kernel"
-MERGE_ARGS = (
-    "outputs_ptr",
-    "new_output_ptr",
-    "lses_ptr",
-    "vlse_ptr",
-    "outputs_stride_B",
-    "outputs_stride_H",
-    "outputs_stride_D",
-    "lses_stride_N",
-    "lses_stride_B",
-    "lses_stride_H",
-    "lse_idx",
-    "HEAD_DIM",
-    "N_ROUNDED",
-    "IS_BASE_E",
-)
-MAX_MERGE_PROGRAMS = 512
-"""Merges of at most this many (token, head) programs run vLLM's correction kernel."""
+COMBINE_MODULE = "vllm.v1.attention.ops.dcp"
+MERGE_MODULES = ("vllm.model_executor.warmup.jit_warmup", "vllm.model_executor.warmup.jit_warmup_triton_helper", COMBINE_MODULE)
+"""The combine wrappers' module, and vLLM's JIT launcher the correction kernel launches through."""
+WRAPPER_ARGS = ("cp_attn_out", "cp_attn_lse", "cp_group")
+VLLM_MERGES = ("vllm", "reference")
+"""``--vllm-merge``: vLLM's combine wrappers (the default) or the reference merge."""
 KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION = "vllm.v1.worker.utils", "AttentionGroup.map_to_kernel_block_table"
 KERNEL_TABLE_ARGS = ("self", "block_table", "ubatch_idx")
 SPECS_MODULE = "vllm.v1.kv_cache_interface"
@@ -147,11 +135,6 @@ _TORCH_DTYPES = {
     "int8": torch.int8,
     "uint8": torch.uint8,
 }
-
-
-_INTERPRETER_LOCK = threading.Lock()
-"""Triton's interpreter patches the kernel module's globals while a kernel runs, so ranks
-that are threads of one process (``--in-process``) launch one kernel at a time."""
 
 
 class VllmCallError(RuntimeError):
@@ -168,19 +151,34 @@ def _arg_names(fn) -> tuple[str, ...]:
 
 class VllmEngine(ReferenceEngine):
     name = "vllm"
-    description = "vLLM's own slot mapping kernel and DCP local lengths, loaded from a source tree"
+    description = (
+        "vLLM's own DCP code from a source tree: its KV cache manager, slot mapping kernels, local lengths, "
+        "spec classes and combine wrappers"
+    )
 
-    def __init__(self, vllm_source: str | None = None, runner: str = "v2", merge: bool = False, scheduler: str = "manager"):
+    def __init__(
+        self,
+        vllm_source: str | None = None,
+        runner: str = "v2",
+        merge: str = "vllm",
+        scheduler: str = "manager",
+        attention_backend: str = DEFAULT_BACKEND,
+        merge_programs: int = DEFAULT_PROGRAMS,
+    ):
         if runner not in ("v1", "v2"):
             raise ConfigError(f"--vllm-runner must be v1 or v2, got {runner!r}")
         if scheduler not in VLLM_SCHEDULERS:
             raise ConfigError(f"--vllm-scheduler must be one of {', '.join(VLLM_SCHEDULERS)}, got {scheduler!r}")
+        if merge not in VLLM_MERGES:
+            raise ConfigError(f"--vllm-merge must be one of {', '.join(VLLM_MERGES)}, got {merge!r}")
         self.runner = runner
         self.merge = merge
         self.scheduler = scheduler
         self.tree = SourceTree(source_dir(vllm_source))
         self.version = self.tree.version
-        names = [V1_MODULE, LENS_MODULE, MERGE_MODULE, KERNEL_TABLE_MODULE, *SPEC_MODULES]
+        self.backend = read_backend(str(self.tree.root), attention_backend)
+        self.lse_base = self.backend.lse_base
+        names = [V1_MODULE, LENS_MODULE, *MERGE_MODULES, KERNEL_TABLE_MODULE, *SPEC_MODULES]
         if runner == "v2":
             names = ["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, *names]
         self.core = None
@@ -193,7 +191,9 @@ class VllmEngine(ReferenceEngine):
         else:
             self._slot_kernel = self._function(mods, V1_MODULE, V1_KERNEL, V1_ARGS)
         self._specs = mods[SPECS_MODULE]
-        self._correct = self._function(mods, MERGE_MODULE, MERGE_KERNEL, MERGE_ARGS)
+        for wrapper in WRAPPERS.values():
+            self._function(mods, COMBINE_MODULE, wrapper, WRAPPER_ARGS)
+        self._combine = VllmCombine(mods[COMBINE_MODULE], self.backend.lse_base_on_e, merge_programs)
         self._kernel_table = self._function(mods, KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION, KERNEL_TABLE_ARGS)
         self._local_lens = self._function(mods, LENS_MODULE, LENS_FUNCTION, LENS_ARGS)
         self._table_width = self._function(mods, V1_MODULE, WIDTH_FUNCTION, WIDTH_ARGS)
@@ -208,12 +208,13 @@ class VllmEngine(ReferenceEngine):
             "query_local_bounds": f"vllm {lens}",
             "kernel_block_table": f"vllm {KERNEL_TABLE_MODULE}.{KERNEL_TABLE_FUNCTION} (when Bk < B)",
         }
-        self.decisions["merge_across_ranks"] = "reference (vLLM's correction kernel with --vllm-merge)"
-        if merge:
+        self.decisions["merge_across_ranks"] = "reference (--vllm-merge reference)"
+        self.decisions["shard_lse"] = f"reference, in base {self.lse_base} (vllm {self.backend.describe()})"
+        if merge == "vllm":
             self.decisions["merge_across_ranks"] = (
-                f"vllm {MERGE_MODULE}.{MERGE_KERNEL} (the allgather variant, as cp_lse_ag_out_rs "
-                "runs it: all-gather the LSEs, correct, reduce-scatter over heads) for steps of at most "
-                f"{MAX_MERGE_PROGRAMS} token x head programs; alltoall and prefill chunks: reference"
+                f"vllm {COMBINE_MODULE}.{ALLGATHER} (allgather) and .{ALLTOALL} (alltoall) with "
+                f"is_lse_base_on_e={self.backend.lse_base_on_e} ({self.backend.name}), over the rank's group, on at most "
+                f"{merge_programs} token x head programs of each merge (evenly spaced rows; the rest: reference)"
             )
         self.decisions["make_scheduler"] = "reference (--vllm-scheduler dcpsim)"
         if self.core is not None:
@@ -259,7 +260,7 @@ class VllmEngine(ReferenceEngine):
 
     def _call(self, what: str, fn, *args, **kwargs):
         try:
-            with _INTERPRETER_LOCK:
+            with INTERPRETER_LOCK:
                 return fn(*args, **kwargs)
         except Exception as exc:  # reported with the function's name
             raise VllmCallError(f"vLLM {what} raised {type(exc).__name__}: {exc}") from exc
@@ -404,39 +405,27 @@ class VllmEngine(ReferenceEngine):
     # --- the merge across ranks -----------------------------------------------------
 
     def merge_across_ranks(self, out, lse, group, *, variant, base):
-        q, heads, d = out.shape
-        # the kernel runs one program per (token, head), each a Python call under the
-        # interpreter: decode and speculative steps go through it, prefill chunks do not
-        if not self.merge or variant != "allgather" or q * heads > MAX_MERGE_PROGRAMS:
-            return super().merge_across_ranks(out, lse, group, variant=variant, base=base)
-        world, rank = group.world_size, group.rank
-        lses = torch.stack(group.all_gather_tensor(lse.contiguous()))  # [W, q, H], as cp_group.all_gather
-        n = 1 << max(0, (world - 1).bit_length())
-        if n > world:  # the kernel reads N_ROUNDED (a power of two) ranks: the rest are empty shards
-            lses = torch.cat([lses, lses.new_full((n - world, q, heads), float("-inf"))])
-        dp = 1 << max(0, (d - 1).bit_length())  # HEAD_DIM is a tl.arange bound: a power of two
-        src = out.contiguous() if dp == d else torch.cat([out, out.new_zeros((q, heads, dp - d))], dim=-1)
-        corrected = torch.empty_like(src)
-        merged = torch.empty((q, heads), dtype=lses.dtype)
-        if q:
-            self._call(
-                f"{MERGE_MODULE}.{MERGE_KERNEL}",
-                self._correct[(q, heads, 1)],
-                src,
-                corrected,
-                lses,
-                merged,
-                *src.stride(),
-                *lses.stride(),
-                rank,
-                HEAD_DIM=dp,
-                N_ROUNDED=n,
-                IS_BASE_E=(base == "e"),
-            )
-        send = corrected[..., :d].reshape(q, world, heads // world, d).transpose(0, 1).contiguous()
-        part = group.reduce_scatter_tensor(send)  # [q, H/W, D]: this rank's heads, merged
-        hs = heads // world
-        return part, merged[:, rank * hs : (rank + 1) * hs], rank
+        """vLLM's combine wrapper of ``variant`` on a sample of the rows (``VllmCombine``,
+        ``sample_rows``), the reference on the whole batch; vLLM's rows replace the
+        reference's. At W = 1 vLLM combines nothing (its layers skip the wrappers)."""
+        ref_out, ref_lse, c = super().merge_across_ranks(out, lse, group, variant=variant, base=base)
+        if self.merge != "vllm" or group.world_size == 1 or not out.shape[0]:
+            return ref_out, ref_lse, c
+        q, heads, _ = out.shape
+        rows = torch.from_numpy(sample_rows(q, heads, self._combine.programs))
+        got, merged = self._call_merge(variant, out[rows], lse[rows], group)
+        if c != group.rank:  # the reference hands out slice c (to judge the final gather): rank c's vLLM rows
+            got = group.all_gather_tensor(got.contiguous())[c]
+            merged = group.all_gather_tensor(merged.contiguous())[c]
+        ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
+        ref_out[rows], ref_lse[rows] = got.to(ref_out.dtype), merged.to(ref_lse.dtype)
+        return ref_out, ref_lse, c, MergedBy(f"{COMBINE_MODULE}.{WRAPPERS[variant]}", len(rows), q)
+
+    def _call_merge(self, variant, out, lse, group):
+        try:
+            return self._combine.merge(variant, out, lse, group)
+        except Exception as exc:  # reported with the wrapper's name (the rank fails, naming it)
+            raise VllmCallError(f"vLLM {COMBINE_MODULE}.{WRAPPERS[variant]} raised {type(exc).__name__}: {exc}") from exc
 
     # --- attention metadata ---------------------------------------------------------
 

@@ -37,6 +37,9 @@ from pathlib import Path
 from dcpsim.errors import ConfigError
 
 _LOCK = threading.Lock()
+INTERPRETER_LOCK = threading.Lock()
+"""Triton's interpreter patches the kernel module's globals while a kernel runs, so ranks
+that are threads of one process (``--in-process``) launch one kernel at a time."""
 
 
 def source_dir(vllm_source: str | None) -> str:
