@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from dcpsim.options import Leaf, from_flat, leaves
+from dcpsim.options import Leaf, flatten, from_flat, leaves
 
 
 def add_flags(
@@ -52,3 +52,16 @@ def options_from(tree, args: argparse.Namespace, **fields):
 def flag_values(tree, args: argparse.Namespace) -> dict:
     """``{key: value}`` of the leaves of ``tree`` that the command's flags set."""
     return {leaf.key: getattr(args, leaf.key) for leaf in leaves(tree) if leaf.meta["cli"] and hasattr(args, leaf.key)}
+
+
+def flag_args(obj) -> list[str]:
+    """The flags that rebuild ``obj`` (a tree's value): each command-line leaf whose value
+    is not its default (``--vllm-merge reference``, a bool leaf as its bare flag)."""
+    out: list[str] = []
+    values = flatten(obj)
+    for leaf in leaves(type(obj)):
+        value = values[leaf.key]
+        if not leaf.meta["cli"] or value == leaf.default:
+            continue
+        out += [leaf.flag] if leaf.base_type is bool else [leaf.flag, str(value)]
+    return out

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from dcpsim.campaigns.fuzz import describe, find_failure
-from dcpsim.cli.flags import add_flags, options_from
+from dcpsim.cli.flags import add_flags, flag_args, options_from
 from dcpsim.cli.options import add_engine_arguments, engine_choice
 from dcpsim.cli.progress import print_waiting, progress_view
 from dcpsim.engine.faults import get_fault
@@ -77,10 +78,8 @@ def run(args) -> int:
     path = Path(args.out) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     rerun = f"python -m dcpsim run {path}" + (f" --inject {args.inject}" if args.inject else "")
-    if args.engine != "reference":
-        rerun += f" --engine {args.engine}" + (f" --vllm-source {args.vllm_source}" if args.vllm_source else "")
-        rerun += f" --vllm-runner {args.vllm_runner}" if args.engine == "vllm" else ""
-        rerun += " --vllm-merge" if args.vllm_merge else ""
+    if not engine.is_reference:
+        rerun += " " + " ".join(shlex.quote(a) for a in flag_args(engine))
     header = (
         f"Shrunk failing schedule found by dcpsim fuzz in {searched:.1f} s "
         f"(--seed {args.seed}, --examples {args.examples}).\nRerun: {rerun}"

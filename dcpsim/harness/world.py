@@ -268,6 +268,7 @@ class _Supervisor:
             f"world of {plural(self.world_size, 'rank')} did not finish within deadline_s={self.deadline_s:g} s; "
             "killed the ranks still running:\n"
             + "\n".join(f"  rank {r}, last progress: {where_text(self.progress[r])}" for r in sorted(self.running))
+            + "\n  (ranks still making progress: a run that needs longer takes --deadline SECONDS)"
         )
 
     def _failure_error(self) -> RankFailureError:
