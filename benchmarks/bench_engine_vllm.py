@@ -1,7 +1,9 @@
 """Benchmark: ``run dsv3 --dcp 4`` with the reference engine and with ``--engine vllm``
-(both slot mapping kernels, under Triton's CPU interpreter), in the same process, on gloo.
+(vLLM's KV cache manager or dcpsim's scheduler, both slot mapping kernels under Triton's
+CPU interpreter), in the same process, on gloo; with ``--attention`` also the attention
+check, with vLLM's combine wrappers and with the reference merge.
 
-    python benchmarks/bench_engine_vllm.py [--vllm-source DIR] [--repeat N] [--scenario NAME]
+    python benchmarks/bench_engine_vllm.py [--vllm-source DIR] [--repeat N] [--scenario NAME] [--dcp W] [--attention]
 
 Prints the wall time of each world (best of N) and the ratio to the reference. Without
 --vllm-source it fetches vLLM 0.33.0's source into the cache (dcpsim engine fetch).
@@ -19,33 +21,50 @@ from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
 
 
+def variants(sc, source: str, attention: bool) -> dict[str, Job]:
+    vllm = dict(engine="vllm", vllm_source=source)
+    out = {
+        "reference": Job.from_options(sc),
+        "vllm: KV cache manager, v2 kernel": Job.from_options(sc, **vllm),
+        "vllm: KV cache manager, v1 kernel": Job.from_options(sc, **vllm, vllm_runner="v1"),
+        "vllm: dcpsim scheduler, v2 kernel": Job.from_options(sc, **vllm, vllm_scheduler="dcpsim"),
+    }
+    if attention:
+        out |= {
+            "reference --attention": Job.from_options(sc, attention=True),
+            "vllm --attention, reference merge": Job.from_options(sc, **vllm, attention=True, vllm_merge="reference"),
+            "vllm --attention, vLLM's wrappers": Job.from_options(sc, **vllm, attention=True),
+        }
+    return out
+
+
+def best_time(job: Job, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        (report,) = run_jobs([job.with_options(timeout=60, deadline=1800)])
+        best = min(best, time.perf_counter() - start)
+        assert report.passed, report.text()
+    return best
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vllm-source", default=None)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--scenario", default="dsv3")
     p.add_argument("--dcp", type=int, default=4)
+    p.add_argument("--attention", action="store_true", help="also time the attention check (vLLM's merge wrappers)")
     args = p.parse_args()
     source = args.vllm_source or str(fetch())
     sc = load_scenario(args.scenario).with_overrides(ScenarioOverrides(decode_context_parallel_size=args.dcp))
-    variants = {
-        "reference": Job.from_options(sc),
-        "vllm (runner v2 kernel)": Job.from_options(sc, engine="vllm", vllm_source=source, vllm_runner="v2"),
-        "vllm (runner v1 kernel)": Job.from_options(sc, engine="vllm", vllm_source=source, vllm_runner="v1"),
-    }
-    run_jobs([variants["vllm (runner v2 kernel)"]])  # start the forkserver (Triton preloaded) untimed
-    times = {}
-    for name, job in variants.items():
-        best = float("inf")
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            (report,) = run_jobs([job.with_options(timeout=60)])
-            best = min(best, time.perf_counter() - start)
-            assert report.passed, report.text()
-        times[name] = best
+    jobs = variants(sc, source, args.attention)
+    run_jobs([jobs["vllm: KV cache manager, v2 kernel"]])  # start the forkserver (Triton preloaded) untimed
+    times = {name: best_time(job, args.repeat) for name, job in jobs.items()}
     print(f"{args.scenario} --dcp {args.dcp}, gloo, best of {args.repeat} (world wall time, s)")
     for name, t in times.items():
-        print(f"  {name:<26} {t:7.2f} s   {t / times['reference']:5.2f}x reference")
+        base = times["reference --attention" if "--attention" in name else "reference"]
+        print(f"  {name:<36} {t:7.2f} s   {t / base:5.2f}x {'reference --attention' if '--attention' in name else 'reference'}")
 
 
 if __name__ == "__main__":
