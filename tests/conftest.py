@@ -1,4 +1,4 @@
-"""Shared fixtures: the helpers of ``tests/helpers.py`` (import them directly where a
+"""Shared fixtures: the helpers of ``tests/support/helpers.py`` (import them directly where a
 module-level use, such as ``parametrize``, needs them)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-import helpers
+from support import helpers
 
 VLLM_REQUIREMENT = "vllm==0.33.0"
 

@@ -8,7 +8,7 @@ import pytest
 import dcpsim.harness.runner as runner
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_each, run_jobs
-from helpers import builtin
+from support.helpers import builtin
 
 pytestmark = pytest.mark.dist
 

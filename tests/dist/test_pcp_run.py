@@ -12,7 +12,7 @@ import pytest
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from dcpsim.model.scenario import ScenarioOverrides
-from helpers import allowed_parallel_sizes, pcp_scenario
+from support.helpers import allowed_parallel_sizes, pcp_scenario
 
 pytestmark = pytest.mark.dist
 

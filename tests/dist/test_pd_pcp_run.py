@@ -12,7 +12,7 @@ from dcpsim.campaigns.pd_selftest import run_case
 from dcpsim.harness.pd import run_pd_batch
 from dcpsim.harness.pd_job import PDJob
 from dcpsim.harness.world_options import WorldOptions
-from helpers import nixl_takes_pcp_prefill, pd_pcp_sizes
+from support.helpers import nixl_takes_pcp_prefill, pd_pcp_sizes
 
 pytestmark = pytest.mark.dist
 

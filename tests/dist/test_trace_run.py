@@ -9,7 +9,7 @@ from collections import defaultdict
 import pytest
 
 from dcpsim.harness.trace import group_tid, harness_tid, rank_pid
-from helpers import run_json, trace_names, trace_problems
+from support.helpers import run_json, trace_names, trace_problems
 
 pytestmark = pytest.mark.dist
 

@@ -16,7 +16,7 @@ from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.registry import builtin_scenario_names
-from helpers import builtin, run
+from support.helpers import builtin, run
 
 SCENARIOS = builtin_scenario_names()
 V2 = "vllm/v1/worker/gpu/block_table.py"
@@ -207,7 +207,7 @@ def test_vllms_spec_classes_agree_with_the_spec_model(vllm_source, W):
     """Sharded or not, manager block size, table width, page bytes and per-request memory of
     every group of every built-in: vLLM 0.33.0's spec classes and dcpsim.model.specs agree."""
     from dcpsim.engine.vllm.adapter import VllmEngine
-    from helpers import geometries
+    from support.helpers import geometries
 
     engine = VllmEngine(str(vllm_source))
     fields = ("sharded", "manager_block_size", "block_table_width", "page_size_bytes", "max_memory_usage_bytes")

@@ -14,7 +14,7 @@ from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.registry import builtin_scenario_names
-from helpers import builtin, run
+from support.helpers import builtin, run
 
 UPSTREAM_BUG = "kv-events-full"
 """Fails under vLLM 0.33.0 at W > 1 by design: it reproduces vllm#50118 (tested below)."""

@@ -99,7 +99,7 @@ class Scheduler:
     """The parts the scheduler builds. Their prefix-cache decisions are methods
     (``PrefixCache.computed_units``: when a unit becomes findable; ``BlockPool.evict``: when
     a reallocated block's old key stops being found), so that a test can swap in a part
-    with one of them changed (``tests/scheduler_mutations.py``)."""
+    with one of them changed (``tests/support/scheduler_mutations.py``)."""
 
     def __init__(self, scenario: Scenario, engine: Engine, geometries: list[GroupGeometry]):
         """The engine's scheduler: its managers and prefix cache ask ``engine`` for every

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import helpers
 from dcpsim.campaigns.selftest_options import apply_options
 from dcpsim.engine.faults import FAULTS, Fault, get_fault
 from dcpsim.engine.faults.layout import KernelVirtualBlock
@@ -27,7 +26,8 @@ from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD, slot_mapping
 from dcpsim.model.plan import EventKind, ReqWrite
 from dcpsim.scenarios.load import load_scenario
-from helpers import WRITE_PATH_FAULTS, builtin, geometries, scheduler
+from support import helpers
+from support.helpers import WRITE_PATH_FAULTS, builtin, geometries, scheduler
 
 MINE = WRITE_PATH_FAULTS
 

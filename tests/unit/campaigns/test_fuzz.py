@@ -1,15 +1,15 @@
 """Random schedules: the correct engine passes every one; a fault shrinks to a tiny failing one;
-the two prefix-cache situations of ``tests/scheduler_mutations.py`` come up often enough."""
+the two prefix-cache situations of ``tests/support/scheduler_mutations.py`` come up often enough."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from scheduler_mutations import EVICTED_PREFIX_ASKED_AGAIN, PREEMPTED_INSIDE_UNIT, situations
 
 from dcpsim.campaigns.fuzz import check, find_failure, scenarios
 from dcpsim.scenarios.dump import scenario_to_toml
 from dcpsim.scenarios.load import load_scenario
+from support.scheduler_mutations import EVICTED_PREFIX_ASKED_AGAIN, PREEMPTED_INSIDE_UNIT, situations
 
 
 @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import helpers
 from dcpsim.campaigns.selftest_plan import BASELINE, plan_selftest
 from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
@@ -19,7 +18,8 @@ from dcpsim.harness.dry_run import dry_run
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD
 from dcpsim.model.plan import ReqWrite
-from helpers import builtin, geometries
+from support import helpers
+from support.helpers import builtin, geometries
 
 SCALED, TRANSFORM = FAULTS["mamba-block-size-scaled-by-w"], FAULTS["dcp-transform-on-replicated"]
 NAME = "qwen3-next-hybrid"

@@ -18,7 +18,7 @@ from dcpsim.engine.faults import FAULTS, PD_FAULTS, Fault
 from dcpsim.harness.job import Job
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.scenarios.load import load_scenario
-from helpers import WRITE_PATH_FAULTS
+from support.helpers import WRITE_PATH_FAULTS
 
 MINE = WRITE_PATH_FAULTS
 """The write-path and scheduler faults (the attention ones need ``--attention``)."""

@@ -18,7 +18,7 @@ from dcpsim.errors import ConfigError
 from dcpsim.harness.budget import check_budget
 from dcpsim.harness.dry_run import dry_run
 from dcpsim.scenarios.load import scenario_from_dict
-from helpers import EXTREME_INTS, TINY_SCENARIO, run_cli, scenario_toml
+from support.helpers import EXTREME_INTS, TINY_SCENARIO, run_cli, scenario_toml
 
 FIELDS = (
     ((), "seed"),

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from dcpsim.cli import main
-from helpers import TINY_SCENARIO, run_cli, scenario_toml
+from support.helpers import TINY_SCENARIO, run_cli, scenario_toml
 
 
 def scenario_file(tmp_path, name="s", *, top=None, config=None, layer=None, request=None):

@@ -10,7 +10,7 @@ import dcpsim.harness.runner
 from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.replay import replay_record
-from helpers import builtin
+from support.helpers import builtin
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.replay import replay_record
-from helpers import builtin, run_json
+from support.helpers import builtin, run_json
 
 
 @pytest.mark.parametrize("mode", ["incremental", "full"])

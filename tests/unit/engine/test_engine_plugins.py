@@ -10,7 +10,7 @@ from dcpsim.engine.example_plugin import ExampleEngine, OffByOneExampleEngine
 from dcpsim.engine.registry import build_engine, unimplemented
 from dcpsim.errors import ConfigError
 from dcpsim.harness.job import Job
-from helpers import builtin, run
+from support.helpers import builtin, run
 
 PLUGIN = "dcpsim.engine.example_plugin:ExampleEngine"
 

@@ -10,7 +10,7 @@ import pytest
 from dcpsim.errors import ConfigError
 from dcpsim.harness import budget as bd
 from dcpsim.scenarios.registry import builtin_scenario_names
-from helpers import builtin, make_scenario, mla_spec, request_spec
+from support.helpers import builtin, make_scenario, mla_spec, request_spec
 
 GIB = 2**30
 

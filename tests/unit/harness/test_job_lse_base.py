@@ -9,7 +9,7 @@ import pytest
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.errors import ConfigError
 from dcpsim.harness.job import Job
-from helpers import builtin
+from support.helpers import builtin
 
 
 class Base2Engine(ReferenceEngine):

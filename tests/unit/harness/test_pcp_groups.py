@@ -18,7 +18,7 @@ from dcpsim.harness.runner import run_jobs
 from dcpsim.harness.world_failure import RankFailure, failure_error
 from dcpsim.model.config import SimConfig
 from dcpsim.model.plan import ReqWrite, StepPlan
-from helpers import allowed_parallel_sizes, pcp_scenario, run
+from support.helpers import allowed_parallel_sizes, pcp_scenario, run
 
 SIZES = allowed_parallel_sizes(8)
 

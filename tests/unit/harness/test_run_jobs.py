@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
-from helpers import builtin
+from support.helpers import builtin
 
 
 def test_traffic_is_counted_per_job_when_one_world_runs_several():

@@ -23,7 +23,7 @@ from dcpsim.harness.trace import (
     rank_pid,
 )
 from dcpsim.harness.trace_file import Trace, check_trace_path, merge_traces
-from helpers import full_rep_spec, make_scenario, mla_spec, request_spec, trace_names, trace_problems
+from support.helpers import full_rep_spec, make_scenario, mla_spec, request_spec, trace_names, trace_problems
 
 
 def test_spans_nest_and_carry_their_args():

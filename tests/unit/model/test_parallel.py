@@ -22,7 +22,7 @@ from dcpsim.model.parallel import (
     pcp_chunks,
     pcp_replicated,
 )
-from helpers import allowed_parallel_sizes
+from support.helpers import allowed_parallel_sizes
 
 ALLOWED = allowed_parallel_sizes(8)
 

@@ -12,7 +12,7 @@ from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.errors import ConfigError, ScenarioError
 from dcpsim.scenarios.dump import scenario_to_dict
 from dcpsim.scenarios.load import scenario_from_dict
-from helpers import builtin, geometries, run
+from support.helpers import builtin, geometries, run
 
 
 def draft_scenario(draft_w=None, replicated=False, W=4):

@@ -17,7 +17,7 @@ from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.model.specs import FullAttentionSpec, MambaSpec
 from dcpsim.scenarios.dump import scenario_to_dict, scenario_to_toml
 from dcpsim.scenarios.load import load_scenario, scenario_from_dict
-from helpers import geometries
+from support.helpers import geometries
 
 SRC = "m.toml"
 

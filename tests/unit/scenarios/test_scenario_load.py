@@ -22,7 +22,7 @@ from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.model.specs import CircularBufferSpec, MLAAttentionSpec, SlidingWindowMLASpec
 from dcpsim.scenarios.load import load_scenario, resolve, scenario_from_dict
 from dcpsim.scenarios.registry import SPEC_KINDS, builtin_scenario_names
-from helpers import geometries
+from support.helpers import geometries
 
 SRC = "f.toml"
 LINE = re.compile(r"^f\.toml: (?P<path>[A-Za-z_][\w]*(?:\[\d+\])?(?:\.[A-Za-z_]\w*)*): (?P<msg>.+)$")

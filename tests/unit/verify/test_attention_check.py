@@ -23,7 +23,7 @@ from dcpsim.harness.rank_run import run_rank
 from dcpsim.harness.runner import merge_rank_reports
 from dcpsim.model.attention_config import DEFAULT_TOLERANCE, AttentionConfig
 from dcpsim.model.kinds import Storage
-from helpers import builtin, geometries, run, scheduler
+from support.helpers import builtin, geometries, run, scheduler
 
 
 def expected_checks(sc):

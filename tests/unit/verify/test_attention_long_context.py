@@ -24,7 +24,7 @@ from dcpsim.scenarios.load import load_scenario
 from dcpsim.verify.attention import AttentionVerifier
 from dcpsim.verify.attention_reference import check_step, context_keys, emit_positions, key_mask, key_range
 from dcpsim.verify.geometry import expected_groups
-from helpers import builtin, run
+from support.helpers import builtin, run
 
 
 class _View:

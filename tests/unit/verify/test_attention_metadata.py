@@ -17,7 +17,7 @@ from dcpsim.model.plan import PAD_REQUEST, ReqWrite, StepPlan
 from dcpsim.scenarios.registry import builtin_scenario_names
 from dcpsim.verify.geometry import ExpectedGroup, expected_groups
 from dcpsim.verify.metadata import expected_metadata, expected_width, owned_below, uniform_decode_padding
-from helpers import builtin, geometries, scheduler
+from support.helpers import builtin, geometries, scheduler
 
 
 def group(W=2, I=4, B=16, Bk=None, sharded=True, k=0):

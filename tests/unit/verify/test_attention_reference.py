@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from attention_problems import LN2, NEG_INF, brute_force, random_problem
 
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.verify.attention_reference import context_keys, reference_attention, select_queries, state_error
 from dcpsim.verify.geometry import expected_groups
+from support.attention_problems import LN2, NEG_INF, brute_force, random_problem
 
 
 @pytest.mark.parametrize("base", ["e", "2"])

@@ -29,7 +29,7 @@ from dcpsim.model.kinds import Retention
 from dcpsim.model.layout import PAD
 from dcpsim.model.specs import MLAAttentionSpec, SlidingWindowMLASpec
 from dcpsim.verify.geometry import expected_groups
-from helpers import builtin, geometries, run, scheduler
+from support.helpers import builtin, geometries, run, scheduler
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -13,7 +13,7 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
-from helpers import geometries, run
+from support.helpers import geometries, run
 
 
 def _fault_names():

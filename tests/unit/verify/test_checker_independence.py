@@ -10,7 +10,7 @@ import pytest
 
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.model.kinds import Storage
-from helpers import builtin, run
+from support.helpers import builtin, run
 
 
 class RecordInterleaveOverR(ReferenceEngine):

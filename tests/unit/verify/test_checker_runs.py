@@ -14,7 +14,7 @@ import json
 import pytest
 
 from dcpsim.model.scenario import ScenarioOverrides
-from helpers import builtin, geometries, run
+from support.helpers import builtin, geometries, run
 
 CONFIGS = [(1, 1), (2, 1), (2, 8), (3, 1), (3, 64), (4, 1), (4, 16)]
 

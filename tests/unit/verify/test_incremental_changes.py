@@ -20,7 +20,7 @@ from dcpsim.verify.geometry import expected_groups
 from dcpsim.verify.oracle import expected_on_rank
 from dcpsim.verify.read import read_slots
 from dcpsim.verify.write_guard import WriteGuard
-from helpers import builtin, run
+from support.helpers import builtin, run
 
 # ----------------------------------------------------------------------------- change records
 

@@ -12,7 +12,7 @@ from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import KVEvent, RequestView, StepPlan
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import KVEventRouter, hash_block_size, hit_alignment
-from helpers import builtin, run, scheduler
+from support.helpers import builtin, run, scheduler
 
 
 def group(B, W, sharded):

@@ -14,7 +14,7 @@ from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import PAD
 from dcpsim.verify.geometry import expected_groups
 from dcpsim.verify.oracle import state_column
-from helpers import builtin, run, scheduler
+from support.helpers import builtin, run, scheduler
 
 NAME = "qwen3-next-hybrid"
 

@@ -21,7 +21,7 @@ from dcpsim.model.specs import (
 )
 from dcpsim.verify.geometry import expected_groups
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, retained_start
-from helpers import geometries
+from support.helpers import geometries
 
 LAYERS = {
     "mla": MLAAttentionSpec(block_size=16, head_size=64),

@@ -1,4 +1,4 @@
-"""The checker against two prefix-cache mistakes of the scheduler (``tests/scheduler_mutations.py``).
+"""The checker against two prefix-cache mistakes of the scheduler (``tests/support/scheduler_mutations.py``).
 
 * ``register-before-written``: a hash unit made findable before the step writing its last
   position has run. ``prefix-preemption`` must fail under it.
@@ -27,11 +27,11 @@ The tests below do not depend on that gap staying open.
 from __future__ import annotations
 
 import pytest
-from scheduler_mutations import EVICTED_PREFIX_ASKED_AGAIN, PREEMPTED_INSIDE_UNIT, mutated, situations
 
 from dcpsim.model.plan import EventKind
 from dcpsim.verify.report import FailureKind
-from helpers import builtin, run, scheduler
+from support.helpers import builtin, run, scheduler
+from support.scheduler_mutations import EVICTED_PREFIX_ASKED_AGAIN, PREEMPTED_INSIDE_UNIT, mutated, situations
 
 CASES = [("register-before-written", "prefix-preemption", W) for W in (1, 2, 4)] + [
     (mutation, "prefix-eviction", W) for mutation in ("keep-key-on-reuse", "stale-index-entry") for W in (2, 4)

@@ -13,7 +13,7 @@ from dcpsim.model.layout import PAD
 from dcpsim.model.plan import ReqWrite
 from dcpsim.verify.geometry import ExpectedGroup, expected_groups
 from dcpsim.verify.read import read_slots
-from helpers import builtin
+from support.helpers import builtin
 
 
 def group(storage=Storage.PAGED, *, B=64, R=1, Bk=None, sharded=True, W=2, I=1):

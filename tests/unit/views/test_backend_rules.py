@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dcpsim.views.backend_rules import RULES, broken_rules, layout_context
-from helpers import builtin, make_scenario, mla_spec, request_spec
+from support.helpers import builtin, make_scenario, mla_spec, request_spec
 
 
 def ids(sc):

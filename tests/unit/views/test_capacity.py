@@ -12,7 +12,7 @@ from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.scenarios.registry import builtin_scenario_names
 from dcpsim.views import capacity as cap
-from helpers import (
+from support.helpers import (
     builtin,
     full_rep_spec,
     geometries,

@@ -11,7 +11,7 @@ from dcpsim.errors import ConfigError
 from dcpsim.model.grouping import KVCacheGroupSpec
 from dcpsim.scenarios.registry import builtin_scenario_names
 from dcpsim.views import capacity as cap
-from helpers import builtin, geometries
+from support.helpers import builtin, geometries
 
 
 @pytest.mark.parametrize("W", [1, 2, 4, 8])

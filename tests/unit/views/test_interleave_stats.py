@@ -11,7 +11,7 @@ from dcpsim.engine.serial_ranks import SerialRanks
 from dcpsim.model.layout import local_seq_lens
 from dcpsim.model.plan import WriteRecord
 from dcpsim.views.interleave import write_runs
-from helpers import builtin, make_scenario, mla_spec, request_spec
+from support.helpers import builtin, make_scenario, mla_spec, request_spec
 
 
 def stats(sc):

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from dcpsim.cli import main
-from helpers import builtin, run
+from support.helpers import builtin, run
 
 pytest.importorskip("matplotlib")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from attention_problems import LN2, NEG_INF, brute_force, random_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +21,7 @@ from dcpsim.engine.attention.merge import merge_attention_states, merge_lse, san
 from dcpsim.engine.faults import Fault
 from dcpsim.engine.faults.attention import EmptyShardLseZero
 from dcpsim.verify.attention_reference import state_error
+from support.attention_problems import LN2, NEG_INF, brute_force, random_problem
 
 
 def split_attention(q, k, v, mask, owner, W, scale, base):

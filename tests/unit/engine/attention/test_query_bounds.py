@@ -9,7 +9,7 @@ from dcpsim.engine.faults import Fault
 from dcpsim.engine.faults.metadata import MultiTokenLocalLens
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import local_seq_lens
-from helpers import builtin, geometries
+from support.helpers import builtin, geometries
 
 
 def sharded_paged(W, I):

@@ -1,11 +1,12 @@
-"""Fixtures of the scheduler tests: the invariant auditor of ``tests/schedule_auditor.py``
+"""Fixtures of the scheduler tests: the invariant auditor of ``tests/support/schedule_auditor.py``
 and its workloads. Session-scoped, as they hold no state (so Hypothesis tests may use
 them too)."""
 
 from __future__ import annotations
 
 import pytest
-from schedule_auditor import Auditor, audit, mixed, prefix_scenario, pressure
+
+from support.schedule_auditor import Auditor, audit, mixed, prefix_scenario, pressure
 
 
 @pytest.fixture(scope="session")

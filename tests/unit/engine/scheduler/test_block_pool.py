@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from dcpsim.engine.scheduler.block_pool import BlockPool
-from helpers import make_scenario as scenario
-from helpers import mla_spec as mla
-from helpers import request_spec as R
-from helpers import scheduler
+from support.helpers import make_scenario as scenario
+from support.helpers import mla_spec as mla
+from support.helpers import request_spec as R
+from support.helpers import scheduler
 
 
 def test_block_zero_never_allocated():

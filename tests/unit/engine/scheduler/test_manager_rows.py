@@ -9,7 +9,7 @@ import pytest
 
 from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
-from helpers import scheduler
+from support.helpers import scheduler
 
 
 @pytest.mark.parametrize("name,W", [("dsv41-hybrid", 1), ("dsv41-hybrid", 4), ("dsv3", 2), ("llama4-scout", 2)])

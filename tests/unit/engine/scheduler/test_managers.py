@@ -14,13 +14,13 @@ from dcpsim.model.specs import (
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
-from helpers import chunked_spec as chunked
-from helpers import geometries, scheduler
-from helpers import make_scenario as scenario
-from helpers import mla_spec as mla
-from helpers import request_spec as R
-from helpers import ring_spec as ring
-from helpers import swa_spec as swa
+from support.helpers import chunked_spec as chunked
+from support.helpers import geometries, scheduler
+from support.helpers import make_scenario as scenario
+from support.helpers import mla_spec as mla
+from support.helpers import request_spec as R
+from support.helpers import ring_spec as ring
+from support.helpers import swa_spec as swa
 
 
 @pytest.mark.parametrize("W,I", [(1, 1), (2, 1), (4, 2)])

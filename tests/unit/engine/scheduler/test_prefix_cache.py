@@ -1,16 +1,16 @@
 """``PrefixCache``: hits in whole hash units (the LCM of the manager block sizes) within the
 true common prefix, the very blocks of the earlier request, none where caching is off or a
-group is not cacheable. Every run also goes through the auditor (``tests/schedule_auditor.py``)."""
+group is not cacheable. Every run also goes through the auditor (``tests/support/schedule_auditor.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from dcpsim.model.plan import EventKind
-from helpers import full_rep_spec as full_rep
-from helpers import ring_spec as ring
-from helpers import scheduler
-from helpers import swa_spec as swa
+from support.helpers import full_rep_spec as full_rep
+from support.helpers import ring_spec as ring
+from support.helpers import scheduler
+from support.helpers import swa_spec as swa
 
 
 @pytest.mark.parametrize("W,B,want", [(2, 64, 512), (1, 64, 512), (3, 64, 384), (4, 64, 512), (2, 16, 512), (2, 48, 480)])
@@ -60,7 +60,7 @@ def test_no_prefix_hits_when_disabled_or_not_cacheable(why, audit, prefix_scenar
 def test_compressed_cache_hits_come_in_whole_compressed_blocks(W, audit):
     # compressed-prefix: MLA pages of 16 tokens beside C4 pages of 64 tokens (16 records), so
     # a compressed entry covers 64 * W tokens and every hit is a whole number of them
-    from helpers import builtin
+    from support.helpers import builtin
 
     sc = builtin("compressed-prefix", W)
     sched, aud = audit(sc)
@@ -77,7 +77,7 @@ def test_compressed_cache_hits_come_in_whole_compressed_blocks(W, audit):
 
 
 def test_compressed_hit_reuses_the_blocks_of_both_groups():
-    from helpers import builtin
+    from support.helpers import builtin
 
     sc = builtin("compressed-prefix", 2)
     sched = scheduler(sc)

@@ -1,7 +1,7 @@
 """The whole schedule, audited step by step against the semantics doc (section 5).
 
 The auditor itself (an independent model of the invariants, written from the doc and
-the scheduler's documented contract) lives in ``tests/schedule_auditor.py``. Here it runs on every kind
+the scheduler's documented contract) lives in ``tests/support/schedule_auditor.py``. Here it runs on every kind
 of group, the small built-ins, pool pressure and Hypothesis' random scenarios; and it
 bites: planted scheduler bugs and the registered faults that act on the scheduler side
 must be rejected by the audit alone.
@@ -25,14 +25,14 @@ from dcpsim.model.kinds import Retention
 from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
-from helpers import chunked_spec as chunked
-from helpers import full_rep_spec as full_rep
-from helpers import geometries, scheduler
-from helpers import make_scenario as scenario
-from helpers import mla_spec as mla
-from helpers import request_spec as R
-from helpers import ring_spec as ring
-from helpers import swa_spec as swa
+from support.helpers import chunked_spec as chunked
+from support.helpers import full_rep_spec as full_rep
+from support.helpers import geometries, scheduler
+from support.helpers import make_scenario as scenario
+from support.helpers import mla_spec as mla
+from support.helpers import request_spec as R
+from support.helpers import ring_spec as ring
+from support.helpers import swa_spec as swa
 
 # ----------------------------------------------------------------------------- audit runs
 

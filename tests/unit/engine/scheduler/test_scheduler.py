@@ -1,6 +1,6 @@
 """``Scheduler``: chunked prefill, (speculative) decode, preemption, admission, determinism,
 the construction-time fit check. Expected numbers are worked out by hand in comments; runs
-that go through the auditor (``tests/schedule_auditor.py``) are checked step by step as well."""
+that go through the auditor (``tests/support/schedule_auditor.py``) are checked step by step as well."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from dcpsim.model.config import SimConfig
 from dcpsim.model.plan import EventKind, PreemptReason, ScheduleEvent
 from dcpsim.model.scenario import Scenario, ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
-from helpers import full_rep_spec as full_rep
-from helpers import geometries, scheduler
-from helpers import make_scenario as scenario
-from helpers import mla_spec as mla
-from helpers import request_spec as R
-from helpers import swa_spec as swa
+from support.helpers import full_rep_spec as full_rep
+from support.helpers import geometries, scheduler
+from support.helpers import make_scenario as scenario
+from support.helpers import mla_spec as mla
+from support.helpers import request_spec as R
+from support.helpers import swa_spec as swa
 
 # ----------------------------------------------------------------------------- steps
 

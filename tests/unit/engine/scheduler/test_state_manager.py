@@ -13,12 +13,12 @@ from dcpsim.engine.scheduler.block_pool import NULL_BLOCK, BlockPool
 from dcpsim.engine.scheduler.managers import StateManager
 from dcpsim.engine.scheduler.scheduler import pool_sizes
 from dcpsim.model.kinds import Storage
-from helpers import geometries, scheduler
-from helpers import make_scenario as scenario
-from helpers import mamba_spec as mamba
-from helpers import mla_spec as mla
-from helpers import request_spec as R
-from helpers import swa_spec as swa
+from support.helpers import geometries, scheduler
+from support.helpers import make_scenario as scenario
+from support.helpers import mamba_spec as mamba
+from support.helpers import mla_spec as mla
+from support.helpers import request_spec as R
+from support.helpers import swa_spec as swa
 
 
 def hybrid(W=2, k=2, mode="none", B=None, **kw):

@@ -44,14 +44,14 @@ from dcpsim.model.specs import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from helpers import chunked_spec as chunked
-from helpers import full_rep_spec as full_rep
-from helpers import make_scenario as scenario
-from helpers import mla_spec as mla
-from helpers import request_spec as R
-from helpers import ring_spec as ring
-from helpers import scheduler
-from helpers import swa_spec as swa
+from support.helpers import chunked_spec as chunked
+from support.helpers import full_rep_spec as full_rep
+from support.helpers import make_scenario as scenario
+from support.helpers import mla_spec as mla
+from support.helpers import request_spec as R
+from support.helpers import ring_spec as ring
+from support.helpers import scheduler
+from support.helpers import swa_spec as swa
 
 
 def cdiv(a, b):

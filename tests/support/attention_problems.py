@@ -1,6 +1,6 @@
 """Random attention problems and a brute-force float64 softmax, shared by the tests of the
 engine's attention (``tests/unit/engine/attention``) and of the checker's reference
-(``tests/unit/verify/test_attention_reference.py``). Imported as ``attention_problems``."""
+(``tests/unit/verify/test_attention_reference.py``). Imported as ``support.attention_problems``."""
 
 from __future__ import annotations
 
