@@ -174,49 +174,62 @@ def trace_problems(doc) -> list[str]:
     problems, slices = [], {}
     if "displayTimeUnit" in doc:
         problems.append("a displayTimeUnit")
-    processes, threads = trace_names(doc)
+    names = trace_names(doc)
     for k, e in enumerate(doc["traceEvents"]):
-        keys = TRACE_KEYS.get(e.get("ph"))
-        if keys is None:
-            problems.append(f"event {k}: unknown ph {e.get('ph')!r}")
-            continue
-        if any(isinstance(v, list) for v in e.values()):
-            problems.append(f"event {k} ({e.get('name')}): a list at the top level")
-        missing = [key for key in keys if key not in e]
-        if missing:
-            problems.append(f"event {k} ({e.get('name')}): no {missing}")
-            continue
-        if e["ph"] == "M":
-            if e["name"] in ("process_name", "thread_name") and not e["args"].get("name"):
-                problems.append(f"event {k}: {e['name']} without a name")
-            continue
-        if not (isinstance(e["ts"], (int, float)) and e["ts"] >= 0):
-            problems.append(f"event {k} ({e['name']}): ts {e['ts']!r}")
-        if e["ph"] == "X":
-            if not (isinstance(e["dur"], (int, float)) and e["dur"] >= 0):
-                problems.append(f"event {k} ({e['name']}): dur {e['dur']!r}")
+        problems += _event_problems(k, e, names)
+        if e.get("ph") == "X" and all(key in e for key in TRACE_KEYS["X"]):
             slices.setdefault((e["pid"], e["tid"]), []).append(e)
-        if e["ph"] == "i" and e["s"] not in ("t", "p", "g"):
-            problems.append(f"event {k}: instant scope {e['s']!r}")
-        if e["ph"] == "C" and not all(isinstance(v, (int, float)) for v in e["args"].values()):
-            problems.append(f"event {k}: counter values {e['args']}")
-        if e["pid"] not in processes:
-            problems.append(f"event {k} ({e['name']}): process {e['pid']} has no process_name")
-        if (e["pid"], e["tid"]) not in threads:
-            problems.append(f"event {k} ({e['name']}): thread {e['tid']} of {e['pid']} has no thread_name")
-    slack = 0.002  # timestamps are rounded to the nanosecond
     for (pid, tid), events in slices.items():
-        open_ends = []
-        starts = [e["ts"] for e in events]
-        if len(set(starts)) != len(starts):
-            problems.append(f"thread {tid} of {pid}: two slices start at the same ts")
-        for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
-            while open_ends and open_ends[-1][0] <= e["ts"] + slack:
-                open_ends.pop()
-            end = e["ts"] + e["dur"]
-            if open_ends and end > open_ends[-1][0] + slack:
-                problems.append(f"thread {tid} of {pid}: {e['name']} at {e['ts']} overlaps {open_ends[-1][1]} without nesting in it")
-            open_ends.append((end, e["name"]))
+        problems += _slice_problems(pid, tid, events)
+    return problems
+
+
+def _event_problems(k: int, e: dict, names: tuple[dict, dict]) -> list[str]:
+    """One event's problems: its ``ph``, its keys, its values, and who names its process and thread."""
+    keys = TRACE_KEYS.get(e.get("ph"))
+    if keys is None:
+        return [f"event {k}: unknown ph {e.get('ph')!r}"]
+    problems = []
+    if any(isinstance(v, list) for v in e.values()):
+        problems.append(f"event {k} ({e.get('name')}): a list at the top level")
+    missing = [key for key in keys if key not in e]
+    if missing:
+        return [*problems, f"event {k} ({e.get('name')}): no {missing}"]
+    if e["ph"] == "M":
+        if e["name"] in ("process_name", "thread_name") and not e["args"].get("name"):
+            problems.append(f"event {k}: {e['name']} without a name")
+        return problems
+    if not (isinstance(e["ts"], (int, float)) and e["ts"] >= 0):
+        problems.append(f"event {k} ({e['name']}): ts {e['ts']!r}")
+    if e["ph"] == "X" and not (isinstance(e["dur"], (int, float)) and e["dur"] >= 0):
+        problems.append(f"event {k} ({e['name']}): dur {e['dur']!r}")
+    if e["ph"] == "i" and e["s"] not in ("t", "p", "g"):
+        problems.append(f"event {k}: instant scope {e['s']!r}")
+    if e["ph"] == "C" and not all(isinstance(v, (int, float)) for v in e["args"].values()):
+        problems.append(f"event {k}: counter values {e['args']}")
+    processes, threads = names
+    if e["pid"] not in processes:
+        problems.append(f"event {k} ({e['name']}): process {e['pid']} has no process_name")
+    if (e["pid"], e["tid"]) not in threads:
+        problems.append(f"event {k} ({e['name']}): thread {e['tid']} of {e['pid']} has no thread_name")
+    return problems
+
+
+def _slice_problems(pid, tid, events: list[dict]) -> list[str]:
+    """One thread's slices: no two start together, and each nests in the one still open."""
+    problems = []
+    slack = 0.002  # timestamps are rounded to the nanosecond
+    open_ends = []
+    starts = [e["ts"] for e in events]
+    if len(set(starts)) != len(starts):
+        problems.append(f"thread {tid} of {pid}: two slices start at the same ts")
+    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        while open_ends and open_ends[-1][0] <= e["ts"] + slack:
+            open_ends.pop()
+        end = e["ts"] + e["dur"]
+        if open_ends and end > open_ends[-1][0] + slack:
+            problems.append(f"thread {tid} of {pid}: {e['name']} at {e['ts']} overlaps {open_ends[-1][1]} without nesting in it")
+        open_ends.append((end, e["name"]))
     return problems
 
 

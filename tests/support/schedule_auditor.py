@@ -167,61 +167,85 @@ class Auditor:
     # --- row checks -----------------------------------------------------------------
     def check_rows(self, rows, when: str, step: int, committed_of) -> None:
         for g, table in enumerate(rows):
-            kind, mbs = self.kind(g), self.mbs[g]
             holders: dict[int, list[tuple[int, int]]] = {}
             for ri, row in table.items():
                 st = self.req[ri]
                 where = f"step {step} {when} group {self.geometries[g].name} request {st.spec.request_id}"
                 assert st.running, f"{where}: a request that is not running holds blocks"
                 row = [int(b) for b in row]
-                if kind == "ring":
-                    assert len(row) == 1 and row[0] != 0, f"{where}: ring row {row}"
-                elif kind == "state":
-                    window = 1 + self.k
-                    assert len(row) == cdiv(st.reach, mbs) + self.k, (
-                        f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry + {self.k}"
-                    )
-                    assert 0 not in row[-window:], f"{where}: a state block of the window is null: {row}"
-                    if when == "after":  # released below the committed state
-                        first = self.first_needed(g, committed_of(ri))
-                        assert all(b == 0 for j, b in enumerate(row) if (j + 1) * mbs <= first), (
-                            f"{where}: {row} keeps a block below position {first}"
-                        )
-                else:
-                    assert len(row) == cdiv(st.reach, mbs), f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry"
-                if kind in ("ring", "state"):
-                    pass
-                elif kind == "released":
-                    first = self.first_needed(g, committed_of(ri))
-                    for j, b in enumerate(row):
-                        below = (j + 1) * mbs <= first
-                        assert (b == 0) == below, f"{where}: entry {j} is {b} but the first needed position is {first}"
-                else:
-                    assert 0 not in row, f"{where}: block 0 handed to a request: {row}"
+                self.check_row_shape(g, row, st, where, when, committed_of(ri))
                 assert len({b for b in row if b}) == len([b for b in row if b]), f"{where}: {row}"
                 for j, b in enumerate(row):
                     if b:
                         holders.setdefault(b, []).append((ri, j))
                         self.ever_held[g].setdefault(b, set()).add(ri)
-            for b, hs in holders.items():
-                if len(hs) == 1:
-                    continue
-                name = self.geometries[g].name
-                assert kind == "full", f"step {step}: block {b} shared in non-full group {name}: {hs}"
-                assert len({j for _, j in hs}) == 1, f"step {step}: block {b} at different indices {hs}"
-                j = hs[0][1]
-                end = (j + 1) * mbs - 1
-                fps = {int(self.req[ri].fp[end]) for ri, _ in hs}
-                assert len(fps) == 1, f"step {step}: block {b} shared by requests with different prefixes"
+            self.check_sharing(g, holders, step)
+
+    def check_row_shape(self, g, row, st: ReqState, where: str, when: str, committed: int) -> None:
+        """One row's length and null entries for its group's retention kind (section 4)."""
+        kind, mbs = self.kind(g), self.mbs[g]
+        if kind == "ring":
+            assert len(row) == 1 and row[0] != 0, f"{where}: ring row {row}"
+        elif kind == "state":
+            window = 1 + self.k
+            assert len(row) == cdiv(st.reach, mbs) + self.k, (
+                f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry + {self.k}"
+            )
+            assert 0 not in row[-window:], f"{where}: a state block of the window is null: {row}"
+            if when == "after":  # released below the committed state
+                first = self.first_needed(g, committed)
+                assert all(b == 0 for j, b in enumerate(row) if (j + 1) * mbs <= first), (
+                    f"{where}: {row} keeps a block below position {first}"
+                )
+        else:
+            assert len(row) == cdiv(st.reach, mbs), f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry"
+        if kind == "released":
+            first = self.first_needed(g, committed)
+            for j, b in enumerate(row):
+                below = (j + 1) * mbs <= first
+                assert (b == 0) == below, f"{where}: entry {j} is {b} but the first needed position is {first}"
+        elif kind == "full":
+            assert 0 not in row, f"{where}: block 0 handed to a request: {row}"
+
+    def check_sharing(self, g, holders: dict[int, list[tuple[int, int]]], step: int) -> None:
+        """A block held by several requests: a full group's, at one index, under one prefix."""
+        for b, hs in holders.items():
+            if len(hs) == 1:
+                continue
+            name = self.geometries[g].name
+            assert self.kind(g) == "full", f"step {step}: block {b} shared in non-full group {name}: {hs}"
+            assert len({j for _, j in hs}) == 1, f"step {step}: block {b} at different indices {hs}"
+            j = hs[0][1]
+            end = (j + 1) * self.mbs[g] - 1
+            fps = {int(self.req[ri].fp[end]) for ri, _ in hs}
+            assert len(fps) == 1, f"step {step}: block {b} shared by requests with different prefixes"
 
     # --- one plan ------------------------------------------------------------------------
     def feed(self, plan) -> None:
+        """One plan, in the order its phases happened: preemptions and admissions, the writes
+        (rows before), the views, the rows after and what they retain, finishes, the pools."""
         step = plan.step
         assert step == self.steps
         self.steps += 1
         self.events.extend(plan.events)
-        budget = self.cfg.max_num_batched_tokens
-        for ev in plan.events:
+        self.apply_admissions(plan.events, step)
+        self.check_budget(plan, step)
+        views = {v.req_index: v for v in plan.views}
+        left = self.cfg.max_num_batched_tokens
+        for w in plan.writes:
+            left -= self.feed_write(plan, w, views, left)
+        self.check_views(views, step)
+        self.check_rows(plan.rows_after, "after", step, lambda ri: self.req[ri].committed)
+        self.check_retained(plan.rows_after, views, step)
+        self.apply_finishes(plan.events)
+        for st in self.req.values():
+            if st.running:
+                assert st.num_output < st.spec.output_len
+        self.check_pools(step)
+        assert plan.last == all(st.finished for st in self.req.values())
+
+    def apply_admissions(self, events, step: int) -> None:
+        for ev in events:
             if ev.kind is EventKind.PREEMPTED:
                 st = self.req[self.by_id[ev.request_id]]
                 assert st.running, ev
@@ -243,6 +267,11 @@ class Auditor:
                 st.covered_by_hit |= set(range(hit))
                 if hit:
                     self.check_hit(st, hit, step)
+
+    def check_budget(self, plan, step: int) -> None:
+        """The step's tokens within the budget, one write a request, every running request
+        scheduled unless the budget ran out; the rows before the writes."""
+        budget = self.cfg.max_num_batched_tokens
         writes = plan.writes
         total = sum(len(w.contents) for w in writes)
         assert total <= budget, f"step {step}: {total} tokens scheduled, budget {budget}"
@@ -258,92 +287,110 @@ class Auditor:
             if st.running and self.req_index(st) not in written_ids:
                 # a running request left out only when the budget ran out
                 assert total == budget, f"step {step}: {st.spec.request_id} skipped with budget left"
-        views = {v.req_index: v for v in plan.views}
-        left = budget
-        for w in writes:
-            st = self.req[w.req_index]
-            where = f"step {step} request {w.request_id}"
-            assert st.running, f"{where}: writes while not running"
-            assert w.start == st.committed, f"{where}: writes from {w.start}, committed {st.committed}"
-            n = len(w.contents)
-            assert n >= 1
-            known = st.known
-            todo = known - w.start
-            assert todo >= 1
-            cap = min(left, self.cfg.long_prefill_token_threshold or left)  # 0: no per-request cap
-            drafts = 0
-            if todo == 1 and self.k:
-                remaining = st.spec.output_len - st.num_output
-                drafts = max(0, min(self.k, remaining - 1, cap - 1))
-            assert n == min(todo + drafts, cap), f"{where}: {n} tokens, expected min({todo} + {drafts}, {cap})"
-            if todo == 1:
-                assert n == 1 + drafts, f"{where}: a decode step writes 1 + drafts tokens"
-            left -= n
-            contents = np.asarray(w.contents)
-            true = st.fp[w.start : w.stop]
-            if w.start + n < known:  # a prefill chunk
-                assert np.array_equal(contents, true), f"{where}: prefill content"
-                new_committed = w.start + n
-                accepted, d = 0, 0
-            else:
-                d = w.start + n - known
-                assert 0 <= d <= self.k
-                assert w.req_index in views, f"{where}: no view after its step"
-                new_committed = views[w.req_index].num_committed
-                accepted = new_committed - known
-                assert 0 <= accepted <= d, f"{where}: accepted {accepted} of {d}"
-                if d and st.spec.acceptance:
-                    pat = st.spec.acceptance
-                    assert accepted == min(pat[st.cursor % len(pat)], d), where
-                if d:
-                    st.cursor += 1
-                ok = known - w.start + accepted
-                assert np.array_equal(contents[:ok], true[:ok]), f"{where}: true/accepted content"
-                assert (contents[ok:] != true[ok:]).all(), f"{where}: a rejected draft has the true content"
-                st.num_output += accepted + 1
-                assert st.num_output <= st.spec.output_len
-            for j, p in enumerate(range(w.start, w.stop)):
-                c = int(contents[j])
-                if p in st.since_admission:
-                    prev = st.since_admission[p]
-                    assert prev != int(st.fp[p]), f"{where}: position {p} rewritten without a rejection"
-                    assert c != prev, f"{where}: position {p} rewritten with the same content"
-                    st.rewrites_after_rejection += 1
-                st.since_admission[p] = c
-                st.last_content[p] = c
-            if w.start == 0 and st.preemptions:
-                st.writes_from_zero_after_preemption += 1
-            st.committed = new_committed
-            st.max_committed_ever = max(st.max_committed_ever, new_committed)
-            if w.req_index in views:
-                assert views[w.req_index].num_committed == new_committed, where
-            # the logical store: written into blocks the request holds, never shared ones
-            for g, table in enumerate(plan.rows_before):
-                if self.kind(g) == "state":
-                    self.write_states(g, table, w, contents, where)
-                    continue
-                lo = w.start
-                if self.kind(g) == "ring":  # a ring keeps the last C rows of a chunk
-                    lo = max(w.start, w.stop - self.span(g))
-                positions = np.arange(lo, w.stop)
-                blk, off = self.slots(g, table[w.req_index], positions)
-                assert (blk != 0).all(), f"{where}: a position goes to the null block in group {g}"
-                others = {int(b) for r, rr in table.items() if r != w.req_index for b in rr if b}
-                shared = set(blk.tolist()) & others
-                assert not shared, f"{where}: writes into blocks {shared} held by another request"
-                self.store[g][blk, off] = contents[lo - w.start :]
-        # views: exactly the running requests with committed > 0
+
+    def feed_write(self, plan, w, views, left: int) -> int:
+        """One request's write: its size, its contents and acceptance, what it rewrites, and
+        the logical store. Returns the tokens it took from the budget."""
+        st = self.req[w.req_index]
+        where = f"step {plan.step} request {w.request_id}"
+        assert st.running, f"{where}: writes while not running"
+        assert w.start == st.committed, f"{where}: writes from {w.start}, committed {st.committed}"
+        n = len(w.contents)
+        assert n >= 1
+        self.check_write_size(st, n, w.start, left, where)
+        contents = np.asarray(w.contents)
+        new_committed = self.check_contents(st, w, contents, views, where)
+        self.record_positions(st, w, contents, where)
+        if w.start == 0 and st.preemptions:
+            st.writes_from_zero_after_preemption += 1
+        st.committed = new_committed
+        st.max_committed_ever = max(st.max_committed_ever, new_committed)
+        if w.req_index in views:
+            assert views[w.req_index].num_committed == new_committed, where
+        self.write_store(plan.rows_before, w, contents, where)
+        return n
+
+    def check_write_size(self, st: ReqState, n: int, start: int, left: int, where: str) -> None:
+        todo = st.known - start
+        assert todo >= 1
+        cap = min(left, self.cfg.long_prefill_token_threshold or left)  # 0: no per-request cap
+        drafts = 0
+        if todo == 1 and self.k:
+            remaining = st.spec.output_len - st.num_output
+            drafts = max(0, min(self.k, remaining - 1, cap - 1))
+        assert n == min(todo + drafts, cap), f"{where}: {n} tokens, expected min({todo} + {drafts}, {cap})"
+        if todo == 1:
+            assert n == 1 + drafts, f"{where}: a decode step writes 1 + drafts tokens"
+
+    def check_contents(self, st: ReqState, w, contents: np.ndarray, views, where: str) -> int:
+        """A prefill chunk's true contents, or a decode step's true and accepted contents and
+        its rejected drafts; returns the committed count after the write."""
+        known, n = st.known, len(contents)
+        true = st.fp[w.start : w.stop]
+        if w.start + n < known:  # a prefill chunk
+            assert np.array_equal(contents, true), f"{where}: prefill content"
+            return w.start + n
+        d = w.start + n - known
+        assert 0 <= d <= self.k
+        assert w.req_index in views, f"{where}: no view after its step"
+        new_committed = views[w.req_index].num_committed
+        accepted = new_committed - known
+        assert 0 <= accepted <= d, f"{where}: accepted {accepted} of {d}"
+        if d and st.spec.acceptance:
+            pat = st.spec.acceptance
+            assert accepted == min(pat[st.cursor % len(pat)], d), where
+        if d:
+            st.cursor += 1
+        ok = known - w.start + accepted
+        assert np.array_equal(contents[:ok], true[:ok]), f"{where}: true/accepted content"
+        assert (contents[ok:] != true[ok:]).all(), f"{where}: a rejected draft has the true content"
+        st.num_output += accepted + 1
+        assert st.num_output <= st.spec.output_len
+        return new_committed
+
+    def record_positions(self, st: ReqState, w, contents: np.ndarray, where: str) -> None:
+        """A position written again since the admission must follow a rejection, with new content."""
+        for j, p in enumerate(range(w.start, w.stop)):
+            c = int(contents[j])
+            if p in st.since_admission:
+                prev = st.since_admission[p]
+                assert prev != int(st.fp[p]), f"{where}: position {p} rewritten without a rejection"
+                assert c != prev, f"{where}: position {p} rewritten with the same content"
+                st.rewrites_after_rejection += 1
+            st.since_admission[p] = c
+            st.last_content[p] = c
+
+    def write_store(self, rows_before, w, contents: np.ndarray, where: str) -> None:
+        """The logical store: written into blocks the request holds, never shared ones."""
+        for g, table in enumerate(rows_before):
+            if self.kind(g) == "state":
+                self.write_states(g, table, w, contents, where)
+                continue
+            lo = w.start
+            if self.kind(g) == "ring":  # a ring keeps the last C rows of a chunk
+                lo = max(w.start, w.stop - self.span(g))
+            positions = np.arange(lo, w.stop)
+            blk, off = self.slots(g, table[w.req_index], positions)
+            assert (blk != 0).all(), f"{where}: a position goes to the null block in group {g}"
+            others = {int(b) for r, rr in table.items() if r != w.req_index for b in rr if b}
+            shared = set(blk.tolist()) & others
+            assert not shared, f"{where}: writes into blocks {shared} held by another request"
+            self.store[g][blk, off] = contents[lo - w.start :]
+
+    def check_views(self, views, step: int) -> None:
+        """Views: exactly the running requests with committed > 0, with their contents."""
         running = {self.req_index(st) for st in self.req.values() if st.running and st.committed > 0}
         assert set(views) == running, f"step {step}: views {sorted(views)} vs running {sorted(running)}"
         for ri, v in views.items():
             assert v.num_committed == self.req[ri].committed
             assert np.array_equal(v.fingerprints, self.req[ri].fp)
-        self.check_rows(plan.rows_after, "after", step, lambda ri: self.req[ri].committed)
-        # every retained position of every live request holds its true content
+
+    def check_retained(self, rows_after, views, step: int) -> None:
+        """Every retained position of every live request holds its true content."""
         for ri in views:
             st = self.req[ri]
             n = st.committed
-            for g, table in enumerate(plan.rows_after):
+            for g, table in enumerate(rows_after):
                 if self.kind(g) == "state":
                     col = self.state_col[g][ri]
                     got = self.store[g][table[ri][col], 0]
@@ -362,23 +409,23 @@ class Auditor:
                         f"step {step} group {self.geometries[g].name} request {st.spec.request_id} "
                         f"position {p}: logical store holds {int(got[bad[0]])}, want {int(st.fp[p])}"
                     )
-        for ev in plan.events:
+
+    def apply_finishes(self, events) -> None:
+        for ev in events:
             if ev.kind is EventKind.FINISHED:
                 st = self.req[self.by_id[ev.request_id]]
                 assert st.num_output == st.spec.output_len, ev
                 assert st.committed == st.spec.prompt_len + st.spec.output_len - 1, ev
                 st.running = False
                 st.finished = True
-        for st in self.req.values():
-            if st.running:
-                assert st.num_output < st.spec.output_len
-        # pool accounting after the step
+
+    def check_pools(self, step: int) -> None:
+        """Pool accounting after the step: held + free = all."""
         for g, m in enumerate(self.s.managers):
             held = {int(b) for row in m.blocks.values() for b in row if b}
             assert len(held) + m.pool.num_free == m.pool.num_blocks, (
                 f"step {step} group {self.geometries[g].name}: {len(held)} held + {m.pool.num_free} free != {m.pool.num_blocks}"
             )
-        assert plan.last == all(st.finished for st in self.req.values())
 
     def req_index(self, st):
         return self.by_id[st.spec.request_id]

@@ -51,3 +51,20 @@ def test_the_length_rule_catches_a_long_function(tmp_path):
     (tmp_path / "harness").mkdir()
     (tmp_path / "harness" / "long.py").write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n")
     assert long_functions(tmp_path / "harness", MAX_HARNESS_FUNCTION_LINES) == ["harness/long.py:5 long (81 lines)"]
+
+
+def test_the_complexity_rules_catch_a_branchy_function(tmp_path):
+    """C901 (max complexity 12) and PLR0915 (max 50 statements) are on: a function of 13
+    branches and 51 statements fails the project's configuration."""
+    branches = "\n".join(f"    if x == {i}:\n        return {i}" for i in range(13))
+    statements = "\n".join(f"    y{i} = {i}" for i in range(51))
+    (tmp_path / "branchy.py").write_text(f"def branchy(x):\n{branches}\n    return -1\n\n\ndef wordy():\n{statements}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--config", str(ROOT / "pyproject.toml"), "--output-format", "concise", "branchy.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "C901 `branchy` is too complex (14 > 12)" in done.stdout, done.stdout + done.stderr
+    assert "PLR0915 Too many statements (51 > 50)" in done.stdout, done.stdout + done.stderr
