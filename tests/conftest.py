@@ -29,13 +29,22 @@ def pytest_addoption(parser):
         help="leave out the full correctness matrix (tests/matrix/test_matrix_full.py, ~4 min on 2 cores)",
     )
     group.addoption(
-        "--dcpsim-full-matrix",
-        action="store_true",
-        help="run the full correctness matrix (the default; kept so that existing commands still work)",
-    )
-    group.addoption(
         "--dcpsim-shard", metavar="K/N", help="run shard K of N (1-based) of the full matrix, the cells of dcpsim matrix --full --shard K/N"
     )
+
+
+NETWORK_FIXTURES = frozenset({"vllm_source", "vllm_source_or_skip"})
+"""Fixtures that fetch an engine's wheel from the package index (once per machine)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that needs a fetched wheel is ``network``, and ``slow`` too: the fast loop
+    (``pytest -m "not slow"``) runs offline, and these run an engine's kernels under Triton's
+    interpreter."""
+    for item in items:
+        if NETWORK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.network)
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config):

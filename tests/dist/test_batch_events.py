@@ -10,7 +10,7 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_each, run_jobs
 from support.helpers import builtin
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def test_the_ranks_report_each_job_before_the_world_ends(monkeypatch):

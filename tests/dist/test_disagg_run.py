@@ -14,7 +14,7 @@ from dcpsim.harness.pd_job import PDJob
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.scenarios.load import scenario_from_dict
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 TINY = {
     "name": "pd-tiny",

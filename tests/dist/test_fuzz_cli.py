@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def test_fuzz_saves_a_shrunk_scenario_that_fails_on_gloo(tmp_path):

@@ -26,7 +26,7 @@ from dcpsim.harness.rank_process import set_progress
 from dcpsim.harness.world import run_world
 from dcpsim.harness.world_failure import RankFailureError
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from dcpsim.cli import main
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def run_json(capsys, *argv) -> tuple[int, dict]:

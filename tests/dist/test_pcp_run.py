@@ -14,7 +14,7 @@ from dcpsim.harness.runner import run_jobs
 from dcpsim.model.scenario import ScenarioOverrides
 from support.helpers import allowed_parallel_sizes, pcp_scenario
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 BY_WORLD: dict[int, list[tuple[int, int, int]]] = {}
 for sizes in allowed_parallel_sizes(8):

@@ -14,7 +14,7 @@ from dcpsim.harness.pd_job import PDJob
 from dcpsim.harness.world_options import WorldOptions
 from support.helpers import nixl_takes_pcp_prefill, pd_pcp_sizes
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 NIXL_PCP = pd_pcp_sizes(8)
 RESHARD_PCP = [((2, 2, 4), 2), ((2, 2, 2), 3), ((2, 1, 1), 4), ((3, 2, 3), 2), ((2, 3, 6), 2), ((2, 2, 1), 2)]

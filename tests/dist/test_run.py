@@ -17,7 +17,7 @@ import pytest
 
 from dcpsim.cli import main
 
-pytestmark = pytest.mark.dist
+pytestmark = pytest.mark.dist  # two quick worlds stay in the fast loop; the rest are slow
 
 SCENARIOS = ["dsv3", "dsv41-hybrid"]
 
@@ -28,6 +28,7 @@ def run_json(capsys, *argv) -> tuple[int, dict]:
     return code, json.loads(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("interleave", [1, 16, 64])  # 64 = B of every paged group
 @pytest.mark.parametrize("dcp", [1, 2, 3, 4, 8])
@@ -58,6 +59,7 @@ def test_human_report_and_exit_code_in_a_subprocess():
     assert "sharded" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "scenario,fault,kind",
     [
@@ -84,6 +86,7 @@ def test_broken_write_path_fails_with_a_report(capsys, scenario, fault, kind):
         assert any("does not hold" in line for line in failure["details"])
 
 
+@pytest.mark.slow
 def test_wrong_owner_report_names_owner_and_where_the_entry_went(capsys):
     code, report = run_json(capsys, "dsv3", "--dcp", "2", "--interleave", "4", "--inject", "interleave-off-by-one")
     assert code == 1
@@ -93,6 +96,7 @@ def test_wrong_owner_report_names_owner_and_where_the_entry_went(capsys):
     assert rank1["index"] == 0 and rank1["found_at"] == [f["expected_slot"]]
 
 
+@pytest.mark.slow
 def test_text_failure_report(capsys):
     code = main(["run", "dsv41-hybrid", "--dcp", "4", "--inject", "replicated-owner-only"])
     out = capsys.readouterr().out
@@ -102,6 +106,7 @@ def test_text_failure_report(capsys):
     assert "rank 3 slot" in out and "further bad positions" in out
 
 
+@pytest.mark.slow
 def test_paranoid_mode_passes_and_counts_more_traffic(capsys):
     _, compact = run_json(capsys, "dsv3", "--dcp", "2")
     code, paranoid = run_json(capsys, "dsv3", "--dcp", "2", "--paranoid")
@@ -123,6 +128,7 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_rank_that_raises_ends_in_exit_3_with_its_traceback():
     proc = subprocess.run(
         [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--simulate-rank-failure", "raise:1:4"],
@@ -137,6 +143,7 @@ def test_rank_that_raises_ends_in_exit_3_with_its_traceback():
     assert "secondary: rank 0" in err and "secondary: rank 2" in err
 
 
+@pytest.mark.slow
 def test_rank_that_exits_is_reported():
     proc = subprocess.run(
         [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "2", "--simulate-rank-failure", "exit:0:2", "--timeout", "5"],
@@ -148,6 +155,7 @@ def test_rank_that_exits_is_reported():
     assert "rank 0" in proc.stderr and "exited with code 17" in proc.stderr
 
 
+@pytest.mark.slow
 def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process():
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -186,6 +194,7 @@ def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process
     assert not alive, f"left-over processes {alive}"
 
 
+@pytest.mark.slow
 def test_a_waiting_run_says_which_ranks_it_waits_for_and_where():
     # rank 2 hangs at step 3; ranks 0 and 1 wait for it in step 15's verification until the
     # 6 s process-group timeout: after 5 s without news the parent says so on stderr
@@ -232,6 +241,7 @@ def test_bad_scenario_and_config_exit_2_before_any_rank(capsys, tmp_path):
     assert f"{bad}: config.max_num_batchd_tokens: unknown field (did you mean 'max_num_batched_tokens'?)" in err
 
 
+@pytest.mark.slow
 def test_torchrun_worker_gives_the_same_verdict_as_run(capsys):
     code, direct = run_json(capsys, "dsv41-hybrid", "--dcp", "4", "--interleave", "16")
     proc = subprocess.run(
@@ -261,6 +271,7 @@ def test_torchrun_worker_gives_the_same_verdict_as_run(capsys):
     assert code == 0
 
 
+@pytest.mark.slow
 def test_torchrun_worker_catches_a_fault_too():
     proc = subprocess.run(
         [
@@ -287,6 +298,7 @@ def test_torchrun_worker_catches_a_fault_too():
     assert report["failure"]["kind"] == "wrong-content"
 
 
+@pytest.mark.slow
 def test_replay_of_a_gloo_report_reproduces_the_failure(capsys, tmp_path):
     code, first = run_json(capsys, "dsv41-hybrid", "--dcp", "4", "--interleave", "16", "--inject", "replicated-owner-only")
     assert code == 1

@@ -16,7 +16,7 @@ import pytest
 from dcpsim.engine.faults import FAULTS, PD_FAULTS
 from dcpsim.scenarios.registry import builtin_scenario_names
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 SCENARIOS = ["dsv3", "dsv41-hybrid", "llama-draft"]  # between them, every fault of the catalogue applies
 

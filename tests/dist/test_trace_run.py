@@ -11,7 +11,7 @@ import pytest
 from dcpsim.harness.trace import group_tid, harness_tid, rank_pid
 from support.helpers import run_json, trace_names, trace_problems
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 def traced_run(capsys, tmp_path, *argv) -> tuple[int, dict, dict]:

@@ -18,6 +18,8 @@ from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.registry import builtin_scenario_names
 from support.helpers import builtin, run
 
+pytestmark = pytest.mark.slow  # gloo worlds running an engine's kernels; the fast loop leaves them out
+
 SCENARIOS = builtin_scenario_names()
 V2 = "vllm/v1/worker/gpu/block_table.py"
 V1 = "vllm/v1/worker/block_table.py"

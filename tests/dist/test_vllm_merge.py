@@ -9,6 +9,8 @@ import pytest
 from test_vllm_engine import patched_copy
 from test_vllm_engine import vllm_run as _vllm_run
 
+pytestmark = pytest.mark.slow  # gloo worlds running an engine's kernels; the fast loop leaves them out
+
 DCP = "vllm/v1/attention/ops/dcp.py"
 ALLGATHER = "vllm.v1.attention.ops.dcp.cp_lse_ag_out_rs"
 ALLTOALL = "vllm.v1.attention.ops.dcp.dcp_a2a_lse_reduce"

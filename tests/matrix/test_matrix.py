@@ -47,6 +47,7 @@ def group_results(group: str, shared_dir) -> dict[str, tuple[str, str, object]]:
     return pickle.loads(done.read_bytes())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", VALID, ids=[c.cell.id for c in VALID])
 def test_cell(cell, shared_dir):
     status, reason, report = group_results(cell.cell.group, shared_dir)[cell.cell.id]

@@ -19,6 +19,8 @@ from dcpsim.campaigns.grid import full_grid
 from dcpsim.campaigns.shard import UNIT, parse_shard, select, unit_cost, work_units
 from dcpsim.scenarios.registry import builtin_scenario_names
 
+pytestmark = pytest.mark.slow  # about 4 minutes of gloo worlds on 2 cores
+
 
 @functools.cache
 def grid() -> tuple[mx.CellResult, ...]:

@@ -249,6 +249,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault,name,options,kind", CASES, ids=[f"{c[0]}-{c[1]}-{len(c[2])}" for c in CASES])
 def test_fault_is_detected_and_the_same_config_passes_without_it(fault, name, options, kind):
     sc = scenario(name, **options)
@@ -293,6 +294,7 @@ def test_llama_draft_has_a_sharded_target_and_a_replicated_draft_group():
     assert (spec.num_kv_heads, spec.head_size, spec.block_size) == (8, 128, 32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("W", [1, 2, 4, 8])
 @pytest.mark.parametrize("I", [1, 16, 32])
 def test_llama_draft_passes_and_exercises_the_workload(W, I):

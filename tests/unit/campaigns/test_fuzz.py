@@ -12,6 +12,7 @@ from dcpsim.scenarios.load import load_scenario
 from support.scheduler_mutations import EVICTED_PREFIX_ASKED_AGAIN, PREEMPTED_INSIDE_UNIT, situations
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(scenarios())
 def test_correct_engine_passes_random_schedules(scenario):
@@ -20,6 +21,7 @@ def test_correct_engine_passes_random_schedules(scenario):
     assert report.verified_indices > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["interleave-off-by-one", "replicated-owner-only"])
 def test_a_fault_shrinks_to_a_minimal_failing_schedule(fault, tmp_path):
     found = find_failure(fault, max_examples=150, seed=1)
@@ -35,10 +37,12 @@ def test_a_fault_shrinks_to_a_minimal_failing_schedule(fault, tmp_path):
     assert not check(again, fault).passed
 
 
+@pytest.mark.slow
 def test_no_failure_is_invented_without_a_fault():
     assert find_failure(None, max_examples=10, seed=2) is None
 
 
+@pytest.mark.slow
 def test_random_schedules_often_preempt_inside_a_unit_and_revisit_an_evicted_prefix():
     """Each situation a prefix-cache mutation needs to show is drawn in at least 5% of the
     examples (about 13% and 11% measured over 600). Derandomized: the same draws each run."""

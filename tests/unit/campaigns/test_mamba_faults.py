@@ -92,6 +92,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault,name,options,kind", CASES, ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CASES)])
 def test_fault_is_detected_and_the_same_config_passes_without_it(fault, name, options, kind):
     options = dict(options)

@@ -235,6 +235,7 @@ def test_unknown_fault_or_scenario_is_a_usage_error(capsys):
     assert "not a built-in scenario" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenarios(capsys):
     """Every registered fault (the attention ones too, once registered) on dsv3, dsv41-hybrid,
     llama-draft, qwen3-next-hybrid (the Mamba faults need its state group) and dsv3-mtp (the

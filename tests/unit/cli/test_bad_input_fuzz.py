@@ -83,6 +83,7 @@ def no_traceback(err: str) -> bool:
     return re.search(r"^Traceback", err, re.M) is None
 
 
+@pytest.mark.slow
 @settings(
     max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )

@@ -72,6 +72,7 @@ REFUSED = {
 """More of them, in this process: the estimate is arithmetic, so nothing is allocated."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(RUNAWAYS))
 def test_a_run_the_machine_cannot_hold_is_refused_before_any_rank_starts(tmp_path, case):
     argv, phrase = RUNAWAYS[case]
@@ -88,6 +89,7 @@ def test_the_estimate_refuses_before_anything_is_allocated(tmp_path, capsys, cas
     assert code == 2 and phrase in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_json_gets_the_refusal_as_one_document(tmp_path):
     result = run_cli(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 9 * 10**18}), "--json"])
     check(result, 2)
@@ -95,6 +97,7 @@ def test_json_gets_the_refusal_as_one_document(tmp_path):
     assert error["kind"] == "ConfigError" and "of KV stores" in error["message"]
 
 
+@pytest.mark.slow
 def test_force_past_the_estimate_ends_in_one_out_of_memory_line(tmp_path):
     result = run_cli(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 9 * 10**18}), "--force", "--json", "--in-process"])
     check(result, 3, "out of memory")
@@ -154,17 +157,20 @@ def test_json_gets_a_usage_error_as_one_document(tmp_path, capsys, no_torchrun, 
     assert code == doc["exit_code"] == 2 and phrase in doc["error"]["message"], err
 
 
+@pytest.mark.slow
 def test_a_pool_below_the_largest_request_says_what_was_used(tmp_path):
     result = run_cli(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 1}), "--in-process"])
     check(result, 0, "kv_cache_tokens = 1 does not hold the largest request", "FullAttention[layers.0.attn+1] 4 blocks (128 tokens)")
 
 
+@pytest.mark.slow
 def test_a_preemption_that_never_fires_is_said(tmp_path):
     result = run_cli(["run", scenario_file(tmp_path, request={"preempt_at_steps": [3, 50]}), "--in-process"])
     check(result, 0, "request 'r0': preempt_at_steps 50 never fires", "the schedule has")
     assert "preempt_at_steps 3 " not in result.stderr  # the one that fired
 
 
+@pytest.mark.slow
 def test_a_huge_cudagraph_capture_size_costs_nothing(tmp_path):
     result = run_cli(["run", scenario_file(tmp_path, config={"max_cudagraph_capture_size": 10**12}), "--in-process", "--json"], timeout=60)
     check(result, 0)

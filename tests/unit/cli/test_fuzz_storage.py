@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow
 def test_fuzz_leaves_no_hypothesis_folder_in_the_working_directory(tmp_path):
     cwd, cache = tmp_path / "here", tmp_path / "cache"
     cwd.mkdir()

@@ -304,6 +304,7 @@ def test_missing_layout_flags_exit_2(capsys, argv, flag):
     assert err == f"dcpsim: error: {flag} is required (or --from-report REPORT.json)\n"
 
 
+@pytest.mark.slow
 def test_module_entry_point():
     proc = subprocess.run(
         [sys.executable, "-m", "dcpsim", "layout", *DOC[1:], "--json"],

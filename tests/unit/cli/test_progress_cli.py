@@ -9,6 +9,8 @@ import json
 import re
 import sys
 
+import pytest
+
 from dcpsim.cli import main
 from dcpsim.cli.progress import ProgressView, live_console
 
@@ -90,6 +92,7 @@ def test_selftest_prints_each_run_as_it_ends(capsys):
     assert re.fullmatch(rf"\[2/2\] \(baseline\) on llama-draft \(W=2 I=1\): pass {SECONDS}", lines[1]), lines
 
 
+@pytest.mark.slow
 def test_fuzz_prints_each_example_then_each_smaller_failing_one(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("DCPSIM_CACHE", str(tmp_path / "cache"))
     assert main(["fuzz", "--examples", "3", "--seed", "4"]) == 0

@@ -20,6 +20,7 @@ def test_the_example_plugin_implements_every_decision():
     assert isinstance(build_engine(PLUGIN), ExampleEngine)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,W,I", [("dsv3", 2, 1), ("dsv41-hybrid", 4, 16), ("llama4-chunked", 3, 4), ("gpt-oss-hybrid", 2, 16)])
 def test_the_example_plugin_passes(name, W, I):
     report = run(builtin(name, W, I), engine=ExampleEngine(), attention=True)
@@ -28,6 +29,7 @@ def test_the_example_plugin_passes(name, W, I):
     assert set(report.engine["decisions"].values()) == {"ExampleEngine"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,W", [("none", 2), ("align", 4)])
 def test_the_example_plugin_holds_mamba_states(mode, W):
     # qwen3-next-hybrid: replicated Gated DeltaNet states beside sharded full attention; the
@@ -97,6 +99,7 @@ def test_selftest_runs_its_baselines_with_the_engine(capsys):
     assert "FALSE POSITIVE" in out and "baseline failures" in out
 
 
+@pytest.mark.slow
 def test_matrix_and_fuzz_take_the_engine(capsys, tmp_path):
     broken = "dcpsim.engine.example_plugin:OffByOneExampleEngine"
     assert main(["matrix", "llama-gqa", "--dcp", "2", "--interleave", "4", "--in-process", "--engine", PLUGIN]) == 0

@@ -164,6 +164,7 @@ values = st.one_of(
 KEYS = ["block_size", "shapes", "dtypes", "page_size_padded", "mamba_type", "mamba_cache_mode", "num_speculative_blocks", "kind"]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(KEYS), values, max_size=4))
 def test_fuzz_mamba_tables_only_raise_scenario_errors(changes):

@@ -618,6 +618,7 @@ def scenario_dicts(draw):
     return data
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenario_dicts())
 def test_fuzz_only_scenario_or_config_errors(data):

@@ -48,6 +48,7 @@ def run_job(job):
 CONFIGS = [(1, 1), (2, 16), (3, 1), (4, 16), (8, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("W,I", CONFIGS, ids=[f"W{w}-I{i}" for w, i in CONFIGS])
 @pytest.mark.parametrize("name", ["dsv3", "dsv41-hybrid"])
 def test_attention_passes_on_builtins(name, W, I):
@@ -69,6 +70,7 @@ def test_attention_passes_on_builtins(name, W, I):
     assert data["attention"]["heads"] == 8 and data["attention_checks"] == checks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("merge", ["allgather", "alltoall"])
 @pytest.mark.parametrize("base", ["e", "2"])
 def test_merge_variants_and_bases(merge, base):

@@ -73,6 +73,7 @@ def straightforward(cfg, store, group, w, fingerprints, rows, h0, h1):
     return torch.einsum("hqn,nd->qhd", weights, kv[:, cfg.head_dim :]), lse.t()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("float64_history", [True, False])
 def test_blocked_reference_equals_straightforward(monkeypatch, float64_history):
     """Prefill chunks then decode steps with a draft, on one verifier (the history grows),
@@ -194,6 +195,7 @@ def test_attention_faults_still_caught_with_a_tiny_step_budget():
         assert not rep.passed and rep.failure.kind == "attention-mismatch", fault
 
 
+@pytest.mark.slow
 def test_key_blocks_dealt_to_ranks(monkeypatch):
     """With 32-key blocks every context is dealt over the 4 ranks: the merged reference
     gives the same errors as one block per context, and a fault is still caught."""

@@ -102,6 +102,7 @@ def test_reference_metadata_pads_with_dummy_requests_that_write_nothing():
     assert (meta.padded_slot_mapping == -1).all() and len(meta.padded_slot_mapping) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", builtin_scenario_names())
 @pytest.mark.parametrize("W, I, extra", [(2, 1, {}), (4, 16, {"kernel_block_size": 16}), (3, 1, {"max_cudagraph_capture_size": 32})])
 def test_reference_metadata_matches_the_checker_on_every_builtin(name, W, I, extra):

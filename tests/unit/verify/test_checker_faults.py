@@ -30,6 +30,7 @@ def test_the_registry_holds_faults():
     assert len(_fault_names()) >= 10 and "none" in FAULTS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", _fault_names())
 def test_every_registered_fault_is_caught(fault):
     """Each fault of the engine's registry, on the built-ins it declares (default dsv3 and

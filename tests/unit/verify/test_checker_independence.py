@@ -45,6 +45,7 @@ class ShardedAsReplicated(ReferenceEngine):
         return g
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", [False, True])
 @pytest.mark.parametrize("W,I", [(2, 16), (4, 8), (3, 64)])
 def test_record_interleave_divided_by_r_is_caught(W, I, attention):

@@ -19,6 +19,7 @@ from support.helpers import builtin, geometries, run
 CONFIGS = [(1, 1), (2, 1), (2, 8), (3, 1), (3, 64), (4, 1), (4, 16)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("W,I", CONFIGS, ids=[f"W{w}-I{i}" for w, i in CONFIGS])
 @pytest.mark.parametrize("name", ["dsv3", "dsv41-hybrid"])
 def test_builtin_scenarios_pass(name, W, I):

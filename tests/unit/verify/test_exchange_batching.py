@@ -46,6 +46,7 @@ def exchanges(monkeypatch):
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAULT_NAMES)
 def test_a_step_queue_reports_every_fault_as_lockstep_does(name, exchanges):
     job = first_case_job(name)

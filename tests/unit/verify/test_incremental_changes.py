@@ -142,6 +142,7 @@ CASES = [  # (scenario, W, engine, kind without the write guard)
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guard", [True, False], ids=["guard", "no-guard"])
 @pytest.mark.parametrize("name,W,engine,kind", CASES, ids=[f"{c[0]}-W{c[1]}-{type(c[2]).__name__}" for c in CASES])
 def test_a_late_fault_is_caught_where_and_when_the_full_check_catches_it(name, W, engine, kind, guard, monkeypatch):

@@ -40,6 +40,7 @@ def detection(job: Job, mode: str):
     return report, (report.passed, f and f.kind, f and f.step, f and f.group, f and f.request_id, f and f.index)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAULT_NAMES)
 def test_incremental_catches_every_fault_as_full_does(name):
     job = first_case_job(name)
@@ -56,6 +57,7 @@ def no_write_guard(monkeypatch):
     monkeypatch.setattr(WriteGuard, "judge", lambda self, plan, writes, shapes: None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAULT_NAMES)
 def test_without_the_write_guard_the_reads_alone_agree(name, no_write_guard):
     job = first_case_job(name)

@@ -71,6 +71,7 @@ def notes(ids) -> str:
     return "\n".join(text_of(ids[g]) for g in sorted(ids) if g.startswith("note-"))
 
 
+@pytest.mark.slow
 def test_real_report_text_names_expected_and_actual(capsys, reports):
     path = reports["dsv3"]
     f = json.loads(path.read_text())["failure"]

@@ -228,6 +228,7 @@ def test_missing_matplotlib_names_the_extra(capsys, tmp_path, monkeypatch):
     assert out == "" and "pip install 'dcpsim[views]'" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_matplotlib_is_imported_only_to_draw(tmp_path):
     code = (
         "import sys; from dcpsim.cli import main; "
