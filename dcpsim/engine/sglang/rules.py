@@ -19,7 +19,7 @@ from dcpsim.model.kinds import Storage
 
 WRITE_RULE = ("sglang/kernels/ops/kvcache/mla_buffer.py", "loc % DCP_WORLD_SIZE == DCP_RANK")
 NPU_RULE = ("sglang/srt/hardware_backend/npu/attention/ascend_backend.py", "interleave_size=self.page_size")
-PCP_RULE = ("sglang/srt/arg_groups/parallel_hook.py", "does not support --enable-prefill-cp")
+PCP_RULE = ("sglang/srt/arg_groups/parallel_hook.py", '"--dcp-size > 1 does not support --enable-prefill-cp."')
 RECORDS_RULE = ("sglang/srt/arg_groups/model_overrides/deepseek_v2.py", "a pooled index key spans")
 DRAFT_RULE = ("sglang/srt/mem_cache/kv_cache_configurator.py", "A replicated draft indexes the allocator's virtual locs raw")
 
