@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_vllm_engine import patched_copy
 
 from dcpsim.cli import main
 from dcpsim.errors import ConfigError
@@ -16,7 +17,6 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.registry import builtin_scenario_names
 from support.helpers import builtin, run
-from test_vllm_engine import patched_copy
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -107,11 +107,29 @@ def test_mla_norope_is_sglang_36886(capsys, tmp_path, sglang_source):
     "rel,old,new,argv,kinds",
     [
         # the rope Triton kernel writes one row too far (the sampled tokens)
-        (WRITES, "    safe_loc = safe_loc // DCP_WORLD_SIZE\n", "    safe_loc = safe_loc // DCP_WORLD_SIZE + 1\n", (), ("write-violation", "wrong-content")),
+        (
+            WRITES,
+            "    safe_loc = safe_loc // DCP_WORLD_SIZE\n",
+            "    safe_loc = safe_loc // DCP_WORLD_SIZE + 1\n",
+            (),
+            ("write-violation", "wrong-content"),
+        ),
         # the torch scatter keeps every id, not only this rank's (the tokens off the sample)
-        (WRITES, "        is_valid &= loc % dcp_world_size == dcp_rank\n", "        is_valid &= loc >= 0\n", (), ("write-violation", "wrong-content")),
+        (
+            WRITES,
+            "        is_valid &= loc % dcp_world_size == dcp_rank\n",
+            "        is_valid &= loc >= 0\n",
+            (),
+            ("write-violation", "wrong-content"),
+        ),
         # get_dcp_lens counts one position too many on every rank
-        (LAYOUT, "        return full_cycles * interleave_size + rank_remainder\n", "        return full_cycles * interleave_size + rank_remainder + 1\n", ("--attention",), ("attention-metadata", "attention-mismatch")),
+        (
+            LAYOUT,
+            "        return full_cycles * interleave_size + rank_remainder\n",
+            "        return full_cycles * interleave_size + rank_remainder + 1\n",
+            ("--attention",),
+            ("attention-metadata", "attention-mismatch"),
+        ),
     ],
     ids=["rope-kernel-row", "scatter-owner-rule", "get-dcp-lens"],
 )
@@ -132,6 +150,19 @@ def test_a_source_that_does_not_import_is_exit_2_naming_file_and_line(capsys, tm
     assert "get_dcp_lens" in err and "is missing" in err and "0.5.23" in err, err
     assert main(["run", "dsv3", "--dcp", "2", "--engine", "sglang", "--sglang-source", str(tmp_path / "nowhere")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_sglang_code_that_raises_in_a_rank_is_exit_3_naming_rank_and_function(capsys, tmp_path, sglang_source):
+    copy = patched_copy(
+        sglang_source,
+        tmp_path / "sglang-raises",
+        LAYOUT,
+        "    cycle_size = dcp_size * interleave_size\n",
+        "    cycle_size = dcp_size * interleave_size\n    raise RuntimeError('planted failure')\n",
+    )
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "sglang", "--sglang-source", str(copy)]) == 3
+    err = capsys.readouterr().err
+    assert "rank" in err and "SglangCallError: SGLang get_dcp_" in err and "raised RuntimeError: planted failure" in err, err
 
 
 def test_engine_info_names_sglangs_functions(capsys, sglang_source):
