@@ -123,14 +123,17 @@ class SourceTree:
     def _ours(self, name: str) -> bool:
         return name == self.package or name.startswith(self.package + ".")
 
+    def _our_names(self) -> list[str]:
+        """The names of ``sys.modules`` in this tree's package (one pass, no call a name)."""
+        dotted = self.package + "."
+        return [k for k in list(sys.modules) if k.startswith(dotted) or k == self.package]
+
     @contextlib.contextmanager
     def _installed(self, finder: _Finder, modules: dict):
         """This tree's package importable: ``modules`` in ``sys.modules``, ``finder`` first on
         the meta path; whatever held the package's names before comes back afterwards."""
         with _LOCK:
-            saved = {k: v for k, v in sys.modules.items() if self._ours(k)}
-            for k in saved:
-                del sys.modules[k]
+            saved = {k: sys.modules.pop(k) for k in self._our_names()}
             absent = {n: StubModule(n, None) for n in self.absent_third_party if n not in sys.modules}
             sys.modules.update(absent)
             sys.modules.update(modules)
@@ -141,7 +144,7 @@ class SourceTree:
                 sys.meta_path.remove(finder)
                 for n in absent:
                     sys.modules.pop(n, None)
-                for k in [k for k in sys.modules if self._ours(k)]:
+                for k in self._our_names():
                     self._imported[k] = sys.modules.pop(k)
                 sys.modules.update(saved)
 

@@ -43,7 +43,7 @@ SUPPORTED_VERSIONS = ("0.5.23",)
 PLATFORMS = ("cuda", "npu")
 """``--sglang-platform``: CUDA (HIP, XPU alike) deals tokens one by one (``I = 1``), NPU deals
 whole pages (``I = P``)."""
-DEFAULT_WRITE_PROGRAMS = 8
+DEFAULT_WRITE_PROGRAMS = 4
 LAYOUT_MODULE = "sglang.srt.layers.dcp.layout"
 WRITE_MODULE = "sglang.kernels.ops.kvcache.mla_buffer"
 FUNCTIONS = {
@@ -107,9 +107,13 @@ class SglangEngine(ReferenceEngine):
         return fn
 
     def _call(self, name: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``; a write runs with the tree importable (its dispatcher imports
+        ``sglang.srt.platforms`` when called) and Triton's interpreter to itself."""
         try:
-            with INTERPRETER_LOCK, self.tree.importable():
-                return fn(*args, **kwargs)
+            if name in (TRITON_WRITE, TORCH_WRITE):
+                with INTERPRETER_LOCK, self.tree.importable():
+                    return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         except Exception as exc:  # reported with the function's name
             raise SglangCallError(f"SGLang {name} raised {type(exc).__name__}: {exc}") from exc
 
