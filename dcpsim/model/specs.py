@@ -228,21 +228,17 @@ class MLAAttentionSpec(FullAttentionSpec):
     """Pad the page to a multiple of this many bytes (DeepSeek-V4: 576 for the
     fp8_ds_mla layout, 512 otherwise); sets ``page_size_padded``."""
     qk_rope_head_dim: int = 64
-    """The rope part of the latent entry (vLLM's and SGLang's ``qk_rope_head_dim``), the
-    last ``qk_rope_head_dim`` of ``head_size``: DeepSeek's 64 of 576 (``kv_lora_rank`` 512
-    + 64); 0 for a model whose entry has no rope part (GLM-5.3-Flash). SGLang writes an entry
-    without one with another kernel (``set_mla_kv_buffer_kernel_norope``)."""
+    """The rope part of the latent entry (vLLM's and SGLang's ``qk_rope_head_dim``), the end
+    of the entry: DeepSeek's 64 of 576 (``kv_lora_rank`` 512 + 64); 0 for a model whose entry
+    has no rope part (GLM-5.3-Flash). No page size depends on it (``head_size`` is the whole
+    entry); SGLang writes an entry without one with another kernel
+    (``set_mla_kv_buffer_kernel_norope``)."""
 
     def __post_init__(self) -> None:
         if self.alignment is not None:  # derived below (a rebuilt spec's old value is stale)
             object.__setattr__(self, "page_size_padded", None)
         super().__post_init__()
         check_int(f"{type(self).__name__}.qk_rope_head_dim", self.qk_rope_head_dim, 0)
-        if self.qk_rope_head_dim > self.head_size:
-            raise ConfigError(
-                f"{type(self).__name__}: qk_rope_head_dim={self.qk_rope_head_dim} is more than head_size={self.head_size} "
-                "(the rope part is the end of the latent entry)"
-            )
         _apply_alignment_padding(self)
 
 
