@@ -174,3 +174,18 @@ def test_engine_info_names_sglangs_functions(capsys, sglang_source):
     assert "get_dcp_lens" in info["decisions"]["local_seq_lens"]
     assert main(["engine", "fetch", "sglang==0.5.23"]) == 0  # already there: prints the folder
     assert capsys.readouterr().out.strip() == str(sglang_source)
+
+
+def test_matrix_skips_the_cells_sglang_refuses(capsys, sglang_source):
+    argv = ["matrix", "mla-norope", "--dcp", "2", "--interleave", "1,16", "--engine", "sglang", "--sglang-source", str(sglang_source)]
+    assert main(argv) == 1  # the il1 cell: sglang#36886
+    out = capsys.readouterr().out
+    assert "mla-norope-dcp2-il16-bs64  skipped" in out and "the engine refuses it: SGLang 0.5.23 cannot run this" in out, out
+    assert "mla-norope-dcp2-il1-bs64   fail" in out, out
+
+
+def test_fuzz_draws_only_what_sglang_runs(capsys, sglang_source):
+    argv = ["fuzz", "--engine", "sglang", "--sglang-source", str(sglang_source), "--examples", "4", "--seed", "1", "--in-process"]
+    assert main(argv) == 0, capsys.readouterr().err
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    assert lines and all(" W=1 " in line or " I=1 " in line for line in lines), lines
