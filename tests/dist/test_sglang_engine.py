@@ -169,7 +169,11 @@ def test_engine_info_names_sglangs_functions(capsys, sglang_source):
     assert main(["engine", "info", "--engine", "sglang", "--sglang-source", str(sglang_source), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["version"] == "0.5.23"
-    assert info["loaded"] == ["sglang.kernels.ops.kvcache.mla_buffer", "sglang.srt.layers.dcp.layout"]
+    assert info["loaded"] == [
+        "sglang.kernels.ops.attention.dcp_kernels",
+        "sglang.kernels.ops.kvcache.mla_buffer",
+        "sglang.srt.layers.dcp.layout",
+    ]
     assert "set_mla_kv_buffer_dcp_sharded_triton" in info["decisions"]["write_slots"]
     assert "get_dcp_lens" in info["decisions"]["local_seq_lens"]
     assert main(["engine", "fetch", "sglang==0.5.23"]) == 0  # already there: prints the folder
@@ -189,3 +193,22 @@ def test_fuzz_draws_only_what_sglang_runs(capsys, sglang_source):
     assert main(argv) == 0, capsys.readouterr().err
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
     assert lines and all(" W=1 " in line or " I=1 " in line for line in lines), lines
+
+
+COMBINE = "sglang/kernels/ops/attention/dcp_kernels.py"
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_alltoall_merge_runs_sglangs_combine(capsys, tmp_path, sglang_source, planted):
+    source = sglang_source
+    if planted:  # every received partial state added unweighted
+        source = patched_copy(
+            sglang_source, tmp_path / "sglang-bug", COMBINE, "        acc += partial_out * w\n", "        acc += partial_out\n"
+        )
+    code, report = sglang_run(capsys, source, "dsv3", "--dcp", "2", "--attention", "--attention-merge", "alltoall", "--lse-base", "2")
+    if planted:
+        assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]
+        return
+    assert code == 0, report.get("failure")
+    merged = report["attention_merged_by"]["sglang.kernels.ops.attention.dcp_kernels.dcp_lse_combine_triton"]
+    assert merged["merges"] == report["attention_merges"]["alltoall"] > 0 and 0 < merged["rows"] <= merged["of"]

@@ -14,6 +14,9 @@ reference engine's):
   the widened ids (``dcpsim.engine.sglang.writes``); on NPU ``localize_dcp_indices``;
 * ``local_seq_lens``: ``get_dcp_lens`` and ``query_local_bounds``: ``get_dcp_chain_spec_lens``
   (``srt/layers/dcp/layout.py``), with ``I`` of the platform;
+* ``merge_across_ranks`` (``alltoall``): ``dcp_lse_combine_triton``
+  (``kernels/ops/attention/dcp_kernels.py``) on a sample of each merge's rows
+  (``dcpsim.engine.sglang.merge``);
 * ``check_scenario``: what SGLang refuses or lays out otherwise is exit 2 quoting its rule
   (``dcpsim.engine.sglang.rules``).
 
@@ -28,11 +31,13 @@ import inspect
 import numpy as np
 import torch
 
+from dcpsim.engine.interface import MergedBy
 from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK
 from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.sglang import rules
 from dcpsim.engine.sglang.loader import SourceTree, source_dir
+from dcpsim.engine.sglang.merge import COMBINE, MERGE_PROGRAMS, combine_rows
 from dcpsim.engine.sglang.writes import TORCH_WRITE, TRITON_WRITE, probe_slots
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
@@ -46,12 +51,14 @@ whole pages (``I = P``)."""
 DEFAULT_WRITE_PROGRAMS = 4
 LAYOUT_MODULE = "sglang.srt.layers.dcp.layout"
 WRITE_MODULE = "sglang.kernels.ops.kvcache.mla_buffer"
+MERGE_MODULE = "sglang.kernels.ops.attention.dcp_kernels"
 FUNCTIONS = {
     "get_dcp_lens": (LAYOUT_MODULE, ("lens", "dcp_size", "dcp_rank", "start", "interleave_size")),
     "get_dcp_chain_spec_lens": (LAYOUT_MODULE, ("total_kv_lens", "tokens_per_req", "dcp_size", "dcp_rank", "interleave_size")),
     "localize_dcp_indices": (LAYOUT_MODULE, ("indices", "dcp_size", "dcp_rank", "interleave_size")),
     TRITON_WRITE: (WRITE_MODULE, ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "reserved_skip_index")),
     TORCH_WRITE: (WRITE_MODULE, ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "reserved_skip_index", "dcp_world_size", "dcp_rank")),
+    COMBINE: (MERGE_MODULE, ("recv_output", "recv_lse", "is_lse_base_on_e", "return_lse")),
 }
 """The SGLang functions the engine calls, by module, with the parameters it passes."""
 
@@ -75,7 +82,7 @@ class SglangEngine(ReferenceEngine):
         self.write_programs = write_programs
         self.tree = SourceTree(source_dir(sglang_source))
         self.version = self.tree.version
-        mods = self.tree.load([LAYOUT_MODULE, WRITE_MODULE])
+        mods = self.tree.load([LAYOUT_MODULE, WRITE_MODULE, MERGE_MODULE])
         self._mla_buffer = mods[WRITE_MODULE]
         self._fn = {name: self._function(mods, module, name, args) for name, (module, args) in FUNCTIONS.items()}
         lens = f"sglang {_file(LAYOUT_MODULE)}"
@@ -93,6 +100,8 @@ class SglangEngine(ReferenceEngine):
             "write_slots": writes,
             "local_seq_lens": f"{lens}::get_dcp_lens (interleave_size={'P' if platform == 'npu' else 1})",
             "query_local_bounds": f"{lens}::get_dcp_chain_spec_lens (per-token frontiers of a chain)",
+            "merge_across_ranks": f"sglang {_file(MERGE_MODULE)}::{COMBINE} (alltoall: the combine of the received partial "
+            f"states, on at most {MERGE_PROGRAMS} row x head programs of each merge; the rest, and allgather: reference)",
         }
         """Decision -> what makes it; every other decision is the reference engine's."""
 
@@ -110,7 +119,7 @@ class SglangEngine(ReferenceEngine):
         """``fn(*args, **kwargs)``; a write runs with the tree importable (its dispatcher imports
         ``sglang.srt.platforms`` when called) and Triton's interpreter to itself."""
         try:
-            if name in (TRITON_WRITE, TORCH_WRITE):
+            if name in (TRITON_WRITE, TORCH_WRITE, COMBINE):
                 with INTERPRETER_LOCK, self.tree.importable():
                     return fn(*args, **kwargs)
             return fn(*args, **kwargs)
@@ -169,6 +178,21 @@ class SglangEngine(ReferenceEngine):
         page = np.where(local >= 0, local // g.block_size, 0)
         inside = (local >= 0) & (page < len(row))
         return np.where(inside, row[np.minimum(page, max(len(row) - 1, 0))] * g.block_size + local % g.block_size, PAD)
+
+    # --- the merge across ranks -----------------------------------------------------
+
+    def merge_across_ranks(self, out, lse, group, *, variant, base):
+        """Under ``alltoall``, SGLang's combine of the received states on a sample of the rows
+        (``dcpsim.engine.sglang.merge``) replaces the reference's; ``allgather``: the reference."""
+        ref_out, ref_lse, c = super().merge_across_ranks(out, lse, group, variant=variant, base=base)
+        if variant != "alltoall" or group.world_size == 1 or not out.shape[0]:
+            return ref_out, ref_lse, c
+        combine = lambda *args: self._call(COMBINE, self._fn[COMBINE], *args)
+        rows, got, merged = combine_rows(combine, out, lse, group, base=base)
+        ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
+        picked = torch.from_numpy(rows)
+        ref_out[picked], ref_lse[picked] = got.to(ref_out.dtype), merged.to(ref_lse.dtype)
+        return ref_out, ref_lse, c, MergedBy(f"{MERGE_MODULE}.{COMBINE}", len(rows), out.shape[0])
 
     # --- local lengths --------------------------------------------------------------
 
