@@ -13,6 +13,7 @@ from hypothesis import settings
 from support import helpers
 
 VLLM_REQUIREMENT = "vllm==0.33.0"
+SGLANG_REQUIREMENT = "sglang==0.5.23"
 
 # Hypothesis's default 200 ms deadline per example is a timed test: under pytest -n 2 beside
 # the gloo worlds of other tests, an example of a pure function can take longer and fail as
@@ -33,7 +34,7 @@ def pytest_addoption(parser):
     )
 
 
-NETWORK_FIXTURES = frozenset({"vllm_source", "vllm_source_or_skip"})
+NETWORK_FIXTURES = frozenset({"vllm_source", "vllm_source_or_skip", "sglang_source"})
 """Fixtures that fetch an engine's wheel from the package index (once per machine)."""
 
 
@@ -87,6 +88,17 @@ def vllm_source() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = fetch(VLLM_REQUIREMENT, dest)
     os.environ.pop("DCPSIM_VLLM_SOURCE", None)
+    return path
+
+
+@pytest.fixture(scope="session")
+def sglang_source() -> Path:
+    """SGLang 0.5.23's source, as ``vllm_source`` (``fetch`` holds a file lock: xdist workers
+    fetch once). Never skipped."""
+    from dcpsim.engine.loading.fetch import fetch
+
+    path = fetch(SGLANG_REQUIREMENT)
+    os.environ.pop("DCPSIM_SGLANG_SOURCE", None)
     return path
 
 

@@ -161,6 +161,23 @@ def is_valid(scenario: Scenario) -> bool:
     return True
 
 
+def accepted_by(engine: EngineChoice | None):
+    """A filter of the scenarios the engine under test can run (``Engine.check_scenario``:
+    SGLang has no interleave knob, for one); the reference runs every valid scenario."""
+    if engine is None or engine.is_reference:
+        return lambda scenario: True
+    built = engine.build()
+
+    def accepts(scenario: Scenario) -> bool:
+        try:
+            built.check_scenario(scenario)
+        except ConfigError:
+            return False
+        return True
+
+    return accepts
+
+
 def describe(scenario: Scenario) -> str:
     """One drawn scenario in a line: ``fuzz-window W=3 I=2 k=1: 2 requests, 143 tokens``."""
     c = scenario.config
@@ -220,7 +237,7 @@ def find_failure(
     with hypothesis_storage(storage or cache_dir("hypothesis")):
         try:
             return find(
-                scenarios(),
+                scenarios().filter(accepted_by(engine)),
                 fails,
                 settings=settings(
                     max_examples=max_examples,

@@ -183,6 +183,7 @@ def run_cells(
         if res.status == CellStatus.PENDING:
             groups.setdefault(res.cell.group, []).append(res)
     for members in groups.values():
+        members = _accepted_by_the_engine(members, options["engine"], progress)
         jobs = [Job(r.scenario, **options) for r in members]
 
         def settle(k, outcome, members=members, jobs=jobs):
@@ -200,6 +201,24 @@ def run_cells(
                 progress(res)
 
         run_each(jobs, on_outcome=settle, on_wait=on_wait)
+
+
+def _accepted_by_the_engine(members: list[CellResult], engine: EngineChoice, progress) -> list[CellResult]:
+    """The cells the engine under test can run; a cell it refuses (``Engine.check_scenario``:
+    SGLang has no interleave knob, for one) is skipped with the engine's reason."""
+    if engine.is_reference:
+        return members
+    built, kept = engine.build(), []
+    for res in members:
+        try:
+            built.check_scenario(res.scenario)
+        except ConfigError as exc:
+            res.status, res.reason = CellStatus.SKIPPED, f"the engine refuses it: {exc}"
+            if progress:
+                progress(res)
+            continue
+        kept.append(res)
+    return kept
 
 
 def cell_line(res: CellResult) -> str:

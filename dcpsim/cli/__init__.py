@@ -117,8 +117,8 @@ def _start_forkserver_early(argv: list[str]) -> None:
     if not argv or argv[0] not in WORLD_COMMANDS or {"--in-process", "-h", "--help"} & set(argv):
         return
     preload = (RANK_PRELOAD,)
-    if "vllm" in argv or "--engine=vllm" in argv:  # as harness.runner preloads for it
-        preload += ("dcpsim.engine.vllm.preload",)
+    if {"vllm", "--engine=vllm", "sglang", "--engine=sglang"} & set(argv):  # as harness.runner preloads for it
+        preload += ("dcpsim.engine.loading.preload",)
     start_forkserver(preload)
 
 

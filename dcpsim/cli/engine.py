@@ -1,4 +1,4 @@
-"""``dcpsim engine fetch`` (vLLM's source, without dependencies) and ``dcpsim engine info``
+"""``dcpsim engine fetch`` (vLLM's or SGLang's source, without dependencies) and ``dcpsim engine info``
 (what an engine is, what it loaded, and who makes each decision)."""
 
 from __future__ import annotations
@@ -6,17 +6,22 @@ from __future__ import annotations
 import json
 
 from dcpsim.cli.options import add_engine_arguments, engine_choice
+from dcpsim.engine.loading.fetch import PACKAGES, fetch
 from dcpsim.engine.registry import engine_info
-from dcpsim.engine.vllm.fetch import fetch
 from dcpsim.errors import EXIT_OK
 from dcpsim.plural import plural
 
 
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="engine_command", required=True)
-    f = sub.add_parser("fetch", help="download vLLM's wheel without dependencies and unpack its source")
-    f.add_argument("requirement", nargs="?", default="vllm==0.33.0", help="vllm==VERSION (default vllm==0.33.0)")
-    f.add_argument("--dest", metavar="DIR", help="where to unpack (default $DCPSIM_CACHE or ~/.cache/dcpsim, /vllm-VERSION)")
+    f = sub.add_parser("fetch", help="download vLLM's or SGLang's wheel without dependencies and unpack its source")
+    f.add_argument(
+        "requirement",
+        nargs="?",
+        default=PACKAGES["vllm"],
+        help=f"{' or '.join(PACKAGES.values())} (default {PACKAGES['vllm']})",
+    )
+    f.add_argument("--dest", metavar="DIR", help="where to unpack (default $DCPSIM_CACHE or ~/.cache/dcpsim, /PACKAGE-VERSION)")
     i = sub.add_parser("info", help="the engine's version, what it loaded, and what makes each decision")
     add_engine_arguments(i)
     i.add_argument("--json", action="store_true", help="print one JSON document")

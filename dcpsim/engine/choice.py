@@ -1,8 +1,9 @@
 """``EngineChoice``: which engine a run puts under test, and its options (``--engine``,
 ``--vllm-source``, ``--vllm-runner``, ``--vllm-merge``,
-``--vllm-scheduler``, ``--vllm-attention-backend``, ``--vllm-merge-programs``).
+``--vllm-scheduler``, ``--vllm-attention-backend``, ``--vllm-merge-programs``, ``--sglang-source``,
+``--sglang-platform``, ``--sglang-write-programs``).
 
-A value of the option tree (``dcpsim.options``): it resolves where vLLM's source is when
+A value of the option tree (``dcpsim.options``): it resolves where vLLM's (SGLang's) source is when
 built; ``validate`` builds the engine once in the parent (loading a vLLM source tree and
 checking its functions), so an engine that cannot run is exit 2 before any rank starts;
 ``build`` gives the engine in a rank (``dcpsim.engine.registry``, cached per process).
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.registry import VLLM_RUNNERS, build_engine
+from dcpsim.engine.sglang import loader as sglang_loader
+from dcpsim.engine.sglang.adapter import DEFAULT_WRITE_PROGRAMS, PLATFORMS
 from dcpsim.engine.vllm.adapter import VLLM_MERGES, VLLM_SCHEDULERS
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND
 from dcpsim.engine.vllm.loader import source_dir
@@ -28,7 +31,8 @@ from dcpsim.options import option
 class EngineChoice:
     name: str = option(
         "reference",
-        "reference (default), vllm (vLLM's own DCP code from --vllm-source), or MODULE:ATTR for a plugin "
+        "reference (default), vllm (vLLM's own DCP code from --vllm-source), sglang (SGLang's, from "
+        "--sglang-source), or MODULE:ATTR for a plugin "
         "implementing dcpsim.engine.interface.Engine",
         key="engine",
         metavar="NAME",
@@ -64,6 +68,23 @@ class EngineChoice:
         "scheduler (only vLLM's worker-side code runs)",
         choices=VLLM_SCHEDULERS,
     )
+    sglang_source: str | None = option(
+        None,
+        "--engine sglang: a directory holding sglang/ (an unpacked wheel, a site-packages, a checkout); default $DCPSIM_SGLANG_SOURCE",
+        metavar="DIR",
+    )
+    sglang_platform: str = option(
+        "cuda",
+        "--engine sglang: cuda (default; HIP and XPU alike): tokens dealt one by one (interleave 1); npu: whole pages "
+        "(interleave = block size)",
+        choices=PLATFORMS,
+    )
+    sglang_write_programs: int = option(
+        DEFAULT_WRITE_PROGRAMS,
+        "--engine sglang: SGLang's Triton MLA write kernel runs on at most N tokens of each write (one Python call "
+        f"each under Triton's interpreter), its torch scatter on the rest (default {DEFAULT_WRITE_PROGRAMS})",
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -77,14 +98,20 @@ class EngineChoice:
         if self.vllm_merge not in VLLM_MERGES:
             raise ConfigError(f"--vllm-merge must be one of {', '.join(VLLM_MERGES)}, got {self.vllm_merge!r}")
         check_int("vllm_merge_programs", self.vllm_merge_programs)
-        if self.name != "vllm" and self._vllm_options_set():
-            raise ConfigError("--vllm-* options are only used with --engine vllm")
+        check_int("sglang_write_programs", self.sglang_write_programs, 0)
+        if self.sglang_platform not in PLATFORMS:
+            raise ConfigError(f"--sglang-platform must be one of {', '.join(PLATFORMS)}, got {self.sglang_platform!r}")
+        for engine in ("vllm", "sglang"):
+            if self.name != engine and self._options_set(engine):
+                raise ConfigError(f"--{engine}-* options are only used with --engine {engine}")
         if self.name == "vllm":  # an absolute path, so that a replay finds the same tree
             object.__setattr__(self, "vllm_source", os.path.abspath(source_dir(self.vllm_source)))
+        if self.name == "sglang":
+            object.__setattr__(self, "sglang_source", os.path.abspath(sglang_loader.source_dir(self.sglang_source)))
 
-    def _vllm_options_set(self) -> bool:
+    def _options_set(self, engine: str) -> bool:
         defaults = EngineChoice.__dataclass_fields__
-        return any(getattr(self, f) != defaults[f].default for f in defaults if f.startswith("vllm_"))
+        return any(getattr(self, f) != defaults[f].default for f in defaults if f.startswith(f"{engine}_"))
 
     @property
     def is_reference(self) -> bool:
@@ -106,4 +133,7 @@ class EngineChoice:
             vllm_scheduler=self.vllm_scheduler,
             vllm_attention_backend=self.vllm_attention_backend,
             vllm_merge_programs=self.vllm_merge_programs,
+            sglang_source=self.sglang_source,
+            sglang_platform=self.sglang_platform,
+            sglang_write_programs=self.sglang_write_programs,
         )

@@ -1,4 +1,5 @@
-"""Engines by name: ``reference``, ``vllm`` (vLLM's own code from a source tree), or
+"""Engines by name: ``reference``, ``vllm`` (vLLM's own code from a source tree), ``sglang``
+(SGLang's), or
 ``MODULE:ATTR`` (a plugin: an ``Engine`` subclass or instance importable as MODULE.ATTR).
 
 ``engine_spec_error`` validates a name and its options in the parent, before any rank
@@ -13,10 +14,11 @@ import inspect
 
 from dcpsim.engine.interface import ENGINE_DECISIONS, PCP_DECISIONS, Engine
 from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.sglang.adapter import SglangEngine
 from dcpsim.engine.vllm.adapter import VllmEngine
 from dcpsim.errors import ConfigError
 
-BUILTIN_ENGINES = ("reference", "vllm")
+BUILTIN_ENGINES = ("reference", "vllm", "sglang")
 VLLM_RUNNERS = ("v2", "v1")
 
 _CACHE: dict[tuple, Engine] = {}
@@ -25,7 +27,7 @@ _CACHE: dict[tuple, Engine] = {}
 def _plugin(name: str) -> Engine:
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"--engine {name!r}: expected reference, vllm, or MODULE:ATTR for a plugin")
+        raise ConfigError(f"--engine {name!r}: expected reference, vllm, sglang, or MODULE:ATTR for a plugin")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -59,17 +61,18 @@ def unimplemented(engine: Engine) -> list[str]:
     return out
 
 
-def build_engine(name: str = "reference", **vllm_options) -> Engine:
+def build_engine(name: str = "reference", **options) -> Engine:
     """The engine called ``name`` (see the module docstring); raises ``ConfigError``.
-    ``vllm_options``: ``EngineChoice``'s ``vllm_*`` fields, for ``--engine vllm``."""
-    key = (name, tuple(sorted(vllm_options.items())))
+    ``options``: ``EngineChoice``'s ``vllm_*`` fields for ``--engine vllm``, its ``sglang_*``
+    fields for ``--engine sglang`` (the others are ignored)."""
+    key = (name, tuple(sorted(options.items())))
     if key in _CACHE:
         return _CACHE[key]
     if name == "reference":
         engine: Engine = ReferenceEngine()
-    elif name == "vllm":
-        o = {k.removeprefix("vllm_"): v for k, v in vllm_options.items()}
-        engine = VllmEngine(o.pop("source", None), **o)
+    elif name in ("vllm", "sglang"):
+        o = {k.removeprefix(f"{name}_"): v for k, v in options.items() if k.startswith(f"{name}_")}
+        engine = (VllmEngine if name == "vllm" else SglangEngine)(o.pop("source", None), **o)
     else:
         engine = _plugin(name)
     _CACHE[key] = engine

@@ -119,8 +119,8 @@ def run_jobs(jobs: list[Job], *, on_job=None, on_wait=None, trace: Trace | None 
         per_rank = run_in_threads(functools.partial(_thread_rank_batch, tally=tally), payload, world, timeout=timeout)
     else:
         preload = (RANK_PRELOAD,)
-        if any(j.engine.name == "vllm" for j in jobs):  # import Triton once, in the forkserver
-            preload += ("dcpsim.engine.vllm.preload",)
+        if any(j.engine.name in ("vllm", "sglang") for j in jobs):  # import Triton once, in the forkserver
+            preload += ("dcpsim.engine.loading.preload",)
         per_rank = run_world(
             gloo_rank_batch,
             payload,

@@ -227,11 +227,18 @@ class MLAAttentionSpec(FullAttentionSpec):
     alignment: int | None = None
     """Pad the page to a multiple of this many bytes (DeepSeek-V4: 576 for the
     fp8_ds_mla layout, 512 otherwise); sets ``page_size_padded``."""
+    qk_rope_head_dim: int = 64
+    """The rope part of the latent entry (vLLM's and SGLang's ``qk_rope_head_dim``), the end
+    of the entry: DeepSeek's 64 of 576 (``kv_lora_rank`` 512 + 64); 0 for a model whose entry
+    has no rope part (GLM-5.3-Flash). No page size depends on it (``head_size`` is the whole
+    entry); SGLang writes an entry without one with another kernel
+    (``set_mla_kv_buffer_kernel_norope``)."""
 
     def __post_init__(self) -> None:
         if self.alignment is not None:  # derived below (a rebuilt spec's old value is stale)
             object.__setattr__(self, "page_size_padded", None)
         super().__post_init__()
+        check_int(f"{type(self).__name__}.qk_rope_head_dim", self.qk_rope_head_dim, 0)
         _apply_alignment_padding(self)
 
 

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from dcpsim.engine.interface import EngineError, MergedBy
+from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND, read_backend
 from dcpsim.engine.vllm.core import load_with_core
@@ -244,7 +245,7 @@ class VllmEngine(ReferenceEngine):
         obj = mods[module]
         for part in qualname.split("."):
             obj = getattr(obj, part, None)
-            if obj is None or type(obj).__name__ == "_Placeholder":
+            if obj is None or is_placeholder(obj):
                 raise ConfigError(self._where(module, qualname, "is missing"))
         have = _arg_names(obj)
         if tuple(have[: len(args)]) != args:

@@ -1,0 +1,90 @@
+"""Fetch an engine's source: its wheel from the package index, without dependencies, unpacked.
+
+``fetch("vllm==0.33.0")`` or ``fetch("sglang==0.5.23")`` runs ``pip download --no-deps`` and
+unpacks the wheel's pure-Python files (``PACKAGE/**/*.py``, its ``dist-info``) into ``dest``
+(default ``$DCPSIM_CACHE``, else ``~/.cache/dcpsim``, ``/PACKAGE-VERSION``); compiled
+extensions are left out (nothing here loads them). Idempotent: a ``dest`` that already holds
+that version is returned as it is. Several processes (pytest-xdist workers) may fetch at once:
+a file lock beside ``dest`` makes them fetch once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from dcpsim.cache import cache_dir
+from dcpsim.errors import ConfigError, HarnessError
+
+PACKAGES = {"vllm": "vllm==0.33.0", "sglang": "sglang==0.5.23"}
+"""The engines' packages, each with the requirement fetched by default (the version the
+engine's adapter supports)."""
+
+
+def package_of(requirement: str) -> str:
+    """``vllm`` of ``vllm==0.33.0``; ``ConfigError`` for anything but ``PACKAGE[==VERSION]``."""
+    names = "|".join(PACKAGES)
+    match = re.fullmatch(rf"({names})(==[0-9][0-9A-Za-z.+-]*)?", requirement)
+    if not match:
+        expected = " or ".join(f"{p}==VERSION" for p in PACKAGES)
+        raise ConfigError(f"engine fetch: expected {expected}, got {requirement!r}")
+    return match.group(1)
+
+
+def default_dest(requirement: str) -> Path:
+    """``$DCPSIM_CACHE`` (or ``~/.cache/dcpsim``) ``/PACKAGE-VERSION``."""
+    package = package_of(requirement)
+    version = requirement.split("==", 1)[1] if "==" in requirement else "latest"
+    return cache_dir(f"{package}-{version}")
+
+
+def _version_of(dest: Path, package: str) -> str | None:
+    info = sorted(dest.glob(f"{package}-*.dist-info"))
+    if not info or not (dest / package / "__init__.py").is_file():
+        return None
+    return info[0].name.removeprefix(f"{package}-").removesuffix(".dist-info")
+
+
+def fetch(requirement: str, dest: str | os.PathLike | None = None) -> Path:
+    """Download and unpack ``requirement`` (``vllm==X.Y.Z``, ``sglang==X.Y.Z``), once per
+    ``dest`` however many processes ask; returns the directory that holds the package."""
+    package = package_of(requirement)
+    dest = Path(dest) if dest else default_dest(requirement)
+    want = requirement.split("==", 1)[1] if "==" in requirement else None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        have = _version_of(dest, package)
+        if have is not None and (want is None or have == want):
+            return dest
+        _download_and_unpack(requirement, package, dest)
+    return dest
+
+
+def _download_and_unpack(requirement: str, package: str, dest: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix=f"dcpsim-{package}-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", tmp, requirement]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob(f"{package}-*.whl"))
+        if done.returncode != 0 or not wheels:
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel"]
+            raise HarnessError(f"engine fetch: pip download {requirement} failed: {last}")
+        staging = Path(tempfile.mkdtemp(prefix=f".{package}-", dir=dest.parent))  # same file system as dest
+        try:
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                for member in wheel.namelist():
+                    top = member.split("/", 1)[0]
+                    if (top == package and member.endswith(".py")) or (top.endswith(".dist-info") and top.startswith(f"{package}-")):
+                        wheel.extract(member, staging)
+            if dest.exists():
+                shutil.rmtree(dest)
+            staging.rename(dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,66 @@
+"""Triton's CPU interpreter (``TRITON_INTERPRET=1``), as the loaded engines' kernels need it.
+
+``INTERPRETER_LOCK``: the interpreter patches a kernel module's globals while a kernel runs,
+so ranks that are threads of one process (``--in-process``) launch one kernel at a time.
+``mend_interpreter_bools``: three quirks of Triton 3.9's interpreter, mended in the
+interpreter (never in an engine's code).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+INTERPRETER_LOCK = threading.Lock()
+"""Triton's interpreter patches the kernel module's globals while a kernel runs, so ranks
+that are threads of one process (``--in-process``) launch one kernel at a time."""
+
+_FIXED = False
+
+
+def mend_interpreter_bools() -> None:
+    """Restore bool semantics in Triton 3.9's interpreter (never in an engine's code).
+
+    * A ``torch.bool`` tensor argument becomes an int8 pointer, so a load through it comes
+      back as int8 and ``~x`` is bitwise (``~1 == -2``, still true): such arguments are
+      passed as int1 pointers instead.
+    * A comparison (and the cast of a load to int1) yields numpy bools tagged with the
+      operand's type (say int8), so a mask built from it is refused ("mask has
+      unsupported dtype") or ``~`` flips every bit: a boolean result is tagged int1.
+    * An interpreted kernel has no ``constexprs`` (the indices of its ``tl.constexpr``
+      parameters, a ``JITFunction`` attribute vLLM's kernel launchers read): it gets one.
+    """
+    global _FIXED
+    if _FIXED:
+        return
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original_cvt = interpreter._implicit_cvt
+
+    def implicit_cvt(arg):
+        if isinstance(arg, torch.Tensor) and arg.dtype == torch.bool:
+            ty = tl.pointer_type(tl.int1)
+            return tl.tensor(interpreter.TensorHandle(np.array([arg.data_ptr()], dtype=np.uint64), ty), ty)
+        return original_cvt(arg)
+
+    builder = interpreter.InterpreterBuilder
+    original_binary_op = builder.binary_op
+
+    def binary_op(self, lhs, rhs, op):
+        out = original_binary_op(self, lhs, rhs, op)
+        if out.data.dtype == np.bool_ and out.dtype != tl.int1:
+            return interpreter.TensorHandle(out.data, tl.int1)
+        return out
+
+    def constexprs(self) -> list[int]:  # what JITFunction has and vLLM's kernel launchers read
+        params = inspect.signature(self.fn).parameters.values()
+        return [i for i, p in enumerate(params) if "constexpr" in str(p.annotation)]
+
+    interpreter._implicit_cvt = implicit_cvt
+    builder.binary_op = binary_op
+    if not hasattr(interpreter.InterpretedFunction, "constexprs"):
+        interpreter.InterpretedFunction.constexprs = property(constexprs)
+    _FIXED = True

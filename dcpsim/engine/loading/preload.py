@@ -1,0 +1,14 @@
+"""Imported by the forkserver of a world whose jobs run an engine's own kernels (``--engine
+vllm``, ``--engine sglang``): Triton (and its interpreter, with the loader's mends) is then
+imported once, before the ranks fork, instead of once in every rank."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton
+import triton.language  # noqa: F401 - imported once, in the forkserver
+
+from dcpsim.engine.loading.interpreter import mend_interpreter_bools
+
+mend_interpreter_bools()

@@ -1,0 +1,223 @@
+"""``SglangEngine``: an ``Engine`` whose decisions run SGLang's own DCP code from a source tree.
+
+SGLang's layout (``docs/dcp-semantics.md`` section 13): one widened allocator with pages of
+``P * W`` ids; each token's id ``loc`` in ``req_to_token`` is ``page * P * W + pos % (P * W)``
+(pages aligned and filled in order), its owner ``loc % W`` and its row on the owner
+``loc // W``. With dcpsim's block table holding the widened page ids, that is vLLM's layout
+with ``B = P`` and ``I = 1`` (CUDA, HIP, XPU); SGLang's NPU path deals pages whole
+(``I = P``). Decisions made by SGLang's code (``decisions`` names each; the rest are the
+reference engine's):
+
+* ``write_slots`` of a sharded MLA group: SGLang's write kernels
+  (``kernels/ops/kvcache/mla_buffer.py``: ``set_mla_kv_buffer_dcp_sharded_triton``, the rope
+  and no-rope Triton kernels, on a sample; ``set_mla_kv_buffer_naive`` for the rest), run on
+  the widened ids (``dcpsim.engine.sglang.writes``); on NPU ``localize_dcp_indices``;
+* ``local_seq_lens``: ``get_dcp_lens`` and ``query_local_bounds``: ``get_dcp_chain_spec_lens``
+  (``srt/layers/dcp/layout.py``), with ``I`` of the platform;
+* ``merge_across_ranks`` (``alltoall``): ``dcp_lse_combine_triton``
+  (``kernels/ops/attention/dcp_kernels.py``) on a sample of each merge's rows
+  (``dcpsim.engine.sglang.merge``);
+* ``check_scenario``: what SGLang refuses or lays out otherwise is exit 2 quoting its rule
+  (``dcpsim.engine.sglang.rules``).
+
+An exception raised inside SGLang's code is a ``SglangCallError`` naming the function (the
+harness turns it into exit 3 naming the rank).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+
+from dcpsim.engine.interface import MergedBy
+from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK
+from dcpsim.engine.loading.placeholders import is_placeholder
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.sglang import rules
+from dcpsim.engine.sglang.loader import SourceTree, source_dir
+from dcpsim.engine.sglang.merge import COMBINE, MERGE_PROGRAMS, combine_rows
+from dcpsim.engine.sglang.writes import TORCH_WRITE, TRITON_WRITE, probe_slots
+from dcpsim.errors import ConfigError
+from dcpsim.model.kinds import Storage
+from dcpsim.model.layout import PAD
+from dcpsim.model.specs import MLAAttentionSpec
+
+SUPPORTED_VERSIONS = ("0.5.23",)
+PLATFORMS = ("cuda", "npu")
+"""``--sglang-platform``: CUDA (HIP, XPU alike) deals tokens one by one (``I = 1``), NPU deals
+whole pages (``I = P``)."""
+DEFAULT_WRITE_PROGRAMS = 4
+LAYOUT_MODULE = "sglang.srt.layers.dcp.layout"
+WRITE_MODULE = "sglang.kernels.ops.kvcache.mla_buffer"
+MERGE_MODULE = "sglang.kernels.ops.attention.dcp_kernels"
+FUNCTIONS = {
+    "get_dcp_lens": (LAYOUT_MODULE, ("lens", "dcp_size", "dcp_rank", "start", "interleave_size")),
+    "get_dcp_chain_spec_lens": (LAYOUT_MODULE, ("total_kv_lens", "tokens_per_req", "dcp_size", "dcp_rank", "interleave_size")),
+    "localize_dcp_indices": (LAYOUT_MODULE, ("indices", "dcp_size", "dcp_rank", "interleave_size")),
+    TRITON_WRITE: (WRITE_MODULE, ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "reserved_skip_index")),
+    TORCH_WRITE: (WRITE_MODULE, ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "reserved_skip_index", "dcp_world_size", "dcp_rank")),
+    COMBINE: (MERGE_MODULE, ("recv_output", "recv_lse", "is_lse_base_on_e", "return_lse")),
+}
+"""The SGLang functions the engine calls, by module, with the parameters it passes."""
+
+
+class SglangCallError(RuntimeError):
+    """SGLang's code raised inside a rank."""
+
+
+def _file(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+class SglangEngine(ReferenceEngine):
+    name = "sglang"
+    description = "SGLang's own DCP code from a source tree: its MLA write kernels and local lengths, on its widened-id layout"
+
+    def __init__(self, sglang_source: str | None = None, platform: str = "cuda", write_programs: int = DEFAULT_WRITE_PROGRAMS):
+        if platform not in PLATFORMS:
+            raise ConfigError(f"--sglang-platform must be one of {', '.join(PLATFORMS)}, got {platform!r}")
+        self.platform = platform
+        self.write_programs = write_programs
+        self.tree = SourceTree(source_dir(sglang_source))
+        self.version = self.tree.version
+        mods = self.tree.load([LAYOUT_MODULE, WRITE_MODULE, MERGE_MODULE])
+        self._mla_buffer = mods[WRITE_MODULE]
+        self._fn = {name: self._function(mods, module, name, args) for name, (module, args) in FUNCTIONS.items()}
+        lens = f"sglang {_file(LAYOUT_MODULE)}"
+        writes = (
+            f"sglang {_file(WRITE_MODULE)}::{TRITON_WRITE} (the rope and no-rope Triton kernels) on at most "
+            f"{write_programs} tokens of each write, ::{TORCH_WRITE} on the rest, at the widened ids "
+            "page * P * W + pos % (P * W); MHA groups: SGLang's owner rule restated (mask positions % W == rank, "
+            "row out_cache_loc // W: srt/layers/attention/triton_backend.py:1645-1658); replicated groups: reference"
+        )
+        if platform == "npu":
+            writes = f"sglang {_file(LAYOUT_MODULE)}::localize_dcp_indices (I = P) and the page table of ascend_backend.py"
+        self.decisions = {
+            "check_scenario": "sglang's rules (dcpsim.engine.sglang.rules): interleave of the platform, what it replicates, "
+            "what it refuses under DCP",
+            "write_slots": writes,
+            "local_seq_lens": f"{lens}::get_dcp_lens (interleave_size={'P' if platform == 'npu' else 1})",
+            "query_local_bounds": f"{lens}::get_dcp_chain_spec_lens (per-token frontiers of a chain)",
+            "merge_across_ranks": f"sglang {_file(MERGE_MODULE)}::{COMBINE} (alltoall: the combine of the received partial "
+            f"states, on at most {MERGE_PROGRAMS} row x head programs of each merge; the rest, and allgather: reference)",
+        }
+        """Decision -> what makes it; every other decision is the reference engine's."""
+
+    def _function(self, mods, module: str, name: str, args: tuple[str, ...]):
+        fn = getattr(mods[module], name, None)
+        where = f"SGLang {self.version} at {self.tree.root}: {name} in {self.tree.root / _file(module)}"
+        if fn is None or is_placeholder(fn):
+            raise ConfigError(f"{where} is missing; this adapter supports SGLang {', '.join(SUPPORTED_VERSIONS)}")
+        have = tuple(inspect.signature(fn).parameters)
+        if have[: len(args)] != args:
+            raise ConfigError(f"{where} has the signature ({', '.join(have)}), expected ({', '.join(args)})")
+        return fn
+
+    def _call(self, name: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``; a write runs with the tree importable (its dispatcher imports
+        ``sglang.srt.platforms`` when called) and Triton's interpreter to itself."""
+        try:
+            if name in (TRITON_WRITE, TORCH_WRITE, COMBINE):
+                with INTERPRETER_LOCK, self.tree.importable():
+                    return fn(*args, **kwargs)
+            return fn(*args, **kwargs)
+        except Exception as exc:  # reported with the function's name
+            raise SglangCallError(f"SGLang {name} raised {type(exc).__name__}: {exc}") from exc
+
+    def interleave_size(self, geometry) -> int:
+        """SGLang's interleave on the platform: 1 on CUDA, the page size on NPU."""
+        return geometry.block_size if self.platform == "npu" else 1
+
+    # --- what SGLang runs ------------------------------------------------------------
+
+    def check_scenario(self, scenario) -> None:
+        rules.check(self, scenario)
+
+    # --- the write path -------------------------------------------------------------
+
+    def write_slots(self, geometry, write, block_row, dcp_rank):
+        return self.step_write_slots(geometry, [write], [block_row], dcp_rank)[0]
+
+    def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
+        g = geometry
+        if not g.sharded or g.storage is not Storage.PAGED or not writes:
+            return [super(SglangEngine, self).write_slots(g, w, r, dcp_rank) for w, r in zip(writes, block_rows)]
+        positions = [np.arange(w.start, w.stop, dtype=np.int64) for w in writes]
+        if self.platform == "npu":
+            slots = [self._npu_slots(g, p, row, dcp_rank) for p, row in zip(positions, block_rows)]
+            return list(zip(slots, positions))
+        loc = np.concatenate([widened_ids(p, row, g.block_size, g.dcp_size) for p, row in zip(positions, block_rows)])
+        if isinstance(g.spec, MLAAttentionSpec):
+            self.tree.set_parallel(g.dcp_size, dcp_rank)
+            flat = probe_slots(
+                self._mla_buffer,
+                loc,
+                rope=g.spec.qk_rope_head_dim > 0,
+                dcp_size=g.dcp_size,
+                dcp_rank=dcp_rank,
+                programs=self.write_programs,
+                call=lambda name, fn, *a, **k: self._call(name, fn, *a, **k),
+            )
+        else:  # SGLang's MHA write: mask positions % W == rank, row out_cache_loc // W
+            flat = np.where(loc % g.dcp_size == dcp_rank, loc // g.dcp_size, PAD)
+        cuts = np.cumsum([len(p) for p in positions])[:-1]
+        return list(zip(np.split(flat, cuts), positions))
+
+    def _npu_slots(self, g, positions, block_row, dcp_rank) -> np.ndarray:
+        local = self._call(
+            "localize_dcp_indices",
+            self._fn["localize_dcp_indices"],
+            torch.from_numpy(positions),
+            g.dcp_size,
+            dcp_rank,
+            interleave_size=g.block_size,
+        ).numpy()
+        row = np.asarray(block_row, dtype=np.int64)
+        page = np.where(local >= 0, local // g.block_size, 0)
+        inside = (local >= 0) & (page < len(row))
+        return np.where(inside, row[np.minimum(page, max(len(row) - 1, 0))] * g.block_size + local % g.block_size, PAD)
+
+    # --- the merge across ranks -----------------------------------------------------
+
+    def merge_across_ranks(self, out, lse, group, *, variant, base):
+        """Under ``alltoall``, SGLang's combine of the received states on a sample of the rows
+        (``dcpsim.engine.sglang.merge``) replaces the reference's; ``allgather``: the reference."""
+        ref_out, ref_lse, c = super().merge_across_ranks(out, lse, group, variant=variant, base=base)
+        if variant != "alltoall" or group.world_size == 1 or not out.shape[0]:
+            return ref_out, ref_lse, c
+        combine = lambda *args: self._call(COMBINE, self._fn[COMBINE], *args)
+        rows, got, merged = combine_rows(combine, out, lse, group, base=base)
+        ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
+        picked = torch.from_numpy(rows)
+        ref_out[picked], ref_lse[picked] = got.to(ref_out.dtype), merged.to(ref_lse.dtype)
+        return ref_out, ref_lse, c, MergedBy(f"{MERGE_MODULE}.{COMBINE}", len(rows), out.shape[0])
+
+    # --- local lengths --------------------------------------------------------------
+
+    def local_seq_lens(self, geometry, seq_lens, dcp_rank):
+        lens = np.asarray(seq_lens, dtype=np.int64)
+        if not geometry.sharded:
+            return lens
+        fn = self._fn["get_dcp_lens"]
+        I = self.interleave_size(geometry)
+        out = self._call("get_dcp_lens", fn, torch.from_numpy(lens), geometry.dcp_size, dcp_rank, interleave_size=I)
+        return np.asarray(out, dtype=np.int64)
+
+    def query_local_bounds(self, geometry, start, stop, dcp_rank):
+        if not geometry.sharded or geometry.storage is not Storage.PAGED or stop <= start:
+            return super().query_local_bounds(geometry, start, stop, dcp_rank)
+        fn = self._fn["get_dcp_chain_spec_lens"]
+        I = self.interleave_size(geometry)
+        out = self._call("get_dcp_chain_spec_lens", fn, torch.tensor([stop]), stop - start, geometry.dcp_size, dcp_rank, interleave_size=I)
+        return np.asarray(out, dtype=np.int64)
+
+
+def widened_ids(positions: np.ndarray, block_row, block_size: int, dcp_size: int) -> np.ndarray:
+    """SGLang's ``req_to_token`` ids of ``positions``: pages of ``P * W`` ids, aligned and
+    filled in order (``kv_cache_configurator.py:2928-2936``), the page ids dcpsim's block
+    table holds."""
+    span = block_size * dcp_size
+    row = np.asarray(block_row, dtype=np.int64)
+    return row[positions // span] * span + positions % span

@@ -1,0 +1,100 @@
+"""Load single modules of an SGLang source tree: dcpsim's source loader
+(``dcpsim.engine.loading.tree``) with SGLang's four hand-written stubs.
+
+What the loaded modules (``srt/layers/dcp/layout.py``, ``kernels/ops/kvcache/mla_buffer.py``)
+import from around them:
+
+* ``sglang.srt.runtime_context``: ``get_parallel()``, the process-wide parallel state
+  (SGLang's is built from its server arguments); here a record the engine sets before each
+  call (``PARALLEL``: ``dcp_size``, ``dcp_rank``, ``attn_dcp_size``, ...);
+* ``sglang.kernels.jit.utils``: ``is_arch_support_pdl()`` is false (no Hopper, no PDL launch);
+* ``sglang.srt.platforms`` (imported lazily by the write kernels' dispatcher):
+  ``current_platform.capabilities.supports_triton`` is true, so the Triton kernels run;
+* ``sglang.kernels.ops.kvcache.set_mla_kv_buffer`` (the JIT CUDA write, imported lazily on
+  the rope path): ``can_use_set_mla_kv_buffer`` is false, so the Triton fallback runs.
+
+Every other ``sglang`` module they import is an automatic placeholder.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+from dcpsim.engine.loading import tree
+from dcpsim.errors import ConfigError
+
+DEFAULT_REQUIREMENT = "sglang==0.5.23"
+
+
+def source_dir(sglang_source: str | None) -> str:
+    """The directory holding ``sglang/``: ``sglang_source``, else ``$DCPSIM_SGLANG_SOURCE``."""
+    source = sglang_source or os.environ.get("DCPSIM_SGLANG_SOURCE")
+    if not source:
+        raise ConfigError(
+            "--engine sglang needs --sglang-source DIR (or DCPSIM_SGLANG_SOURCE): a directory holding "
+            f"sglang/; get one with: python -m dcpsim engine fetch {DEFAULT_REQUIREMENT}"
+        )
+    if not os.path.isdir(source):
+        raise ConfigError(f"--sglang-source {source}: no such directory")
+    return source
+
+
+def _parallel(dcp_size: int = 1, dcp_rank: int = 0) -> types.SimpleNamespace:
+    """What SGLang's DCP code reads of ``get_parallel()``."""
+    return types.SimpleNamespace(
+        dcp_enabled=dcp_size > 1, dcp_size=dcp_size, dcp_rank=dcp_rank, attn_dcp_size=dcp_size, attn_dcp_rank=dcp_rank
+    )
+
+
+def _runtime_context_stub(name: str, tree) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.PARALLEL = _parallel()
+    module.get_parallel = lambda: module.PARALLEL
+    return module
+
+
+def _jit_utils_stub(name: str, tree) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.is_arch_support_pdl = lambda: False
+    return module
+
+
+def _platforms_stub(name: str, tree) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.current_platform = types.SimpleNamespace(capabilities=types.SimpleNamespace(supports_triton=True))
+    return module
+
+
+def _jit_write_stub(name: str, tree) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.can_use_set_mla_kv_buffer = lambda *args, **kwargs: False
+
+    def set_mla_kv_buffer(*args, **kwargs):
+        raise RuntimeError("SGLang's JIT CUDA MLA write is not available on the CPU (dcpsim's stub)")
+
+    module.set_mla_kv_buffer = set_mla_kv_buffer
+    return module
+
+
+RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+STUBS = {
+    RUNTIME_CONTEXT: _runtime_context_stub,
+    "sglang.kernels.jit.utils": _jit_utils_stub,
+    "sglang.srt.platforms": _platforms_stub,
+    "sglang.kernels.ops.kvcache.set_mla_kv_buffer": _jit_write_stub,
+}
+
+
+class SourceTree(tree.SourceTree):
+    """A folder holding an ``sglang/`` package: an unpacked wheel, a site-packages, a checkout."""
+
+    def __init__(self, root):
+        super().__init__(root, package="sglang", label="SGLang", flag="--sglang-source", stubs=STUBS)
+
+    def set_parallel(self, dcp_size: int, dcp_rank: int) -> None:
+        """What ``get_parallel()`` returns to the loaded code from now on (every loaded module
+        imported the one stub of ``sglang.srt.runtime_context``)."""
+        module = self._imported.get(RUNTIME_CONTEXT)
+        if module is not None:
+            module.PARALLEL = _parallel(dcp_size, dcp_rank)

@@ -1,0 +1,72 @@
+"""What SGLang refuses, or lays out otherwise than a scenario asks, under DCP: exit 2 quoting
+SGLang's own rule, its file and line, read from the source tree.
+
+* the interleave: SGLang has no knob for it; its CUDA/HIP/XPU path deals tokens one by one
+  (``I = 1``: the write kernel's owner rule ``loc % W``), its NPU path whole pages (``I = P``);
+* prefill context parallelism with DCP is refused (``srt/arg_groups/parallel_hook.py``);
+* a compressed cache whose record spans several positions (a pooled DSA index key) is refused
+  (``srt/arg_groups/model_overrides/deepseek_v2.py``);
+* what SGLang replicates (``dcp_replicated`` in dcpsim): sliding-window pools (never widened),
+  Mamba state, and the draft model (a replicated draft indexes the allocator's widened ids
+  raw, ``srt/mem_cache/kv_cache_configurator.py``): a draft the scenario shards with the
+  target is laid out otherwise by SGLang.
+"""
+
+from __future__ import annotations
+
+from dcpsim.errors import ConfigError
+from dcpsim.model.kinds import Storage
+
+WRITE_RULE = ("sglang/kernels/ops/kvcache/mla_buffer.py", "loc % DCP_WORLD_SIZE == DCP_RANK")
+NPU_RULE = ("sglang/srt/hardware_backend/npu/attention/ascend_backend.py", "interleave_size=self.page_size")
+PCP_RULE = ("sglang/srt/arg_groups/parallel_hook.py", '"--dcp-size > 1 does not support --enable-prefill-cp."')
+RECORDS_RULE = ("sglang/srt/arg_groups/model_overrides/deepseek_v2.py", "a pooled index key spans")
+DRAFT_RULE = ("sglang/srt/mem_cache/kv_cache_configurator.py", "A replicated draft indexes the allocator's virtual locs raw")
+
+
+def quote(tree, rule: tuple[str, str]) -> str:
+    """``file:line: the line`` of the first line of ``rule[0]`` (in ``tree``) holding ``rule[1]``."""
+    rel, marker = rule
+    path = tree.root / rel
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return f"{rel} (not in this tree)"
+    for n, line in enumerate(lines, 1):
+        if marker in line:
+            return f"{rel}:{n}: {line.strip()}"
+    return f"{rel} (no line holds {marker!r} in this version)"
+
+
+def _refuse(engine, what: str, rule) -> ConfigError:
+    return ConfigError(f"SGLang {engine.version} cannot run this: {what} (SGLang's rule: {quote(engine.tree, rule)})")
+
+
+def check(engine, scenario) -> None:
+    """Raise ``ConfigError`` (exit 2) for a scenario SGLang cannot run as the scenario says."""
+    config = scenario.config
+    W, I = config.decode_context_parallel_size, config.cp_kv_cache_interleave_size
+    if W <= 1:
+        return
+    if config.prefill_context_parallel_size > 1:
+        raise _refuse(engine, f"prefill context parallelism (pcp={config.prefill_context_parallel_size}) with DCP", PCP_RULE)
+    for g in engine.geometries(scenario.layers, config):
+        _check_group(engine, g, W, I)
+
+
+def _check_group(engine, g, W: int, I: int) -> None:
+    label = f"group {g.name} (layers {', '.join(g.layer_names[:3])}{', ...' if len(g.layer_names) > 3 else ''})"
+    if g.storage is Storage.RECORDS and g.sharded:
+        raise _refuse(engine, f"{label} stores one record per {g.tokens_per_state} positions, sharded by DCP", RECORDS_RULE)
+    if g.draft and not g.draft_only and g.sharded:
+        raise _refuse(engine, f"{label} holds draft layers the scenario shards with the target; SGLang replicates the draft", DRAFT_RULE)
+    if not g.sharded:
+        return
+    if engine.platform == "npu" and I != g.block_size:
+        raise _refuse(
+            engine,
+            f"{label}: cp_kv_cache_interleave_size={I}; SGLang's NPU path deals whole pages (I = block_size = {g.block_size})",
+            NPU_RULE,
+        )
+    if engine.platform == "cuda" and I != 1:
+        raise _refuse(engine, f"{label}: cp_kv_cache_interleave_size={I}; SGLang's CUDA path deals tokens one by one (I = 1)", WRITE_RULE)

@@ -1,0 +1,214 @@
+"""``--engine sglang``: SGLang 0.5.23's own code (fetched by the ``sglang_source`` fixture, never
+skipped) runs inside the gloo ranks and gets the reference engine's verdicts where SGLang can
+run the scenario (exit 2 quoting SGLang's rule where it cannot); ``mla-norope`` fails on the
+released kernel (sglang#36886) and passes with it fixed; copies of the source with a planted
+bug fail with the right kind; a broken source tree ends clearly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_vllm_engine import patched_copy
+
+from dcpsim.cli import main
+from dcpsim.errors import ConfigError
+from dcpsim.harness.job import Job
+from dcpsim.harness.runner import run_jobs
+from dcpsim.scenarios.registry import builtin_scenario_names
+from support.helpers import builtin, run
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+WRITES = "sglang/kernels/ops/kvcache/mla_buffer.py"
+LAYOUT = "sglang/srt/layers/dcp/layout.py"
+REFUSED = {
+    "compressed-prefix": "a pooled index key spans",  # records of several positions
+    "dsv41-hybrid": "a pooled index key spans",
+    "heavy-rejection": "a pooled index key spans",
+    "dsv3-mtp": "A replicated draft indexes",  # a draft the scenario shards with the target
+    "glm-pcp2-dcp2": "does not support --enable-prefill-cp",
+}
+"""Built-ins SGLang cannot run as the scenario says, with the words of SGLang's rule."""
+NOROPE_FIX = (
+    "        BLOCK = triton.next_power_of_2(nope_dim)\n        grid = (n_loc, 1)\n",
+    "        owned = loc % dcp_world_size == dcp_rank\n"
+    "        loc, cache_k_nope = loc[owned] // dcp_world_size, cache_k_nope[owned]\n"
+    "        BLOCK = triton.next_power_of_2(nope_dim)\n        grid = (loc.numel(), 1)\n",
+)
+"""The owner rule in the no-rope branch of ``_set_mla_kv_buffer_impl``: keep this rank's ids
+and collapse them, as the rope kernel does (what sglang#36886 asks for)."""
+
+
+def sglang_run(capsys, source, *argv) -> tuple[int, dict]:
+    code = main(["run", *argv, "--engine", "sglang", "--sglang-source", str(source), "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_builtins_get_the_reference_verdicts_or_sglangs_reason(sglang_source, W):
+    jobs, names, refused = [], [], {}
+    for name in builtin_scenario_names():
+        try:
+            jobs.append(Job.from_options(builtin(name, W), engine="sglang", sglang_source=str(sglang_source), timeout=120))
+            names.append(name)
+        except ConfigError as exc:
+            refused[name] = str(exc)
+    assert set(refused) == set(REFUSED), refused
+    for name, message in refused.items():
+        assert "SGLang 0.5.23 cannot run this" in message and REFUSED[name] in message, message
+        assert "SGLang's rule: sglang/" in message, message
+    for name, got in zip(names, run_jobs(jobs)):  # one world per W: every job's ranks share it
+        ref = run(builtin(name, W))
+        assert ref.passed, name
+        assert got.engine["name"] == "sglang" and got.engine["version"] == "0.5.23"
+        if name == "mla-norope":  # sglang#36886: caught, not the reference's verdict
+            assert not got.passed and got.failure.kind == "write-violation", got.text()
+            continue
+        want = (ref.passed, ref.steps, ref.verified_indices)
+        have = (got.passed, got.steps, got.verified_indices)
+        assert have == want, f"{name}: sglang {have} vs reference {want}\n{got.text()}"
+
+
+@pytest.mark.parametrize("name", ["dsv3", "llama-gqa"])
+def test_attention_with_sglangs_local_lengths(capsys, sglang_source, name):
+    code, report = sglang_run(capsys, sglang_source, name, "--dcp", "2", "--attention")
+    assert code == 0, report.get("failure")
+    assert report["attention_checks"] > 10 and report["attention_max_error"] < 1e-4
+    assert "get_dcp_chain_spec_lens" in report["engine"]["decisions"]["query_local_bounds"]
+
+
+def test_npu_deals_whole_pages_and_cuda_refuses_an_interleave(capsys, sglang_source):
+    code, report = sglang_run(capsys, sglang_source, "llama-gqa", "--dcp", "2", "--interleave", "16", "--sglang-platform", "npu")
+    assert code == 0, report.get("failure")
+    assert "localize_dcp_indices" in report["engine"]["decisions"]["write_slots"]
+    code = main(["run", "dsv3", "--dcp", "2", "--interleave", "16", "--engine", "sglang", "--sglang-source", str(sglang_source)])
+    err = capsys.readouterr().err
+    assert code == 2 and "mla_buffer.py:42" in err and "loc % DCP_WORLD_SIZE == DCP_RANK" in err, err
+    code = main(["run", "dsv3", "--dcp", "2", "--engine", "sglang", "--sglang-platform", "npu", "--sglang-source", str(sglang_source)])
+    err = capsys.readouterr().err
+    assert code == 2 and "interleave_size=self.page_size" in err, err
+
+
+def test_mla_norope_is_sglang_36886(capsys, tmp_path, sglang_source):
+    code, report = sglang_run(capsys, sglang_source, "mla-norope", "--dcp", "2")
+    failure = report["failure"]
+    assert code == 1 and failure["kind"] == "write-violation", failure
+    assert failure["index"] is not None and failure["details"][0].startswith("rank "), failure
+    assert f"index {failure['index']} " in " ".join(failure["details"])  # the first bad position and the rank that wrote it
+    assert main(["run", "mla-norope", "--dcp", "2", "--in-process"]) == 0  # the reference engine passes
+    capsys.readouterr()
+    fixed = patched_copy(sglang_source, tmp_path / "sglang-fixed", WRITES, *NOROPE_FIX)
+    code, report = sglang_run(capsys, fixed, "mla-norope", "--dcp", "2")
+    assert code == 0, report.get("failure")
+
+
+@pytest.mark.parametrize(
+    "rel,old,new,argv,kinds",
+    [
+        # the rope Triton kernel writes one row too far (the sampled tokens)
+        (
+            WRITES,
+            "    safe_loc = safe_loc // DCP_WORLD_SIZE\n",
+            "    safe_loc = safe_loc // DCP_WORLD_SIZE + 1\n",
+            (),
+            ("write-violation", "wrong-content"),
+        ),
+        # the torch scatter keeps every id, not only this rank's (the tokens off the sample)
+        (
+            WRITES,
+            "        is_valid &= loc % dcp_world_size == dcp_rank\n",
+            "        is_valid &= loc >= 0\n",
+            (),
+            ("write-violation", "wrong-content"),
+        ),
+        # get_dcp_lens counts one position too many on every rank
+        (
+            LAYOUT,
+            "        return full_cycles * interleave_size + rank_remainder\n",
+            "        return full_cycles * interleave_size + rank_remainder + 1\n",
+            ("--attention",),
+            ("attention-metadata", "attention-mismatch"),
+        ),
+    ],
+    ids=["rope-kernel-row", "scatter-owner-rule", "get-dcp-lens"],
+)
+def test_planted_bugs_are_caught(capsys, tmp_path, sglang_source, rel, old, new, argv, kinds):
+    copy = patched_copy(sglang_source, tmp_path / "sglang-bug", rel, old, new)
+    code, report = sglang_run(capsys, copy, "dsv3", "--dcp", "2", *argv)
+    assert code == 1 and report["failure"]["kind"] in kinds, report["failure"]
+
+
+def test_a_source_that_does_not_import_is_exit_2_naming_file_and_line(capsys, tmp_path, sglang_source):
+    copy = patched_copy(sglang_source, tmp_path / "sglang-broken", LAYOUT, "def get_dcp_lens(\n", "def get_dcp_lens(:\n")
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "sglang", "--sglang-source", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "sglang/srt/layers/dcp/layout.py:23" in err and "SyntaxError" in err, err
+    copy = patched_copy(sglang_source, tmp_path / "sglang-old", LAYOUT, "def get_dcp_lens(\n", "def get_dcp_lengths(\n")
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "sglang", "--sglang-source", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "get_dcp_lens" in err and "is missing" in err and "0.5.23" in err, err
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "sglang", "--sglang-source", str(tmp_path / "nowhere")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+
+
+def test_sglang_code_that_raises_in_a_rank_is_exit_3_naming_rank_and_function(capsys, tmp_path, sglang_source):
+    copy = patched_copy(
+        sglang_source,
+        tmp_path / "sglang-raises",
+        LAYOUT,
+        "    cycle_size = dcp_size * interleave_size\n",
+        "    cycle_size = dcp_size * interleave_size\n    raise RuntimeError('planted failure')\n",
+    )
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "sglang", "--sglang-source", str(copy)]) == 3
+    err = capsys.readouterr().err
+    assert "rank" in err and "SglangCallError: SGLang get_dcp_" in err and "raised RuntimeError: planted failure" in err, err
+
+
+def test_engine_info_names_sglangs_functions(capsys, sglang_source):
+    assert main(["engine", "info", "--engine", "sglang", "--sglang-source", str(sglang_source), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["version"] == "0.5.23"
+    assert info["loaded"] == [
+        "sglang.kernels.ops.attention.dcp_kernels",
+        "sglang.kernels.ops.kvcache.mla_buffer",
+        "sglang.srt.layers.dcp.layout",
+    ]
+    assert "set_mla_kv_buffer_dcp_sharded_triton" in info["decisions"]["write_slots"]
+    assert "get_dcp_lens" in info["decisions"]["local_seq_lens"]
+    assert main(["engine", "fetch", "sglang==0.5.23"]) == 0  # already there: prints the folder
+    assert capsys.readouterr().out.strip() == str(sglang_source)
+
+
+def test_matrix_skips_the_cells_sglang_refuses(capsys, sglang_source):
+    argv = ["matrix", "mla-norope", "--dcp", "2", "--interleave", "1,16", "--engine", "sglang", "--sglang-source", str(sglang_source)]
+    assert main(argv) == 1  # the il1 cell: sglang#36886
+    out = capsys.readouterr().out
+    assert "mla-norope-dcp2-il16-bs64  skipped" in out and "the engine refuses it: SGLang 0.5.23 cannot run this" in out, out
+    assert "mla-norope-dcp2-il1-bs64   fail" in out, out
+
+
+def test_fuzz_draws_only_what_sglang_runs(capsys, sglang_source):
+    argv = ["fuzz", "--engine", "sglang", "--sglang-source", str(sglang_source), "--examples", "4", "--seed", "1", "--in-process"]
+    assert main(argv) == 0, capsys.readouterr().err
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    assert lines and all(" W=1 " in line or " I=1 " in line for line in lines), lines
+
+
+COMBINE = "sglang/kernels/ops/attention/dcp_kernels.py"
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_alltoall_merge_runs_sglangs_combine(capsys, tmp_path, sglang_source, planted):
+    source = sglang_source
+    if planted:  # every received partial state added unweighted
+        source = patched_copy(
+            sglang_source, tmp_path / "sglang-bug", COMBINE, "        acc += partial_out * w\n", "        acc += partial_out\n"
+        )
+    code, report = sglang_run(capsys, source, "dsv3", "--dcp", "2", "--attention", "--attention-merge", "alltoall", "--lse-base", "2")
+    if planted:
+        assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]
+        return
+    assert code == 0, report.get("failure")
+    merged = report["attention_merged_by"]["sglang.kernels.ops.attention.dcp_kernels.dcp_lse_combine_triton"]
+    assert merged["merges"] == report["attention_merges"]["alltoall"] > 0 and 0 < merged["rows"] <= merged["of"]

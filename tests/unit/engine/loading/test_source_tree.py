@@ -1,0 +1,57 @@
+"""The engine-neutral source loader (``dcpsim.engine.loading``): single modules of a package run
+under their real names, the rest are stubs; code that imports when called runs inside
+``importable()``; fetch names what it takes."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from dcpsim.engine.loading.fetch import default_dest, package_of
+from dcpsim.engine.loading.placeholders import is_placeholder
+from dcpsim.engine.loading.tree import SourceTree
+from dcpsim.errors import ConfigError
+
+
+def fake_tree(tmp_path, body: str) -> SourceTree:
+    pkg = tmp_path / "fakepkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('a package __init__ is not run')\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "mod.py").write_text(body)
+    return SourceTree(tmp_path, package="fakepkg", label="Fake", flag="--fake-source")
+
+
+def test_a_module_runs_under_its_real_name_beside_stubs(tmp_path):
+    tree = fake_tree(tmp_path, "from fakepkg.elsewhere import helper\nNAME = __name__\nUSES = helper\n")
+    mod = tree.load(["fakepkg.sub.mod"])["fakepkg.sub.mod"]
+    assert mod.NAME == "fakepkg.sub.mod" and is_placeholder(mod.USES)
+    assert "fakepkg.elsewhere" in tree.stubbed
+    assert not any(k == "fakepkg" or k.startswith("fakepkg.") for k in sys.modules)  # taken out again
+
+
+def test_a_lazy_import_needs_the_tree_importable(tmp_path):
+    tree = fake_tree(tmp_path, "def call():\n    from fakepkg.late import value\n    return value\n")
+    mod = tree.load(["fakepkg.sub.mod"])["fakepkg.sub.mod"]
+    with pytest.raises(ModuleNotFoundError):
+        mod.call()
+    with tree.importable():
+        assert is_placeholder(mod.call())
+    assert "fakepkg.late" not in sys.modules
+
+
+def test_a_tree_that_does_not_import_names_file_and_line(tmp_path):
+    tree = fake_tree(tmp_path, "x = 1\ndef broken(:\n")
+    with pytest.raises(ConfigError, match=r"Fake source .*fakepkg/sub/mod.py:2: SyntaxError"):
+        tree.load(["fakepkg.sub.mod"])
+    with pytest.raises(ConfigError, match="--fake-source .*no fakepkg/ package"):
+        SourceTree(tmp_path / "fakepkg" / "sub", package="fakepkg", label="Fake", flag="--fake-source")
+
+
+def test_fetch_takes_vllm_and_sglang_only(monkeypatch, tmp_path):
+    monkeypatch.setenv("DCPSIM_CACHE", str(tmp_path))
+    assert package_of("sglang==0.5.23") == "sglang" and package_of("vllm") == "vllm"
+    assert default_dest("sglang==0.5.23").name == "sglang-0.5.23"
+    with pytest.raises(ConfigError, match="expected vllm==VERSION or sglang==VERSION"):
+        package_of("torch==2.13.0")
