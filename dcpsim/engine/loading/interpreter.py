@@ -11,11 +11,31 @@ from __future__ import annotations
 import inspect
 import threading
 
+import numpy as np
+
 INTERPRETER_LOCK = threading.Lock()
 """Triton's interpreter patches the kernel module's globals while a kernel runs, so ranks
 that are threads of one process (``--in-process``) launch one kernel at a time."""
 
 _FIXED = False
+
+
+def evenly_spaced(n: int, at_most: int) -> np.ndarray:
+    """At most ``at_most`` of ``range(n)``: all of them, or evenly spaced with both ends (one:
+    the first; none for ``at_most <= 0``). How the engines' kernels are sampled where the
+    interpreter is too slow to run them on everything: a write's tokens, a merge's rows."""
+    if n <= at_most:
+        return np.arange(n, dtype=np.int64)
+    if at_most <= 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.linspace(0, n - 1, at_most).round().astype(np.int64))
+
+
+def sample_rows(rows: int, heads: int, programs: int) -> np.ndarray:
+    """The rows of a ``rows x heads`` merge that run the engine's code: every row while
+    ``rows * heads <= programs``, else ``max(1, programs // heads)`` evenly spaced rows,
+    the first and the last among them."""
+    return evenly_spaced(rows, max(1, programs // heads))
 
 
 def mend_interpreter_bools() -> None:

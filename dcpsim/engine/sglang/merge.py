@@ -4,7 +4,7 @@ LSEs in the run's base, under Triton's interpreter (one Python call per row and 
 
 The all-to-all itself is the reference's exchange over the rank's group (SGLang packs output and
 LSE into one buffer, ``dcp_pack_a2a_send``, and exchanges it the same way); the combine runs on at
-most ``MERGE_PROGRAMS`` row x head programs of each merge (``sample_rows`` of the vLLM engine:
+most ``MERGE_PROGRAMS`` row x head programs of each merge (``loading.interpreter.sample_rows``, as the vLLM engine:
 every row of a small merge, else evenly spaced rows with both ends, the same on every rank), whose
 results replace the reference's rows.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dcpsim.engine.vllm.merge import sample_rows
+from dcpsim.engine.loading.interpreter import sample_rows
 
 COMBINE = "dcp_lse_combine_triton"
 MERGE_PROGRAMS = 16

@@ -10,7 +10,7 @@ column of its nope (and rope) part; a row that holds one tag in every column was
 that token, and its index is the slot.
 
 Triton's interpreter runs one Python call per token (milliseconds each), so the Triton
-kernel runs on at most ``programs`` tokens of a step's write (``sample``: evenly spaced,
+kernel runs on at most ``programs`` tokens of a step's write (``evenly_spaced``: evenly spaced,
 the first and last among them, the same on every rank); the rest go through SGLang's own
 torch-native scatter ``set_mla_kv_buffer_naive`` (the path SGLang takes on a platform that
 cannot launch Triton), so SGLang's code places every token. The kernel's placement of a
@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dcpsim.engine.loading.interpreter import evenly_spaced
 from dcpsim.model.layout import PAD
 
 TRITON_WRITE = "set_mla_kv_buffer_dcp_sharded_triton"
@@ -29,17 +30,6 @@ TORCH_WRITE = "set_mla_kv_buffer_naive"
 NOPE, ROPE = 2, 1
 """Columns of the probe's nope and rope parts: the kernels' row logic does not depend on
 the widths (a real entry is 512 + 64: the kernel's one tile spans the boundary, as here)."""
-
-
-def sample(n: int, programs: int) -> np.ndarray:
-    """At most ``programs`` of ``range(n)``: all of them, or evenly spaced with both ends."""
-    if n <= programs:
-        return np.arange(n, dtype=np.int64)
-    if programs <= 0:
-        return np.zeros(0, dtype=np.int64)
-    if programs == 1:
-        return np.zeros(1, dtype=np.int64)
-    return np.unique(np.round(np.linspace(0, n - 1, programs)).astype(np.int64))
 
 
 def _tags(n: int, rope: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -84,7 +74,7 @@ def probe_slots(mla_buffer, loc: np.ndarray, *, rope: bool, dcp_size: int, dcp_r
         dcp_rank=dcp_rank,
     )
     slots = _read_back(buffer, n)
-    chosen = sample(n, programs)
+    chosen = evenly_spaced(n, programs)
     if len(chosen):
         buffer = torch.zeros((rows, width), dtype=torch.int64)
         knope, krope = _tags(len(chosen), rope)

@@ -47,12 +47,13 @@ import numpy as np
 import torch
 
 from dcpsim.engine.interface import EngineError, MergedBy
+from dcpsim.engine.loading.interpreter import sample_rows
 from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND, read_backend
 from dcpsim.engine.vllm.core import load_with_core
 from dcpsim.engine.vllm.loader import INTERPRETER_LOCK, SourceTree, source_dir
-from dcpsim.engine.vllm.merge import ALLGATHER, ALLTOALL, DEFAULT_PROGRAMS, WRAPPERS, VllmCombine, sample_rows
+from dcpsim.engine.vllm.merge import ALLGATHER, ALLTOALL, DEFAULT_PROGRAMS, WRAPPERS, VllmCombine
 from dcpsim.engine.vllm.scheduler import VllmScheduler
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage

@@ -26,7 +26,6 @@ rows (``dcpsim.engine.interface.MergedBy`` says so in the result).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from dcpsim.collectives import Collectives
@@ -94,16 +93,6 @@ class _LockedKernel:
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
-
-
-def sample_rows(rows: int, heads: int, programs: int) -> np.ndarray:
-    """The rows of a ``rows x heads`` merge that run vLLM's code: every row while
-    ``rows * heads <= programs``, else ``max(1, programs // heads)`` evenly spaced rows,
-    the first and the last among them."""
-    n = max(1, programs // heads)
-    if rows <= n:
-        return np.arange(rows)
-    return np.unique(np.linspace(0, rows - 1, n).round().astype(np.int64))
 
 
 class VllmCombine:

@@ -9,8 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dcpsim.engine.loading.interpreter import evenly_spaced
 from dcpsim.engine.sglang.adapter import widened_ids
-from dcpsim.engine.sglang.writes import _read_back, sample
+from dcpsim.engine.sglang.writes import _read_back
 from dcpsim.model.layout import PAD, slot_mapping
 
 
@@ -33,7 +34,7 @@ def test_owner_and_row_of_a_widened_id_are_the_slot_mapping_at_interleave_1(W, B
 
 @given(n=st.integers(0, 300), programs=st.integers(0, 40))
 def test_the_sample_takes_both_ends_and_at_most_programs(n, programs):
-    chosen = sample(n, programs)
+    chosen = evenly_spaced(n, programs)
     assert len(chosen) <= max(min(n, programs), 0) and len(set(chosen.tolist())) == len(chosen)
     if n and programs >= 2:
         assert chosen[0] == 0 and chosen[-1] == n - 1

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from dcpsim.engine.vllm.merge import CpGroup, _Dist, sample_rows
+from dcpsim.engine.loading.interpreter import sample_rows
+from dcpsim.engine.vllm.merge import CpGroup, _Dist
 from dcpsim.harness.collectives import run_in_threads
 
 
