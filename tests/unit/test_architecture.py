@@ -91,8 +91,9 @@ LAYERS = (
     ("dcpsim.harness",),
     # campaigns of runs: selftest, matrix, fuzz, shards
     ("dcpsim.campaigns",),
-    # the command line, and its entry point
-    ("dcpsim.cli",),
+    # the command line and the Python API (dcpsim.run, ...): neither calls the other
+    ("dcpsim.cli", "dcpsim.api"),
+    # the command line's entry point
     ("dcpsim.__main__",),
 )
 """Bottom to top. A package never imports a package of a higher layer, nor a sibling of
