@@ -33,21 +33,7 @@ def pytest_addoption(parser):
         action="store_true",
         help="run the full correctness matrix (the default; kept so that existing commands still work)",
     )
-    group.addoption(
-        "--dcpsim-shard", metavar="K/N", help="run shard K of N (1-based) of the full matrix, the cells of dcpsim matrix --full --shard K/N"
-    )
-
-
-def pytest_configure(config):
-    shard = config.getoption("dcpsim_shard", None)
-    if shard is not None:
-        from dcpsim.campaigns.shard import parse_shard
-        from dcpsim.errors import ConfigError
-
-        try:
-            parse_shard(shard, "--dcpsim-shard")
-        except ConfigError as exc:
-            raise pytest.UsageError(str(exc)) from None
+    # --dcpsim-shard K/N (the full matrix's shard) is the pytest plugin's (dcpsim.pytest_plugin)
 
 
 @pytest.fixture
