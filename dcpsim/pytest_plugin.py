@@ -19,7 +19,6 @@ fixture, a ``CheckFailed``.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -105,14 +104,20 @@ def _scenarios(text: str | None) -> list[str] | None:
 @pytest.fixture
 def dcpsim_run(request):
     """``dcpsim.run`` with the session's ``--dcpsim-engine``, ``--dcpsim-vllm-source`` and
-    ``--dcpsim-in-process``; a keyword given in the call wins."""
+    ``--dcpsim-in-process``; a keyword given in the call wins, and a call that names its own
+    ``engine`` takes none of the session's engine options."""
     from dcpsim.api import run
 
     options = request.config._dcpsim_options or _options(request.config)
-    session = dict(engine=options.engine.name, in_process=options.world.in_process)
+    engine = dict(engine=options.engine.name)
     if options.engine.vllm_source:
-        session["vllm_source"] = options.engine.vllm_source
-    return functools.partial(run, **session)
+        engine["vllm_source"] = options.engine.vllm_source
+
+    def session_run(scenario, **kwargs):
+        defaults = dict(in_process=options.world.in_process, **({} if "engine" in kwargs else engine))
+        return run(scenario, **{**defaults, **kwargs})
+
+    return session_run
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
