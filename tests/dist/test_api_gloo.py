@@ -1,14 +1,19 @@
 """``dcpsim.run`` on real gloo worlds (its default) gives the verdict and the document of
-``python -m dcpsim run --json`` in a process of its own: a plain run and a P/D run."""
+``python -m dcpsim run --json`` in a process of its own: a plain run and a P/D run, whose
+documents follow docs/report.schema.json."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 import dcpsim
 from support.helpers import run_cli, without_timings
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "report.schema.json").read_text(encoding="utf-8"))
 
 
 @pytest.mark.dist
@@ -28,6 +33,7 @@ def test_a_gloo_run_gives_the_cli_verdict_and_document(name, flags, kwargs):
     assert report.passed and cli["passed"]
     assert without_timings(report.to_dict()) == without_timings(cli)
     assert report.ranks and all(r.peak_rss_mb > 0 for r in report.ranks)
+    jsonschema.Draft202012Validator(SCHEMA).validate(cli)  # a P/D report's only check against the schema
 
 
 @pytest.mark.dist

@@ -35,8 +35,9 @@ def shell_lines(text: str, shard: int | None = None) -> list[list[str]]:
 
 
 def readme_commands() -> list[list[str]]:
-    text = (ENGINE_REPO / "README.md").read_text(encoding="utf-8")
-    return [cmd for block in re.findall(r"```bash\n(.*?)```", text, re.S) for cmd in shell_lines(block)]
+    """The commands of the engine repository's README and of docs/api.md."""
+    texts = [(ENGINE_REPO / "README.md").read_text(encoding="utf-8"), (CI.parents[1] / "docs" / "api.md").read_text(encoding="utf-8")]
+    return [cmd for text in texts for block in re.findall(r"```bash\n(.*?)```", text, re.S) for cmd in shell_lines(block)]
 
 
 def plugin_flags() -> dict[str, dict]:
@@ -133,7 +134,7 @@ def test_every_command_of_the_recipe_is_real():
             check_dcpsim(argv)
         else:
             flags.update(check_pytest(argv))
-    assert seen["dcpsim"] >= 2 and seen["pytest"] >= 4
+    assert seen["dcpsim"] >= 3 and seen["pytest"] >= 6
     assert {"--dcpsim-engine", "--dcpsim-vllm-source", "--dcpsim-shard", "--dcpsim-matrix"} <= flags
 
 
