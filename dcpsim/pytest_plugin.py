@@ -139,7 +139,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if items:
         config.hook.pytest_deselected(items=list(items))
     cells = [everything[i] for i in indices]
-    items[:] = [MatrixCellItem.from_parent(session, name=c.cell.id, cell=c, index=i, record=record) for i, c in zip(indices, cells)]
+    items[:] = [
+        MatrixCellItem.from_parent(session, name=c.cell.id, nodeid=c.cell.id, cell=c, index=i, record=record)
+        for i, c in zip(indices, cells)
+    ]
 
 
 class MatrixCellItem(pytest.Item):
