@@ -8,6 +8,7 @@ name them. Real gloo worlds: tests/dist/test_api_gloo.py.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,12 @@ def test_the_api_names_are_the_api_packages():
     assert dcpsim.Engine is dcpsim.api.Engine and dcpsim.ReferenceEngine().name == "reference"
     with pytest.raises(AttributeError):
         dcpsim.no_such_name  # noqa: B018
+
+
+@pytest.mark.slow
+def test_a_trace_is_written_and_its_line_kept_in_the_notes(tmp_path):
+    path = tmp_path / "trace.json"
+    report = dcpsim.run("llama-gqa", dcp=2, in_process=True, trace=str(path))
+    events = json.loads(path.read_text(encoding="utf-8"))["traceEvents"]
+    assert report.passed and len(events) > 10
+    assert any(note.startswith("dcpsim: trace of") and str(path) in note for note in report.notes)
