@@ -34,3 +34,14 @@ class HarnessError(DcpsimError):
     """The simulation could not run to completion (crash, timeout, rendezvous)."""
 
     exit_code = EXIT_HARNESS
+
+
+class CheckFailed(DcpsimError):
+    """A correctness check failed (``dcpsim.Report.raise_for_failure``); the message is the
+    run's text report, ``report`` the ``dcpsim.Report``."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report

@@ -29,9 +29,7 @@ def pytest_addoption(parser):
         action="store_true",
         help="leave out the full correctness matrix (tests/matrix/test_matrix_full.py, ~4 min on 2 cores)",
     )
-    group.addoption(
-        "--dcpsim-shard", metavar="K/N", help="run shard K of N (1-based) of the full matrix, the cells of dcpsim matrix --full --shard K/N"
-    )
+    # --dcpsim-shard K/N (the full matrix's shard) is the pytest plugin's (dcpsim.pytest_plugin)
 
 
 NETWORK_FIXTURES = frozenset({"vllm_source", "vllm_source_or_skip", "sglang_source"})
@@ -46,18 +44,6 @@ def pytest_collection_modifyitems(config, items):
         if NETWORK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.network)
             item.add_marker(pytest.mark.slow)
-
-
-def pytest_configure(config):
-    shard = config.getoption("dcpsim_shard", None)
-    if shard is not None:
-        from dcpsim.campaigns.shard import parse_shard
-        from dcpsim.errors import ConfigError
-
-        try:
-            parse_shard(shard, "--dcpsim-shard")
-        except ConfigError as exc:
-            raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ import sys
 from dcpsim.campaigns import junit
 from dcpsim.campaigns import matrix as mx
 from dcpsim.campaigns import shard as sh
-from dcpsim.campaigns.grid import full_grid
+from dcpsim.campaigns.matrix_plan import entries as cell_entries
+from dcpsim.campaigns.matrix_plan import matrix_cells, shard_indices
 from dcpsim.campaigns.pd_matrix import parse_pairs, pd_table, run_pd_matrix
 from dcpsim.cli.flags import add_flags, options_from
 from dcpsim.cli.options import add_engine_arguments, add_force_argument, add_verify_argument, engine_choice
@@ -20,7 +21,6 @@ from dcpsim.cli.progress import print_waiting, progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.budget import cpu_warning
 from dcpsim.harness.world_options import WorldOptions
-from dcpsim.options import flatten
 from dcpsim.plural import plural
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
@@ -111,39 +111,20 @@ def _run_pd(args) -> int:
 
 def cells_of(args) -> list:
     """The matrix's full cell list, from the scenarios and the grid flags."""
-    scenarios = args.scenarios or builtin_scenario_names()
+    lists = dict(
+        dcps=_int_list(args.dcp, "--dcp") if args.dcp is not None else None,
+        interleaves=[x.strip() for x in args.interleave.split(",") if x.strip()] if args.interleave is not None else None,
+        block_sizes=_int_list(args.block_size, "--block-size") if args.block_size is not None else None,
+        pcps=_int_list(args.pcp, "--pcp") if args.pcp is not None else None,
+    )
     if args.full:
-        given = [
-            flag
-            for flag, value in (
-                ("--dcp", args.dcp),
-                ("--interleave", args.interleave),
-                ("--block-size", args.block_size),
-                ("--pcp", args.pcp),
-            )
-            if value is not None
-        ]
+        flags = {"dcps": "--dcp", "interleaves": "--interleave", "block_sizes": "--block-size", "pcps": "--pcp"}
+        given = [flags[key] for key, value in lists.items() if value is not None]
         if given:
             raise ConfigError(f"--full fixes the grid: drop {', '.join(given)}")
-        return full_grid(scenarios)  # no dry runs: the layouts and pools are validated
-    dcps = _int_list(args.dcp or DEFAULT_DCP, "--dcp")
-    if not dcps:
+    elif lists["dcps"] == []:
         raise ConfigError(f"--dcp: expected a comma list of integers, got {args.dcp!r}")
-    interleaves = [x.strip() for x in (args.interleave or DEFAULT_INTERLEAVE).split(",") if x.strip()]
-    block_sizes = _int_list(args.block_size or "", "--block-size") or [None]
-    pcps = _int_list(args.pcp or "", "--pcp") or [None]
-    return mx.expand(scenarios, dcps, interleaves, block_sizes, pcps=pcps, force=args.force)
-
-
-def entry(res) -> dict:
-    """One cell of the ``--json`` list."""
-    return {
-        "cell": res.cell.id,
-        "status": res.status,
-        "reason": res.reason,
-        "seconds": round(res.seconds, 3),
-        "report": json.loads(res.report.to_json()) if res.report else None,
-    }
+    return matrix_cells(args.scenarios, full=args.full, force=args.force, **{k: v for k, v in lists.items() if not args.full})
 
 
 def run(args) -> int:
@@ -156,7 +137,7 @@ def run(args) -> int:
     engine = engine_choice(args)
     check = options_from(CheckOptions, args)
     everything = cells_of(args)
-    indices = sh.select(everything, *shard) if shard is not None else list(range(len(everything)))
+    indices = shard_indices(everything, shard)
     results = [everything[i] for i in indices]
     pending = sum(r.status == mx.CellStatus.PENDING for r in results)
     if not pending:
@@ -178,10 +159,7 @@ def run(args) -> int:
             progress=lambda res: view.done(mx.cell_line(res), ok=not res.status.bad),
             on_wait=view.waiting,
         )
-    entries = [entry(r) for r in results]
-    if shard is not None:
-        digest = sh.matrix_hash([r.cell.id for r in everything], dict(flatten(engine), verify=check.mode))
-        sh.stamp(entries, indices, digest=digest, total=len(everything), shard=shard)
+    entries = cell_entries(results, everything, indices, shard=shard, engine=engine, check=check)
     if args.junit:
         junit.write(
             entries, args.junit, details={r.cell.id: r.report.text() for r in results if r.report is not None and not r.report.passed}

@@ -1,7 +1,7 @@
 """``dcpsim merge``: join the reports of ``matrix --shard K/N`` runs into one.
 
 Takes each shard's ``--json`` output or ``--junit`` file (either kind, told apart by
-content), checks that they are shards 1..N of one matrix, each once
+content; the pytest plugin's ``--junitxml`` files carry the same shard record), checks that they are shards 1..N of one matrix, each once
 (``campaigns.shard.merge``), writes the whole matrix's JSON list and/or JUnit file, and
 exits 1 if any cell failed (2 if the shards do not make one matrix).
 """
@@ -19,7 +19,12 @@ from dcpsim.report_file import read_report_text
 
 
 def add_arguments(p) -> None:
-    p.add_argument("reports", nargs="+", metavar="REPORT", help="each shard's matrix --shard K/N --json output or --junit file")
+    p.add_argument(
+        "reports",
+        nargs="+",
+        metavar="REPORT",
+        help="each shard's matrix --shard K/N --json output or --junit file (or pytest --dcpsim-matrix --junitxml file)",
+    )
     p.add_argument("--json-out", metavar="FILE", help="write the merged cells as one matrix --json list")
     p.add_argument("--junit-out", metavar="FILE", help="write the merged cells as one JUnit XML file")
 

@@ -5,16 +5,14 @@ build: every run option comes from the option tree (``Job``, ``ScenarioOverrides
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from dcpsim.cli.flags import add_flags, options_from
 from dcpsim.engine.choice import EngineChoice
-from dcpsim.errors import ConfigError
 from dcpsim.harness.job import Job, parse_rank_failure
+from dcpsim.harness.launch import resolve_scenario
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.attention_config import AttentionConfig
 from dcpsim.model.scenario import Scenario, ScenarioOverrides
-from dcpsim.scenarios.load import load_scenario
 from dcpsim.verify.options import CheckOptions
 
 
@@ -71,22 +69,9 @@ def add_world_arguments(p: argparse.ArgumentParser, *, timeout: bool = False) ->
 
 
 def scenario_from_args(args: argparse.Namespace, world_size: int | None = None) -> Scenario:
-    """The scenario the flags name, with their overrides; under torchrun (``world_size``)
-    W is the torchrun world size unless PCP or TP sets the grid."""
-    overrides = options_from(ScenarioOverrides, args)
-    if overrides.seed is not None and overrides.seed < 0:  # as a file's seed
-        raise ConfigError(f"--seed must be >= 0, got {overrides.seed}")
-    scenario = load_scenario(args.scenario)
-    dcp = overrides.decode_context_parallel_size
-    grid = overrides.prefill_context_parallel_size or overrides.tensor_parallel_size
-    if world_size is not None and not grid and scenario.config.prefill_context_parallel_size == 1:
-        if dcp is not None and dcp != world_size:
-            raise ConfigError(f"--decode-context-parallel-size {dcp} does not match the torchrun world size {world_size}")
-        overrides = dataclasses.replace(overrides, decode_context_parallel_size=world_size)
-    try:
-        return scenario.with_overrides(overrides)
-    except ConfigError as exc:
-        raise ConfigError(f"{scenario.source}: {exc}") from None
+    """The scenario the flags name, with their overrides (``harness.launch.resolve_scenario``);
+    under torchrun (``world_size``) W is the torchrun world size unless PCP or TP sets the grid."""
+    return resolve_scenario(args.scenario, options_from(ScenarioOverrides, args), world_size)
 
 
 def job_from_args(args: argparse.Namespace, scenario: Scenario) -> Job:

@@ -16,11 +16,9 @@ from dcpsim.cli.flags import options_from
 from dcpsim.cli.outcome import json_errors
 from dcpsim.cli.progress import print_waiting
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
-from dcpsim.harness.budget import check_pd_budget, cpu_warning
-from dcpsim.harness.pd import run_pd
-from dcpsim.harness.pd_job import PDJob, prepare_pd
+from dcpsim.harness.launch import PD_UNSUPPORTED, check_pd_options, launch_pd
 from dcpsim.harness.world_options import WorldOptions
-from dcpsim.scenarios.pd import ROLES, check_disaggregation
+from dcpsim.scenarios.pd import check_disaggregation
 
 _INSTANCE_FLAGS = {
     "dcp": "decode_context_parallel_size",
@@ -99,32 +97,14 @@ def with_pd_overrides(scenario, overrides: dict):
     return out
 
 
-def _check_pd_budget(job: PDJob, force: bool) -> None:
-    """Refuse (exit 2) a P/D run the machine cannot hold, before the dry runs; warn when
-    the instances' ranks outnumber the CPUs."""
-    instances = {role: job.instance(role) for role in ROLES}
-    check_pd_budget(instances, force=force)
-    warning = cpu_warning(sum(sc.config.world_size for sc in instances.values()))
-    if warning:
-        print(warning, file=sys.stderr)
-
-
 def run_disaggregated(args, scenario) -> int:
     with json_errors(args.json):
-        if args.decode_context_parallel_size is not None:
-            raise ConfigError(
-                "--decode-context-parallel-size sizes one instance; a P/D scenario's instances take --prefill-dcp and --decode-dcp"
-            )
-        for flag in ("in_process", "trace", "attention", "simulate_rank_failure"):
-            if getattr(args, flag, None):
-                raise ConfigError(f"--{flag.replace('_', '-')} is not supported for P/D runs yet")
-        job = PDJob(scenario, inject=args.inject)
-        try:
-            _check_pd_budget(job, args.force)
-            prepare_pd(job)
-        except ConfigError as exc:
-            raise ConfigError(f"{scenario.source}: {exc}") from None
-        report = run_pd(job, world=options_from(WorldOptions, args), on_wait=print_waiting)
+        given = {key: getattr(args, key, None) for key in ("decode_context_parallel_size", *PD_UNSUPPORTED)}
+        given["rank_failure"] = getattr(args, "simulate_rank_failure", None)
+        check_pd_options(given)
+        world = options_from(WorldOptions, args)
+        say = lambda line: print(line, file=sys.stderr)
+        report = launch_pd(scenario, inject=args.inject, world=world, force=args.force, say=say, on_wait=print_waiting)
     print(report.to_json() if args.json else report.text())
     sys.stdout.flush()
     return EXIT_OK if report.passed else EXIT_CHECK_FAILED

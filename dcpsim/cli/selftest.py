@@ -3,14 +3,13 @@ and the correct engine must pass every baseline (``dcpsim.campaigns.selftest``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import time
 
-from dcpsim.campaigns.pd_selftest import PD_SCENARIO, pd_fault_names, run_pd_selftest
-from dcpsim.campaigns.selftest import bug_class_legend, fault_status, format_table, row_line, run_plan, verdict
+from dcpsim.campaigns.pd_selftest import PD_SCENARIO
+from dcpsim.campaigns.selftest import bug_class_legend, format_table, row_line
 from dcpsim.campaigns.selftest_options import canonical_options, options_text
-from dcpsim.campaigns.selftest_plan import DETECTED, PASS, Plan, plan_selftest
+from dcpsim.campaigns.selftest_plan import DETECTED, PASS, Plan
+from dcpsim.campaigns.selftest_run import plan_of, run_selftest, runs_of
 from dcpsim.cli.flags import add_flags, options_from
 from dcpsim.cli.options import add_engine_arguments, engine_choice
 from dcpsim.cli.progress import progress_view
@@ -91,54 +90,22 @@ def pd_bug_class_legend(names: list[str]) -> list[str]:
     return [f"  {n:<{width}}  {PD_FAULTS[n].bug_class}" for n in names]
 
 
-def _split_faults(args) -> tuple[list[str] | None, list[str]]:
-    """(the engine faults to plan, None: all; the P/D faults to run). The P/D half runs on
-    its built-in (always in gloo worlds) unless ``--fault`` or ``--scenario`` leave it out."""
-    names = pd_fault_names()
-    pd_chosen = names if args.fault is None else [n for n in args.fault if n in names]
-    if args.scenario is not None and PD_SCENARIO not in args.scenario:
-        pd_chosen = []
-    plain = None if args.fault is None else [n for n in args.fault if n not in names]
-    return plain, pd_chosen
-
-
 def run(args) -> int:
     world = options_from(WorldOptions, args)
-    plain, pd_chosen = _split_faults(args)
-    run_plain = plain is None or bool(plain) or not pd_chosen
-    plan = plan_selftest(plain, args.scenario, dry_run=not args.list) if run_plain else Plan(cases=[])
+    plan, pd_chosen = plan_of(args.fault, args.scenario, dry_run=not args.list)
     if args.list:
         return _list(plan, args.json, pd_chosen)
-    start = time.perf_counter()
     engine = engine_choice(args)
-    pd_runs = len(pd_chosen) + 3 if pd_chosen else 0
-    with progress_view("selftest", len(plan.cases) + pd_runs) as view:
+    with progress_view("selftest", runs_of(plan, pd_chosen)) as view:
 
         def progress(row):
             view.done(row_line(row), ok=row.outcome in (DETECTED, PASS))
 
-        rows = run_plan(plan, engine=engine, world=world, progress=progress, on_wait=view.waiting) if plan.cases or plan.rows else []
-        if pd_chosen:
-            rows += run_pd_selftest(pd_chosen, world=world, progress=progress, on_wait=view.waiting)
-    passed, summary = verdict(rows, plan.faults + pd_chosen)
-    seconds = time.perf_counter() - start
+        result = run_selftest(plan, pd_chosen, engine=engine, world=world, progress=progress, on_wait=view.waiting)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "passed": passed,
-                    "faults": {n: fault_status(rows, n) for n in plan.faults + pd_chosen},
-                    "rows": [dataclasses.asdict(r) for r in rows],
-                    "skipped": plan.skipped,
-                    "summary": summary,
-                    "wall_time_s": round(seconds, 2),
-                },
-                indent=2,
-                default=str,
-            )
-        )
+        print(json.dumps(result.document(), indent=2, default=str))
     else:
-        print(format_table(rows))
+        print(format_table(result.rows))
         print()
         print("bug classes (docs/dcp-semantics.md section 8):")
         print("\n".join(bug_class_legend(plan.faults)))
@@ -150,5 +117,5 @@ def run(args) -> int:
                 "baseline identical to another one; see --json)"
             )
         print()
-        print("\n".join(summary) + f" ({seconds:.1f} s)")
-    return EXIT_OK if passed else EXIT_CHECK_FAILED
+        print("\n".join(result.summary) + f" ({result.seconds:.1f} s)")
+    return EXIT_OK if result.passed else EXIT_CHECK_FAILED

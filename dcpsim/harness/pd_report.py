@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from dcpsim.report_file import SCHEMA_VERSION
 from dcpsim.verify.report import RunReport
 
 
@@ -30,6 +31,7 @@ class PDReport:
 
     def to_dict(self) -> dict:
         return dict(
+            schema_version=SCHEMA_VERSION,
             scenario=self.scenario,
             passed=self.passed,
             kv_connector=self.kv_connector,

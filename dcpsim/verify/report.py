@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from dcpsim.model.kinds import Storage
 from dcpsim.plural import plural
+from dcpsim.report_file import SCHEMA_VERSION
 
 
 class FailureKind(enum.StrEnum):
@@ -179,7 +180,7 @@ class RunReport:
         return self.bytes_gathered / self.verified_indices if self.verified_indices else 0.0
 
     def to_json(self) -> str:
-        data = dataclasses.asdict(self)
+        data = {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
         data["bytes_per_verified_index"] = round(self.bytes_per_verified_index, 4)
         return json.dumps(_json_safe(data), indent=2)
 

@@ -360,3 +360,21 @@ def scenario_toml(data: dict) -> str:
             for entry in value:
                 lines += ["", f"[[{key}]]"] + [f"{k} = {toml_value(v)}" for k, v in entry.items()]
     return "\n".join(lines) + "\n"
+
+
+# --- reports: what may differ between two runs of one job ---------------------------------
+
+RANK_TIMINGS = ("peak_rss_mb", "cpu_seconds")
+"""A rank's figures that are measured, not computed (memory and CPU time of its process)."""
+
+
+def without_timings(doc: dict) -> dict:
+    """A run report document (``run --json``, ``dcpsim.Report.to_dict``) without what is
+    measured: its wall time and each rank's memory and CPU time (a P/D report's instances too)."""
+    out = {k: v for k, v in doc.items() if k != "wall_time_s"}
+    if "ranks" in out:
+        out["ranks"] = [{k: v for k, v in r.items() if k not in RANK_TIMINGS} for r in out["ranks"]]
+    for role in ("prefill", "decode"):
+        if isinstance(out.get(role), dict):
+            out[role] = without_timings(out[role])
+    return out

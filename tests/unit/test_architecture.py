@@ -99,9 +99,10 @@ LAYERS = (
     ("dcpsim.harness",),
     # campaigns of runs: selftest, matrix, fuzz, shards
     ("dcpsim.campaigns",),
-    # the command line, and its entry point
-    ("dcpsim.cli",),
-    ("dcpsim.__main__",),
+    # the command line and the Python API (dcpsim.run, ...): neither calls the other
+    ("dcpsim.cli", "dcpsim.api"),
+    # the command line's entry point; the pytest plugin (over the API)
+    ("dcpsim.__main__", "dcpsim.pytest_plugin"),
 )
 """Bottom to top. A package never imports a package of a higher layer, nor a sibling of
 its own layer, not even inside a function."""
