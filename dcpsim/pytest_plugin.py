@@ -2,7 +2,8 @@
 an engine's repository with dcpsim installed needs no conftest (docs/api.md).
 
 - fixture ``dcpsim_run``: ``dcpsim.run`` with the session's engine options applied
-  (``--dcpsim-engine NAME``, ``--dcpsim-vllm-source DIR``, ``--dcpsim-in-process``);
+  (``--dcpsim-engine NAME``, ``--dcpsim-vllm-source DIR``, ``--dcpsim-sglang-source DIR``,
+  ``--dcpsim-in-process``);
 - ``--dcpsim-matrix [SCENARIO,...]``: the session is the correctness matrix, one test item per
   cell (its id as ``dcpsim matrix`` prints it; default every built-in), the other tests
   deselected; ``--dcpsim-shard K/N`` keeps shard K of N (the cells of ``dcpsim matrix --shard
@@ -27,6 +28,9 @@ import pytest
 from dcpsim.campaigns.shard import parse_shard
 from dcpsim.errors import CheckFailed, ConfigError, HarnessError
 
+SOURCES = ("vllm_source", "sglang_source")
+"""The engines' source-tree options, ``--dcpsim-vllm-source`` and ``--dcpsim-sglang-source``."""
+
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("dcpsim", "dcpsim: DCP KV-cache layouts of the engine under test")
@@ -34,9 +38,12 @@ def pytest_addoption(parser) -> None:
         "--dcpsim-engine",
         metavar="NAME",
         default="reference",
-        help="the engine under test of dcpsim_run and --dcpsim-matrix: reference (default), vllm, or MODULE:ATTR",
+        help="the engine under test of dcpsim_run and --dcpsim-matrix: reference (default), vllm, sglang, or MODULE:ATTR",
     )
     group.addoption("--dcpsim-vllm-source", metavar="DIR", help="--dcpsim-engine vllm: a directory holding vllm/ (a checkout, a wheel)")
+    group.addoption(
+        "--dcpsim-sglang-source", metavar="DIR", help="--dcpsim-engine sglang: a directory holding sglang/ (a checkout's python/, a wheel)"
+    )
     group.addoption("--dcpsim-in-process", action="store_true", help="run the ranks as threads of the test process (no gloo)")
     group.addoption(
         "--dcpsim-matrix",
@@ -59,7 +66,7 @@ def pytest_configure(config) -> None:
     config._dcpsim_options = None  # built on first use (the fixture), or here for an option of ours
     config._dcpsim_scenarios = None
     config._dcpsim_shard = None
-    given = [config.getoption(o) for o in ("dcpsim_vllm_source", "dcpsim_in_process", "dcpsim_matrix", "dcpsim_shard")]
+    given = [config.getoption(o) for o in ("dcpsim_in_process", "dcpsim_matrix", "dcpsim_shard", *(f"dcpsim_{s}" for s in SOURCES))]
     if config.getoption("dcpsim_engine") == "reference" and all(v in (None, False) for v in given):
         return
     try:
@@ -76,8 +83,7 @@ def _options(config):
     from dcpsim.api.matrix import MatrixOptions
 
     given = dict(engine=config.getoption("dcpsim_engine"), in_process=config.getoption("dcpsim_in_process"))
-    if config.getoption("dcpsim_vllm_source"):
-        given["vllm_source"] = config.getoption("dcpsim_vllm_source")
+    given.update({source: config.getoption(f"dcpsim_{source}") for source in SOURCES if config.getoption(f"dcpsim_{source}")})
     try:
         return MatrixOptions.of(**given)
     except ConfigError as exc:
@@ -103,15 +109,14 @@ def _scenarios(text: str | None) -> list[str] | None:
 
 @pytest.fixture
 def dcpsim_run(request):
-    """``dcpsim.run`` with the session's ``--dcpsim-engine``, ``--dcpsim-vllm-source`` and
-    ``--dcpsim-in-process``; a keyword given in the call wins, and a call that names its own
-    ``engine`` takes none of the session's engine options."""
+    """``dcpsim.run`` with the session's ``--dcpsim-engine``, ``--dcpsim-vllm-source``,
+    ``--dcpsim-sglang-source`` and ``--dcpsim-in-process``; a keyword given in the call wins, and
+    a call that names its own ``engine`` takes none of the session's engine options."""
     from dcpsim.api import run
 
     options = request.config._dcpsim_options or _options(request.config)
     engine = dict(engine=options.engine.name)
-    if options.engine.vllm_source:
-        engine["vllm_source"] = options.engine.vllm_source
+    engine.update({source: getattr(options.engine, source) for source in SOURCES if getattr(options.engine, source)})
 
     def session_run(scenario, **kwargs):
         defaults = dict(in_process=options.world.in_process, **({} if "engine" in kwargs else engine))

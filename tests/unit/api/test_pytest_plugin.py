@@ -54,6 +54,8 @@ def test_a_broken_engine_fails_the_test_with_the_text_report(engine_repo):
         (("--dcpsim-shard", "3/2"), "--dcpsim-shard: expected K/N"),
         (("--dcpsim-matrix", "tests"), "--dcpsim-matrix: 'tests' is neither a built-in scenario"),
         (("--dcpsim-vllm-source", "/nowhere"), "--dcpsim-engine reference"),
+        (("--dcpsim-engine", "sglang", "--dcpsim-sglang-source", "/nowhere"), "--sglang-source /nowhere: no such directory"),
+        (("--dcpsim-sglang-source", "/nowhere"), "--sglang-* options are only used with --engine sglang"),
     ],
 )
 def test_a_bad_option_is_a_usage_error(engine_repo, args, words):
