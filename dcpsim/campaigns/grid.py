@@ -12,13 +12,24 @@ For each scenario with page size ``B`` (``matrix.page_states``):
   kernel table is the block table itself; ``Bk`` matters nowhere at W = 1 that the
   ``B / 2`` cells do not already cover).
 
+A block-size override gives every group the same page, so the groups' block spans then
+divide each other. A scenario whose own spans do not (``prefix-ragged-spans``: 64 and 48
+tokens) runs its first block size at its own pages instead, with every interleave dividing
+all of them: the only cells where a prefix hit must come in LCM units of spans that do not
+divide each other.
+
 The list, its order and the cell ids depend only on the scenarios, so every machine that
 expands it gets the same cells (``shard`` partitions it).
 """
 
 from __future__ import annotations
 
+import math
+
 from dcpsim.campaigns.matrix import CellResult, expand, page_states
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.model.kinds import Storage
+from dcpsim.model.scenario import Scenario
 from dcpsim.scenarios.load import load_scenario
 
 FULL_DCP = tuple(range(1, 9))
@@ -32,10 +43,25 @@ def full_grid(scenarios: list[str], *, dry_run: bool = False) -> list[CellResult
     """Every cell of the full grid once, in a fixed order (see the module doc)."""
     out: list[CellResult] = []
     for name in scenarios:
-        b = page_states(load_scenario(name))
-        sizes = [b] + ([b // 2] if b % 2 == 0 and b > 1 else [])
+        scenario = load_scenario(name)
+        b = page_states(scenario)
+        ragged = ragged_pages(scenario)
+        if ragged:  # its own pages, every interleave dividing each of them
+            out += expand([name], FULL_DCP, [str(i) for i in divisors(math.gcd(*ragged))], [None], dry_run=dry_run)
+        sizes = ([] if ragged else [b]) + ([b // 2] if b % 2 == 0 and b > 1 else [])
         for bs in sizes:
             out += expand([name], FULL_DCP, [str(i) for i in divisors(bs)], [bs], dry_run=dry_run)
         if b % 2 == 0 and b > 1:
             out += expand([name], FULL_DCP[1:], [str(b)], [b], dry_run=dry_run, kernel_block_size=b // 2)
     return out
+
+
+def ragged_pages(scenario: Scenario) -> list[int]:
+    """The pages (in states) of the scenario's paged groups when their block spans (in
+    tokens, at W = 1) do not divide each other, else [] (a block-size override would make
+    them equal)."""
+    geometries = [
+        g for g in ReferenceEngine().geometries(scenario.layers, scenario.config) if g.storage not in (Storage.RING, Storage.STATE)
+    ]
+    spans = [g.block_size for g in geometries]
+    return [g.states_per_page for g in geometries] if spans and math.lcm(*spans) > max(spans) else []

@@ -97,3 +97,17 @@ def test_chunks_keep_to_one_world_and_cover_the_pending_cells():
     assert all(len({c.cell.group for c in chunk}) == 1 and len(chunk) <= UNIT for chunk in chunks)
     assert [len(c) for c in chunks if c[0].cell.group == "dsv3-dcp2"] == [UNIT, 13 - UNIT]
     assert sorted(c.cell.id for chunk in chunks for c in chunk) == sorted(c.cell.id for c in cells if c.status == "pending")
+
+
+def test_a_scenario_whose_spans_do_not_divide_keeps_its_own_pages():
+    """prefix-ragged-spans (64- and 48-token pages) runs at its own pages at every W, with every
+    interleave dividing both, so its prefix hits come in LCM units of spans that do not divide;
+    every other built-in's spans divide each other and its cells override the block size."""
+    cells = [c for c in grid() if c.cell.scenario == "prefix-ragged-spans" and c.status == mx.CellStatus.PENDING]
+    own = [c for c in cells if c.cell.block_size_override is None]
+    assert {c.cell.dcp for c in own} == set(range(1, 9))
+    assert {c.cell.interleave for c in own} == {1, 2, 4, 8, 16}
+    for c in own:
+        pages = sorted(spec.block_size for spec in c.scenario.layers.values())
+        assert pages[0] == 48 and pages[-1] == 64
+    assert all(c.cell.block_size_override is not None for c in grid() if c.cell.scenario != "prefix-ragged-spans")
