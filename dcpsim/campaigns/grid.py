@@ -12,6 +12,13 @@ For each scenario with page size ``B`` (``matrix.page_states``):
   kernel table is the block table itself; ``Bk`` matters nowhere at W = 1 that the
   ``B / 2`` cells do not already cover).
 
+Attention cells (``Cell.attention``): every built-in with the attention check, its merge
+variants alternating step by step (all-gather on even steps, all-to-all on odd ones), in two
+cells: W = 2 at ``I = 1`` with natural LSEs, and W = 4 at ``I = B`` with base-2 LSEs and kernel
+blocks ``Bk = B / 2`` (every run of a rank spans two kernel blocks, and short requests leave
+some rank's shard empty). So each built-in runs at W = 2 and 4, both variants, both bases and
+``Bk < B`` (the full cross of W and base would double the axis's cost: docs/matrix.md).
+
 A block-size override gives every group the same page, so the groups' block spans then
 divide each other. A scenario whose own spans do not (``prefix-ragged-spans``: 64 and 48
 tokens) runs its first block size at its own pages instead, with every interleave dividing
@@ -33,6 +40,8 @@ from dcpsim.model.scenario import Scenario
 from dcpsim.scenarios.load import load_scenario
 
 FULL_DCP = tuple(range(1, 9))
+ATTENTION_DCP = (2, 4)
+"""The W of the attention cells with natural LSEs, and of those with base-2 LSEs and ``Bk < B``."""
 
 
 def divisors(n: int) -> list[int]:
@@ -53,7 +62,22 @@ def full_grid(scenarios: list[str], *, dry_run: bool = False) -> list[CellResult
             out += expand([name], FULL_DCP, [str(i) for i in divisors(bs)], [bs], dry_run=dry_run)
         if b % 2 == 0 and b > 1:
             out += expand([name], FULL_DCP[1:], [str(b)], [b], dry_run=dry_run, kernel_block_size=b // 2)
+    for name in scenarios:
+        out += attention_cells(name, dry_run=dry_run)
     return out
+
+
+def attention_cells(name: str, *, dry_run: bool = False) -> list[CellResult]:
+    """The attention cells of one scenario (see the module doc), at its own pages when its spans
+    do not divide each other (``I`` and ``Bk`` then divide every page)."""
+    scenario = load_scenario(name)
+    ragged = ragged_pages(scenario)
+    b = math.gcd(*ragged) if ragged else page_states(scenario)
+    size = [None] if ragged else [b]
+    natural, base2 = ATTENTION_DCP
+    kernel = b // 2 if b % 2 == 0 and b > 1 else None
+    out = expand([name], (natural,), ["1"], size, dry_run=dry_run, attention="e")
+    return out + expand([name], (base2,), [str(b)], size, dry_run=dry_run, kernel_block_size=kernel, attention="2")
 
 
 def ragged_pages(scenario: Scenario) -> list[int]:
