@@ -193,6 +193,10 @@ class PaddedSlotsNotReset(Fault):
     )
     needs = {"max_cudagraph_capture_size": 64}
 
+    def __init__(self) -> None:
+        self._slot_buffers: dict[tuple, np.ndarray] = {}
+        """(DCP rank, group, model) -> the persistent slot-mapping buffer."""
+
     def applies_to_scenario(self, scenario, geometries) -> bool:
         """Where a padded step follows a step of more tokens (its slots are still in the
         buffer where the padding is): a prefill of more than the padded size does."""
@@ -200,8 +204,7 @@ class PaddedSlotsNotReset(Fault):
 
     def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
         meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
-        buffers = self.__dict__.setdefault("_slot_buffers", {})
-        key = (dcp_rank, geometry.group_id, geometry.model)
+        buffers, key = self._slot_buffers, (dcp_rank, geometry.group_id, geometry.model)
         mapped = [self.write_slots(geometry, w, row, dcp_rank)[0] for w, row in zip(writes, block_rows)]
         real = np.concatenate(mapped).astype(np.int64) if mapped else np.zeros(0, np.int64)
         old = buffers.get(key, np.zeros(0, np.int64))
@@ -227,6 +230,10 @@ class CudagraphStaleLocalLens(Fault):
     needs = {"max_cudagraph_capture_size": 64}
     configs = ({"decode_context_parallel_size": 2},)
 
+    def __init__(self) -> None:
+        self._captured: dict[tuple, np.ndarray] = {}
+        """(DCP rank, group, model, captured size) -> the local lengths its graph reads."""
+
     def applies_to_scenario(self, scenario, geometries) -> bool:
         """Where a captured size is replayed (two graph steps of one size) and DCP shards a group."""
         sizes = [size for size, _ in graph_steps(scenario, geometries)]
@@ -237,8 +244,7 @@ class CudagraphStaleLocalLens(Fault):
         size = captured_size(geometry, np.array([w.stop - w.start for w in writes], np.int64))
         if not geometry.sharded or size is None:
             return meta
-        captured = self.__dict__.setdefault("_captured", {})
-        key = (dcp_rank, geometry.group_id, geometry.model, size)
+        captured, key = self._captured, (dcp_rank, geometry.group_id, geometry.model, size)
         if key not in captured:  # the step that captures the graph reads its own buffer
             captured[key] = meta.dcp_local_seq_lens.copy()
             return meta
