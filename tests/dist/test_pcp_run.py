@@ -64,6 +64,7 @@ def test_the_pcp_builtin_passes_at_its_own_sizes_and_at_pcp8():
     assert report.passed and len(report.ranks) == 8
 
 
+@pytest.mark.slow
 def test_attention_merges_over_a_dcp_group_whose_ranks_are_not_in_world_order():
     """DCP over the (PCP, TP) grid (PCP 2, TP 2, DCP 4): the DCP group lists world ranks 0, 2,
     1, 3 while torch.distributed numbers its processes 0, 1, 2, 3 by world rank. Every
