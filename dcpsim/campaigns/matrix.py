@@ -24,6 +24,7 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.replay import replay_record
 from dcpsim.harness.runner import run_each
 from dcpsim.harness.world_options import WorldOptions
+from dcpsim.model.attention_config import AttentionConfig
 from dcpsim.model.kinds import Storage
 from dcpsim.model.scenario import Scenario, ScenarioOverrides
 from dcpsim.plural import plural
@@ -44,12 +45,23 @@ class Cell:
     kernel_block_size: int | None = None  # Bk (states); None: the kernel's block is the page
     pcp: int | None = None
     """``prefill_context_parallel_size`` (None: the scenario's own)."""
+    attention: str | None = None
+    """The LSE base (``e`` or ``2``) of a cell that also runs the attention check (``--attention``,
+    the merge variants alternating step by step); None: the write path only."""
 
     @property
     def id(self) -> str:
         kbs = f"-kbs{self.kernel_block_size}" if self.kernel_block_size is not None else ""
         tail = "" if self.pcp is None else f"-pcp{self.pcp}"
-        return f"{self.scenario}-dcp{self.dcp}-il{self.interleave}-bs{self.block_size}{kbs}{tail}"
+        attn = "" if self.attention is None else f"-attn-lse{self.attention}"
+        return f"{self.scenario}-dcp{self.dcp}-il{self.interleave}-bs{self.block_size}{kbs}{tail}{attn}"
+
+    @property
+    def attention_config(self) -> AttentionConfig:
+        """The cell's attention check (off for a write-path cell)."""
+        if self.attention is None:
+            return AttentionConfig()
+        return AttentionConfig(enabled=True, lse_base=self.attention, merge="alternate")
 
     @property
     def group(self) -> str:
@@ -108,10 +120,12 @@ def expand(
     kernel_block_size: int | None = None,
     pcps=(None,),
     force: bool = False,
+    attention: str | None = None,
 ) -> list[CellResult]:
     """Every cell once, in order: valid ones with status 'pending', the rest 'skipped' with a reason.
 
-    ``kernel_block_size`` (Bk, in states) applies to every cell when given.
+    ``kernel_block_size`` (Bk, in states) applies to every cell when given; ``attention`` (an
+    LSE base) makes every cell an attention cell (``Cell.attention``).
 
     ``dry_run`` also runs each valid cell's schedule in this process, which
     catches a workload that can never be admitted; without it only the layouts
@@ -129,7 +143,7 @@ def expand(
                     sized = sized.with_overrides(ScenarioOverrides(kernel_block_size=kernel_block_size))
                 b = page_states(sized)
             except ConfigError as exc:
-                cell = Cell(base.name, 0, 0, bs or 0, bs, kernel_block_size)
+                cell = Cell(base.name, 0, 0, bs or 0, bs, kernel_block_size, attention=attention)
                 if cell.id not in listed:
                     listed.add(cell.id)
                     out.append(CellResult(cell, CellStatus.SKIPPED, f"invalid config: {exc}"))
@@ -138,7 +152,7 @@ def expand(
                 seen: dict[int, str] = {}
                 for token in interleaves:
                     i = _parse_interleave(str(token), b)
-                    cell = Cell(base.name, w, i, b, bs, kernel_block_size, p)
+                    cell = Cell(base.name, w, i, b, bs, kernel_block_size, p, attention)
                     if cell.id in listed:
                         continue
                     listed.add(cell.id)
@@ -184,7 +198,7 @@ def run_cells(
             groups.setdefault(res.cell.group, []).append(res)
     for members in groups.values():
         members = _accepted_by_the_engine(members, options["engine"], progress)
-        jobs = [Job(r.scenario, **options) for r in members]
+        jobs = [Job(r.scenario, **options, attention=r.cell.attention_config) for r in members]
 
         def settle(k, outcome, members=members, jobs=jobs):
             res = members[k]

@@ -42,6 +42,21 @@ class GlooCollectives(Collectives):
         """The process group (None: the default, whole world)."""
         self.ranks = tuple(range(world_size)) if ranks is None else tuple(ranks)
         self.groups = {} if groups is None else groups
+        # torch.distributed numbers a group's processes in the order of their world ranks, while
+        # ``rank`` is the place in ``ranks`` (a DCP group over a (PCP, TP) grid lists world ranks
+        # 0, 2, 1, 3): ``_at[g]`` is the member at group rank ``g``, ``_place[m]`` member ``m``'s
+        # group rank. Every collective below speaks in members (chunk ``m`` for member ``m``).
+        self._at = sorted(range(world_size), key=lambda m: self.ranks[m])
+        self._place = [self._at.index(m) for m in range(world_size)]
+        self._reordered = self._at != list(range(world_size))
+
+    def _in_members(self, by_group_rank: list) -> list:
+        """Results listed by group rank, listed by member instead."""
+        return [by_group_rank[g] for g in self._place] if self._reordered else list(by_group_rank)
+
+    def _by_group_rank(self, chunks: torch.Tensor) -> torch.Tensor:
+        """Chunks ``[W, ...]`` for members, ordered for the group ranks that receive them."""
+        return chunks[self._at].contiguous() if self._reordered else chunks
 
     def subgroup(self, name, groups):
         """``groups`` are ranks of this collective, translated to world ranks. A process
@@ -82,7 +97,7 @@ class GlooCollectives(Collectives):
         if self.world_size <= STAR_GATHER_FROM:
             out = [torch.empty_like(tensor) for _ in range(self.world_size)]
             dist.all_gather(out, tensor, group=self.group)
-            return out
+            return self._in_members(out)
         # gather to the first member, then broadcast: gloo's all_gather is a ring of W - 1
         # dependent hops, each waiting for the next rank to be scheduled, which costs 3.5-4x
         # more than these two star-shaped collectives when ranks outnumber cores (8 ranks on
@@ -92,21 +107,21 @@ class GlooCollectives(Collectives):
         parts = list(stacked.unbind(0)) if self.rank == 0 else None
         dist.gather(tensor, parts, dst=root, group=self.group)
         dist.broadcast(stacked, src=root, group=self.group)
-        return list(stacked.unbind(0))
+        return self._in_members(list(stacked.unbind(0)))
 
     def all_gather_object(self, obj):
         self.bytes_sent += len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         out = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.group)
-        return out
+        return self._in_members(out)
 
     def all_to_all_tensor(self, tensor):
         tensor = tensor.contiguous()
         self.bytes_sent += tensor.numel() * tensor.element_size()
         out = torch.empty_like(tensor)
         # gloo implements all_to_all_single (equal splits along dim 0) natively
-        dist.all_to_all_single(out, tensor, group=self.group)
-        return out
+        dist.all_to_all_single(out, self._by_group_rank(tensor), group=self.group)
+        return torch.stack(self._in_members(list(out.unbind(0)))) if self._reordered else out
 
     def reduce_scatter_tensor(self, tensor):
         tensor = tensor.contiguous()
@@ -115,6 +130,7 @@ class GlooCollectives(Collectives):
         # deprecated reduce_scatter_tensor). Older torch without it: emulate with an
         # all-to-all of the chunks and a local sum (same result, same bytes per rank).
         native = getattr(dist, "reduce_scatter_single", None)
+        tensor = self._by_group_rank(tensor)
         if native is None:
             chunks = torch.empty_like(tensor)
             dist.all_to_all_single(chunks, tensor, group=self.group)

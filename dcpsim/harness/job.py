@@ -101,10 +101,13 @@ class Job:
 
     def build_engine(self) -> Engine:
         """The engine under test: ``--engine`` (vLLM's code, a plugin), else the injected
-        fault, else the reference engine (``FAULTS["none"]``, the catalogue's correct engine)."""
+        fault, else the reference engine (``FAULTS["none"]``, the catalogue's correct engine).
+        A fault is a fresh instance for each call (each rank's run), so a fault that keeps a
+        buffer across steps (``faults.metadata.PersistentBufferFault``) starts empty on every
+        rank, in a thread world too."""
         if not self.engine.is_reference:
             return self.engine.build()
-        return get_fault(self.inject)
+        return type(get_fault(self.inject))()
 
     def attention_on(self, engine: Engine) -> bool:
         """``--attention``, or an engine (a fault) that can only show in the attention check."""

@@ -62,3 +62,17 @@ def test_the_pcp_builtin_passes_at_its_own_sizes_and_at_pcp8():
     pcp8 = base.with_overrides(ScenarioOverrides(prefill_context_parallel_size=8, decode_context_parallel_size=1))
     (report,) = run_jobs([Job.from_options(pcp8, timeout=60)])
     assert report.passed and len(report.ranks) == 8
+
+
+@pytest.mark.slow
+def test_attention_merges_over_a_dcp_group_whose_ranks_are_not_in_world_order():
+    """DCP over the (PCP, TP) grid (PCP 2, TP 2, DCP 4): the DCP group lists world ranks 0, 2,
+    1, 3 while torch.distributed numbers its processes 0, 1, 2, 3 by world rank. Every
+    collective must speak in DCP ranks (GlooCollectives reorders), or the merge weighs rank
+    1's output by rank 2's factor: the LSE still matches, the output does not. Both merge
+    variants (alternating), both LSE bases."""
+    for base in ("e", "2"):
+        job = Job.from_options(pcp_scenario(2, 2, 4), attention=True, lse_base=base, timeout=60)
+        (report,) = run_jobs([job])
+        assert report.passed, report.failure and report.failure.lines()
+        assert report.attention_checks > 0 and report.attention_merges["alltoall"] > 0 and report.attention_merges["allgather"] > 0

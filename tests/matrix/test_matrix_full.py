@@ -63,6 +63,8 @@ def problems(res: mx.CellResult) -> str:
         return f"{res.cell.id}: ran W={r.dcp_size} I={r.interleave_size} Bk={r.kernel_block_size}"
     if r.schedule["finished"] != r.schedule["requests"]:
         return f"{res.cell.id}: {r.schedule['finished']} of {r.schedule['requests']} requests finished"
+    if res.cell.attention is not None and not r.attention_checks:
+        return f"{res.cell.id}: no attention check ran"
     return ""
 
 
@@ -99,3 +101,32 @@ def test_chunks_keep_to_one_world_and_cover_the_pending_cells():
     assert all(len({c.cell.group for c in chunk}) == 1 and len(chunk) <= UNIT for chunk in chunks)
     assert [len(c) for c in chunks if c[0].cell.group == "dsv3-dcp2"] == [UNIT, 13 - UNIT]
     assert sorted(c.cell.id for chunk in chunks for c in chunk) == sorted(c.cell.id for c in cells if c.status == "pending")
+
+
+def test_a_scenario_whose_spans_do_not_divide_keeps_its_own_pages():
+    """prefix-ragged-spans (64- and 48-token pages) runs at its own pages at every W, with every
+    interleave dividing both, so its prefix hits come in LCM units of spans that do not divide;
+    every other built-in's spans divide each other and its cells override the block size."""
+    cells = [c for c in grid() if c.cell.scenario == "prefix-ragged-spans" and c.status == mx.CellStatus.PENDING]
+    own = [c for c in cells if c.cell.block_size_override is None]
+    assert {c.cell.dcp for c in own} == set(range(1, 9))
+    assert {c.cell.interleave for c in own} == {1, 2, 4, 8, 16}
+    for c in own:
+        pages = sorted(spec.block_size for spec in c.scenario.layers.values())
+        assert pages[0] == 48 and pages[-1] == 64
+    assert all(c.cell.block_size_override is not None for c in grid() if c.cell.scenario != "prefix-ragged-spans")
+
+
+def test_every_built_in_has_attention_cells_with_both_bases_and_kernel_blocks():
+    """W = 2 with base e at I = 1, W = 4 with base 2 at I = B and Bk = B / 2 (the merge variants
+    alternate in both), so both variants, both bases and Bk < B run on every built-in."""
+    cells = [c for c in grid() if c.cell.attention is not None]
+    assert all(c.status == mx.CellStatus.PENDING for c in cells), [c.cell.id for c in cells if c.status != mx.CellStatus.PENDING]
+    for name in builtin_scenario_names():
+        mine = [c.cell for c in cells if c.cell.scenario == name]
+        assert {(c.dcp, c.attention) for c in mine} == {(2, "e"), (4, "2")}, name
+        assert all(c.kernel_block_size is not None and c.kernel_block_size < c.block_size for c in mine if c.attention == "2"), name
+        for c in mine:
+            job = c.attention_config
+            assert job.enabled and job.merge == "alternate" and job.base == c.attention
+    assert len({c.cell.id for c in grid()}) == len(grid())  # no attention cell repeats a write-path cell's id

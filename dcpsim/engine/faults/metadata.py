@@ -1,5 +1,9 @@
 """Attention-metadata faults: local lengths, query bounds, the paged plan, block-table widths and
-CUDA-graph padding, as the metadata builder hands them to the kernel (bug classes 3 and 11-15)."""
+CUDA-graph padding, as the metadata builder hands them to the kernel (bug classes 3, 11-15, 28 and 29).
+
+Two of them keep a buffer across steps, as a CUDA graph's persistent inputs do: the engine
+is a fresh instance on every rank's run (``Job.build_engine``), and the buffers are kept
+per (DCP rank, group, model)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,30 @@ from dcpsim.engine.faults.base import Fault, has_sharded_attention
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.model.kinds import Storage
-from dcpsim.model.layout import local_seq_lens
+from dcpsim.model.layout import PAD, local_seq_lens
+
+
+def captured_size(geometry, q_lens: np.ndarray) -> int | None:
+    """The captured CUDA-graph size a step of these query lengths replays (a uniform decode
+    step up to the largest size), or None: it runs eagerly (section 10)."""
+    q = 1 + geometry.num_speculative_tokens
+    if not geometry.cudagraph_capture_sizes or len(q_lens) == 0 or (q_lens != q).any():
+        return None
+    return next((c for c in geometry.cudagraph_capture_sizes if c >= len(q_lens) * q and c % q == 0), None)
+
+
+def graph_steps(scenario, geometries) -> list[tuple[int, int]]:
+    """``(captured size, dummy requests)`` of every step of the (reference) schedule that
+    replays a CUDA graph in some attention group (the sizes are the config's, the same in
+    every group)."""
+    engine, out = ReferenceEngine(), []
+    for plan in Scheduler(scenario, engine, geometries).plans():
+        q_lens = np.array([w.stop - w.start for w in plan.writes], np.int64)
+        for g in geometries:
+            if g.storage in (Storage.PAGED, Storage.RECORDS) and captured_size(g, q_lens) is not None:
+                out.append((captured_size(g, q_lens), engine.cudagraph_dummies(g, q_lens)[0]))
+                break
+    return out
 
 
 class MultiTokenLocalLens(Fault):
@@ -144,12 +171,7 @@ class CudagraphPaddingWrites(Fault):
         """Where some step of the (reference) schedule is padded: a uniform decode step
         whose token count is not itself a captured size. Two requests decoding one token
         each (kv-events-full) fill a captured size exactly, and no dummy ever runs."""
-        engine = ReferenceEngine()
-        for plan in Scheduler(scenario, engine, geometries).plans():
-            q_lens = np.array([w.stop - w.start for w in plan.writes], np.int64)
-            if any(engine.cudagraph_dummies(g, q_lens)[0] for g in geometries):
-                return True
-        return False
+        return any(dummies for _, dummies in graph_steps(scenario, geometries))
 
     def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
         meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
@@ -158,3 +180,72 @@ class CudagraphPaddingWrites(Fault):
             return meta
         q = 1 + geometry.num_speculative_tokens
         return dataclasses.replace(meta, padded_slot_mapping=np.tile(np.arange(q, dtype=np.int64), n // q))
+
+
+class PaddedSlotsNotReset(Fault):
+    name = "padded-slots-not-reset"
+    bug_class = "28. a reused slot-mapping buffer's padding not reset to PAD (vllm-ascend#5647)"
+    description = (
+        "the slot mapping of a step lives in one persistent buffer of every token the batch can hold; "
+        "a step padded to a captured CUDA-graph size hands the kernel the buffer up to the padded size "
+        "without resetting the padding to PAD, so the dummy tokens write KV at the slots the tokens of an "
+        "earlier, longer step left there"
+    )
+    needs = {"max_cudagraph_capture_size": 64}
+
+    def __init__(self) -> None:
+        self._slot_buffers: dict[tuple, np.ndarray] = {}
+        """(DCP rank, group, model) -> the persistent slot-mapping buffer."""
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Where a padded step follows a step of more tokens (its slots are still in the
+        buffer where the padding is): a prefill of more than the padded size does."""
+        return CudagraphPaddingWrites().applies_to_scenario(scenario, geometries)
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
+        buffers, key = self._slot_buffers, (dcp_rank, geometry.group_id, geometry.model)
+        mapped = [self.write_slots(geometry, w, row, dcp_rank)[0] for w, row in zip(writes, block_rows)]
+        real = np.concatenate(mapped).astype(np.int64) if mapped else np.zeros(0, np.int64)
+        old = buffers.get(key, np.zeros(0, np.int64))
+        buffer = np.concatenate([real, old[len(real) :]])
+        buffers[key] = buffer
+        n = len(meta.padded_slot_mapping)
+        if not n:
+            return meta
+        stale = np.full(n, PAD, np.int64)
+        left = buffer[len(real) : len(real) + n]
+        stale[: len(left)] = left
+        return dataclasses.replace(meta, padded_slot_mapping=stale)
+
+
+class CudagraphStaleLocalLens(Fault):
+    name = "cudagraph-stale-local-lens"
+    bug_class = "29. DCP local lengths rebuilt in a fresh buffer each step, so a CUDA graph replays the captured address (vllm#36070)"
+    description = (
+        "a sharded group's builder writes dcp_local_seq_lens into a new tensor every step instead of the "
+        "persistent buffer the CUDA graph was captured with: a replayed graph reads the buffer of the step "
+        "that captured it, so every later step of that size attends with the capture step's local lengths"
+    )
+    needs = {"max_cudagraph_capture_size": 64}
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def __init__(self) -> None:
+        self._captured: dict[tuple, np.ndarray] = {}
+        """(DCP rank, group, model, captured size) -> the local lengths its graph reads."""
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Where a captured size is replayed (two graph steps of one size) and DCP shards a group."""
+        sizes = [size for size, _ in graph_steps(scenario, geometries)]
+        return has_sharded_attention(geometries) and len(set(sizes)) < len(sizes)
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
+        size = captured_size(geometry, np.array([w.stop - w.start for w in writes], np.int64))
+        if not geometry.sharded or size is None:
+            return meta
+        captured, key = self._captured, (dcp_rank, geometry.group_id, geometry.model, size)
+        if key not in captured:  # the step that captures the graph reads its own buffer
+            captured[key] = meta.dcp_local_seq_lens.copy()
+            return meta
+        return dataclasses.replace(meta, dcp_local_seq_lens=captured[key].copy())

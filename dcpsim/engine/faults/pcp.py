@@ -1,5 +1,5 @@
 """Prefill-context-parallel faults (PCP x TP x DCP, ``dcpsim.model.parallel``): the prefill split,
-its KV gather and the DCP ranks of the grid (bug classes 24-27)."""
+its KV gather, the rows after it and the DCP ranks of the grid (bug classes 24-27, 30 and 31)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 from dcpsim.engine.faults.base import Fault, has_sharded_attention
 from dcpsim.model.arith import cdiv
 from dcpsim.model.kinds import Storage
-from dcpsim.model.layout import local_seq_lens
+from dcpsim.model.layout import PAD, local_seq_lens
 
 
 def _pcp_dcp(scenario) -> tuple[int, int]:
@@ -136,3 +136,59 @@ class PcpSpecRegularMask(Fault):
             )[0]
             bounds[starts[i] : starts[i + 1]] = np.maximum(0, last - (q - 1 - np.arange(q, dtype=np.int64)))
         return dataclasses.replace(meta, query_local_bounds=bounds)
+
+
+def _splits_a_prefill(scenario) -> bool:
+    """PCP is on (the scenario's own config) and a prefill is long enough to split."""
+    pcp, _ = _pcp_dcp(scenario)
+    return pcp > 1 and any(r.prompt_len - r.shared_prefix_len > 4 * pcp for r in scenario.requests)
+
+
+class PcpSlotsCutToLocalTokens(Fault):
+    name = "pcp-slots-cut-to-local-tokens"
+    bug_class = "30. PCP + DCP: a split row's slot mapping cut to the rank's local token count after the PCP gather (vllm-ascend#16775)"
+    description = (
+        "after the PCP all-gather a split prefill row holds all q tokens again, but its slot mapping is cut "
+        "to the count of tokens one PCP rank computed (its two chunks, 2 * cdiv(q, 2 * pcp)): the KV of the "
+        "tokens past the cut never reaches its slots (dcpsim: the restore leaves them without KV)"
+    )
+    scenarios = ("glm-pcp2-dcp2",)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return _splits_a_prefill(scenario)
+
+    def pcp_restore_offsets(self, query_len, pcp):
+        offsets = super().pcp_restore_offsets(query_len, pcp)
+        local = min(query_len, 2 * cdiv(query_len, 2 * pcp))
+        return np.where(offsets < local, offsets, -1)
+
+
+class PcpUniformDecodeSlots(Fault):
+    name = "pcp-uniform-decode-slots"
+    bug_class = "31. PCP + MTP: the decode rows' slot mapping laid out as if every request ran the same 1 + k tokens (vllm-ascend#8547)"
+    description = (
+        "the slot mapping of a step's speculative decode rows is read at offsets i * (1 + k), as if every "
+        "request ran 1 + k tokens: once a request runs fewer drafts (its output nearly done), every later "
+        "decode row takes the slots of the row before it"
+    )
+    configs = ({"tensor_parallel_size": 1, "num_speculative_tokens": 2},)
+    scenarios = ("glm-pcp2-dcp2",)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        c = scenario.config
+        return c.prefill_context_parallel_size > 1 and c.num_speculative_tokens > 0 and has_sharded_attention(geometries)
+
+    def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
+        mapped = super().step_write_slots(geometry, writes, block_rows, dcp_rank)
+        q = 1 + geometry.num_speculative_tokens
+        decodes = [i for i, w in enumerate(writes) if not w.prefill]
+        if geometry.storage is not Storage.PAGED or q == 1 or len(decodes) < 2:
+            return mapped
+        buffer = np.concatenate([np.asarray(mapped[i][0], np.int64) for i in decodes])
+        for k, i in enumerate(decodes):
+            n = len(mapped[i][1])
+            slots = np.full(n, PAD, np.int64)
+            taken = buffer[k * q : k * q + n]
+            slots[: len(taken)] = taken
+            mapped[i] = (slots, mapped[i][1])
+        return mapped

@@ -51,6 +51,25 @@ class NixlStrideByDcp(PDFault):
         return _StrideByDcp()
 
 
+class _OneSourceRank(NixlConnector):
+    def routes(self, num_tokens, src, dst):
+        one = dataclasses.replace(src, prefill_context_parallel_size=1, decode_context_parallel_size=1)
+        return block_matches(num_tokens, one, dst)
+
+
+class NixlOneSourceRank(PDFault):
+    name = "nixl-one-source-rank"
+    bug_class = "P/D 4. a NIXL transfer that assumes one source DCP rank (vllm#57389)"
+    description = (
+        "the transfer plan of the MLA cache regions is built as if the prefill instance had one DCP rank: "
+        "every global block g is read from prefill rank 0 at its local block g, while rank g % N holds it "
+        "at local block g // N"
+    )
+
+    def connector(self, kind):
+        return _OneSourceRank()
+
+
 class _ParallelDefaultInterleave(Fault):
     """The reference engine with ``cp_kv_cache_interleave_size`` left at vLLM's
     ``ParallelConfig`` default (1), not the NIXL-resolved block size."""

@@ -1,5 +1,5 @@
 """Prefix-cache faults: hash units, advertised KV events and compressed hit lengths
-(bug classes 1, 21 and 23)."""
+(bug classes 1, 21, 23 and 32)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,29 @@ class CompressedHitDropsR(Fault):
         if _compressed(geometry):
             return geometry.states_per_page * (geometry.dcp_size if geometry.sharded else 1)
         return super().prefix_block_tokens(geometry)
+
+
+class PrefixHitGcdAligned(Fault):
+    name = "prefix-hit-gcd-aligned"
+    bug_class = (
+        "32. a prefix hit aligned to the GCD of the groups' block spans (the hash block) instead of their "
+        "LCM: a group whose span the hit does not divide reuses fewer blocks than the hit covers"
+    )
+    description = (
+        "hits come in hash blocks (the GCD of the spans) instead of whole units of every group (their LCM): "
+        "where the spans do not divide each other (64 and 48 tokens a block) a hit ends inside a block of "
+        "one group, which reuses only the whole blocks below it, and the positions between are never computed"
+    )
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def applies_to(self, geometries) -> bool:
+        """Where the spans do not divide each other: otherwise every group's cached run ends on
+        a multiple of the largest span, the LCM, and the GCD rounding changes nothing."""
+        spans = [self.prefix_block_tokens(g) for g in geometries]
+        return all(g.prefix_cacheable for g in geometries) and math.lcm(*spans) > max(spans)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return scenario.config.enable_prefix_caching and self.applies_to(geometries)
+
+    def prefix_hash_unit(self, geometries) -> int:
+        return self.prefix_hash_block_size(geometries)

@@ -25,14 +25,23 @@ from dcpsim.engine.faults.mamba import DcpTransformOnReplicated, MambaBlockSizeS
 from dcpsim.engine.faults.metadata import (
     BlockTableWidthUnsharded,
     CudagraphPaddingWrites,
+    CudagraphStaleLocalLens,
     GlobalSeqLensOverwritten,
     LocalLensPlusOne,
     MultiTokenLocalLens,
+    PaddedSlotsNotReset,
     PlanPagesFromGlobalLen,
 )
-from dcpsim.engine.faults.pcp import DcpRankNotTransposed, PcpChunksNotMirrored, PcpGatherRankLocal, PcpSpecRegularMask
-from dcpsim.engine.faults.pd import NixlInterleaveNotBlockSize, NixlStrideByDcp, PDFault, ReshardIgnoresInterleave
-from dcpsim.engine.faults.prefix import CompressedHitDropsR, KvEventsHashUnitB, PrefixHashUnitB
+from dcpsim.engine.faults.pcp import (
+    DcpRankNotTransposed,
+    PcpChunksNotMirrored,
+    PcpGatherRankLocal,
+    PcpSlotsCutToLocalTokens,
+    PcpSpecRegularMask,
+    PcpUniformDecodeSlots,
+)
+from dcpsim.engine.faults.pd import NixlInterleaveNotBlockSize, NixlOneSourceRank, NixlStrideByDcp, PDFault, ReshardIgnoresInterleave
+from dcpsim.engine.faults.prefix import CompressedHitDropsR, KvEventsHashUnitB, PrefixHashUnitB, PrefixHitGcdAligned
 from dcpsim.errors import ConfigError
 
 FAULTS: dict[str, Fault] = {
@@ -67,6 +76,11 @@ FAULTS: dict[str, Fault] = {
         PcpChunksNotMirrored(),
         DcpRankNotTransposed(),
         PcpSpecRegularMask(),
+        PaddedSlotsNotReset(),
+        CudagraphStaleLocalLens(),
+        PcpSlotsCutToLocalTokens(),
+        PcpUniformDecodeSlots(),
+        PrefixHitGcdAligned(),
         ForeignBlock(),
     )
 }
@@ -82,7 +96,7 @@ def get_fault(name: str | None) -> Fault:
 
 
 PD_FAULTS: dict[str, PDFault] = {
-    f.name: f for f in (PDFault(), NixlStrideByDcp(), NixlInterleaveNotBlockSize(), ReshardIgnoresInterleave())
+    f.name: f for f in (PDFault(), NixlStrideByDcp(), NixlInterleaveNotBlockSize(), ReshardIgnoresInterleave(), NixlOneSourceRank())
 }
 
 

@@ -45,7 +45,14 @@ def test_the_pcp_selftest_case_misroutes_only_with_the_stride_by_dcp_matching():
 
 
 def test_every_pd_fault_names_a_public_report_or_its_bug():
-    assert set(PD_FAULTS) == {"none", "nixl-stride-by-dcp", "nixl-interleave-not-block-size", "reshard-ignores-interleave"}
+    assert set(PD_FAULTS) == {
+        "none",
+        "nixl-stride-by-dcp",
+        "nixl-interleave-not-block-size",
+        "reshard-ignores-interleave",
+        "nixl-one-source-rank",
+    }
+    assert "vllm#57389" in get_pd_fault("nixl-one-source-rank").bug_class
     assert "vllm#38433" in get_pd_fault("nixl-stride-by-dcp").bug_class
     assert "pegaflow#428" in get_pd_fault("nixl-stride-by-dcp").bug_class
     assert "vllm#54457" in get_pd_fault("nixl-interleave-not-block-size").bug_class

@@ -124,8 +124,12 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
         "pcp-spec-regular-mask",
         "pcp-chunks-not-mirrored",
         "dcp-rank-not-transposed",
+        "pcp-slots-cut-to-local-tokens",
+        "pcp-uniform-decode-slots",
+        "prefix-hit-gcd-aligned",
     }
     assert why["pcp-gather-rank-local"] == "not on dsv3 (applies on: glm-pcp2-dcp2)"
+    assert why["prefix-hit-gcd-aligned"] == "not on dsv3 (applies on: prefix-ragged-spans)"
 
 
 def test_a_fault_that_applies_nowhere_says_so_with_or_without_scenario(monkeypatch):
@@ -240,9 +244,10 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     """Every registered fault (the attention ones too, once registered) on dsv3, dsv41-hybrid,
     llama-draft, qwen3-next-hybrid (the Mamba faults need its state group) and dsv3-mtp (the
     draft faults need a sharded draft), compressed-prefix (prefix hits on a compressed
-    cache) and glm-pcp2-dcp2 (the PCP faults): each is detected wherever it runs, and every
+    cache), glm-pcp2-dcp2 (the PCP faults) and prefix-ragged-spans (spans that do not divide
+    each other, where a GCD-aligned hit shows): each is detected wherever it runs, and every
     baseline passes."""
-    names = SMALL + ["qwen3-next-hybrid", "dsv3-mtp", "compressed-prefix", "glm-pcp2-dcp2"]
+    names = SMALL + ["qwen3-next-hybrid", "dsv3-mtp", "compressed-prefix", "glm-pcp2-dcp2", "prefix-ragged-spans"]
     args = ["selftest", "--in-process", "--json", "--timeout", "10"] + [a for s in names for a in ("--scenario", s)]
     code = main(args)
     doc = json.loads(capsys.readouterr().out)
