@@ -162,20 +162,11 @@ def is_valid(scenario: Scenario) -> bool:
 
 
 def accepted_by(engine: EngineChoice | None):
-    """A filter of the scenarios the engine under test can run (``Engine.check_scenario``:
-    SGLang has no interleave knob, for one); the reference runs every valid scenario."""
-    if engine is None or engine.is_reference:
+    """A filter of the scenarios the engine under test can run (``EngineChoice.refusal``);
+    the reference runs every valid scenario."""
+    if engine is None:
         return lambda scenario: True
-    built = engine.build()
-
-    def accepts(scenario: Scenario) -> bool:
-        try:
-            built.check_scenario(scenario)
-        except ConfigError:
-            return False
-        return True
-
-    return accepts
+    return lambda scenario: engine.refusal(scenario) is None
 
 
 def describe(scenario: Scenario) -> str:

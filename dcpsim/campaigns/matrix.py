@@ -218,20 +218,17 @@ def run_cells(
 
 
 def _accepted_by_the_engine(members: list[CellResult], engine: EngineChoice, progress) -> list[CellResult]:
-    """The cells the engine under test can run; a cell it refuses (``Engine.check_scenario``:
-    SGLang has no interleave knob, for one) is skipped with the engine's reason."""
-    if engine.is_reference:
-        return members
-    built, kept = engine.build(), []
+    """The cells the engine under test can run; a cell it refuses is skipped with the
+    engine's reason (``EngineChoice.refusal``)."""
+    kept = []
     for res in members:
-        try:
-            built.check_scenario(res.scenario)
-        except ConfigError as exc:
-            res.status, res.reason = CellStatus.SKIPPED, f"the engine refuses it: {exc}"
-            if progress:
-                progress(res)
+        why = engine.refusal(res.scenario)
+        if why is None:
+            kept.append(res)
             continue
-        kept.append(res)
+        res.status, res.reason = CellStatus.SKIPPED, f"the engine refuses it: {why}"
+        if progress:
+            progress(res)
     return kept
 
 

@@ -92,6 +92,22 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}"
 
 
+def _skip_refused_baselines(plan: Plan, engine: EngineChoice) -> None:
+    """The baselines the engine under test refuses (``EngineChoice.refusal``) leave the plan
+    for its skipped list, with the engine's reason: an engine is judged on what it runs (the
+    faults are variants of the reference engine and run everywhere they apply)."""
+    kept = []
+    for case in plan.cases:
+        why = engine.refusal(plan.resolved[(case.scenario, case.options)][0]) if case.baseline else None
+        if why is None:
+            kept.append(case)
+        else:
+            plan.skipped.append(
+                dict(fault=case.fault, scenario=case.scenario, options=dict(case.options), reason=f"the engine refuses it: {why}")
+            )
+    plan.cases[:] = kept
+
+
 def run_plan(
     plan: Plan, *, engine: EngineChoice | None = None, world: WorldOptions | None = None, progress=None, on_wait=None
 ) -> list[Row]:
@@ -101,6 +117,7 @@ def run_plan(
     its timeout). ``progress(row)`` is called as each case ends (with the time its slowest
     rank took); ``on_wait(message)`` when a world keeps the parent waiting."""
     engine, world = engine or EngineChoice(), world or WorldOptions()
+    _skip_refused_baselines(plan, engine)
     by_world: dict[tuple[int, bool], list[int]] = {}
     for k, case in enumerate(plan.cases):
         scenario = plan.resolved[(case.scenario, case.options)][0]

@@ -123,6 +123,18 @@ class EngineChoice:
         if not self.is_reference:
             self.build()
 
+    def refusal(self, scenario) -> str | None:
+        """Why the engine cannot run ``scenario`` (its ``check_scenario``: SGLang has no
+        interleave knob, for one), or None; the reference runs every valid scenario. How
+        ``matrix``, ``selftest`` and ``fuzz`` leave out what an engine refuses."""
+        if self.is_reference:
+            return None
+        try:
+            self.build().check_scenario(scenario)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
     def build(self) -> Engine:
         """The engine (``dcpsim.engine.registry.build_engine``, cached per process)."""
         return build_engine(

@@ -188,6 +188,29 @@ def test_matrix_skips_the_cells_sglang_refuses(capsys, sglang_source):
     assert "mla-norope-dcp2-il1-bs64   fail" in out, out
 
 
+def test_selftest_skips_the_baselines_sglang_refuses(capsys, sglang_source):
+    """The faults run everywhere they apply (variants of the reference engine); the baselines
+    run SGLang, and one it refuses (heavy-rejection's pooled records) is skipped with SGLang's
+    reason instead of ending the selftest in exit 2."""
+    argv = ["selftest", "--engine", "sglang", "--sglang-source", str(sglang_source), "--in-process", "--json"]
+    argv += ["--fault", "interleave-off-by-one", "--scenario", "dsv3", "--scenario", "heavy-rejection"]
+    assert main(argv) == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    baselines = {r["scenario"]: r["outcome"] for r in doc["rows"] if r["fault"] == "none"}
+    assert baselines == {"dsv3": "pass"}, doc["rows"]
+    refused = [s for s in doc["skipped"] if s["scenario"] == "heavy-rejection" and s["fault"] == "none"]
+    assert refused and "the engine refuses it: SGLang 0.5.23 cannot run this" in refused[0]["reason"], doc["skipped"]
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_threads_of_one_process_are_each_their_own_rank(capsys, sglang_source, W):
+    """--in-process ranks are threads of one process: SGLang's get_parallel() must give each
+    its own rank while its write kernel runs (one process-wide record made ranks write each
+    other's rows: write violations at W = 2)."""
+    code, report = sglang_run(capsys, sglang_source, "dsv3", "--dcp", str(W), "--in-process")
+    assert code == 0, report.get("failure")
+
+
 def test_fuzz_draws_only_what_sglang_runs(capsys, sglang_source):
     argv = ["fuzz", "--engine", "sglang", "--sglang-source", str(sglang_source), "--examples", "4", "--seed", "1", "--in-process"]
     assert main(argv) == 0, capsys.readouterr().err

@@ -6,7 +6,8 @@ import from around them:
 
 * ``sglang.srt.runtime_context``: ``get_parallel()``, the process-wide parallel state
   (SGLang's is built from its server arguments); here a record the engine sets before each
-  call (``PARALLEL``: ``dcp_size``, ``dcp_rank``, ``attn_dcp_size``, ...);
+  call (``dcp_size``, ``dcp_rank``, ``attn_dcp_size``, ...), one per thread: the ranks of an
+  ``--in-process`` world are threads of one process, each its own rank;
 * ``sglang.kernels.jit.utils``: ``is_arch_support_pdl()`` is false (no Hopper, no PDL launch);
 * ``sglang.srt.platforms`` (imported lazily by the write kernels' dispatcher):
   ``current_platform.capabilities.supports_triton`` is true, so the Triton kernels run;
@@ -19,6 +20,7 @@ Every other ``sglang`` module they import is an automatic placeholder.
 from __future__ import annotations
 
 import os
+import threading
 import types
 
 from dcpsim.engine.loading import tree
@@ -49,8 +51,8 @@ def _parallel(dcp_size: int = 1, dcp_rank: int = 0) -> types.SimpleNamespace:
 
 def _runtime_context_stub(name: str, tree) -> types.ModuleType:
     module = types.ModuleType(name)
-    module.PARALLEL = _parallel()
-    module.get_parallel = lambda: module.PARALLEL
+    module.PARALLEL = threading.local()
+    module.get_parallel = lambda: getattr(module.PARALLEL, "state", None) or _parallel()
     return module
 
 
@@ -93,8 +95,8 @@ class SourceTree(tree.SourceTree):
         super().__init__(root, package="sglang", label="SGLang", flag="--sglang-source", stubs=STUBS)
 
     def set_parallel(self, dcp_size: int, dcp_rank: int) -> None:
-        """What ``get_parallel()`` returns to the loaded code from now on (every loaded module
-        imported the one stub of ``sglang.srt.runtime_context``)."""
+        """What ``get_parallel()`` returns to the loaded code in this thread from now on (every
+        loaded module imported the one stub of ``sglang.srt.runtime_context``)."""
         module = self._imported.get(RUNTIME_CONTEXT)
         if module is not None:
-            module.PARALLEL = _parallel(dcp_size, dcp_rank)
+            module.PARALLEL.state = _parallel(dcp_size, dcp_rank)
