@@ -212,6 +212,8 @@ class RunReport:
                 if who != "reference":
                     out.append(f"    {decision}: {who}")
             out.append("    (every other decision: the reference engine)")
+            for decision, who in e.get("scheduler_decisions", {}).items():
+                out.append(f"    scheduler: {decision}: {who}")
         for g in self.groups:
             out.append(
                 f"  group {g['name']}: {plural(g['layers'], 'layer')}, {g['storage']}, "

@@ -24,20 +24,27 @@ SINGLE_TYPE = "vllm/v1/core/single_type_kv_cache_manager.py"
 COORDINATOR = "vllm/v1/core/kv_cache_coordinator.py"
 
 
+DRIVER = {"manager": "KVCacheManager in dcpsim's step loop", "full": "Scheduler.schedule and .update_from_output"}
+"""What ``make_scheduler`` names under each ``--vllm-scheduler``."""
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("mode", ["manager", "full"])
 @pytest.mark.parametrize("W", [1, 2, 4])
-def test_builtins_get_the_reference_verdicts_with_vllms_block_manager(vllm_source, W):
+def test_builtins_get_the_reference_verdicts_with_vllms_scheduler(vllm_source, W, mode):
     names = [n for n in builtin_scenario_names() if not (n == UPSTREAM_BUG and W > 1)]
     scenarios = [builtin(name, W) for name in names]
     by_world: dict[int, list[int]] = {}
     for k, sc in enumerate(scenarios):
         by_world.setdefault(sc.config.world_size, []).append(k)
     for ks in by_world.values():  # one gloo world per world size (a PCP built-in has its own)
-        jobs = [Job.from_options(scenarios[k], engine="vllm", vllm_source=str(vllm_source), timeout=60) for k in ks]
+        jobs = [Job.from_options(scenarios[k], engine="vllm", vllm_source=str(vllm_source), vllm_scheduler=mode, timeout=60) for k in ks]
         for k, got in zip(ks, run_jobs(jobs)):
             ref = run(scenarios[k])
-            assert "KVCacheManager" in got.engine["decisions"]["make_scheduler"], got.engine
+            assert DRIVER[mode] in got.engine["decisions"]["make_scheduler"], got.engine
             assert ref.passed, names[k]
-            assert got.passed, f"{names[k]} at W = {W} under vLLM's KVCacheManager:\n{got.text()}"
+            assert got.passed, f"{names[k]} at W = {W} under --vllm-scheduler {mode}:\n{got.text()}"
             assert got.schedule["finished"] == ref.schedule["finished"] == len(scenarios[k].requests)
 
 

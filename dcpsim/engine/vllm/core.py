@@ -42,16 +42,34 @@ CORE_MODULES = (
     MANAGER_MODULE,
 )
 """The modules of ``vllm/`` that run for real (the rest are stubs)."""
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+OUTPUTS_MODULE = "vllm.v1.outputs"
+SCHEDULER_MODULES = (
+    "vllm.v1.core.sched.interface",
+    "vllm.v1.core.sched.output",
+    "vllm.v1.core.sched.request_queue",
+    "vllm.v1.core.sched.utils",
+    "vllm.v1.core.encoder_cache_manager",
+    OUTPUTS_MODULE,
+    SCHEDULER_MODULE,
+)
+"""With ``--vllm-scheduler full``, vLLM's v1 ``Scheduler`` and what it runs besides the core."""
 HASH_ALGO = "sha256"
 """vLLM 0.33.0's default ``cache_config.prefix_caching_hash_algo``."""
 
 
 class SamplingParams:
-    """What ``vllm.v1.request.Request`` reads of a ``SamplingParams`` (greedy, no structured
-    output, no logprobs)."""
+    """What ``vllm.v1.request.Request`` and the v1 scheduler's stop check read of a
+    ``SamplingParams`` (greedy, no structured output, no logprobs, no stop tokens: a
+    request stops at ``max_tokens``)."""
 
     def __init__(self, max_tokens: int):
         self.max_tokens = max_tokens
+        self.min_tokens = 0
+        self.eos_token_id = None
+        self.stop_token_ids = None
+        self.repetition_detection = None
+        self.num_logprobs = None
         self.extra_args = None
         self.structured_outputs = None
         self.logprobs = None
@@ -78,6 +96,9 @@ class VllmCore:
         self.RequestStatus = mods[REQUEST_MODULE].RequestStatus
         self.BlockStored = mods["vllm.v1.core.block_pool"].BlockStored  # the loader's record (STUBS)
         self.hash_fn = mods[HASHING_MODULE].get_hash_fn_by_name(HASH_ALGO)
+        self.scheduler_module = mods.get(SCHEDULER_MODULE)
+        """vLLM's v1 scheduler module (``--vllm-scheduler full``), else None."""
+        self.outputs = mods.get(OUTPUTS_MODULE)
 
     def call(self, what: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)``, an exception inside vLLM's code an ``EngineError``."""
@@ -87,9 +108,11 @@ class VllmCore:
             raise engine_error(exc, self.tree, what) from exc
 
 
-def load_with_core(tree: SourceTree, names: list[str]) -> tuple[dict, VllmCore]:
-    """Load ``names`` and vLLM's KV-cache core in one go; the modules, and the core."""
-    mods = tree.load(list(dict.fromkeys([*names, *CORE_MODULES])), warm=_register_spec_managers)
+def load_with_core(tree: SourceTree, names: list[str], scheduler: bool = False) -> tuple[dict, VllmCore]:
+    """Load ``names`` and vLLM's KV-cache core in one go (with ``scheduler``, vLLM's v1
+    ``Scheduler`` too); the modules, and the core."""
+    extra = SCHEDULER_MODULES if scheduler else ()
+    mods = tree.load(list(dict.fromkeys([*names, *CORE_MODULES, *extra])), warm=_register_spec_managers)
     return mods, VllmCore(tree, mods)
 
 
