@@ -96,15 +96,13 @@ class VllmFullScheduler(VllmScheduler):
             if req.status is not Status.RUNNING:
                 self._note_admitted(req, start, events)
             self._count_reused_in(rows, req, start)
-            drafts = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            drafts = list(out.scheduled_spec_decode_tokens.get(rid, ()))
             write, tokens = model_runner.run(req, start, n, drafts, s, events)
             writes.append(write)
             sampled.append(tokens)
         ids = list(out.num_scheduled_tokens)
         output = self.core.outputs.ModelRunnerOutput(
             req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)}, sampled_token_ids=sampled
-        )
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
         )
         self._vcall("update_from_output", self.vllm.update_from_output, out, output)
         for rid in ids:  # the hash blocks vLLM's hasher added for the appended tokens
