@@ -1,5 +1,6 @@
 """Benchmark: ``run dsv3 --dcp 4`` with the reference engine and with ``--engine vllm``
-(vLLM's KV cache manager or dcpsim's scheduler, both slot mapping kernels under Triton's
+(vLLM's KV cache manager in dcpsim's step loop, vLLM's v1 Scheduler driving the steps
+(``--vllm-scheduler full``) or dcpsim's scheduler; both slot mapping kernels under Triton's
 CPU interpreter), in the same process, on gloo; with ``--attention`` also the attention
 check, with vLLM's combine wrappers and with the reference merge.
 
@@ -27,6 +28,7 @@ def variants(sc, source: str, attention: bool) -> dict[str, Job]:
         "reference": Job.from_options(sc),
         "vllm: KV cache manager, v2 kernel": Job.from_options(sc, **vllm),
         "vllm: KV cache manager, v1 kernel": Job.from_options(sc, **vllm, vllm_runner="v1"),
+        "vllm: v1 Scheduler (full), v2 kernel": Job.from_options(sc, **vllm, vllm_scheduler="full"),
         "vllm: dcpsim scheduler, v2 kernel": Job.from_options(sc, **vllm, vllm_scheduler="dcpsim"),
     }
     if attention:

@@ -1,7 +1,8 @@
 """``--engine vllm`` with vLLM's own ``KVCacheManager`` deciding every block (the default,
-``--vllm-scheduler manager``): the built-ins get the reference's verdicts, vllm#50118
-reproduces as a clear engine error, and copies of vLLM's source with a scheduler-side bug
-planted fail with the right kind."""
+``--vllm-scheduler manager``) and with vLLM's v1 ``Scheduler`` driving the steps
+(``--vllm-scheduler full``): the built-ins get the reference's verdicts under both,
+vllm#50118 reproduces as a clear engine error, and copies of vLLM's source with a
+scheduler-side bug planted fail with the right kind."""
 
 from __future__ import annotations
 
@@ -128,6 +129,47 @@ def test_a_scheduler_side_bug_planted_in_vllm_is_caught(capsys, tmp_path, vllm_s
     assert code == 1 and report["failure"]["kind"] == kind, report.get("failure")
     code, report = vllm_run(capsys, vllm_source, scenario, "--dcp", "2")  # the clean tree passes
     assert code == 0, report.get("failure")
+
+
+SCHEDULER = "vllm/v1/core/sched/scheduler.py"
+FULL_PLANTED = [
+    pytest.param(  # a running request gets one token more than it has: a position without a token is computed
+        "                request.num_tokens_with_spec\n                + request.num_output_placeholders\n"
+        "                - request.num_computed_tokens\n            )",
+        "                request.num_tokens_with_spec\n                + request.num_output_placeholders\n"
+        "                - request.num_computed_tokens\n                + 1\n            )",
+        "dsv3",
+        "wrong-content",
+        id="one-token-too-many",
+    ),
+    pytest.param(  # rejected drafts stay computed: the next step starts past the bonus token
+        "                        request.num_computed_tokens -= num_rejected",
+        "                        request.num_computed_tokens -= 0",
+        "llama-gqa",
+        "wrong-content",
+        id="no-rollback-after-rejection",
+    ),
+    pytest.param(  # one draft fewer listed than scheduled: the step's last own token is past the request's tokens
+        "                    scheduled_spec_decode_tokens[request.request_id] = spec_token_ids\n",
+        "                    scheduled_spec_decode_tokens[request.request_id] = spec_token_ids[:-1]\n",
+        "dsv3",
+        "wrong-content",
+        id="spec-tokens-one-short",
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("old,new,scenario,kind", FULL_PLANTED)
+def test_a_bug_planted_in_vllms_scheduler_is_caught_under_full(capsys, tmp_path, vllm_source, old, new, scenario, kind):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-bug", SCHEDULER, old, new)
+    code, report = vllm_run(capsys, copy, scenario, "--dcp", "2", "--vllm-scheduler", "full")
+    assert code == 1 and report["failure"]["kind"] == kind, report.get("failure")
+    code, report = vllm_run(capsys, vllm_source, scenario, "--dcp", "2", "--vllm-scheduler", "full")  # the clean tree passes
+    assert code == 0, report.get("failure")
+    who = report["engine"]["scheduler_decisions"]["speculative tokens scheduled"]
+    assert who.startswith("vllm.v1.core.sched.scheduler.Scheduler.schedule"), who
 
 
 def test_a_source_tree_that_does_not_import_is_exit_2_naming_file_and_line(capsys, tmp_path, vllm_source):

@@ -39,7 +39,9 @@ def run(req: Request, start: int, n: int, drafts: list[int], step: int, events: 
     of them the draft token ids vLLM scheduled) and the token ids it samples; advances ``req``."""
     num_drafts = len(drafts)
     own_end = start + n - num_drafts
-    if num_drafts > n or own_end > len(req.tokens):
+    if num_drafts > n:
+        _refuse(req, f"scheduled {n} tokens from position {start} with {num_drafts} drafts: more drafts than tokens")
+    if own_end > len(req.tokens):
         _refuse(req, f"scheduled {n} tokens from position {start} with {num_drafts} drafts: past the request's {len(req.tokens)} tokens")
     known = req.num_known
     parts = [req.fingerprints[start : min(own_end, known)]]
