@@ -172,6 +172,27 @@ def test_a_bug_planted_in_vllms_scheduler_is_caught_under_full(capsys, tmp_path,
     assert who.startswith("vllm.v1.core.sched.scheduler.Scheduler.schedule"), who
 
 
+@pytest.mark.network
+def test_a_configuration_vllms_scheduler_refuses_is_exit_2_quoting_vllm(capsys, tmp_path, vllm_source):
+    # a vLLM whose Scheduler refuses DCP when it is built: exit 2 before any rank starts, vLLM's words quoted
+    copy = patched_copy(
+        vllm_source,
+        tmp_path / "vllm-no-dcp",
+        SCHEDULER,
+        "        self.dcp_world_size = vllm_config.parallel_config.decode_context_parallel_size\n",
+        "        self.dcp_world_size = vllm_config.parallel_config.decode_context_parallel_size\n"
+        '        assert self.dcp_world_size == 1, "DCP is not supported by this scheduler"\n',
+    )
+    argv = ["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-scheduler", "full"]
+    assert main([*argv, "--vllm-source", str(copy)]) == 2
+    err = capsys.readouterr().err
+    where = "vllm.v1.core.sched.scheduler.Scheduler.__init__ (vllm/v1/core/sched/scheduler.py:"
+    assert f"vLLM 0.33.0 refuses this configuration: {where}" in err
+    assert "AssertionError: DCP is not supported by this scheduler" in err and "Traceback" not in err
+    assert main([*argv, "--vllm-source", str(vllm_source), "--async-scheduling"]) == 2  # vLLM's AsyncScheduler: not run
+    assert "async_scheduling (vLLM's AsyncScheduler) is not supported" in capsys.readouterr().err
+
+
 def test_a_source_tree_that_does_not_import_is_exit_2_naming_file_and_line(capsys, tmp_path, vllm_source):
     copy = patched_copy(vllm_source, tmp_path / "vllm-syntax", "vllm/v1/kv_cache_interface.py", "@dataclass", "@dataclass(")
     assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(copy)]) == 2

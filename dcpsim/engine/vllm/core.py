@@ -12,6 +12,7 @@ naming vLLM's function, file and line (``engine_error``).
 from __future__ import annotations
 
 import linecache
+import traceback
 from pathlib import Path
 
 from dcpsim.engine.interface import EngineError
@@ -133,12 +134,18 @@ def engine_error(exc: BaseException, tree: SourceTree, what: str) -> EngineError
         message = linecache.getline(where.filename, where.lineno).strip()
     return EngineError(
         what=what,
-        function=f"{_module_of(tree, where.filename)}.{where.name}" if where else what,
+        function=f"{_module_of(tree, where.filename)}.{_qualname(exc, tree) or where.name}" if where else what,
         file=tree.relative(where.filename) if where else "",
         line=where.lineno if where else 0,
         message=f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
         frames=tuple(f"{tree.relative(f.filename)}:{f.lineno} {f.name}" for f in frames),
     )
+
+
+def _qualname(exc: BaseException, tree: SourceTree) -> str | None:
+    """The qualified name (``Scheduler.__init__``) of the innermost frame inside the tree."""
+    names = [f.f_code.co_qualname for f, _ in traceback.walk_tb(exc.__traceback__) if tree.contains(f.f_code.co_filename)]
+    return names[-1] if names else None
 
 
 def _module_of(tree: SourceTree, filename: str) -> str:
