@@ -58,6 +58,12 @@ def test_vllm_50118_is_an_engine_error_naming_vllms_assertion(capsys, vllm_sourc
     assert "AssertionError: assert block_size % hash_block_size == 0" in failure["message"]
     assert failure["details"][0] == "raised by vllm.v1.core.kv_cache_utils.resolve_block_hashes, vllm/v1/core/kv_cache_utils.py:1262"
     assert "kv_cache_coordinator.py:390 emit_cached_block_events" in failure["details"][1]
+    # under vLLM's v1 Scheduler the same assertion, reached through Scheduler.schedule
+    code, report = vllm_run(capsys, vllm_source, UPSTREAM_BUG, "--vllm-scheduler", "full")
+    failure = report["failure"]
+    assert code == 1 and failure["kind"] == "engine-error" and "Scheduler.schedule" in failure["message"], failure
+    assert failure["details"][0] == "raised by vllm.v1.core.kv_cache_utils.resolve_block_hashes, vllm/v1/core/kv_cache_utils.py:1262"
+    assert any("scheduler.py" in d and " schedule" in d for d in failure["details"]), failure["details"]
     # at W = 1 the spec's block size is the manager's: it passes, as the reference does at W = 4
     code, report = vllm_run(capsys, vllm_source, UPSTREAM_BUG, "--dcp", "1")
     assert code == 0, report.get("failure")
