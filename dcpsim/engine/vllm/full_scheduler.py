@@ -80,6 +80,10 @@ class VllmFullScheduler(VllmScheduler):
     # --- one step, driven by vLLM's scheduler ---------------------------------------
 
     def step(self) -> StepPlan:
+        """One step as vLLM's engine core runs it: arrivals and forced preemptions, then
+        ``schedule()``; the plan's rows are read at once, each scheduled request runs in
+        dcpsim's model runner, ``update_from_output()`` takes what it sampled (and frees
+        the requests it finishes), then the drafts for the next step are proposed."""
         s = self.step_index
         events: list[ScheduleEvent] = []
         self._arrive(s)
