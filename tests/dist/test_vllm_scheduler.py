@@ -128,12 +128,15 @@ PLANTED = [
 ]
 
 
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("mode", ["manager", "full"])
 @pytest.mark.parametrize("rel,old,new,scenario,kind", PLANTED)
-def test_a_scheduler_side_bug_planted_in_vllm_is_caught(capsys, tmp_path, vllm_source, rel, old, new, scenario, kind):
+def test_a_scheduler_side_bug_planted_in_vllm_is_caught(capsys, tmp_path, vllm_source, rel, old, new, scenario, kind, mode):
     copy = patched_copy(vllm_source, tmp_path / "vllm-bug", rel, old, new)
-    code, report = vllm_run(capsys, copy, scenario, "--dcp", "2")
+    code, report = vllm_run(capsys, copy, scenario, "--dcp", "2", "--vllm-scheduler", mode)
     assert code == 1 and report["failure"]["kind"] == kind, report.get("failure")
-    code, report = vllm_run(capsys, vllm_source, scenario, "--dcp", "2")  # the clean tree passes
+    code, report = vllm_run(capsys, vllm_source, scenario, "--dcp", "2", "--vllm-scheduler", mode)  # the clean tree passes
     assert code == 0, report.get("failure")
 
 
