@@ -11,7 +11,7 @@ manager). dcpsim plays the rest of vLLM's engine around it, once a step:
 * ``preempt_at_steps``: the request leaves ``Scheduler.running`` and goes through vLLM's
   own ``Scheduler._preempt_request`` (blocks freed, back at the head of the waiting queue);
 * ``Scheduler.schedule()``; its ``SchedulerOutput`` becomes the step's plan
-  (``model_runner``: each scheduled request is written from vLLM's ``num_computed_tokens``,
+  (``runner_output``: each scheduled request is written from vLLM's ``num_computed_tokens``,
   for its ``num_scheduled_tokens``, the last ``len(scheduled_spec_decode_tokens)`` of them
   drafts), its rows read from vLLM's manager (``get_block_ids``) before anything is freed;
 * ``Scheduler.update_from_output`` with a ``ModelRunnerOutput(req_ids, req_id_to_index,
@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 
 from dcpsim.engine.scheduler.request import Request, Status
-from dcpsim.engine.vllm import model_runner
+from dcpsim.engine.vllm import runner_output
 from dcpsim.engine.vllm.sched_config import NoGrammar, scheduler_vllm_config
 from dcpsim.engine.vllm.scheduler import VllmScheduler
 from dcpsim.errors import ConfigError
@@ -101,7 +101,7 @@ class VllmFullScheduler(VllmScheduler):
                 self._note_admitted(req, start, events)
             self._count_reused_in(rows, req, start)
             drafts = list(out.scheduled_spec_decode_tokens.get(rid, ()))
-            write, tokens = model_runner.run(req, start, n, drafts, s, events)
+            write, tokens = runner_output.run(req, start, n, drafts, s, events)
             writes.append(write)
             sampled.append(tokens)
         ids = list(out.num_scheduled_tokens)

@@ -1,5 +1,5 @@
-"""dcpsim's model runner for vLLM's scheduler (``--vllm-scheduler full``): what one step of a
-scheduled request writes, and the tokens it samples.
+"""What dcpsim's model runner outputs for vLLM's scheduler (``--vllm-scheduler full``):
+what one step of a scheduled request writes, and the tokens it samples.
 
 vLLM's ``SchedulerOutput`` says where a request's step starts (its ``num_computed_tokens``),
 how many tokens it runs (``num_scheduled_tokens``) and how many of them are drafts

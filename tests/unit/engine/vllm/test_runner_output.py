@@ -1,4 +1,4 @@
-"""``dcpsim.engine.vllm.model_runner``: what a step vLLM's scheduler decided writes and samples
+"""``dcpsim.engine.vllm.runner_output``: what a step vLLM's scheduler decided writes and samples
 (``--vllm-scheduler full``). The contents are the scenario's whatever vLLM decides: a position
 the request has no token for never holds a true fingerprint, rejected drafts roll the commit
 back, vLLM's ``-1`` padding drafts are never accepted."""
@@ -10,7 +10,7 @@ import pytest
 
 from dcpsim.engine.interface import EngineError
 from dcpsim.engine.scheduler.request import Request
-from dcpsim.engine.vllm import model_runner
+from dcpsim.engine.vllm import runner_output
 from dcpsim.model.scenario import RequestSpec
 
 
@@ -23,7 +23,7 @@ def request(prompt=40, output=8, acceptance=(1,), computed=None, outputs=0) -> R
 
 def test_a_prefill_chunk_writes_the_prompt_and_samples_nothing():
     req = request(computed=0)
-    write, sampled = model_runner.run(req, 0, 16, [], step=0, events=[])
+    write, sampled = runner_output.run(req, 0, 16, [], step=0, events=[])
     assert sampled == [] and req.num_computed == 16 and write.prefill
     assert np.array_equal(write.contents, req.fingerprints[:16])
 
@@ -31,7 +31,7 @@ def test_a_prefill_chunk_writes_the_prompt_and_samples_nothing():
 def test_a_decode_verifies_its_drafts_and_commits_the_accepted_ones():
     req = request(acceptance=(1,))  # 40 known, 39 computed
     events = []
-    write, sampled = model_runner.run(req, 39, 3, [11, 12], step=5, events=events)
+    write, sampled = runner_output.run(req, 39, 3, [11, 12], step=5, events=events)
     assert sampled == [int(t) for t in req.tokens[40:42]]  # one accepted draft and the bonus token
     assert req.num_computed == 41 and req.num_known == 42
     assert write.contents[1] == req.fingerprints[40] and write.contents[2] != req.fingerprints[41]  # the rejected draft
@@ -40,7 +40,7 @@ def test_a_decode_verifies_its_drafts_and_commits_the_accepted_ones():
 
 def test_a_position_without_a_token_never_holds_a_true_fingerprint():
     req = request()  # 40 known: a step of 2 from 39 computes position 40, which has no token yet
-    write, sampled = model_runner.run(req, 39, 2, [], step=5, events=[])
+    write, sampled = runner_output.run(req, 39, 2, [], step=5, events=[])
     assert write.contents[0] == req.fingerprints[39] and write.contents[1] != req.fingerprints[40]
     assert req.num_computed == 41  # what vLLM's worker now holds as computed: the checker reads position 40
     assert sampled == [int(req.tokens[40])]
@@ -48,7 +48,7 @@ def test_a_position_without_a_token_never_holds_a_true_fingerprint():
 
 def test_vllms_padding_drafts_are_never_accepted():
     req = request(acceptance=(2,))
-    write, sampled = model_runner.run(req, 39, 3, [-1, -1], step=5, events=[])
+    write, sampled = runner_output.run(req, 39, 3, [-1, -1], step=5, events=[])
     assert len(sampled) == 1 and req.num_computed == 40
     assert not np.isin(write.contents[1:], req.fingerprints).any()
 
@@ -57,4 +57,4 @@ def test_vllms_padding_drafts_are_never_accepted():
 def test_a_schedule_no_model_runner_can_execute_is_an_engine_error(n, drafts):
     req = request(prompt=40, output=8, outputs=0)  # 48 tokens in all
     with pytest.raises(EngineError, match="vLLM's scheduler scheduled"):
-        model_runner.run(req, 39, n, drafts, step=5, events=[])
+        runner_output.run(req, 39, n, drafts, step=5, events=[])
