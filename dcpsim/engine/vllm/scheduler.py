@@ -22,6 +22,10 @@ group, and the pool holds what dcpsim's per-group pools hold together. A configu
 vLLM refuses (its sliding-window, chunked-local and Mamba managers assert
 ``dcp_world_size == 1``) raises ``EngineError`` when the scheduler is built; the parent
 turns it into exit 2 quoting vLLM (``VllmEngine.check_scenario``).
+
+``--vllm-scheduler full`` reuses all of this (``dcpsim.engine.vllm.full_scheduler``): its
+scheduler overrides ``_make_kv_manager`` to build vLLM's v1 ``Scheduler``, whose own
+``KVCacheManager`` then serves the rows, the requests and the KV events read here.
 """
 
 from __future__ import annotations
