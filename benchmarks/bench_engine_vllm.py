@@ -41,17 +41,25 @@ def variants(sc, source: str, attention: bool) -> dict[str, Job]:
     return out
 
 
-def best_time(job: Job, repeat: int) -> tuple[float, float]:
-    """The best wall time of the world, and the best CPU time of its busiest rank (less
-    sensitive than wall time to other load on the machine)."""
-    best, cpu = float("inf"), float("inf")
+def timed_run(job: Job) -> tuple[float, float]:
+    """The wall time of the world, and the CPU time of its busiest rank (less sensitive than
+    wall time to other load on the machine)."""
+    start = time.perf_counter()
+    (report,) = run_jobs([job.with_options(timeout=60, deadline=1800)])
+    wall = time.perf_counter() - start
+    assert report.passed, report.text()
+    return wall, max((r.get("cpu_seconds", 0.0) for r in report.ranks), default=0.0)
+
+
+def best_times(jobs: dict[str, Job], repeat: int) -> dict[str, tuple[float, float]]:
+    """Each variant's best wall and CPU time; the repeats take turns over the variants, so a
+    change of load on a shared machine falls on all of them alike."""
+    best = {name: (float("inf"), float("inf")) for name in jobs}
     for _ in range(repeat):
-        start = time.perf_counter()
-        (report,) = run_jobs([job.with_options(timeout=60, deadline=1800)])
-        best = min(best, time.perf_counter() - start)
-        assert report.passed, report.text()
-        cpu = min(cpu, max((r.get("cpu_seconds", 0.0) for r in report.ranks), default=0.0))
-    return best, cpu
+        for name, job in jobs.items():
+            wall, cpu = timed_run(job)
+            best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+    return best
 
 
 def main() -> None:
@@ -66,7 +74,7 @@ def main() -> None:
     sc = load_scenario(args.scenario).with_overrides(ScenarioOverrides(decode_context_parallel_size=args.dcp))
     jobs = variants(sc, source, args.attention)
     run_jobs([jobs["vllm: KV cache manager, v2 kernel"]])  # start the forkserver (Triton preloaded) untimed
-    times = {name: best_time(job, args.repeat) for name, job in jobs.items()}
+    times = best_times(jobs, args.repeat)
     print(f"{args.scenario} --dcp {args.dcp}, gloo, best of {args.repeat} (world wall time; CPU of the busiest rank)")
     for name, (t, cpu) in times.items():
         base_name = "reference --attention" if "--attention" in name else "reference"
