@@ -243,7 +243,8 @@ class VllmEngine(ReferenceEngine):
 
     def check_scenario(self, scenario) -> None:
         """Build the run's scheduler once, in the parent: a configuration vLLM refuses (an
-        assertion or error of its KV cache manager) is exit 2 quoting vLLM's own words."""
+        assertion or error of its KV cache manager, or of its v1 Scheduler under ``full``) is
+        exit 2 quoting vLLM's own words."""
         if self.core is None:
             return
         try:
