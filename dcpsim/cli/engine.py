@@ -48,4 +48,8 @@ def run(args) -> int:
         print(f"  stubbed: {plural(len(info['stubbed']), 'module')}")
     for decision, who in info["decisions"].items():
         print(f"  {decision}: {who}")
+    if info.get("scheduler_decisions"):
+        print("  scheduler decisions:")
+        for decision, who in info["scheduler_decisions"].items():
+            print(f"    {decision}: {who}")
     return EXIT_OK

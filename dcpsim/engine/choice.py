@@ -64,8 +64,9 @@ class EngineChoice:
     vllm_scheduler: str = option(
         "manager",
         "--engine vllm: manager (default): vLLM's KVCacheManager decides every block (hits, allocation and "
-        "the preemption signal, releases, frees, KV events) in dcpsim's step loop; dcpsim: dcpsim's own "
-        "scheduler (only vLLM's worker-side code runs)",
+        "the preemption signal, releases, frees, KV events) in dcpsim's step loop; full: vLLM's v1 Scheduler "
+        "drives every step (schedule() decides which requests run and how many tokens each, update_from_output() "
+        "takes the scenario's sampled tokens); dcpsim: dcpsim's own scheduler (only vLLM's worker-side code runs)",
         choices=VLLM_SCHEDULERS,
     )
     sglang_source: str | None = option(

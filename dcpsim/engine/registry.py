@@ -88,4 +88,8 @@ def engine_info(engine: Engine) -> dict:
     for name in ENGINE_DECISIONS:
         inherited = isinstance(engine, ReferenceEngine) and getattr(type(engine), name) is getattr(ReferenceEngine, name)
         decisions[name] = own.get(name) or ("reference" if inherited else type(engine).__name__)
-    return dict(name=engine.name, version=getattr(engine, "version", None), decisions=decisions)
+    info = dict(name=engine.name, version=getattr(engine, "version", None), decisions=decisions)
+    scheduler_decisions = getattr(engine, "scheduler_decisions", None)
+    if scheduler_decisions:  # each scheduler-side decision and the function that makes it
+        info["scheduler_decisions"] = dict(scheduler_decisions)
+    return info

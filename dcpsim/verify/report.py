@@ -207,12 +207,7 @@ class RunReport:
         )
         out = [head]
         if self.engine and self.engine.get("name") not in (None, "reference", "none"):
-            e = self.engine
-            out.append(f"  engine: {e['name']}" + (f" {e['version']}" if e.get("version") else ""))
-            for decision, who in e.get("decisions", {}).items():
-                if who != "reference":
-                    out.append(f"    {decision}: {who}")
-            out.append("    (every other decision: the reference engine)")
+            out += _engine_lines(self.engine)
         for g in self.groups:
             out.append(
                 f"  group {g['name']}: {plural(g['layers'], 'layer')}, {g['storage']}, "
@@ -277,3 +272,13 @@ class RunReport:
         else:
             out.append(self.pass_line())
         return "\n".join(out)
+
+
+def _engine_lines(e: dict) -> list[str]:
+    """The report's lines on an engine under test: who makes each decision it does not
+    leave to the reference, then each scheduler-side decision and the function making it."""
+    out = [f"  engine: {e['name']}" + (f" {e['version']}" if e.get("version") else "")]
+    out += [f"    {decision}: {who}" for decision, who in e.get("decisions", {}).items() if who != "reference"]
+    out.append("    (every other decision: the reference engine)")
+    out += [f"    scheduler: {decision}: {who}" for decision, who in e.get("scheduler_decisions", {}).items()]
+    return out

@@ -179,6 +179,12 @@ def test_engine_info_and_fetch(capsys, vllm_source, monkeypatch):
     assert main(["engine", "info", "--engine", "vllm", "--vllm-scheduler", "dcpsim", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["decisions"]["prefix_key_position"] == "reference" and info["decisions"]["make_scheduler"].startswith("reference")
+    assert "scheduler_decisions" not in info
+    assert main(["engine", "info", "--engine", "vllm", "--vllm-scheduler", "full"]) == 0
+    text = capsys.readouterr().out
+    assert "vllm.v1.core.sched.scheduler" in text.split("loaded:")[1].splitlines()[0]
+    assert "  scheduler decisions:\n" in text
+    assert "    preemption under pressure and its victim: vllm.v1.core.sched.scheduler.Scheduler.schedule" in text
     assert main(["engine", "fetch", "vllm==0.33.0", "--dest", str(vllm_source)]) == 0  # already there
     assert capsys.readouterr().out.strip() == str(vllm_source)
 

@@ -1,7 +1,8 @@
 """``--engine vllm`` with vLLM's own ``KVCacheManager`` deciding every block (the default,
-``--vllm-scheduler manager``): the built-ins get the reference's verdicts, vllm#50118
-reproduces as a clear engine error, and copies of vLLM's source with a scheduler-side bug
-planted fail with the right kind."""
+``--vllm-scheduler manager``) and with vLLM's v1 ``Scheduler`` driving the steps
+(``--vllm-scheduler full``): the built-ins get the reference's verdicts under both,
+vllm#50118 reproduces as a clear engine error, and copies of vLLM's source with a
+scheduler-side bug planted fail with the right kind."""
 
 from __future__ import annotations
 
@@ -26,20 +27,27 @@ SINGLE_TYPE = "vllm/v1/core/single_type_kv_cache_manager.py"
 COORDINATOR = "vllm/v1/core/kv_cache_coordinator.py"
 
 
+DRIVER = {"manager": "KVCacheManager in dcpsim's step loop", "full": "Scheduler.schedule and .update_from_output"}
+"""What ``make_scheduler`` names under each ``--vllm-scheduler``."""
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("mode", ["manager", "full"])
 @pytest.mark.parametrize("W", [1, 2, 4])
-def test_builtins_get_the_reference_verdicts_with_vllms_block_manager(vllm_source, W):
+def test_builtins_get_the_reference_verdicts_with_vllms_scheduler(vllm_source, W, mode):
     names = [n for n in builtin_scenario_names() if not (n == UPSTREAM_BUG and W > 1)]
     scenarios = [builtin(name, W) for name in names]
     by_world: dict[int, list[int]] = {}
     for k, sc in enumerate(scenarios):
         by_world.setdefault(sc.config.world_size, []).append(k)
     for ks in by_world.values():  # one gloo world per world size (a PCP built-in has its own)
-        jobs = [Job.from_options(scenarios[k], engine="vllm", vllm_source=str(vllm_source), timeout=60) for k in ks]
+        jobs = [Job.from_options(scenarios[k], engine="vllm", vllm_source=str(vllm_source), vllm_scheduler=mode, timeout=60) for k in ks]
         for k, got in zip(ks, run_jobs(jobs)):
             ref = run(scenarios[k])
-            assert "KVCacheManager" in got.engine["decisions"]["make_scheduler"], got.engine
+            assert DRIVER[mode] in got.engine["decisions"]["make_scheduler"], got.engine
             assert ref.passed, names[k]
-            assert got.passed, f"{names[k]} at W = {W} under vLLM's KVCacheManager:\n{got.text()}"
+            assert got.passed, f"{names[k]} at W = {W} under --vllm-scheduler {mode}:\n{got.text()}"
             assert got.schedule["finished"] == ref.schedule["finished"] == len(scenarios[k].requests)
 
 
@@ -52,6 +60,12 @@ def test_vllm_50118_is_an_engine_error_naming_vllms_assertion(capsys, vllm_sourc
     assert "AssertionError: assert block_size % hash_block_size == 0" in failure["message"]
     assert failure["details"][0] == "raised by vllm.v1.core.kv_cache_utils.resolve_block_hashes, vllm/v1/core/kv_cache_utils.py:1262"
     assert "kv_cache_coordinator.py:390 emit_cached_block_events" in failure["details"][1]
+    # under vLLM's v1 Scheduler the same assertion, reached through Scheduler.schedule
+    code, report = vllm_run(capsys, vllm_source, UPSTREAM_BUG, "--vllm-scheduler", "full")
+    failure = report["failure"]
+    assert code == 1 and failure["kind"] == "engine-error" and "Scheduler.schedule" in failure["message"], failure
+    assert failure["details"][0] == "raised by vllm.v1.core.kv_cache_utils.resolve_block_hashes, vllm/v1/core/kv_cache_utils.py:1262"
+    assert any("scheduler.py" in d and " schedule" in d for d in failure["details"]), failure["details"]
     # at W = 1 the spec's block size is the manager's: it passes, as the reference does at W = 4
     code, report = vllm_run(capsys, vllm_source, UPSTREAM_BUG, "--dcp", "1")
     assert code == 0, report.get("failure")
@@ -116,13 +130,78 @@ PLANTED = [
 ]
 
 
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("mode", ["manager", "full"])
 @pytest.mark.parametrize("rel,old,new,scenario,kind", PLANTED)
-def test_a_scheduler_side_bug_planted_in_vllm_is_caught(capsys, tmp_path, vllm_source, rel, old, new, scenario, kind):
+def test_a_scheduler_side_bug_planted_in_vllm_is_caught(capsys, tmp_path, vllm_source, rel, old, new, scenario, kind, mode):
     copy = patched_copy(vllm_source, tmp_path / "vllm-bug", rel, old, new)
-    code, report = vllm_run(capsys, copy, scenario, "--dcp", "2")
+    code, report = vllm_run(capsys, copy, scenario, "--dcp", "2", "--vllm-scheduler", mode)
     assert code == 1 and report["failure"]["kind"] == kind, report.get("failure")
-    code, report = vllm_run(capsys, vllm_source, scenario, "--dcp", "2")  # the clean tree passes
+    code, report = vllm_run(capsys, vllm_source, scenario, "--dcp", "2", "--vllm-scheduler", mode)  # the clean tree passes
     assert code == 0, report.get("failure")
+
+
+SCHEDULER = "vllm/v1/core/sched/scheduler.py"
+FULL_PLANTED = [
+    pytest.param(  # a running request gets one token more than it has: a position without a token is computed
+        "                request.num_tokens_with_spec\n                + request.num_output_placeholders\n"
+        "                - request.num_computed_tokens\n            )",
+        "                request.num_tokens_with_spec\n                + request.num_output_placeholders\n"
+        "                - request.num_computed_tokens\n                + 1\n            )",
+        "dsv3",
+        "wrong-content",
+        id="one-token-too-many",
+    ),
+    pytest.param(  # rejected drafts stay computed: the next step starts past the bonus token
+        "                        request.num_computed_tokens -= num_rejected",
+        "                        request.num_computed_tokens -= 0",
+        "llama-gqa",
+        "wrong-content",
+        id="no-rollback-after-rejection",
+    ),
+    pytest.param(  # one draft fewer listed than scheduled: the step's last own token is past the request's tokens
+        "                    scheduled_spec_decode_tokens[request.request_id] = spec_token_ids\n",
+        "                    scheduled_spec_decode_tokens[request.request_id] = spec_token_ids[:-1]\n",
+        "dsv3",
+        "wrong-content",
+        id="spec-tokens-one-short",
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("old,new,scenario,kind", FULL_PLANTED)
+def test_a_bug_planted_in_vllms_scheduler_is_caught_under_full(capsys, tmp_path, vllm_source, old, new, scenario, kind):
+    copy = patched_copy(vllm_source, tmp_path / "vllm-bug", SCHEDULER, old, new)
+    code, report = vllm_run(capsys, copy, scenario, "--dcp", "2", "--vllm-scheduler", "full")
+    assert code == 1 and report["failure"]["kind"] == kind, report.get("failure")
+    code, report = vllm_run(capsys, vllm_source, scenario, "--dcp", "2", "--vllm-scheduler", "full")  # the clean tree passes
+    assert code == 0, report.get("failure")
+    who = report["engine"]["scheduler_decisions"]["speculative tokens scheduled"]
+    assert who.startswith("vllm.v1.core.sched.scheduler.Scheduler.schedule"), who
+
+
+@pytest.mark.network
+def test_a_configuration_vllms_scheduler_refuses_is_exit_2_quoting_vllm(capsys, tmp_path, vllm_source):
+    # a vLLM whose Scheduler refuses DCP when it is built: exit 2 before any rank starts, vLLM's words quoted
+    copy = patched_copy(
+        vllm_source,
+        tmp_path / "vllm-no-dcp",
+        SCHEDULER,
+        "        self.dcp_world_size = vllm_config.parallel_config.decode_context_parallel_size\n",
+        "        self.dcp_world_size = vllm_config.parallel_config.decode_context_parallel_size\n"
+        '        assert self.dcp_world_size == 1, "DCP is not supported by this scheduler"\n',
+    )
+    argv = ["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-scheduler", "full"]
+    assert main([*argv, "--vllm-source", str(copy)]) == 2
+    err = capsys.readouterr().err
+    where = "vllm.v1.core.sched.scheduler.Scheduler.__init__ (vllm/v1/core/sched/scheduler.py:"
+    assert f"vLLM 0.33.0 refuses this configuration: {where}" in err
+    assert "AssertionError: DCP is not supported by this scheduler" in err and "Traceback" not in err
+    assert main([*argv, "--vllm-source", str(vllm_source), "--async-scheduling"]) == 2  # vLLM's AsyncScheduler: not run
+    assert "async_scheduling (vLLM's AsyncScheduler) is not supported" in capsys.readouterr().err
 
 
 def test_a_source_tree_that_does_not_import_is_exit_2_naming_file_and_line(capsys, tmp_path, vllm_source):

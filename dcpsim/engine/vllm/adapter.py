@@ -12,7 +12,9 @@ which is which):
   reference (vLLM has no kernel for them here).
 * the scheduler side (``scheduler="manager"``, the default): vLLM's ``KVCacheManager``
   decides every block (``dcpsim.engine.vllm.scheduler``; ``SCHEDULER_SIDE`` names each
-  decision's function).
+  decision's function); with ``scheduler="full"`` vLLM's v1 ``Scheduler`` drives every
+  step on it (``dcpsim.engine.vllm.full_scheduler``; ``scheduler_decisions`` names who
+  decides what).
 * ``group_geometry``: whether a group is sharded (``dcp_sharded`` of vLLM's own spec
   classes in ``vllm/v1/kv_cache_interface.py``, built from the scenario's specs; a
   replicated spec becomes ``dcp_sharded=False``, or ``dcp_replicated=True`` on a fork that
@@ -52,19 +54,20 @@ from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND, read_backend
 from dcpsim.engine.vllm.core import load_with_core
+from dcpsim.engine.vllm.full_scheduler import FULL_SCHEDULER_DECISIONS, VllmFullScheduler
 from dcpsim.engine.vllm.loader import INTERPRETER_LOCK, SourceTree, source_dir
 from dcpsim.engine.vllm.merge import ALLGATHER, ALLTOALL, DEFAULT_PROGRAMS, WRAPPERS, VllmCombine
-from dcpsim.engine.vllm.scheduler import VllmScheduler
+from dcpsim.engine.vllm.scheduler import SCHEDULER_DECISIONS, VllmScheduler
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import PAD
 from dcpsim.model.specs import MambaSpec
 
 SUPPORTED_VERSIONS = ("0.33.0",)
-VLLM_SCHEDULERS = ("manager", "dcpsim")
+VLLM_SCHEDULERS = ("manager", "full", "dcpsim")
 """``--vllm-scheduler``: vLLM's ``KVCacheManager`` decides every block in dcpsim's step loop
-(``manager``, the default), or dcpsim's own scheduler does (``dcpsim``: only the worker
-side runs vLLM's code)."""
+(``manager``, the default), vLLM's v1 ``Scheduler`` drives the steps (``full``), or
+dcpsim's own scheduler does (``dcpsim``: only the worker side runs vLLM's code)."""
 _MANAGER = "vllm vllm.v1.core.kv_cache_manager.KVCacheManager"
 SCHEDULER_SIDE = {
     "make_scheduler": f"{_MANAGER} in dcpsim's step loop (dcpsim.engine.vllm.scheduler)",
@@ -77,6 +80,12 @@ SCHEDULER_SIDE = {
     "prefix_key_position": "vllm vllm.v1.core.kv_cache_utils.get_request_block_hasher (vLLM's block hashes)",
 }
 """Who makes the scheduler-side decisions under ``--vllm-scheduler manager``."""
+_SCHEDULER = "vllm vllm.v1.core.sched.scheduler.Scheduler"
+FULL_SCHEDULER_SIDE = {
+    **SCHEDULER_SIDE,
+    "make_scheduler": f"{_SCHEDULER}.schedule and .update_from_output drive every step (dcpsim.engine.vllm.full_scheduler)",
+}
+"""Who makes the scheduler-side decisions under ``--vllm-scheduler full``."""
 PAD_ID = -1
 
 V2_MODULE, V2_KERNEL = "vllm.v1.worker.gpu.block_table", "_compute_slot_mappings_kernel"
@@ -184,8 +193,8 @@ class VllmEngine(ReferenceEngine):
         if runner == "v2":
             names = ["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, *names]
         self.core = None
-        if scheduler == "manager":
-            mods, self.core = load_with_core(self.tree, names)
+        if scheduler in ("manager", "full"):
+            mods, self.core = load_with_core(self.tree, names, scheduler=scheduler == "full")
         else:
             mods = self.tree.load(names)
         if runner == "v2":
@@ -219,8 +228,11 @@ class VllmEngine(ReferenceEngine):
                 f"{merge_programs} token x head programs of each merge (evenly spaced rows; the rest: reference)"
             )
         self.decisions["make_scheduler"] = "reference (--vllm-scheduler dcpsim)"
+        self.scheduler_decisions = {}
+        """Each scheduler-side decision -> the vLLM function (and file) that makes it."""
         if self.core is not None:
-            self.decisions.update(SCHEDULER_SIDE)
+            self.decisions.update(FULL_SCHEDULER_SIDE if scheduler == "full" else SCHEDULER_SIDE)
+            self.scheduler_decisions = FULL_SCHEDULER_DECISIONS if scheduler == "full" else SCHEDULER_DECISIONS
         """Decision -> what makes it; every other decision is the reference engine's."""
 
     # --- the scheduler: vLLM's KVCacheManager decides every block ------------------------
@@ -228,11 +240,13 @@ class VllmEngine(ReferenceEngine):
     def make_scheduler(self, scenario, geometries):
         if self.core is None:
             return super().make_scheduler(scenario, geometries)
-        return VllmScheduler(scenario, self, geometries)
+        scheduler_class = VllmFullScheduler if self.scheduler == "full" else VllmScheduler
+        return scheduler_class(scenario, self, geometries)
 
     def check_scenario(self, scenario) -> None:
         """Build the run's scheduler once, in the parent: a configuration vLLM refuses (an
-        assertion or error of its KV cache manager) is exit 2 quoting vLLM's own words."""
+        assertion or error of its KV cache manager, or of its v1 Scheduler under ``full``) is
+        exit 2 quoting vLLM's own words."""
         if self.core is None:
             return
         try:

@@ -12,6 +12,7 @@ naming vLLM's function, file and line (``engine_error``).
 from __future__ import annotations
 
 import linecache
+import traceback
 from pathlib import Path
 
 from dcpsim.engine.interface import EngineError
@@ -42,16 +43,34 @@ CORE_MODULES = (
     MANAGER_MODULE,
 )
 """The modules of ``vllm/`` that run for real (the rest are stubs)."""
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+OUTPUTS_MODULE = "vllm.v1.outputs"
+SCHEDULER_MODULES = (
+    "vllm.v1.core.sched.interface",
+    "vllm.v1.core.sched.output",
+    "vllm.v1.core.sched.request_queue",
+    "vllm.v1.core.sched.utils",
+    "vllm.v1.core.encoder_cache_manager",
+    OUTPUTS_MODULE,
+    SCHEDULER_MODULE,
+)
+"""With ``--vllm-scheduler full``, vLLM's v1 ``Scheduler`` and what it runs besides the core."""
 HASH_ALGO = "sha256"
 """vLLM 0.33.0's default ``cache_config.prefix_caching_hash_algo``."""
 
 
 class SamplingParams:
-    """What ``vllm.v1.request.Request`` reads of a ``SamplingParams`` (greedy, no structured
-    output, no logprobs)."""
+    """What ``vllm.v1.request.Request`` and the v1 scheduler's stop check read of a
+    ``SamplingParams`` (greedy, no structured output, no logprobs, no stop tokens: a
+    request stops at ``max_tokens``)."""
 
     def __init__(self, max_tokens: int):
         self.max_tokens = max_tokens
+        self.min_tokens = 0
+        self.eos_token_id = None
+        self.stop_token_ids = None
+        self.repetition_detection = None
+        self.num_logprobs = None
         self.extra_args = None
         self.structured_outputs = None
         self.logprobs = None
@@ -78,6 +97,9 @@ class VllmCore:
         self.RequestStatus = mods[REQUEST_MODULE].RequestStatus
         self.BlockStored = mods["vllm.v1.core.block_pool"].BlockStored  # the loader's record (STUBS)
         self.hash_fn = mods[HASHING_MODULE].get_hash_fn_by_name(HASH_ALGO)
+        self.scheduler_module = mods.get(SCHEDULER_MODULE)
+        """vLLM's v1 scheduler module (``--vllm-scheduler full``), else None."""
+        self.outputs = mods.get(OUTPUTS_MODULE)
 
     def call(self, what: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)``, an exception inside vLLM's code an ``EngineError``."""
@@ -87,9 +109,11 @@ class VllmCore:
             raise engine_error(exc, self.tree, what) from exc
 
 
-def load_with_core(tree: SourceTree, names: list[str]) -> tuple[dict, VllmCore]:
-    """Load ``names`` and vLLM's KV-cache core in one go; the modules, and the core."""
-    mods = tree.load(list(dict.fromkeys([*names, *CORE_MODULES])), warm=_register_spec_managers)
+def load_with_core(tree: SourceTree, names: list[str], scheduler: bool = False) -> tuple[dict, VllmCore]:
+    """Load ``names`` and vLLM's KV-cache core in one go (with ``scheduler``, vLLM's v1
+    ``Scheduler`` too); the modules, and the core."""
+    extra = SCHEDULER_MODULES if scheduler else ()
+    mods = tree.load(list(dict.fromkeys([*names, *CORE_MODULES, *extra])), warm=_register_spec_managers)
     return mods, VllmCore(tree, mods)
 
 
@@ -110,12 +134,18 @@ def engine_error(exc: BaseException, tree: SourceTree, what: str) -> EngineError
         message = linecache.getline(where.filename, where.lineno).strip()
     return EngineError(
         what=what,
-        function=f"{_module_of(tree, where.filename)}.{where.name}" if where else what,
+        function=f"{_module_of(tree, where.filename)}.{_qualname(exc, tree) or where.name}" if where else what,
         file=tree.relative(where.filename) if where else "",
         line=where.lineno if where else 0,
         message=f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
         frames=tuple(f"{tree.relative(f.filename)}:{f.lineno} {f.name}" for f in frames),
     )
+
+
+def _qualname(exc: BaseException, tree: SourceTree) -> str | None:
+    """The qualified name (``Scheduler.__init__``) of the innermost frame inside the tree."""
+    names = [f.f_code.co_qualname for f, _ in traceback.walk_tb(exc.__traceback__) if tree.contains(f.f_code.co_filename)]
+    return names[-1] if names else None
 
 
 def _module_of(tree: SourceTree, filename: str) -> str:

@@ -100,7 +100,36 @@ def _kv_events_stub(name: str, tree) -> types.ModuleType:
     for event in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
         setattr(module, event, type(event, (module.KVCacheEvent,), {}))
     module.MEDIUM_GPU, module.MEDIUM_CPU, module.MEDIUM_STORAGE = "GPU", "CPU", "STORAGE"
+    module.KVEventBatch = type("KVEventBatch", (_Event,), {})
+    module.EventPublisherFactory = _EventPublisherFactory
     return module
+
+
+class _EventPublisher:
+    """vLLM's event publisher (a ZMQ socket there): keeps each published batch's events,
+    for whoever drives vLLM's scheduler to read back (``take``)."""
+
+    def __init__(self):
+        self.events: list = []
+
+    def publish(self, batch) -> None:
+        self.events += batch.events
+
+    def take(self) -> list:
+        events, self.events = self.events, []
+        return events
+
+    def shutdown(self) -> None:
+        pass
+
+    def get_publisher_config(self):
+        return None
+
+
+class _EventPublisherFactory:
+    @staticmethod
+    def create(config, data_parallel_rank: int = 0) -> _EventPublisher:
+        return _EventPublisher()
 
 
 ABSENT_THIRD_PARTY = ("uvloop",)

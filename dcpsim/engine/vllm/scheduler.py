@@ -22,6 +22,10 @@ group, and the pool holds what dcpsim's per-group pools hold together. A configu
 vLLM refuses (its sliding-window, chunked-local and Mamba managers assert
 ``dcp_world_size == 1``) raises ``EngineError`` when the scheduler is built; the parent
 turns it into exit 2 quoting vLLM (``VllmEngine.check_scenario``).
+
+``--vllm-scheduler full`` reuses all of this (``dcpsim.engine.vllm.full_scheduler``): its
+scheduler overrides ``_make_kv_manager`` to build vLLM's v1 ``Scheduler``, whose own
+``KVCacheManager`` then serves the rows, the requests and the KV events read here.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ class VllmScheduler(Scheduler):
     # --- vLLM's manager, built once --------------------------------------------------
 
     def _init_blocks(self) -> None:
-        core, config = self.core, self.config
+        core = self.core
         groups = self.engine.kv_cache_groups(self.scenario.layers)
         vgroups = [core.specs.KVCacheGroupSpec(list(g.layer_names), self.vllm_engine.vllm_spec(g.representative)) for g in groups]
         shared = sum(pool_sizes(self.scenario, self.engine, self.geometries))
@@ -70,18 +74,7 @@ class VllmScheduler(Scheduler):
         )
         core.utils.init_none_hash(core.hash_fn)
         self.hasher = core.utils.get_request_block_hasher(self.hash_block_size, core.hash_fn)
-        self.kv_manager = core.call(
-            "KVCacheManager",
-            core.KVCacheManager,
-            kv_cache_config,
-            max_model_len=config.max_model_len,
-            scheduler_block_size=self.block_size,
-            hash_block_size=self.hash_block_size,
-            max_in_flight_tokens=config.max_in_flight_tokens,
-            enable_caching=config.enable_prefix_caching,
-            enable_kv_cache_events=True,
-            dcp_world_size=config.decode_context_parallel_size,
-        )
+        self.kv_manager = self._make_kv_manager(kv_cache_config)
         self.managers = []
         self.prefix_cache = None
         self._vreqs: dict[int, object] = {}
@@ -91,6 +84,22 @@ class VllmScheduler(Scheduler):
         self._hash_ends: dict[int, dict[bytes, int]] = {}  # request index -> hash -> the token it ends at
         self._ever_used: set[int] = set()
         self._reused = 0
+
+    def _make_kv_manager(self, kv_cache_config):
+        """vLLM's ``KVCacheManager`` over ``kv_cache_config``, as vLLM's scheduler builds it."""
+        config = self.config
+        return self.core.call(
+            "KVCacheManager",
+            self.core.KVCacheManager,
+            kv_cache_config,
+            max_model_len=config.max_model_len,
+            scheduler_block_size=self.block_size,
+            hash_block_size=self.hash_block_size,
+            max_in_flight_tokens=config.max_in_flight_tokens,
+            enable_caching=config.enable_prefix_caching,
+            enable_kv_cache_events=True,
+            dcp_world_size=config.decode_context_parallel_size,
+        )
 
     def _vllm_config(self, groups) -> types.SimpleNamespace:
         """What ``resolve_kv_cache_block_sizes`` reads of a ``VllmConfig``."""
