@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 import json
 
+from dcpsim.campaigns.selftest_options import apply_options
 from dcpsim.cli import main
 from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.harness.collectives import run_in_threads
+from dcpsim.harness.dry_run import dry_run
 from dcpsim.harness.job import Job
 from dcpsim.harness.rank_run import run_rank
 from dcpsim.harness.runner import merge_rank_reports
@@ -45,6 +47,21 @@ def run(scenario, *, engine=None, **job):
     verdicts = {(r.passed, r.failure.kind if r.failure else None, r.steps, r.attention_checks) for r in reports}
     assert len(verdicts) == 1, f"ranks disagree: {verdicts}"
     return merge_rank_reports(reports)
+
+
+def fault_scenario(name: str, **options):
+    """A built-in with a fault's config options applied (``apply_options``: scenario
+    overrides and ``SimConfig`` fields only; a ``Job`` option here is a mistake of the test)."""
+    scenario, job = apply_options(load_scenario(name), options)
+    assert not job, job
+    return scenario
+
+
+def run_fault(scenario, fault=None):
+    """Validate (and dry-run) ``scenario``, then ``run`` it in process with the named fault
+    injected (None: the reference engine)."""
+    dry_run(scenario)
+    return run(scenario, inject=fault)
 
 
 def run_json(capsys, *argv) -> tuple[int, dict]:

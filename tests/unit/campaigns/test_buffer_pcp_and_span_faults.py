@@ -12,30 +12,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dcpsim.campaigns.selftest_options import apply_options
 from dcpsim.engine.connector import CONNECTORS
 from dcpsim.engine.faults import FAULTS, get_pd_fault
 from dcpsim.engine.faults.pcp import PcpSlotsCutToLocalTokens, PcpUniformDecodeSlots
 from dcpsim.engine.reference import ReferenceEngine
-from dcpsim.harness.dry_run import dry_run
 from dcpsim.model.connector import routes_cover
 from dcpsim.model.layout import PAD
 from dcpsim.model.plan import PAD_REQUEST, EventKind, ReqWrite
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.pd import instance_layout
-from support import helpers
+from support.helpers import fault_scenario as scenario
 from support.helpers import geometries, scheduler
-
-
-def scenario(name, **options):
-    sc, job = apply_options(load_scenario(name), options)
-    assert not job
-    return sc
-
-
-def run(sc, fault=None):
-    dry_run(sc)
-    return helpers.run(sc, inject=fault)
+from support.helpers import run_fault as run
 
 
 def fresh(name):

@@ -15,33 +15,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dcpsim.campaigns.selftest_options import apply_options
 from dcpsim.engine.faults import FAULTS, Fault, get_fault
 from dcpsim.engine.faults.layout import KernelVirtualBlock
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.reference import ReferenceEngine
-from dcpsim.harness.dry_run import dry_run
 from dcpsim.model.arith import cdiv
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD, slot_mapping
 from dcpsim.model.plan import EventKind, ReqWrite
 from dcpsim.scenarios.load import load_scenario
-from support import helpers
 from support.helpers import WRITE_PATH_FAULTS, builtin, geometries, scheduler
+from support.helpers import fault_scenario as scenario
+from support.helpers import run_fault as run
 
 MINE = WRITE_PATH_FAULTS
-
-
-def scenario(name, **options):
-    sc, job = apply_options(load_scenario(name), options)
-    assert not job
-    return sc
-
-
-def run(sc, fault=None):
-    """Validate (and dry-run) ``sc``, then run it in process with the named fault injected."""
-    dry_run(sc)
-    return helpers.run(sc, inject=fault)
 
 
 def admissions(sc, fault=None) -> dict[str, int]:

@@ -14,20 +14,14 @@ import pytest
 from dcpsim.campaigns.selftest_plan import BASELINE, plan_selftest
 from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
-from dcpsim.harness.dry_run import dry_run
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD
 from dcpsim.model.plan import ReqWrite
-from support import helpers
 from support.helpers import builtin, geometries
+from support.helpers import run_fault as run
 
 SCALED, TRANSFORM = FAULTS["mamba-block-size-scaled-by-w"], FAULTS["dcp-transform-on-replicated"]
 NAME = "qwen3-next-hybrid"
-
-
-def run(sc, fault=None):
-    dry_run(sc)
-    return helpers.run(sc, inject=fault)
 
 
 def state_of(lays):
