@@ -116,8 +116,10 @@ class Failure:
             if self.last_write_step is not None:
                 out.append(f"  last written at step {self.last_write_step}")
             out.append(f"  further bad {self.index_kind}s: {self.further_bad}")
-        if self.query_position is not None:
+        if self.query_position is not None and self.error is not None:
             out.append(f"  query position: {self.query_position}, head {self.head}, error {self.error:.3g}")
+        elif self.query_position is not None:
+            out.append(f"  query position: {self.query_position}")
         out.extend(f"  {d}" for d in self.details)
         return out
 
