@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from dcpsim.errors import ConfigError
+from dcpsim.model.grouping import group_layer_specs
 from dcpsim.model.specs import IndexerSpec, KVCacheSpec, SparseMLAAttentionSpec, iter_layer_specs
 from dcpsim.model.vectors import query_vectors
 
@@ -91,6 +92,12 @@ def indexer_group(group_specs: list[KVCacheSpec]) -> int | None:
     if not sparse:
         return None
     return indexers[0]
+
+
+def check_sparse_layout(layers: dict[str, KVCacheSpec]) -> None:
+    """A model with sparse layers has exactly one indexer group (``ConfigError`` otherwise)."""
+    if any(sparse_topk(spec) for spec in layers.values()):
+        indexer_group([g.kv_cache_spec for g in group_layer_specs(layers)])
 
 
 # --- the engine's local mappings (the checker never uses them) -------------------------

@@ -51,7 +51,8 @@ def scores(indexer_store: int, view, write, rows: np.ndarray, kv_width: int, hea
     every = np.arange(write.stop, dtype=np.int64)
     keys = indexer_keys(kv_vectors(indexer_store, contents_at(view, write, every), kv_width), head_dim).astype(np.float64)
     q = indexer_queries(indexer_store, write.req_index, positions, np.asarray(write.contents)[rows], head_dim).astype(np.float64)
-    s = np.maximum(np.einsum("jhd,td->jht", q, keys), 0.0).sum(axis=1)
+    nq, H, d = q.shape
+    s = np.maximum(q.reshape(nq * H, d) @ keys.T, 0.0).reshape(nq, H, -1).sum(axis=1)
     s[every[None, :] > positions[:, None]] = -np.inf
     return s
 
