@@ -224,7 +224,7 @@ class Engine:
         ``0..n-1``, ``-inf`` (or NaN) outside the token's causal context. Returns
         ``[nq, min(topk, n)]`` positions, ascending, ``-1`` padding a row with fewer
         candidates. The rule must be a total order every rank applies alike (semantics
-        section 10: score descending, then position ascending). ``local_counts[j]``: the
+        section 14: score descending, then position ascending). ``local_counts[j]``: the
         indexer rows of this rank that token ``j`` sees (vLLM's ``row_has_no_kv`` is
         ``local_counts == 0``); the selection must not depend on it."""
         raise NotImplementedError

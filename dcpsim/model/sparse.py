@@ -1,5 +1,5 @@
 """Sparse attention (DeepSeek-V3.2's DSA): the indexer's stand-in vectors and the model's
-sparse groups, shared by both sides (semantics section 10).
+sparse groups, shared by both sides (semantics section 14).
 
 Every query token of a ``SparseMLAAttentionSpec`` group attends to the ``index_topk`` keys
 of its causal context that the indexer scores highest. The indexer's keys live in the

@@ -247,7 +247,7 @@ class SparseMLAAttentionSpec(MLAAttentionSpec):
     """An MLA cache read by sparse attention (DeepSeek-V3.2's DSA): each query token attends
     to the ``index_topk`` keys the model's indexer scores highest (``IndexerSpec``), not to
     its whole context. The cache itself is an MLA cache (vLLM: ``MLAAttentionSpec``); only
-    the attention over it differs (semantics section 10)."""
+    the attention over it differs (semantics section 14)."""
 
     index_topk: int = 2048
 

@@ -33,7 +33,7 @@ class FailureKind(enum.StrEnum):
     RANKS_DISAGREE = "ranks-disagree"
     SPARSE_SELECTION = "sparse-selection"
     """A rank's top-k selection of sparse attention (its keys for a query token) differs from
-    the other ranks' or from the one the scenario gives (semantics section 10)."""
+    the other ranks' or from the one the scenario gives (semantics section 14)."""
     ENGINE_ERROR = "engine-error"
     """The engine under test raised on a valid input (its scheduler refused or crashed at a
     step every rank reached alike)."""

@@ -1,4 +1,4 @@
-"""The checker's sparse attention (DSA, semantics section 10), from plan data alone.
+"""The checker's sparse attention (DSA, semantics section 14), from plan data alone.
 
 For a write of a request in a sparse group, the checker scores every position of each
 query token's causal context itself: indexer keys from the true contents (positions before

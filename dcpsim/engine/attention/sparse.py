@@ -1,4 +1,4 @@
-"""The engine's sparse attention on one rank (DSA, semantics section 10).
+"""The engine's sparse attention on one rank (DSA, semantics section 14).
 
 For the query tokens of one write in a sparse group: read this rank's rows of the indexer
 cache (``Engine.indexer_local_rows``, through the indexer group's block table), gather every

@@ -160,6 +160,16 @@ def _arg_names(fn) -> tuple[str, ...]:
     return tuple(names)
 
 
+SPARSE_DECISIONS = {
+    "indexer_local_rows": "reference (vLLM's deinterleave index, vllm/v1/attention/backends/mla/indexer.py "
+    "build_pcp_global_chunk_plan, is not run: it needs vLLM's pinned-memory and device-copy helpers stubbed)",
+    "select_topk": "reference (vLLM's top-k runs in CUDA kernels: DeepGEMM's fp8 MQA logits and top_k_per_row)",
+    "sparse_local_keys": "reference (vLLM's triton_filter_and_convert_dcp_index, sparse_utils.py, a VllmTritonJitKernel, "
+    "is not launched yet)",
+}
+"""The sparse-attention decisions (semantics section 14) and why the reference makes them."""
+
+
 class VllmEngine(ReferenceEngine):
     name = "vllm"
     description = (
@@ -228,6 +238,7 @@ class VllmEngine(ReferenceEngine):
                 f"{merge_programs} token x head programs of each merge (evenly spaced rows; the rest: reference)"
             )
         self.decisions["make_scheduler"] = "reference (--vllm-scheduler dcpsim)"
+        self.decisions.update(SPARSE_DECISIONS)
         self.scheduler_decisions = {}
         """Each scheduler-side decision -> the vLLM function (and file) that makes it."""
         if self.core is not None:
@@ -284,8 +295,11 @@ class VllmEngine(ReferenceEngine):
     # --- geometry through vLLM's spec classes ----------------------------------------
 
     def vllm_spec(self, spec):
-        """vLLM's spec of the same class name as one of the scenario's layer specs."""
-        cls = getattr(self._specs, type(spec).__name__, None)
+        """vLLM's spec of the same class name as one of the scenario's layer specs, or of its
+        nearest base vLLM has (``SparseMLAAttentionSpec`` and ``IndexerSpec``: vLLM stores both
+        caches as ``MLAAttentionSpec``)."""
+        known = (getattr(self._specs, c.__name__, None) for c in type(spec).__mro__)
+        cls = next((c for c in known if c is not None and not is_placeholder(c)), None)
         if cls is None or not dataclasses.is_dataclass(cls):
             raise ConfigError(self._where(SPECS_MODULE, type(spec).__name__, "is missing"))
         names = {f.name for f in dataclasses.fields(cls)}
