@@ -127,7 +127,10 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
         "pcp-slots-cut-to-local-tokens",
         "pcp-uniform-decode-slots",
         "prefix-hit-gcd-aligned",
+        "topk-tie-order",
+        "sparse-row-masked-by-empty-shard",
     }
+    assert why["topk-tie-order"] == "not on dsv3 (applies on: dsv32-sparse)"
     assert why["pcp-gather-rank-local"] == "not on dsv3 (applies on: glm-pcp2-dcp2)"
     assert why["prefix-hit-gcd-aligned"] == "not on dsv3 (applies on: prefix-ragged-spans)"
 
