@@ -302,10 +302,12 @@ def topk_by_score_then_position(scores: np.ndarray, topk: int, *, tie_key: np.nd
     scores = np.asarray(scores, dtype=np.float32)
     nq, n = scores.shape
     k = min(topk, n)
-    ties = np.broadcast_to(np.arange(n, dtype=np.int64) if tie_key is None else tie_key, scores.shape)
     finite = np.isfinite(scores)
     primary = np.where(finite, -scores, np.inf)  # best first; the rest last
-    order = np.lexsort((ties, primary), axis=-1)[:, :k]
+    if tie_key is None:  # a stable sort keeps equal scores in position order
+        order = np.argsort(primary, axis=-1, kind="stable")[:, :k]
+    else:
+        order = np.lexsort((np.broadcast_to(tie_key, scores.shape), primary), axis=-1)[:, :k]
     big = np.iinfo(np.int64).max
     chosen = np.where(np.take_along_axis(finite, order, axis=1), order, big)
     chosen.sort(axis=1)  # ascending positions, the padding last

@@ -59,19 +59,22 @@ def scores(indexer_store: int, view, write, rows: np.ndarray, kv_width: int, hea
 
 def select(score_rows: np.ndarray, positions: np.ndarray, topk: int) -> list[np.ndarray]:
     """Each token's selected positions (ascending): every score above the k-th largest of its
-    context ``[0, p]``, then the ones equal to it by position ascending up to ``k``."""
-    out = []
-    for s, p in zip(score_rows, positions):
-        n = int(p) + 1
-        if n <= topk:
-            out.append(np.arange(n, dtype=np.int64))
-            continue
-        ctx = s[:n]
-        kth = np.partition(ctx, n - topk)[n - topk]
-        above = np.flatnonzero(ctx > kth)
-        tied = np.flatnonzero(ctx == kth)[: topk - len(above)]
-        out.append(np.sort(np.concatenate([above, tied])))
-    return out
+    context ``[0, p]`` (``-inf`` beyond it), then the ones equal to it by position ascending
+    up to ``k``; a context of at most ``k`` positions whole."""
+    s = np.asarray(score_rows, dtype=np.float64)
+    positions = np.asarray(positions, dtype=np.int64)
+    nq, n = s.shape
+    if not nq:
+        return []
+    k = min(topk, n)
+    kth = np.partition(s, n - k, axis=1)[:, n - k : n - k + 1]  # the k-th largest of each row
+    above = s > kth
+    tied = s == kth
+    room = k - above.sum(axis=1, keepdims=True)
+    chosen = above | (tied & (np.cumsum(tied, axis=1) <= room))
+    whole = positions + 1 <= topk  # short contexts: every position up to p
+    chosen[whole] = np.arange(n)[None, :] <= positions[whole, None]
+    return [np.flatnonzero(row) for row in chosen]
 
 
 def digest(positions: np.ndarray) -> int:
