@@ -45,8 +45,8 @@ ATTENTION_DCP = (2, 4)
 """The W of the attention cells with natural LSEs, and of those with base-2 LSEs and ``Bk < B``."""
 NO_ATTENTION_CELLS = ("dsv32-sparse",)
 """Built-ins left out of the attention axis for its time budget: ``dsv32-sparse`` scores and
-selects 3,000-key contexts on every rank and in the checker (its gloo runs with ``--attention``
-at W = 2 and 4 are ``tests/dist/test_sparse_attention.py``)."""
+selects 3,000-key contexts on every rank and in the checker, 6-6.5 s of CPU a rank (its gloo
+runs with ``--attention`` at W = 2 and 4 are ``tests/dist/test_sparse_attention.py``)."""
 
 
 def divisors(n: int) -> list[int]:
