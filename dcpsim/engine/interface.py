@@ -207,6 +207,36 @@ class Engine:
         drafter's metadata with it (``build_attention_metadata``) beside the target's."""
         raise NotImplementedError
 
+    # --- sparse attention (DSA: an indexer picks each token's top-k keys) --------------
+
+    def indexer_local_rows(self, geometry: GroupGeometry, seq_len: int, dcp_rank: int) -> np.ndarray:
+        """The rows of the indexer cache (group ``geometry``, an ``IndexerSpec`` group) that
+        rank ``dcp_rank`` holds for a context of ``seq_len`` positions: the global position of
+        each, in local order (local row ``l`` is local index ``l`` of the group's block
+        table). The rank reads these rows and gives them to the gather that assembles every
+        rank's indexer keys in global order (vLLM's deinterleave index); each rank calls it
+        for every rank. A replicated indexer (SGLang's, in the global slot space): every
+        position, read locally, no gather."""
+        raise NotImplementedError
+
+    def select_topk(self, scores: np.ndarray, topk: int, local_counts: np.ndarray, dcp_rank: int) -> np.ndarray:
+        """The global top-k of each query token: ``scores [nq, n]`` (float32) of positions
+        ``0..n-1``, ``-inf`` (or NaN) outside the token's causal context. Returns
+        ``[nq, min(topk, n)]`` positions, ascending, ``-1`` padding a row with fewer
+        candidates. The rule must be a total order every rank applies alike (semantics
+        section 14: score descending, then position ascending). ``local_counts[j]``: the
+        indexer rows of this rank that token ``j`` sees (vLLM's ``row_has_no_kv`` is
+        ``local_counts == 0``); the selection must not depend on it."""
+        raise NotImplementedError
+
+    def sparse_local_keys(self, geometry: GroupGeometry, selected: np.ndarray, dcp_rank: int) -> np.ndarray:
+        """This rank's local indices (in the sparse group ``geometry``'s shard, read through
+        its kernel block table) of the selected positions ``selected [nq, k]`` (``-1``
+        padding); ``-1`` where another rank holds the position. A replicated group: the
+        positions themselves. vLLM: ``round_down(t // W, I) + t % I`` on rank
+        ``(t // I) % W``; SGLang: ``loc // W`` where ``loc % W == r``, packed to the front."""
+        raise NotImplementedError
+
     # --- the attention math ---------------------------------------------------------
 
     def shard_lse(self, lse: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
@@ -292,6 +322,9 @@ ENGINE_DECISIONS = (
     "attention_metadata",
     "build_attention_metadata",
     "draft_geometry",
+    "indexer_local_rows",
+    "select_topk",
+    "sparse_local_keys",
     "shard_lse",
     "shard_output",
     "merge_lse",

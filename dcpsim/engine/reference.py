@@ -34,6 +34,7 @@ from dcpsim.model.layout import (
     state_writes,
 )
 from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ReqWrite
+from dcpsim.model.sparse import vllm_topk_local_index
 
 
 class ReferenceEngine(Engine):
@@ -238,6 +239,24 @@ class ReferenceEngine(Engine):
         size = next((c for c in g.cudagraph_capture_sizes if c >= tokens and c % q == 0), None)
         return (0 if size is None else (size - tokens) // q), q
 
+    # --- sparse attention -----------------------------------------------------------
+
+    def indexer_local_rows(self, geometry: GroupGeometry, seq_len: int, dcp_rank: int) -> np.ndarray:
+        positions = np.arange(seq_len, dtype=np.int64)
+        if not geometry.sharded:
+            return positions
+        W, I = geometry.dcp_size, geometry.interleave_size
+        return positions[(positions // I) % W == dcp_rank]  # ascending: local order
+
+    def select_topk(self, scores: np.ndarray, topk: int, local_counts: np.ndarray, dcp_rank: int) -> np.ndarray:
+        return topk_by_score_then_position(scores, topk)
+
+    def sparse_local_keys(self, geometry: GroupGeometry, selected: np.ndarray, dcp_rank: int) -> np.ndarray:
+        selected = np.asarray(selected, dtype=np.int64)
+        if not geometry.sharded:
+            return selected
+        return vllm_topk_local_index(selected, geometry.dcp_size, geometry.interleave_size, dcp_rank)
+
     # --- the attention math ---------------------------------------------------------
 
     def shard_lse(self, lse: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
@@ -274,3 +293,22 @@ class ReferenceEngine(Engine):
         # return a slice this rank did not merge itself, so that the final gather is judged too
         c = (rank + 1) % world
         return slices[c], merged[:, c * hs : (c + 1) * hs], c
+
+
+def topk_by_score_then_position(scores: np.ndarray, topk: int, *, tie_key: np.ndarray | None = None) -> np.ndarray:
+    """``[nq, min(topk, n)]`` positions of the ``topk`` best finite scores of each row, by
+    score descending, then ``tie_key`` ascending (default: the position; a total order),
+    sorted ascending, ``-1`` padding."""
+    scores = np.asarray(scores, dtype=np.float32)
+    nq, n = scores.shape
+    k = min(topk, n)
+    finite = np.isfinite(scores)
+    primary = np.where(finite, -scores, np.inf)  # best first; the rest last
+    if tie_key is None:  # a stable sort keeps equal scores in position order
+        order = np.argsort(primary, axis=-1, kind="stable")[:, :k]
+    else:
+        order = np.lexsort((np.broadcast_to(tie_key, scores.shape), primary), axis=-1)[:, :k]
+    big = np.iinfo(np.int64).max
+    chosen = np.where(np.take_along_axis(finite, order, axis=1), order, big)
+    chosen.sort(axis=1)  # ascending positions, the padding last
+    return np.where(chosen == big, -1, chosen)

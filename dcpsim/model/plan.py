@@ -198,7 +198,9 @@ class AttentionResult:
     ranks for a sharded group (``merged``), or as this rank computed them (replicated).
     ``visible[j]`` counts the keys token ``rows[j]`` saw in this rank's shard, and
     ``shard_lse`` (heads ``[shard_head0, ...)``) is the LSE this rank reported to the merge:
-    diagnostics for a failure report.
+    diagnostics for a failure report. A sparse-attention group (semantics section 14) also
+    reports ``selection [len(rows), k]``: the global top-k positions this rank selected for
+    each token (ascending, ``-1`` padding), which the checker compares across ranks.
     """
 
     group: int
@@ -212,3 +214,4 @@ class AttentionResult:
     visible: np.ndarray
     shard_lse: object
     shard_head0: int
+    selection: np.ndarray | None = None

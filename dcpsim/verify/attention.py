@@ -41,6 +41,7 @@ from dcpsim.verify.attention_reference import (
 )
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.report import Failure, FailureKind
+from dcpsim.verify.sparse import SparseCheck
 
 ERR, QUERY, HEAD, LSE_GOT, LSE_REF = range(5)
 
@@ -50,8 +51,15 @@ class AttentionVerifier:
         self.cfg = config
         self.coll = collectives
         self.rank, self.world = collectives.rank, collectives.world_size
-        self.groups = {view.group_of_layer(g.layer_names[0]): g for g in groups if g.storage not in (Storage.RING, Storage.STATE)}
+        attended = [g for g in groups if g.storage not in (Storage.RING, Storage.STATE) and not g.indexer]
+        self.groups = {view.group_of_layer(g.layer_names[0]): g for g in attended}
         """The engine's store of each attention group -> the checker's geometry of it."""
+        indexer = next((g for g in groups if g.indexer), None)
+        topk_of = {store: g.index_topk for store, g in self.groups.items() if g.index_topk}
+        self.sparse = None
+        if indexer is not None and topk_of:
+            names = {store: g.name for store, g in self.groups.items()}
+            self.sparse = SparseCheck(config, collectives, view.group_of_layer(indexer.layer_names[0]), topk_of, names)
         self.checks = 0
         self.query_tokens = 0
         self.sampled = 0
@@ -135,9 +143,16 @@ class AttentionVerifier:
         query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows], cfg.heads, dk))
         return blocked_reference_attention(query, blocks, scale=cfg.softmax_scale)
 
-    def _references(self, results: list[AttentionResult], views) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _references(self, results: list[AttentionResult], views, selected: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The reference ``(O, lse)`` of each result's heads: the ranks' partials over the
-        blocks they own, all-gathered in one call and combined by their LSEs (float64)."""
+        blocks they own, all-gathered in one call and combined by their LSEs (float64); a
+        sparse group's over its selected keys, whole on every rank (``verify.sparse``)."""
+        sparse = {k: self.sparse.reference(results[k], views[results[k].write.req_index], sel) for k, sel in selected.items()}
+        dense = [res for k, res in enumerate(results) if k not in sparse]
+        merged = iter(self._dense_references(dense, views)) if dense else iter(())
+        return [sparse[k] if k in sparse else next(merged) for k in range(len(results))]
+
+    def _dense_references(self, results: list[AttentionResult], views) -> list[tuple[torch.Tensor, torch.Tensor]]:
         partials = [self._partial_reference(res, views[res.write.req_index]) for res in results]
         flat = torch.cat([torch.cat([o.reshape(-1), lse.reshape(-1)]) for o, lse in partials])
         gathered = torch.stack(self.coll.all_gather_tensor(flat))  # [W, total]
@@ -156,7 +171,16 @@ class AttentionVerifier:
     def judge(self, plan: StepPlan, results: list[AttentionResult]) -> Failure | None:
         if not results:
             return None
-        references = self._references(results, {v.req_index: v for v in plan.views})
+        views = {v.req_index: v for v in plan.views}
+        selected = {}
+        if self.sparse is not None:
+            selected = {
+                k: self.sparse.expected(res, views[res.write.req_index]) for k, res in enumerate(results) if self.sparse.is_sparse(res)
+            }
+            failure = self.sparse.agreement(plan, results, selected)
+            if failure is not None:
+                return failure
+        references = self._references(results, views, selected)
         rows = np.zeros((len(results), 5), dtype=np.float64)
         for k, (res, (o_ref, l_ref)) in enumerate(zip(results, references)):
             if res.head1 <= res.head0:  # this rank holds no real head (more ranks than heads)

@@ -28,6 +28,7 @@ REFUSED = {
     "heavy-rejection": "a pooled index key spans",
     "dsv3-mtp": "A replicated draft indexes",  # a draft the scenario shards with the target
     "glm-pcp2-dcp2": "does not support --enable-prefill-cp",
+    "dsv32-sparse": "The index-K buffer is replicated under DCP",  # vLLM's sharded indexer
 }
 """Built-ins SGLang cannot run as the scenario says, with the words of SGLang's rule."""
 NOROPE_FIX = (

@@ -20,8 +20,10 @@ import numpy as np
 import torch
 
 from dcpsim.engine.attention.compute import attend
+from dcpsim.engine.attention.sparse import SparseIndexer
 from dcpsim.model.attention_config import AttentionConfig
 from dcpsim.model.plan import AttentionResult, ReqWrite, StepPlan
+from dcpsim.model.sparse import is_indexer, sparse_topk
 from dcpsim.model.vectors import query_vectors
 
 
@@ -35,6 +37,7 @@ class _Local:
     out: torch.Tensor
     lse: torch.Tensor
     visible: np.ndarray
+    selection: np.ndarray | None = None
 
 
 class ShardAttention:
@@ -50,6 +53,7 @@ class ShardAttention:
         self.merged_by: dict[str, list[int]] = {}
         """Code -> [merges, rows it merged, rows of those merges], from the engine's ``MergedBy``."""
         self._items: list[_Local] = []
+        self.sparse = SparseIndexer(engine, config.head_dim, collectives)
 
     def compute(self, plan: StepPlan, runner, queries: dict[tuple[int, int], np.ndarray]) -> None:
         """Attention of the query tokens ``queries[(group, req_index)]`` (offsets from the
@@ -57,11 +61,17 @@ class ShardAttention:
         cfg, dk = self.cfg, self.cfg.head_dim
         writes = {w.req_index: w for w in plan.writes}
         items = []
+        indexer = next((k for k, geo in enumerate(runner.geometries) if is_indexer(geo.group_spec)), None)
         for (g, req), rows in queries.items():
             w, geometry = writes[req], runner.geometries[g]
-            slots, mask, merged = self.engine.attention_metadata(
-                geometry, w.start, w.stop, runner.block_tables[g].row(req), self.rank, rows
-            )
+            selection = None
+            if sparse_topk(geometry.group_spec) and indexer is not None:  # DSA: the indexer's top-k only
+                picked = self.sparse.keys(runner, g, indexer, w, rows)
+                slots, mask, merged, selection = picked.slots, picked.mask, geometry.sharded, picked.selection
+            else:
+                slots, mask, merged = self.engine.attention_metadata(
+                    geometry, w.start, w.stop, runner.block_tables[g].row(req), self.rank, rows
+                )
             kv = runner.stores[g].read_vectors(slots)
             query = torch.from_numpy(query_vectors(g, req, w.start + rows, w.contents[rows], cfg.heads, dk))
             # sharded: every head over the local shard (queries all-gathered), merged later;
@@ -73,7 +83,7 @@ class ShardAttention:
                 empty = torch.from_numpy(visible == 0)
                 lse = self.engine.shard_lse(lse, empty)
                 out = self.engine.shard_output(out, empty)
-            items.append(_Local(g, w, rows, merged, h0, out, lse, visible))
+            items.append(_Local(g, w, rows, merged, h0, out, lse, visible, selection))
         self._items = items
 
     def finish(self, step: int) -> list[AttentionResult]:
@@ -88,7 +98,9 @@ class ShardAttention:
 
     @staticmethod
     def _result(it: _Local, out, lse, head0: int) -> AttentionResult:
-        return AttentionResult(it.group, it.write, it.rows, it.merged, out, lse, head0, head0 + out.shape[1], it.visible, it.lse, it.head0)
+        return AttentionResult(
+            it.group, it.write, it.rows, it.merged, out, lse, head0, head0 + out.shape[1], it.visible, it.lse, it.head0, it.selection
+        )
 
     def _merge(self, step: int, items: list[_Local]):
         """Per merged item: (output, lse, first head) of the slice this rank holds."""

@@ -42,6 +42,7 @@ from dcpsim.engine.faults.pcp import (
 )
 from dcpsim.engine.faults.pd import NixlInterleaveNotBlockSize, NixlOneSourceRank, NixlStrideByDcp, PDFault, ReshardIgnoresInterleave
 from dcpsim.engine.faults.prefix import CompressedHitDropsR, KvEventsHashUnitB, PrefixHashUnitB, PrefixHitGcdAligned
+from dcpsim.engine.faults.sparse import SparseRowMaskedByEmptyShard, TopkTieOrder
 from dcpsim.errors import ConfigError
 
 FAULTS: dict[str, Fault] = {
@@ -81,6 +82,8 @@ FAULTS: dict[str, Fault] = {
         PcpSlotsCutToLocalTokens(),
         PcpUniformDecodeSlots(),
         PrefixHitGcdAligned(),
+        TopkTieOrder(),
+        SparseRowMaskedByEmptyShard(),
         ForeignBlock(),
     )
 }

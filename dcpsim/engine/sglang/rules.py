@@ -9,18 +9,23 @@ SGLang's own rule, its file and line, read from the source tree.
 * what SGLang replicates (``dcp_replicated`` in dcpsim): sliding-window pools (never widened),
   Mamba state, and the draft model (a replicated draft indexes the allocator's widened ids
   raw, ``srt/mem_cache/kv_cache_configurator.py``): a draft the scenario shards with the
-  target is laid out otherwise by SGLang.
+  target is laid out otherwise by SGLang; and the DSA indexer's K cache (semantics section 14),
+  replicated in the global slot space (``srt/model_executor/pool_configurator.py``): an indexer
+  the scenario shards (vLLM's choice) is laid out otherwise by SGLang (``dcp_replicated = true``
+  on the indexer layers is SGLang's).
 """
 
 from __future__ import annotations
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
+from dcpsim.model.sparse import is_indexer
 
 WRITE_RULE = ("sglang/kernels/ops/kvcache/mla_buffer.py", "loc % DCP_WORLD_SIZE == DCP_RANK")
 NPU_RULE = ("sglang/srt/hardware_backend/npu/attention/ascend_backend.py", "interleave_size=self.page_size")
 PCP_RULE = ("sglang/srt/arg_groups/parallel_hook.py", '"--dcp-size > 1 does not support --enable-prefill-cp."')
 RECORDS_RULE = ("sglang/srt/arg_groups/model_overrides/deepseek_v2.py", "a pooled index key spans")
+INDEXER_RULE = ("sglang/srt/model_executor/pool_configurator.py", "The index-K buffer is replicated under DCP")
 DRAFT_RULE = ("sglang/srt/mem_cache/kv_cache_configurator.py", "A replicated draft indexes the allocator's virtual locs raw")
 
 
@@ -56,6 +61,10 @@ def check(engine, scenario) -> None:
 
 def _check_group(engine, g, W: int, I: int) -> None:
     label = f"group {g.name} (layers {', '.join(g.layer_names[:3])}{', ...' if len(g.layer_names) > 3 else ''})"
+    if g.sharded and is_indexer(g.group_spec):
+        raise _refuse(
+            engine, f"{label} is the DSA indexer's K cache, sharded by DCP (dcp_replicated = true is SGLang's layout)", INDEXER_RULE
+        )
     if g.storage is Storage.RECORDS and g.sharded:
         raise _refuse(engine, f"{label} stores one record per {g.tokens_per_state} positions, sharded by DCP", RECORDS_RULE)
     if g.draft and not g.draft_only and g.sharded:

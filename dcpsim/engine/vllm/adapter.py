@@ -160,6 +160,21 @@ def _arg_names(fn) -> tuple[str, ...]:
     return tuple(names)
 
 
+SPARSE_MODULE, SPARSE_FUNCTION = "vllm.v1.attention.backends.mla.sparse_utils", "triton_filter_and_convert_dcp_index"
+SPARSE_ARGS = ("req_id", "block_table", "token_indices", "dcp_size", "dcp_rank", "cp_kv_cache_interleave_size")
+SPARSE_TOPK_BLOCK = 128
+"""vLLM's ``BLOCK_N``: the kernel's top-k width must be a multiple of it (padded with -1)."""
+SPARSE_DECISIONS = {
+    "indexer_local_rows": "reference (vLLM's deinterleave index, vllm/v1/attention/backends/mla/indexer.py "
+    "build_pcp_global_chunk_plan, is not run: it needs vLLM's pinned-memory and device-copy helpers stubbed)",
+    "select_topk": "reference (vLLM's top-k runs in CUDA kernels: DeepGEMM's fp8 MQA logits and top_k_per_row)",
+    "sparse_local_keys": f"vllm {SPARSE_MODULE}.{SPARSE_FUNCTION} (a Triton kernel, under the interpreter) on the first "
+    "and last 128 ids of the last query token of each (group, request) of a step, through an identity block table so "
+    "that its slots are local indices; the other ids: reference",
+}
+"""The sparse-attention decisions (semantics section 14) and why the reference makes them."""
+
+
 class VllmEngine(ReferenceEngine):
     name = "vllm"
     description = (
@@ -228,6 +243,7 @@ class VllmEngine(ReferenceEngine):
                 f"{merge_programs} token x head programs of each merge (evenly spaced rows; the rest: reference)"
             )
         self.decisions["make_scheduler"] = "reference (--vllm-scheduler dcpsim)"
+        self.decisions.update(SPARSE_DECISIONS)
         self.scheduler_decisions = {}
         """Each scheduler-side decision -> the vLLM function (and file) that makes it."""
         if self.core is not None:
@@ -281,11 +297,53 @@ class VllmEngine(ReferenceEngine):
         except Exception as exc:  # reported with the function's name
             raise VllmCallError(f"vLLM {what} raised {type(exc).__name__}: {exc}") from exc
 
+    # --- sparse attention: vLLM's DCP filter of the top-k ids ---------------------------
+
+    def sparse_local_keys(self, geometry, selected, dcp_rank):
+        local = super().sparse_local_keys(geometry, selected, dcp_rank)
+        if not geometry.sharded or not len(local) or not local.shape[1]:
+            return local
+        if getattr(self, "_sparse_filter", None) is None:  # loaded on first use: dense models never need it
+            mods = self.tree.load([*MERGE_MODULES[:2], SPARSE_MODULE])
+            self._sparse_filter = self._function(mods, SPARSE_MODULE, SPARSE_FUNCTION, SPARSE_ARGS)
+        # the last token (its whole context's top-k), its first and last tile of 128 ids: the
+        # kernel maps each tile on its own (no compaction), one interpreted program a tile
+        last = np.asarray(selected, dtype=np.int64)[-1]
+        k, n = len(last), SPARSE_TOPK_BLOCK
+        tiles = sorted({0, (k - 1) // n})
+        tokens = np.full((1, n * len(tiles)), -1, dtype=np.int32)
+        for i, t in enumerate(tiles):
+            part = last[t * n : (t + 1) * n]
+            tokens[0, i * n : i * n + len(part)] = part
+        row = tokens.astype(np.int64)
+        page = geometry.states_per_page
+        table = torch.arange(int(row.max(initial=0)) // page + 2, dtype=torch.int32).reshape(1, -1)  # slot = local index
+        out = self._call(
+            f"{SPARSE_MODULE}.{SPARSE_FUNCTION}",
+            self._sparse_filter,
+            torch.zeros(1, dtype=torch.int32),
+            table,
+            torch.from_numpy(tokens),
+            dcp_size=geometry.dcp_size,
+            dcp_rank=dcp_rank,
+            cp_kv_cache_interleave_size=geometry.interleave_size,
+            BLOCK_SIZE=page,
+            NUM_TOPK_TOKENS=tokens.shape[1],
+            compact_valid_to_front=False,
+        )
+        for i, t in enumerate(tiles):
+            m = len(last[t * n : (t + 1) * n])
+            local[-1, t * n : t * n + m] = out.numpy()[0, i * n : i * n + m]
+        return local
+
     # --- geometry through vLLM's spec classes ----------------------------------------
 
     def vllm_spec(self, spec):
-        """vLLM's spec of the same class name as one of the scenario's layer specs."""
-        cls = getattr(self._specs, type(spec).__name__, None)
+        """vLLM's spec of the same class name as one of the scenario's layer specs, or of its
+        nearest base vLLM has (``SparseMLAAttentionSpec`` and ``IndexerSpec``: vLLM stores both
+        caches as ``MLAAttentionSpec``)."""
+        known = (getattr(self._specs, c.__name__, None) for c in type(spec).__mro__)
+        cls = next((c for c in known if c is not None and not is_placeholder(c)), None)
         if cls is None or not dataclasses.is_dataclass(cls):
             raise ConfigError(self._where(SPECS_MODULE, type(spec).__name__, "is missing"))
         names = {f.name for f in dataclasses.fields(cls)}
