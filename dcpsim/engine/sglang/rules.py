@@ -14,6 +14,8 @@ SGLang's own rule, its file and line, read from the source tree.
 
 from __future__ import annotations
 
+import ast
+
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 
@@ -70,3 +72,25 @@ def _check_group(engine, g, W: int, I: int) -> None:
         )
     if engine.platform == "cuda" and I != 1:
         raise _refuse(engine, f"{label}: cp_kv_cache_interleave_size={I}; SGLang's CUDA path deals tokens one by one (I = 1)", WRITE_RULE)
+
+
+LSE_BASE_FILE = "sglang/srt/models/deepseek_common/attention_forward_methods/forward_mla.py"
+LSE_BASE_FUNCTION = "is_mla_dcp_lse_base_on_e"
+
+
+def base_e_backends(tree) -> tuple[frozenset[str], str]:
+    """The MLA backends whose DCP merge SGLang runs in base e (``is_mla_dcp_lse_base_on_e``:
+    ``return attention_backend in {...}``; every other backend's LSEs are base 2), read from
+    the tree's text, with ``file:line`` of the function; ``ConfigError`` if it is not there."""
+    path = tree.root / LSE_BASE_FILE
+    try:
+        module = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError) as exc:
+        raise ConfigError(f"SGLang source {tree.root}: cannot read {LSE_BASE_FILE}: {exc}") from None
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef) and node.name == LSE_BASE_FUNCTION:
+            ret = node.body[-1]
+            if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Compare) and isinstance(ret.value.comparators[0], ast.Set):
+                names = frozenset(ast.literal_eval(ret.value.comparators[0]))
+                return names, f"{LSE_BASE_FILE}:{node.lineno}"
+    raise ConfigError(f"SGLang source {tree.root}: {LSE_BASE_FILE} has no {LSE_BASE_FUNCTION} returning 'backend in {{...}}'")
