@@ -131,7 +131,6 @@ def test_mla_norope_is_sglang_36886(capsys, tmp_path, sglang_source):
             ("--attention",),
             ("attention-metadata", "attention-mismatch"),
         ),
-    ],
         # the per-token read builder skips the rank's first key and reads one past its last
         (
             KERNELS,
@@ -289,3 +288,34 @@ def test_sglangs_index_builders_decide_the_reads(capsys, sglang_source):
     assert "create_mla_kv_page_table_for_dcp" in decisions["build_attention_metadata"]
     assert "correct_attn_out" in decisions["merge_across_ranks"] and "in base 2" in decisions["merge_across_ranks"]
     assert report["attention"]["lse_base"] == "2", report["attention"]
+
+
+BACKEND = "sglang/srt/layers/attention/triton_backend.py"
+POOL = "sglang/srt/mem_cache/memory_pool.py"
+
+
+@pytest.mark.parametrize(
+    "rel,old,new",
+    [
+        # the Triton backend's MHA write keeps every token, not only this rank's
+        (
+            BACKEND,
+            "dcp_kv_mask = forward_batch.positions % self.dcp_size == self.dcp_rank\n",
+            "dcp_kv_mask = forward_batch.positions >= 0\n",
+        ),
+        # the pool's masked kernel stores K one row too far (the sampled tokens)
+        (
+            POOL,
+            "tl.store(k_buffer_ptr + loc * k_buffer_stride + idx, key, mask=mask)\n",
+            "tl.store(k_buffer_ptr + (loc + 1) * k_buffer_stride + idx, key, mask=mask)\n",
+        ),
+    ],
+    ids=["mha-backend-mask", "mha-pool-kernel"],
+)
+def test_mha_writes_run_sglangs_backend_and_pool(capsys, tmp_path, sglang_source, rel, old, new):
+    code, report = sglang_run(capsys, sglang_source, "llama-gqa", "--dcp", "2")
+    assert code == 0, report.get("failure")
+    assert "TritonAttnBackend._set_kv_buffer" in report["engine"]["decisions"]["write_slots"]
+    copy = patched_copy(sglang_source, tmp_path / "sglang-bug", rel, old, new)
+    code, report = sglang_run(capsys, copy, "llama-gqa", "--dcp", "2")
+    assert code == 1 and report["failure"]["kind"] in ("write-violation", "wrong-content"), report["failure"]

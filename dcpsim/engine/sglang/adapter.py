@@ -8,6 +8,8 @@ with ``B = P`` and ``I = 1`` (CUDA, HIP, XPU); SGLang's NPU path deals pages who
 (``I = P``). Decisions made by SGLang's code (``decisions`` names each; the rest are the
 reference engine's):
 
+* ``write_slots`` of a sharded MHA group: its Triton backend's ``_set_kv_buffer`` over its
+  pool's ``set_kv_buffer`` (``dcpsim.engine.sglang.mha_writes``);
 * ``write_slots`` of a sharded MLA group: SGLang's write kernels
   (``kernels/ops/kvcache/mla_buffer.py``: ``set_mla_kv_buffer_dcp_sharded_triton``, the rope
   and no-rope Triton kernels, on a sample; ``set_mla_kv_buffer_naive`` for the rest), run on
@@ -38,11 +40,10 @@ import numpy as np
 import torch
 
 from dcpsim.engine.interface import MergedBy
-from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK
+from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK, evenly_spaced
 from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.reference import ReferenceEngine
-from dcpsim.engine.loading.interpreter import evenly_spaced
-from dcpsim.engine.sglang import reads, rules
+from dcpsim.engine.sglang import mha_writes, reads, rules
 from dcpsim.engine.sglang.loader import SourceTree, source_dir
 from dcpsim.engine.sglang.merge import COMBINE, CORRECT, MERGE_PROGRAMS, combine_rows, correct_rows
 from dcpsim.engine.sglang.reads import PAGE_TABLE, TOKEN_INDICES
@@ -69,7 +70,10 @@ FUNCTIONS = {
     TORCH_WRITE: (WRITE_MODULE, ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "reserved_skip_index", "dcp_world_size", "dcp_rank")),
     COMBINE: (MERGE_MODULE, ("recv_output", "recv_lse", "is_lse_base_on_e", "return_lse")),
     CORRECT: (MERGE_MODULE, ("out", "lses", "cp_rank", "ctx", "new_output", "is_lse_base_on_e")),
-    TOKEN_INDICES: (MERGE_MODULE, ("req_to_token_ptr", "req_pool_indices_ptr", "dcp_kernel_lens_ptr", "kv_indptr", "kv_start_idx", "kv_indices_ptr")),
+    TOKEN_INDICES: (
+        MERGE_MODULE,
+        ("req_to_token_ptr", "req_pool_indices_ptr", "dcp_kernel_lens_ptr", "kv_indptr", "kv_start_idx", "kv_indices_ptr"),
+    ),
     PAGE_TABLE: (MERGE_MODULE, ("req_to_token_ptr", "req_pool_indices_ptr", "local_seq_lens_ptr", "block_kv_indices_ptr", "v2p_ptr")),
 }
 """The SGLang functions the engine calls, by module, with the parameters it passes."""
@@ -109,6 +113,7 @@ class SglangEngine(ReferenceEngine):
         self.version = self.tree.version
         mods = self.tree.load([LAYOUT_MODULE, WRITE_MODULE, MERGE_MODULE])
         self._mla_buffer = mods[WRITE_MODULE]
+        self._mha: dict | None = None
         on_e, where = rules.base_e_backends(self.tree)
         self.lse_base = "e" if MERGE_BACKEND in on_e else "2"
         self.lse_base_source = f"{where}: is_mla_dcp_lse_base_on_e({MERGE_BACKEND!r}) is {MERGE_BACKEND in on_e}"
@@ -117,8 +122,10 @@ class SglangEngine(ReferenceEngine):
         writes = (
             f"sglang {_file(WRITE_MODULE)}::{TRITON_WRITE} (the rope and no-rope Triton kernels) on at most "
             f"{write_programs} tokens of each write, ::{TORCH_WRITE} on the rest, at the widened ids "
-            "page * P * W + pos % (P * W); MHA groups: SGLang's owner rule restated (mask positions % W == rank, "
-            "row out_cache_loc // W: srt/layers/attention/triton_backend.py:1645-1658); replicated groups: reference"
+            "page * P * W + pos % (P * W); MHA groups: sglang srt/layers/attention/triton_backend.py::"
+            f"{mha_writes.BACKEND_WRITE} over srt/mem_cache/memory_pool.py::{mha_writes.POOL_WRITE} (its "
+            f"masked_set_kv_buffer_kernel on at most {write_programs} tokens of each write, the backend's loc and mask "
+            "for the rest); replicated groups: reference"
         )
         if platform == "npu":
             writes = f"sglang {_file(LAYOUT_MODULE)}::localize_dcp_indices (I = P) and the page table of ascend_backend.py"
@@ -163,12 +170,19 @@ class SglangEngine(ReferenceEngine):
         """``fn(*args, **kwargs)``; a write runs with the tree importable (its dispatcher imports
         ``sglang.srt.platforms`` when called) and Triton's interpreter to itself."""
         try:
-            if name in (TRITON_WRITE, TORCH_WRITE, COMBINE, CORRECT, TOKEN_INDICES, PAGE_TABLE):
+            if name in (TRITON_WRITE, TORCH_WRITE, COMBINE, CORRECT, TOKEN_INDICES, PAGE_TABLE, *mha_writes.CALLS):
                 with INTERPRETER_LOCK, self.tree.importable():
                     return fn(*args, **kwargs)
             return fn(*args, **kwargs)
         except Exception as exc:  # reported with the function's name
             raise SglangCallError(f"SGLang {name} raised {type(exc).__name__}: {exc}") from exc
+
+    def _mha_modules(self) -> dict:
+        """SGLang's Triton backend and memory pool modules, loaded on first need (a run without
+        a sharded MHA group never pays for them)."""
+        if self._mha is None:
+            self._mha = self.tree.load([mha_writes.POOL_MODULE, mha_writes.BACKEND_MODULE])
+        return self._mha
 
     def interleave_size(self, geometry) -> int:
         """SGLang's interleave on the platform: 1 on CUDA, the page size on NPU."""
@@ -178,6 +192,9 @@ class SglangEngine(ReferenceEngine):
 
     def check_scenario(self, scenario) -> None:
         rules.check(self, scenario)
+        geometries = self.geometries(scenario.layers, scenario.config)
+        if any(g.sharded and g.storage is Storage.PAGED and not isinstance(g.spec, MLAAttentionSpec) for g in geometries):
+            self._mha_modules()  # a tree whose MHA write does not load: exit 2 here, before any rank
 
     # --- the write path -------------------------------------------------------------
 
@@ -204,8 +221,16 @@ class SglangEngine(ReferenceEngine):
                 programs=self.write_programs,
                 call=lambda name, fn, *a, **k: self._call(name, fn, *a, **k),
             )
-        else:  # SGLang's MHA write: mask positions % W == rank, row out_cache_loc // W
-            flat = np.where(loc % g.dcp_size == dcp_rank, loc // g.dcp_size, PAD)
+        else:  # SGLang's Triton backend's MHA write over its pool's masked kernel
+            flat = mha_writes.probe_mha_slots(
+                self._mha_modules(),
+                loc,
+                np.concatenate(positions),
+                dcp_size=g.dcp_size,
+                dcp_rank=dcp_rank,
+                programs=self.write_programs,
+                call=lambda name, fn, *a: self._call(name, fn, *a),
+            )
         cuts = np.cumsum([len(p) for p in positions])[:-1]
         return list(zip(np.split(flat, cuts), positions))
 

@@ -57,7 +57,9 @@ def token_slots(kernel, block_row: np.ndarray, local_len: int, *, block_size: in
     return out.numpy()
 
 
-def page_table(kernel, block_rows: list[np.ndarray], local_lens: np.ndarray, *, block_size: int, dcp_size: int, dcp_rank: int) -> list[np.ndarray]:
+def page_table(
+    kernel, block_rows: list[np.ndarray], local_lens: np.ndarray, *, block_size: int, dcp_size: int, dcp_rank: int
+) -> list[np.ndarray]:
     """Each request's page ids of the rank's slice (``cdiv(local_len, P)`` each), by SGLang's
     MLA builder, all requests in one launch."""
     lens = np.asarray(local_lens, dtype=np.int64)
