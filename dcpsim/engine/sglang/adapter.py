@@ -294,13 +294,15 @@ class SglangEngine(ReferenceEngine):
             dcp_size=g.dcp_size,
             dcp_rank=dcp_rank,
         )
-        indices = meta.kv_indices.copy()
+        per_request = np.split(meta.kv_indices, meta.kv_indptr[1:-1])
         for i, got in zip(chosen, pages):
-            lo, hi = meta.kv_indptr[i], meta.kv_indptr[i + 1]
-            if hi - lo != len(got):
-                raise SglangCallError(f"SGLang {PAGE_TABLE} gave {len(got)} pages for request {i}, the metadata holds {hi - lo}")
-            indices[lo:hi] = got
-        return dataclasses.replace(meta, kv_indices=indices)
+            per_request[i] = got  # all of SGLang's pages, whatever the row holds
+        lengths = [len(p) for p in per_request]
+        return dataclasses.replace(
+            meta,
+            kv_indices=np.concatenate(per_request).astype(np.int64),
+            kv_indptr=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        )
 
     # --- the merge across ranks -----------------------------------------------------
 
