@@ -319,3 +319,11 @@ def test_mha_writes_run_sglangs_backend_and_pool(capsys, tmp_path, sglang_source
     copy = patched_copy(sglang_source, tmp_path / "sglang-bug", rel, old, new)
     code, report = sglang_run(capsys, copy, "llama-gqa", "--dcp", "2")
     assert code == 1 and report["failure"]["kind"] in ("write-violation", "wrong-content"), report["failure"]
+
+
+def test_an_lse_base_other_than_sglangs_is_exit_2_quoting_its_rule(capsys, sglang_source):
+    code = main(
+        ["run", "dsv3", "--dcp", "2", "--attention", "--lse-base", "e", "--engine", "sglang", "--sglang-source", str(sglang_source)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "computes base-2 LSEs" in err and "is_mla_dcp_lse_base_on_e('flashinfer') is False" in err, err
