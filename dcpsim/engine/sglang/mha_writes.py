@@ -90,7 +90,8 @@ def probe_mha_slots(modules, loc: np.ndarray, positions: np.ndarray, *, dcp_size
     chosen = evenly_spaced(n, programs)
     if len(chosen):
         picked = torch.from_numpy(chosen)
-        pool = _pool(modules[POOL_MODULE].MHATokenToKVPool, int(loc.max()) // dcp_size + 1)
+        # as wide as the widened id space: a store past the rank's rows lands in the probe
+        pool = _pool(modules[POOL_MODULE].MHATokenToKVPool, int(loc.max()) + 2)
         call(POOL_WRITE, _write, modules, pool, locs[picked], pos[picked], dcp_size, dcp_rank)
         k, v = read_back(pool.k_buffer[0], len(chosen)), read_back(pool.v_buffer[0], len(chosen))
         slots[chosen] = np.where(k == v, k, PAD)
