@@ -330,3 +330,11 @@ def test_an_lse_base_other_than_sglangs_is_exit_2_quoting_its_rule(capsys, sglan
     )
     err = capsys.readouterr().err
     assert code == 2 and "computes base-2 LSEs" in err and "is_mla_dcp_lse_base_on_e('flashinfer') is False" in err, err
+
+
+def test_a_w_sglangs_mla_merge_cannot_launch_is_exit_2_quoting_its_rule(capsys, sglang_source):
+    code = main(["run", "dsv3", "--dcp", "3", "--engine", "sglang", "--sglang-source", str(sglang_source)])
+    err = capsys.readouterr().err
+    assert code == 2 and 'dcp_kernels.py:418: "N_ROUNDED": N,' in err and "power of two" in err, err
+    code, report = sglang_run(capsys, sglang_source, "llama-gqa", "--dcp", "3")  # MHA: SGLang's torch merge takes any W
+    assert code == 0, report.get("failure")

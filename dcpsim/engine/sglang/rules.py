@@ -6,6 +6,8 @@ SGLang's own rule, its file and line, read from the source tree.
 * prefill context parallelism with DCP is refused (``srt/arg_groups/parallel_hook.py``);
 * a compressed cache whose record spans several positions (a pooled DSA index key) is refused
   (``srt/arg_groups/model_overrides/deepseek_v2.py``);
+* a W that is not a power of two with a sharded MLA group: its all-gather merge
+  ``correct_attn_out`` loads the LSEs with ``tl.arange(0, W)`` (``N_ROUNDED = N``, not rounded);
 * what SGLang replicates (``dcp_replicated`` in dcpsim): sliding-window pools (never widened),
   Mamba state, and the draft model (a replicated draft indexes the allocator's widened ids
   raw, ``srt/mem_cache/kv_cache_configurator.py``): a draft the scenario shards with the
@@ -18,11 +20,13 @@ import ast
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
+from dcpsim.model.specs import MLAAttentionSpec
 
 WRITE_RULE = ("sglang/kernels/ops/kvcache/mla_buffer.py", "loc % DCP_WORLD_SIZE == DCP_RANK")
 NPU_RULE = ("sglang/srt/hardware_backend/npu/attention/ascend_backend.py", "interleave_size=self.page_size")
 PCP_RULE = ("sglang/srt/arg_groups/parallel_hook.py", '"--dcp-size > 1 does not support --enable-prefill-cp."')
 RECORDS_RULE = ("sglang/srt/arg_groups/model_overrides/deepseek_v2.py", "a pooled index key spans")
+POW2_RULE = ("sglang/kernels/ops/attention/dcp_kernels.py", '"N_ROUNDED": N,')
 DRAFT_RULE = ("sglang/srt/mem_cache/kv_cache_configurator.py", "A replicated draft indexes the allocator's virtual locs raw")
 
 
@@ -69,6 +73,13 @@ def _check_group(engine, g, W: int, I: int) -> None:
             engine,
             f"{label}: cp_kv_cache_interleave_size={I}; SGLang's NPU path deals whole pages (I = block_size = {g.block_size})",
             NPU_RULE,
+        )
+    if isinstance(g.spec, MLAAttentionSpec) and W & (W - 1):
+        raise _refuse(
+            engine,
+            f"{label}: decode_context_parallel_size={W}; SGLang's MLA merge correct_attn_out loads the W ranks' LSEs with "
+            "tl.arange(0, N_ROUNDED), N_ROUNDED = W not rounded up, which needs a power of two",
+            POW2_RULE,
         )
     if engine.platform == "cuda" and I != 1:
         raise _refuse(engine, f"{label}: cp_kv_cache_interleave_size={I}; SGLang's CUDA path deals tokens one by one (I = 1)", WRITE_RULE)
