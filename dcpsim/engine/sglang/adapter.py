@@ -312,7 +312,10 @@ class SglangEngine(ReferenceEngine):
         ``dcp_lse_combine_triton`` (``alltoall``) or ``correct_attn_out`` (``allgather``); its
         rows replace the reference's."""
         ref_out, ref_lse, c = super().merge_across_ranks(out, lse, group, variant=variant, base=base)
-        if group.world_size == 1 or not out.shape[0]:
+        W = group.world_size
+        if W == 1 or not out.shape[0] or (variant == "allgather" and W & (W - 1)):
+            # correct_attn_out cannot launch at a W not a power of two (rules.POW2_RULE): only an
+            # MHA model gets here, whose SGLang merge (cp_lse_ag_out_rs_mha) is not loaded
             return ref_out, ref_lse, c
         if variant == "alltoall":
             combine = lambda *args: self._call(COMBINE, self._fn[COMBINE], *args)
