@@ -94,7 +94,7 @@ MERGE_BACKEND = "flashinfer"
 
 class SglangEngine(ReferenceEngine):
     name = "sglang"
-    description = "SGLang's own DCP code from a source tree: its MLA write kernels and local lengths, on its widened-id layout"
+    description = "SGLang's own DCP code from a source tree: its writes, lengths, read indices and merges, on its widened ids"
     lse_base = "2"
 
     def __init__(
