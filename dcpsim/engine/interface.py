@@ -33,7 +33,7 @@ from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.model import parallel
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import KVCacheGroupSpec
-from dcpsim.model.plan import AttentionMetadata, ReqWrite
+from dcpsim.model.plan import AttentionMetadata, ContextGather, ReqWrite
 from dcpsim.model.specs import KVCacheSpec
 
 
@@ -200,6 +200,20 @@ class Engine:
         requests and the slots of their tokens (which the worker writes unless ``PAD``)."""
         raise NotImplementedError
 
+    def context_gather(
+        self, geometry: GroupGeometry, writes: list[ReqWrite], block_rows: list[np.ndarray], dcp_rank: int
+    ) -> ContextGather | None:
+        """How rank ``dcp_rank`` gathers the cached context of the step's prefill rows in a
+        paged full-attention group (``dcpsim.model.plan.ContextGather``), or None when no
+        row has one: the rows of more than ``1 + k`` query tokens (shorter ones run as
+        decodes) whose write starts past 0, packed in batch order into chunks of at most
+        ``geometry.chunked_prefill_workspace_size`` workspace rows; for each (chunk,
+        request) the context tokens it covers, the rank's local rows of them (its shard
+        only: at most its local context past the entry's local start) and their slots.
+        ``block_rows[i]`` is ``writes[i]``'s row. Optional: an engine without it is not
+        checked for the gather, and its attention reads the context directly."""
+        raise NotImplementedError
+
     def draft_geometry(self, geometry: GroupGeometry) -> GroupGeometry:
         """The geometry the drafter's attention (MTP / EAGLE) runs with over a group that
         holds draft layers (``geometry.draft``): the draft model's own parallel config
@@ -291,6 +305,7 @@ ENGINE_DECISIONS = (
     "query_local_bounds",
     "attention_metadata",
     "build_attention_metadata",
+    "context_gather",
     "draft_geometry",
     "shard_lse",
     "shard_output",

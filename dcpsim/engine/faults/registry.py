@@ -10,6 +10,7 @@ from __future__ import annotations
 from dcpsim.engine.faults.attention import EmptyShardLseZero, EmptyShardNanUnguarded, LseBaseMismatch
 from dcpsim.engine.faults.base import Fault
 from dcpsim.engine.faults.draft import DraftDropsDcp, DraftIndptrFromGlobalLens
+from dcpsim.engine.faults.gather import ContextGatherWholeLocalLen
 from dcpsim.engine.faults.layout import (
     AdmissionCapacityUnscaled,
     ForeignBlock,
@@ -82,6 +83,7 @@ FAULTS: dict[str, Fault] = {
         PcpUniformDecodeSlots(),
         PrefixHitGcdAligned(),
         ForeignBlock(),
+        ContextGatherWholeLocalLen(),
     )
 }
 
