@@ -7,7 +7,9 @@ math in float32. Sharded groups (the engine's geometry says which) report their 
 through ``Engine.shard_lse`` and are merged across ranks in one collective call per step
 (``Engine.merge_across_ranks``, heads padded to a multiple of ``W``); replicated groups
 run as ``W == 1``, each rank computing its own slice of heads (its tensor-parallel heads)
-over its whole replica. The result of each (group, request) is an ``AttentionResult``
+over its whole replica. A prefill whose cached context the engine gathers in chunks
+(``Engine.context_gather``) reads that context through the gather
+(``dcpsim.engine.attention.gathered``). The result of each (group, request) is an ``AttentionResult``
 that the checker judges.
 """
 
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 
 from dcpsim.engine.attention.compute import attend
+from dcpsim.engine.attention.gathered import gathered_keys
 from dcpsim.model.attention_config import AttentionConfig
 from dcpsim.model.plan import AttentionResult, ReqWrite, StepPlan
 from dcpsim.model.vectors import query_vectors
@@ -56,12 +59,15 @@ class ShardAttention:
         write's start) of every write of the step, on this rank (during the step)."""
         cfg, dk = self.cfg, self.cfg.head_dim
         writes = {w.req_index: w for w in plan.writes}
+        gathers = {gather.group: gather for gather in runner.gather_log}
         items = []
         for (g, req), rows in queries.items():
-            w, geometry = writes[req], runner.geometries[g]
-            slots, mask, merged = self.engine.attention_metadata(
-                geometry, w.start, w.stop, runner.block_tables[g].row(req), self.rank, rows
-            )
+            w, geometry, row = writes[req], runner.geometries[g], runner.block_tables[g].row(req)
+            gather = gathers.get(g)
+            if gather is not None and w.request_id in gather.request_ids:  # the context through the gather
+                slots, mask, merged = gathered_keys(self.engine, geometry, w, row, self.rank, rows, gather)
+            else:
+                slots, mask, merged = self.engine.attention_metadata(geometry, w.start, w.stop, row, self.rank, rows)
             kv = runner.stores[g].read_vectors(slots)
             query = torch.from_numpy(query_vectors(g, req, w.start + rows, w.contents[rows], cfg.heads, dk))
             # sharded: every head over the local shard (queries all-gathered), merged later;
