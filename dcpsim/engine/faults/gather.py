@@ -23,6 +23,9 @@ class ContextGatherWholeLocalLen(Fault):
         "so every chunk but the last reads past its piece (keys gathered twice, then rows past the context)"
     )
     configs = ({"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 4, "chunked_prefill_workspace_size": 64},)
+    scenarios = ("dsv3", "prefix-sharing")
+    """A 64-row workspace splits their contexts (chunked prefills, prefix hits); the
+    256K built-in splits at vLLM's default workspace (a slow test runs it)."""
 
     def applies_to_scenario(self, scenario, geometries) -> bool:
         """Where a prefill of the (reference) schedule gathers a sharded group's context in

@@ -1,0 +1,39 @@
+"""The faults of issue 22's newer public bug classes, in one process (ranks as threads): each is
+detected where selftest runs it, and the same scenario and config pass without it."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcpsim.engine.faults import FAULTS
+from support.helpers import fault_scenario as scenario
+from support.helpers import geometries
+from support.helpers import run_fault as run
+
+GATHER = {"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 4, "chunked_prefill_workspace_size": 64}
+
+CASES = [
+    ("context-gather-whole-local-len", "dsv3", GATHER, "attention-metadata", "context gather chunk"),
+    ("context-gather-whole-local-len", "prefix-sharing", GATHER, "attention-metadata", "context gather chunk"),
+]
+
+
+def test_the_gather_fault_needs_a_split_context():
+    fault = FAULTS["context-gather-whole-local-len"]
+    assert fault.applies_to_scenario(scenario("dsv3", **GATHER), geometries(scenario("dsv3", **GATHER)))
+    # vLLM's default workspace (64K rows) holds every context of dsv3: nothing to split
+    plain = scenario("dsv3", decode_context_parallel_size=2)
+    assert not fault.applies_to_scenario(plain, geometries(plain))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault,name,options,kind,text", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_fault_is_detected_and_the_same_config_passes_without_it(fault, name, options, kind, text):
+    sc = scenario(name, **options)
+    assert FAULTS[fault].applies_to_scenario(sc, geometries(sc))
+    clean = run(sc)
+    assert clean.passed, clean.failure and clean.failure.lines()
+    report = run(sc, fault)
+    assert not report.passed
+    assert report.failure.kind == kind, report.failure.lines()
+    assert any(text in line for line in report.failure.lines()), report.failure.lines()
