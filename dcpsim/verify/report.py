@@ -114,7 +114,8 @@ class Failure:
                 out.append(f"  last written at step {self.last_write_step}")
             out.append(f"  further bad {self.index_kind}s: {self.further_bad}")
         if self.query_position is not None:
-            out.append(f"  query position: {self.query_position}, head {self.head}, error {self.error:.3g}")
+            error = f", error {self.error:.3g}" if self.error is not None else ""
+            out.append(f"  query position: {self.query_position}, head {self.head}{error}")
         out.extend(f"  {d}" for d in self.details)
         return out
 

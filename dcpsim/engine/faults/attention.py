@@ -60,3 +60,28 @@ class EmptyShardNanUnguarded(Fault):
     def merge_attention_states(self, outputs, lses, base):
         lse, factors = self.merge_lse(lses, base)
         return (factors.unsqueeze(-1) * outputs).sum(dim=0), lse
+
+
+FLASHINFER_MASKED_LSE = -49993.9765625
+"""The LSE FlashInfer's paged causal prefill returns for a fully masked row (flashinfer#4452):
+its finite mask sentinel, 5e4, not -inf."""
+
+
+class EmptyShardLseFinite(Fault):
+    name = "empty-shard-lse-finite"
+    bug_class = "34. a fully masked row's LSE returned finite (about -5e4) instead of -inf (flashinfer#4452)"
+    description = (
+        "the kernel masks with a finite sentinel, so a query token whose shard on this rank holds no key "
+        "reports lse = -49994 instead of -inf: beside a real shard it weighs exp(-5e4 - lse) = 0, but the "
+        "merge of rows that are empty on every rank comes out finite, and the section-6 rule is broken"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 16},)
+    scenarios = ("dsv3", "llama-gqa", "dsv41-hybrid")
+    """Prefills of MLA, GQA and compressed records: every first token's shard on rank 1 is empty."""
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def shard_lse(self, lse, empty):
+        return lse.masked_fill(empty[:, None], FLASHINFER_MASKED_LSE)

@@ -7,7 +7,7 @@ every registered one where it applies. A new bug class is one new entry.
 
 from __future__ import annotations
 
-from dcpsim.engine.faults.attention import EmptyShardLseZero, EmptyShardNanUnguarded, LseBaseMismatch
+from dcpsim.engine.faults.attention import EmptyShardLseFinite, EmptyShardLseZero, EmptyShardNanUnguarded, LseBaseMismatch
 from dcpsim.engine.faults.base import Fault
 from dcpsim.engine.faults.draft import DraftDropsDcp, DraftIndptrFromGlobalLens
 from dcpsim.engine.faults.gather import ContextGatherWholeLocalLen
@@ -84,6 +84,7 @@ FAULTS: dict[str, Fault] = {
         PrefixHitGcdAligned(),
         ForeignBlock(),
         ContextGatherWholeLocalLen(),
+        EmptyShardLseFinite(),
     )
 }
 

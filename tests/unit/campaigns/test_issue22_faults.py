@@ -4,6 +4,7 @@ detected where selftest runs it, and the same scenario and config pass without i
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dcpsim.engine.faults import FAULTS
 from support.helpers import fault_scenario as scenario
@@ -12,9 +13,18 @@ from support.helpers import run_fault as run
 
 GATHER = {"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 4, "chunked_prefill_workspace_size": 64}
 
+SHARDS = {"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 16}
+
 CASES = [
     ("context-gather-whole-local-len", "dsv3", GATHER, "attention-metadata", "context gather chunk"),
     ("context-gather-whole-local-len", "prefix-sharing", GATHER, "attention-metadata", "context gather chunk"),
+    (
+        "empty-shard-lse-finite",
+        "dsv3",
+        {"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 16},
+        "attention-mismatch",
+        "must report -inf",
+    ),
 ]
 
 
@@ -24,6 +34,20 @@ def test_the_gather_fault_needs_a_split_context():
     # vLLM's default workspace (64K rows) holds every context of dsv3: nothing to split
     plain = scenario("dsv3", decode_context_parallel_size=2)
     assert not fault.applies_to_scenario(plain, geometries(plain))
+
+
+def test_a_finite_masked_lse_changes_no_merged_value_beside_a_real_shard():
+    """Why flashinfer#4452 needs the section-6 rule: the merge alone cannot see it."""
+    from dcpsim.engine.attention.merge import merge_attention_states
+    from dcpsim.engine.faults.attention import FLASHINFER_MASKED_LSE
+
+    out = torch.randn(2, 3, 4)
+    good = merge_attention_states(out, torch.tensor([[1.5, 0.2, -3.0], [float("-inf")] * 3]))
+    finite = merge_attention_states(out, torch.tensor([[1.5, 0.2, -3.0], [FLASHINFER_MASKED_LSE] * 3]))
+    assert torch.equal(good[0], finite[0]) and torch.equal(good[1], finite[1])
+    # rows empty on every rank: -inf stays -inf, the finite stand-in does not
+    assert torch.isneginf(merge_attention_states(out, torch.full((2, 3), float("-inf")))[1]).all()
+    assert torch.isfinite(merge_attention_states(out, torch.full((2, 3), FLASHINFER_MASKED_LSE))[1]).all()
 
 
 @pytest.mark.slow
