@@ -157,8 +157,42 @@ class AttentionVerifier:
     # --- the verdict ----------------------------------------------------------------
 
     def judge(self, plan: StepPlan, results: list[AttentionResult]) -> Failure | None:
-        if not results:
+        padding = [r for r in results if r.write is None]  # --attention-padded-rows
+        results = [r for r in results if r.write is not None]
+        failure = self._judge(plan, results) if results else None
+        if failure is None and padding:
+            failure = self.judge_padding(plan, padding)
+        return failure
+
+    def judge_padding(self, plan: StepPlan, padding: list[AttentionResult]) -> Failure | None:
+        """The padding rows of a padded decode step see no key on any rank: merged, each must
+        be an output of exactly 0 with lse -inf (section 6's merge of rows empty everywhere).
+        Every rank judges the heads it holds; one gather makes the verdict common."""
+        mine = None
+        for res in padding:
+            out, lse = res.out.detach().cpu().numpy(), res.lse.detach().cpu().numpy()
+            bad = ~(out == 0).all(axis=(1, 2)) | ~np.isneginf(lse).all(axis=1)
+            if bad.any() and mine is None:
+                j = int(np.nonzero(bad)[0][0])
+                mine = (self.groups[res.group].name, j, len(res.rows), float(np.nanmax(np.abs(out[j]))) if out[j].size else 0.0,
+                        str(lse[j].tolist()[:4]), bool(np.isnan(out[j]).any() or np.isnan(lse[j]).any()))  # fmt: skip
+        self.checks += len(padding)
+        verdicts = self.coll.all_gather_object(mine)
+        found = next(((r, v) for r, v in enumerate(verdicts) if v is not None), None)
+        if found is None:
             return None
+        rank, (group, j, n, peak, lses, nan) = found
+        return Failure(
+            kind=FailureKind.ATTENTION_MISMATCH,
+            step=plan.step,
+            message=f"padding row {j} of {n} (a CUDA-graph padded decode step) merged to "
+            + ("NaN" if nan else "a nonzero or finite state")
+            + ": a row with no key on any rank must merge to 0 with lse -inf",
+            group=group,
+            details=[f"checked on rank {rank}: max |output| {peak:.6g}, lse of its first heads {lses}"],
+        )
+
+    def _judge(self, plan: StepPlan, results: list[AttentionResult]) -> Failure | None:
         references = self._references(results, {v.req_index: v for v in plan.views})
         rows = np.zeros((len(results), 8), dtype=np.float64)
         for k, (res, (o_ref, l_ref)) in enumerate(zip(results, references)):

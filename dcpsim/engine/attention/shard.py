@@ -80,7 +80,26 @@ class ShardAttention:
                 lse = self.engine.shard_lse(lse, empty)
                 out = self.engine.shard_output(out, empty)
             items.append(_Local(g, w, rows, merged, h0, out, lse, visible))
-        self._items = items
+        self._items = items + self._padding(runner)
+
+    def _padding(self, runner) -> list[_Local]:
+        """With ``padded_rows``: the padding rows of a step padded to a CUDA-graph size, one
+        item per sharded attention group whose metadata has dummy requests. vLLM pads the
+        replayed batch with ``seq_lens`` 0, so a padding row sees no key on any rank: each rank
+        reports an empty shard (``shard_lse``/``shard_output`` of an all-empty row) to the merge."""
+        if not self.cfg.padded_rows:
+            return []
+        H, dv, out = self.cfg.heads, self.cfg.value_dim, []
+        for meta in runner.metadata_log:
+            g = runner.geometries[meta.group]
+            if meta.model != "target" or not g.sharded or not meta.num_dummy_requests:
+                continue
+            n = meta.num_dummy_requests * (1 + g.num_speculative_tokens)
+            empty = torch.ones(n, dtype=torch.bool)
+            lse = self.engine.shard_lse(torch.full((n, H), float("-inf")), empty)
+            o = self.engine.shard_output(torch.zeros((n, H, dv)), empty)
+            out.append(_Local(meta.group, None, np.arange(n, dtype=np.int64), True, 0, o, lse, np.zeros(n, np.int64)))
+        return out
 
     def finish(self, step: int) -> list[AttentionResult]:
         """Merge the sharded items across ranks; every item's result, in compute order."""

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import torch
+
+from dcpsim.engine.attention.merge import sanitize_lse
 from dcpsim.engine.faults.base import Fault, has_sharded_attention
+from dcpsim.engine.faults.metadata import graph_steps
 
 
 class EmptyShardLseZero(Fault):
@@ -85,3 +89,26 @@ class EmptyShardLseFinite(Fault):
 
     def shard_lse(self, lse, empty):
         return lse.masked_fill(empty[:, None], FLASHINFER_MASKED_LSE)
+
+
+class AllEmptyRowsMergeNan(Fault):
+    name = "all-empty-rows-merge-nan"
+    bug_class = "35. rows empty on every rank (the padding of a CUDA-graph decode step) merged to NaN (vllm-ascend#14126)"
+    description = (
+        "the LSE merge takes m = max_r lse_r without the m = -inf guard and weighs every shard by "
+        "exp(lse_r - lse): a row whose shards are all empty gets lse = -inf - (-inf) = NaN and NaN "
+        "weights, so the padding rows of a padded decode step come out NaN (true rows are unchanged)"
+    )
+    needs = {"attention": True, "attention_padded_rows": True, "max_cudagraph_capture_size": 64}
+    configs = ({"decode_context_parallel_size": 2},)
+    scenarios = ("many-short", "dsv3")
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return has_sharded_attention(geometries) and any(dummies for _, dummies in graph_steps(scenario, geometries))
+
+    def merge_lse(self, lses, base):
+        exp, log = (torch.exp, torch.log) if base == "e" else (torch.exp2, torch.log2)
+        clean = sanitize_lse(lses)
+        m = clean.amax(dim=0)  # no guard: -inf when every shard is empty
+        lse = m + log(exp(clean - m).sum(dim=0))
+        return lse, exp(clean - lse)

@@ -7,7 +7,13 @@ every registered one where it applies. A new bug class is one new entry.
 
 from __future__ import annotations
 
-from dcpsim.engine.faults.attention import EmptyShardLseFinite, EmptyShardLseZero, EmptyShardNanUnguarded, LseBaseMismatch
+from dcpsim.engine.faults.attention import (
+    AllEmptyRowsMergeNan,
+    EmptyShardLseFinite,
+    EmptyShardLseZero,
+    EmptyShardNanUnguarded,
+    LseBaseMismatch,
+)
 from dcpsim.engine.faults.base import Fault
 from dcpsim.engine.faults.draft import DraftDropsDcp, DraftIndptrFromGlobalLens
 from dcpsim.engine.faults.gather import ContextGatherWholeLocalLen
@@ -85,6 +91,7 @@ FAULTS: dict[str, Fault] = {
         ForeignBlock(),
         ContextGatherWholeLocalLen(),
         EmptyShardLseFinite(),
+        AllEmptyRowsMergeNan(),
     )
 }
 

@@ -7,13 +7,16 @@ import pytest
 import torch
 
 from dcpsim.engine.faults import FAULTS
+from dcpsim.harness.dry_run import dry_run
 from support.helpers import fault_scenario as scenario
-from support.helpers import geometries
-from support.helpers import run_fault as run
+from support.helpers import geometries, run
 
 GATHER = {"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 4, "chunked_prefill_workspace_size": 64}
 
 SHARDS = {"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 16}
+
+PADDED = {"decode_context_parallel_size": 2, "max_cudagraph_capture_size": 64}
+"""With ``attention`` and ``attention_padded_rows`` (job options, given to ``run``)."""
 
 CASES = [
     ("context-gather-whole-local-len", "dsv3", GATHER, "attention-metadata", "context gather chunk"),
@@ -36,6 +39,17 @@ def test_the_gather_fault_needs_a_split_context():
     assert not fault.applies_to_scenario(plain, geometries(plain))
 
 
+def test_the_unguarded_merge_changes_true_rows_not_at_all_and_empty_rows_to_nan():
+    fault = FAULTS["all-empty-rows-merge-nan"]
+    out = torch.randn(2, 3, 4)  # 2 ranks, 3 rows: row 1 is empty on both ranks
+    lses = torch.tensor([[1.5, float("-inf"), -3.0], [0.5, float("-inf"), float("-inf")]])
+    want = FAULTS["none"].merge_attention_states(out, lses, "e")
+    got = fault.merge_attention_states(out, lses, "e")
+    assert torch.equal(got[0][[0, 2]], want[0][[0, 2]]) and torch.equal(got[1][[0, 2]], want[1][[0, 2]])
+    assert torch.isnan(got[1][1]) and torch.isnan(got[0][1]).all()  # the row empty on both ranks
+    assert torch.isneginf(want[1][1]) and (want[0][1] == 0).all()
+
+
 def test_a_finite_masked_lse_changes_no_merged_value_beside_a_real_shard():
     """Why flashinfer#4452 needs the section-6 rule: the merge alone cannot see it."""
     from dcpsim.engine.attention.merge import merge_attention_states
@@ -55,9 +69,11 @@ def test_a_finite_masked_lse_changes_no_merged_value_beside_a_real_shard():
 def test_fault_is_detected_and_the_same_config_passes_without_it(fault, name, options, kind, text):
     sc = scenario(name, **options)
     assert FAULTS[fault].applies_to_scenario(sc, geometries(sc))
-    clean = run(sc)
+    job = {"attention": True, "attention_padded_rows": True} if options is PADDED else {}
+    dry_run(sc)
+    clean = run(sc, **job)
     assert clean.passed, clean.failure and clean.failure.lines()
-    report = run(sc, fault)
+    report = run(sc, inject=fault, **job)
     assert not report.passed
     assert report.failure.kind == kind, report.failure.lines()
     assert any(text in line for line in report.failure.lines()), report.failure.lines()
