@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dcpsim.engine.attention.merge import sanitize_lse
+from dcpsim.engine.attention.merge import sanitize_lse, scale_output
 from dcpsim.engine.faults.base import Fault, has_sharded_attention
 from dcpsim.engine.faults.metadata import graph_steps
 
@@ -112,3 +112,7 @@ class AllEmptyRowsMergeNan(Fault):
         m = clean.amax(dim=0)  # no guard: -inf when every shard is empty
         lse = m + log(exp(clean - m).sum(dim=0))
         return lse, exp(clean - lse)
+
+    def merge_attention_states(self, outputs, lses, base):  # the all-to-all merge, over the same weights
+        lse, factors = self.merge_lse(lses, base)
+        return scale_output(outputs, factors).sum(dim=0), lse
