@@ -120,7 +120,7 @@ def judge_gathers(judge: MetadataJudge, plan: StepPlan, gathers) -> None:
         have = by_group.get(store)
         if want is None and have is None:
             continue
-        judge.checks += 1
+        judge.gather_checks += 1
         if want is None or have is None:
             what = "none" if want is None else f"{len(want['request_ids'])} entries"
             judge.add(plan, group, "context gather", None, what, "none" if have is None else f"{len(have.request_ids)} entries")

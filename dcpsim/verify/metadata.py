@@ -179,6 +179,8 @@ class MetadataJudge:
         """``group id -> entries`` of the worker's block table (the other consumer)."""
         self.count = 0
         self.checks = 0
+        self.gather_checks = 0
+        """(group, step) context gathers judged (``verify.context_gather``), apart from ``checks``."""
         self.kept: list[MetadataMismatch] = []
 
     def judge(self, plan: StepPlan, metas: list[AttentionMetadata] | None) -> None:

@@ -122,7 +122,7 @@ def test_the_checker_names_rank_request_and_chunk_of_a_whole_local_length():
     rows = [plan.rows_before[0][0]]
     judge = MetadataJudge(1, expected_groups(sc), [0], sc.config.max_model_len, (), config=sc.config)
     judge_gathers(judge, plan, [ReferenceEngine().context_gather(g, list(plan.writes), rows, 1)])
-    assert judge.count == 0 and judge.checks == 1
+    assert judge.count == 0 and judge.gather_checks == 1
     judge_gathers(judge, plan, [type(FAULTS["context-gather-whole-local-len"])().context_gather(g, list(plan.writes), rows, 1)])
     assert judge.count == 1
     text = str(judge.kept[0])
