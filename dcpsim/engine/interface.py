@@ -242,6 +242,15 @@ class Engine:
         """Merge ``W`` partial states ``outputs [W, ..., D]``, ``lses [W, ...]``."""
         raise NotImplementedError
 
+    def merge_variant(self, variant: str, dcp_rank: int) -> str:
+        """The merge pattern (``allgather`` or ``alltoall``) rank ``dcp_rank`` runs when the run
+        asks for ``variant``; by default ``variant``. An engine that falls back per rank (vLLM's
+        all-to-all when its communicator initialised, else the all-gather) must agree across
+        the group: the harness gathers every rank's choice before the merge of an engine that
+        overrides this and reports ranks that differ instead of entering collectives of
+        different shapes (vllm#48248)."""
+        return variant
+
     def merge_across_ranks(
         self, out: torch.Tensor, lse: torch.Tensor, group, *, variant: str, base: str
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -311,6 +320,7 @@ ENGINE_DECISIONS = (
     "shard_output",
     "merge_lse",
     "merge_attention_states",
+    "merge_variant",
     "merge_across_ranks",
     *PCP_DECISIONS,
 )

@@ -50,7 +50,15 @@ def _plugin(name: str) -> Engine:
     return engine
 
 
-OPTIONAL_DECISIONS = ("geometries", "step_write_slots", "make_scheduler", "check_scenario", "context_gather", *PCP_DECISIONS)
+OPTIONAL_DECISIONS = (
+    "geometries",
+    "step_write_slots",
+    "make_scheduler",
+    "check_scenario",
+    "context_gather",
+    "merge_variant",
+    *PCP_DECISIONS,
+)
 """Interface methods an engine may leave to the base class (defaults, or not checked)."""
 
 

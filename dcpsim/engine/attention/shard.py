@@ -23,9 +23,19 @@ import torch
 
 from dcpsim.engine.attention.compute import attend
 from dcpsim.engine.attention.gathered import gathered_keys
+from dcpsim.engine.interface import Engine
 from dcpsim.model.attention_config import AttentionConfig
 from dcpsim.model.plan import AttentionResult, ReqWrite, StepPlan
 from dcpsim.model.vectors import query_vectors
+
+
+class MergeVariantsDiffer(Exception):
+    """The ranks of a DCP group chose different merge variants for one step."""
+
+    def __init__(self, step: int, asked: str, chosen: list[str]):
+        ranks = ", ".join(f"rank {r} {v}" for r, v in enumerate(chosen))
+        super().__init__(f"the ranks chose different attention merge variants at step {step} (asked: {asked}): {ranks}")
+        self.step, self.asked, self.chosen = step, asked, chosen
 
 
 @dataclass
@@ -115,6 +125,19 @@ class ShardAttention:
     def _result(it: _Local, out, lse, head0: int) -> AttentionResult:
         return AttentionResult(it.group, it.write, it.rows, it.merged, out, lse, head0, head0 + out.shape[1], it.visible, it.lse, it.head0)
 
+    def _agreed_variant(self, step: int) -> str:
+        """The step's merge variant as the engine chooses it (``Engine.merge_variant``); an
+        engine that chooses per rank has the choices gathered first, and ranks that differ
+        raise ``MergeVariantsDiffer`` on every rank alike (no collective of another shape)."""
+        variant = self.cfg.variant_for_step(step)
+        if type(self.engine).merge_variant is Engine.merge_variant:
+            return variant  # the run's own variant: the same on every rank
+        chosen = self.engine.merge_variant(variant, self.rank)
+        every = self.coll.all_gather_object(chosen)
+        if len(set(every)) > 1:
+            raise MergeVariantsDiffer(step, variant, every)
+        return chosen
+
     def _merge(self, step: int, items: list[_Local]):
         """Per merged item: (output, lse, first head) of the slice this rank holds."""
         H, W = self.cfg.heads, self.world
@@ -125,7 +148,7 @@ class ShardAttention:
         if pad:
             out = torch.cat([out, out.new_zeros((out.shape[0], pad, out.shape[2]))], dim=1)
             lse = torch.cat([lse, lse.new_full((lse.shape[0], pad), float("-inf"))], dim=1)
-        variant = self.cfg.variant_for_step(step)
+        variant = self._agreed_variant(step)
         self.merges[variant] += 1
         o, l, c, *by = self.engine.merge_across_ranks(out, lse, self.coll, variant=variant, base=self.cfg.base)
         if by:

@@ -116,3 +116,22 @@ class AllEmptyRowsMergeNan(Fault):
     def merge_attention_states(self, outputs, lses, base):  # the all-to-all merge, over the same weights
         lse, factors = self.merge_lse(lses, base)
         return scale_output(outputs, factors).sum(dim=0), lse
+
+
+class MergeVariantPerRank(Fault):
+    name = "merge-variant-per-rank"
+    bug_class = "36. ranks choosing the attention merge variant without agreement (vllm#48248)"
+    description = (
+        "the all-to-all communicator fails to initialise on some ranks (here the odd ones), which fall back "
+        "to the all-gather merge alone while the others run the all-to-all: the group enters collectives of "
+        "different shapes"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "attention_merge": "alltoall"},)
+    scenarios = ("dsv3",)
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def merge_variant(self, variant, dcp_rank):
+        return "allgather" if dcp_rank % 2 else variant

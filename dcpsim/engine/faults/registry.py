@@ -13,6 +13,7 @@ from dcpsim.engine.faults.attention import (
     EmptyShardLseZero,
     EmptyShardNanUnguarded,
     LseBaseMismatch,
+    MergeVariantPerRank,
 )
 from dcpsim.engine.faults.base import Fault
 from dcpsim.engine.faults.draft import DraftDropsDcp, DraftIndptrFromGlobalLens
@@ -92,6 +93,7 @@ FAULTS: dict[str, Fault] = {
         ContextGatherWholeLocalLen(),
         EmptyShardLseFinite(),
         AllEmptyRowsMergeNan(),
+        MergeVariantPerRank(),
     )
 }
 

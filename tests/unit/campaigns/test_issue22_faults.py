@@ -18,6 +18,9 @@ SHARDS = {"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 16}
 PADDED = {"decode_context_parallel_size": 2, "max_cudagraph_capture_size": 64}
 """With ``attention`` and ``attention_padded_rows`` (job options, given to ``run``)."""
 
+VARIANT = {"decode_context_parallel_size": 2}
+"""With ``attention_merge = alltoall`` (a job option, given to ``run``)."""
+
 CASES = [
     ("context-gather-whole-local-len", "dsv3", GATHER, "attention-metadata", "context gather chunk"),
     ("context-gather-whole-local-len", "prefix-sharing", GATHER, "attention-metadata", "context gather chunk"),
@@ -70,6 +73,7 @@ def test_fault_is_detected_and_the_same_config_passes_without_it(fault, name, op
     sc = scenario(name, **options)
     assert FAULTS[fault].applies_to_scenario(sc, geometries(sc))
     job = {"attention": True, "attention_padded_rows": True} if options is PADDED else {}
+    job = {"attention": True, "attention_merge": "alltoall"} if options is VARIANT else job
     dry_run(sc)
     clean = run(sc, **job)
     assert clean.passed, clean.failure and clean.failure.lines()
