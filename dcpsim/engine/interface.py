@@ -33,7 +33,7 @@ from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.model import parallel
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import KVCacheGroupSpec
-from dcpsim.model.plan import AttentionMetadata, ReqWrite
+from dcpsim.model.plan import AttentionMetadata, ContextGather, ReqWrite
 from dcpsim.model.specs import KVCacheSpec
 
 
@@ -200,6 +200,20 @@ class Engine:
         requests and the slots of their tokens (which the worker writes unless ``PAD``)."""
         raise NotImplementedError
 
+    def context_gather(
+        self, geometry: GroupGeometry, writes: list[ReqWrite], block_rows: list[np.ndarray], dcp_rank: int
+    ) -> ContextGather | None:
+        """How rank ``dcp_rank`` gathers the cached context of the step's prefill rows in a
+        paged full-attention group (``dcpsim.model.plan.ContextGather``), or None when no
+        row has one: the rows of more than ``1 + k`` query tokens (shorter ones run as
+        decodes) whose write starts past 0, packed in batch order into chunks of at most
+        ``geometry.chunked_prefill_workspace_size`` workspace rows; for each (chunk,
+        request) the context tokens it covers, the rank's local rows of them (its shard
+        only: at most its local context past the entry's local start) and their slots.
+        ``block_rows[i]`` is ``writes[i]``'s row. Optional: an engine without it is not
+        checked for the gather, and its attention reads the context directly."""
+        raise NotImplementedError
+
     def draft_geometry(self, geometry: GroupGeometry) -> GroupGeometry:
         """The geometry the drafter's attention (MTP / EAGLE) runs with over a group that
         holds draft layers (``geometry.draft``): the draft model's own parallel config
@@ -257,6 +271,15 @@ class Engine:
     def merge_attention_states(self, outputs: torch.Tensor, lses: torch.Tensor, base: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Merge ``W`` partial states ``outputs [W, ..., D]``, ``lses [W, ...]``."""
         raise NotImplementedError
+
+    def merge_variant(self, variant: str, dcp_rank: int) -> str:
+        """The merge pattern (``allgather`` or ``alltoall``) rank ``dcp_rank`` runs when the run
+        asks for ``variant``; by default ``variant``. An engine that falls back per rank (vLLM's
+        all-to-all when its communicator initialised, else the all-gather) must agree across
+        the group: the harness gathers every rank's choice before the merge of an engine that
+        overrides this and reports ranks that differ instead of entering collectives of
+        different shapes (vllm#48248)."""
+        return variant
 
     def merge_across_ranks(
         self, out: torch.Tensor, lse: torch.Tensor, group, *, variant: str, base: str
@@ -321,6 +344,7 @@ ENGINE_DECISIONS = (
     "query_local_bounds",
     "attention_metadata",
     "build_attention_metadata",
+    "context_gather",
     "draft_geometry",
     "indexer_local_rows",
     "select_topk",
@@ -329,6 +353,7 @@ ENGINE_DECISIONS = (
     "shard_output",
     "merge_lse",
     "merge_attention_states",
+    "merge_variant",
     "merge_across_ranks",
     *PCP_DECISIONS,
 )

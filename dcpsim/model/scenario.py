@@ -128,6 +128,7 @@ class Scenario:
                 ("cp_kv_cache_interleave_size", o.cp_kv_cache_interleave_size),
                 ("kernel_block_size", o.kernel_block_size),
                 ("max_cudagraph_capture_size", o.max_cudagraph_capture_size),
+                ("chunked_prefill_workspace_size", o.chunked_prefill_workspace_size),
                 ("async_scheduling", o.async_scheduling),
                 ("block_size", o.block_size),  # vLLM's --block-size: the cache block size
                 ("prefill_context_parallel_size", o.prefill_context_parallel_size),
@@ -189,6 +190,14 @@ class ScenarioOverrides:
         "pad uniform decode steps of at most N tokens to a captured CUDA-graph size (dummy requests that must "
         "write nothing; default: the scenario's, 0 = off)",
         metavar="N",
+    )
+    chunked_prefill_workspace_size: int | None = option(
+        None,
+        "rows of the workspace a prefill gathers its cached context into, chunk by chunk (default: the "
+        "scenario's, else vLLM's rule min(max(8 * max_model_len, 4 * max_num_seqs * B), 65536)); rounded up "
+        "to a multiple of lcm(B, W * I)",
+        aliases=("--context-chunk",),
+        metavar="S",
     )
     async_scheduling: bool | None = option(None, "two batches in flight: sliding-window and chunked-local caps reserve for both")
     mamba_cache_mode: str | None = option(

@@ -7,9 +7,17 @@ every registered one where it applies. A new bug class is one new entry.
 
 from __future__ import annotations
 
-from dcpsim.engine.faults.attention import EmptyShardLseZero, EmptyShardNanUnguarded, LseBaseMismatch
+from dcpsim.engine.faults.attention import (
+    AllEmptyRowsMergeNan,
+    EmptyShardLseFinite,
+    EmptyShardLseZero,
+    EmptyShardNanUnguarded,
+    LseBaseMismatch,
+    MergeVariantPerRank,
+)
 from dcpsim.engine.faults.base import Fault
 from dcpsim.engine.faults.draft import DraftDropsDcp, DraftIndptrFromGlobalLens
+from dcpsim.engine.faults.gather import ContextGatherWholeLocalLen
 from dcpsim.engine.faults.layout import (
     AdmissionCapacityUnscaled,
     ForeignBlock,
@@ -85,6 +93,10 @@ FAULTS: dict[str, Fault] = {
         TopkTieOrder(),
         SparseRowMaskedByEmptyShard(),
         ForeignBlock(),
+        ContextGatherWholeLocalLen(),
+        EmptyShardLseFinite(),
+        AllEmptyRowsMergeNan(),
+        MergeVariantPerRank(),
     )
 }
 
