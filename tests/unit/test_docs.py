@@ -377,3 +377,45 @@ def test_a_scenario_that_does_not_load_fails(tmp_path):
     assert "sliding_windw: unknown field" in toml_problem(where, broken, tmp_path)
     assert "not TOML" in toml_problem(where, "[[layers]\nname = 1\n", tmp_path)
     assert toml_problem(where, '[[layers]]\nname = "x"\nkind = "mamba"\n', tmp_path) == ""  # a fragment
+
+
+# --- the README's fault table -------------------------------------------------------------
+
+
+def fault_rows(text: str) -> dict[str, list[str]]:
+    """Fault name -> the report links of its row, for every table row whose first cell is a
+    fault name in backquotes."""
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"\| `([\w-]+)` \| ([^|]*)\|", line)
+        if m:
+            rows[m.group(1)] = re.findall(r"\]\((https?://[^)]+)\)", m.group(2))
+    return rows
+
+
+def readme_fault_table(text: str) -> str:
+    return text.partition("## Known DCP bugs the fault catalogue injects")[2].partition("\n## ")[0]
+
+
+def fault_table_problems(readme_text: str, catalogue_text: str) -> str:
+    """What is wrong with the README's fault table against the registry and docs/faults.md."""
+    from dcpsim.engine.faults.registry import FAULTS, PD_FAULTS
+
+    readme, catalogue = fault_rows(readme_fault_table(readme_text)), fault_rows(catalogue_text)
+    names = {n for n in [*FAULTS, *PD_FAULTS] if n != "none"}
+    if set(readme) != names:
+        return f"README's fault table: missing {sorted(names - set(readme))}, unknown {sorted(set(readme) - names)}"
+    differ = [n for n in sorted(names) if readme[n] != catalogue.get(n)]
+    return f"README's reports differ from docs/faults.md for {differ}" if differ else ""
+
+
+def test_readme_lists_every_fault_with_the_catalogues_reports():
+    assert not fault_table_problems(README.read_text(), (ROOT / "docs" / "faults.md").read_text())
+
+
+def test_a_fault_missing_from_the_readme_table_or_a_wrong_report_fails():
+    readme, catalogue = README.read_text(), (ROOT / "docs" / "faults.md").read_text()
+    dropped = "\n".join(line for line in readme.splitlines() if not line.startswith("| `topk-tie-order` |"))
+    assert "missing ['topk-tie-order']" in fault_table_problems(dropped, catalogue)
+    wrong = readme.replace("vllm-project/vllm/issues/46145", "vllm-project/vllm/issues/46146")
+    assert "differ from docs/faults.md for ['topk-tie-order']" in fault_table_problems(wrong, catalogue)
