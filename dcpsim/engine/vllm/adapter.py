@@ -237,11 +237,11 @@ class VllmEngine(ReferenceEngine):
 
     # --- the scheduler: vLLM's KVCacheManager decides every block ------------------------
 
-    def make_scheduler(self, scenario, geometries):
+    def make_scheduler(self, scenario, geometries, connector=None):
         if self.core is None:
-            return super().make_scheduler(scenario, geometries)
+            return super().make_scheduler(scenario, geometries, connector=connector)
         scheduler_class = VllmFullScheduler if self.scheduler == "full" else VllmScheduler
-        return scheduler_class(scenario, self, geometries)
+        return scheduler_class(scenario, self, geometries, connector=connector)
 
     def check_scenario(self, scenario) -> None:
         """Build the run's scheduler once, in the parent: a configuration vLLM refuses (an
