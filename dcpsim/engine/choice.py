@@ -136,6 +136,12 @@ class EngineChoice:
             return str(exc)
         return None
 
+    def forkserver_build(self) -> tuple[str, dict]:
+        """This engine as a build the ranks' forkserver makes once, before it forks them
+        (``dcpsim.engine.loading.forkserver``: a source tree loaded once per world, not per rank)."""
+        fields = {f: getattr(self, f) for f in EngineChoice.__dataclass_fields__}
+        return "dcpsim.engine.choice:build_choice", fields
+
     def build(self) -> Engine:
         """The engine (``dcpsim.engine.registry.build_engine``, cached per process)."""
         return build_engine(
@@ -150,3 +156,10 @@ class EngineChoice:
             sglang_platform=self.sglang_platform,
             sglang_write_programs=self.sglang_write_programs,
         )
+
+
+def build_choice(**fields) -> Engine:
+    """``EngineChoice(**fields).build()``: the builder the ranks' forkserver calls
+    (``EngineChoice.forkserver_build``); the engine is cached in that process, so the forked
+    ranks find it built."""
+    return EngineChoice(**fields).build()
