@@ -18,10 +18,11 @@ from dcpsim.engine.interface import Engine
 from dcpsim.engine.registry import VLLM_RUNNERS, build_engine
 from dcpsim.engine.sglang import loader as sglang_loader
 from dcpsim.engine.sglang.adapter import DEFAULT_WRITE_PROGRAMS, PLATFORMS
-from dcpsim.engine.vllm.adapter import VLLM_MERGES, VLLM_SCHEDULERS
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND
 from dcpsim.engine.vllm.loader import source_dir
 from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS
+from dcpsim.engine.vllm.merge_choice import VLLM_MERGES
+from dcpsim.engine.vllm.scheduler_choice import VLLM_SCHEDULERS
 from dcpsim.errors import ConfigError
 from dcpsim.model.validate import check_int
 from dcpsim.options import option

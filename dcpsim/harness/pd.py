@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from dcpsim.engine.connector import PROMPT_LOADS, gather_entries, read_pages, write_loaded
+from dcpsim.engine.loading import forkserver
 from dcpsim.engine.scheduler.request import Status
 from dcpsim.harness.collectives import GlooCollectives
 from dcpsim.harness.groups import make_world_groups
@@ -186,6 +187,11 @@ def run_pd_batch(jobs: list[PDJob], *, world: WorldOptions = WORLD, on_wait=None
     and forks once; ``world``'s timeout and deadline); each validated first."""
     for job in jobs:
         prepare_pd(job)
+    preload: tuple[str, ...] = ("dcpsim.harness.pd",)
+    engines = [choice for choice in dict.fromkeys(j.engine for j in jobs) if not choice.is_reference]
+    if engines:  # Triton imported and the engines built once, in the forkserver
+        preload += ("dcpsim.engine.loading.preload",)
+        forkserver.ask([choice.forkserver_build() for choice in engines])
     start = time.perf_counter()
     per_rank = run_world(
         pd_world,
@@ -193,7 +199,7 @@ def run_pd_batch(jobs: list[PDJob], *, world: WorldOptions = WORLD, on_wait=None
         world_size=max(j.world_size for j in jobs),
         pg_timeout_s=world.timeout,
         deadline_s=world.deadline_for(len(jobs)),
-        preload=("dcpsim.harness.pd", *(() if all(j.engine.is_reference for j in jobs) else ("dcpsim.engine.loading.preload",))),
+        preload=preload,
         on_wait=on_wait,
     )
     seconds = (time.perf_counter() - start) / len(jobs)
