@@ -5,8 +5,9 @@ scatter on the rest, its local lengths), in the same process, on gloo.
     python benchmarks/bench_engine_sglang.py [--sglang-source DIR] [--repeat N] [--scenario NAME] [--dcp W]
 
 Prints the wall time of each world (best of N) and the ratio to the reference, for the default
-sample of the Triton kernel (``--sglang-write-programs 4``), none (0: SGLang's torch scatter
-alone) and a larger one (32). Without --sglang-source it fetches SGLang 0.5.23's source into the
+samples of the Triton kernels (``--sglang-write-programs 4``, ``--sglang-read-programs 1``), the
+page-table builder on 4 requests a step, none (0 and 0: SGLang's torch scatter and the
+reference's pages) and a larger write sample (32). Without --sglang-source it fetches SGLang 0.5.23's source into the
 cache (dcpsim engine fetch).
 """
 
@@ -26,9 +27,10 @@ def variants(sc, source: str) -> dict[str, Job]:
     sglang = dict(engine="sglang", sglang_source=source)
     return {
         "reference": Job.from_options(sc),
-        "sglang, Triton kernel on 4 tokens a write": Job.from_options(sc, **sglang),
-        "sglang, torch scatter only (0)": Job.from_options(sc, **sglang, sglang_write_programs=0),
-        "sglang, Triton kernel on 32 tokens a write": Job.from_options(sc, **sglang, sglang_write_programs=32),
+        "sglang default (writes 4 tokens, reads 1 request)": Job.from_options(sc, **sglang),
+        "sglang, reads on 4 requests a step": Job.from_options(sc, **sglang, sglang_read_programs=4),
+        "sglang, no Triton program (writes 0, reads 0)": Job.from_options(sc, **sglang, sglang_write_programs=0, sglang_read_programs=0),
+        "sglang, Triton write on 32 tokens a write": Job.from_options(sc, **sglang, sglang_write_programs=32),
     }
 
 
@@ -52,7 +54,7 @@ def main() -> None:
     source = args.sglang_source or str(fetch(PACKAGES["sglang"]))
     sc = load_scenario(args.scenario).with_overrides(ScenarioOverrides(decode_context_parallel_size=args.dcp))
     jobs = variants(sc, source)
-    run_jobs([jobs["sglang, Triton kernel on 4 tokens a write"]])  # start the forkserver (Triton preloaded) untimed
+    run_jobs([jobs["sglang default (writes 4 tokens, reads 1 request)"]])  # start the forkserver (Triton preloaded) untimed
     times = {name: best_time(job, args.repeat) for name, job in jobs.items()}
     print(f"{args.scenario} --dcp {args.dcp}, gloo, best of {args.repeat} (world wall time, s)")
     for name, t in times.items():

@@ -7,7 +7,9 @@ W, B, I and a kernel block size, speculative tokens, a token budget (and often a
 ``long_prefill_token_threshold`` cutting prefills into short chunks), a pool
 tight enough to preempt, and requests with shared prefixes, acceptance
 patterns, late arrivals and forced preemptions a few steps after arrival (so
-often inside a prefill, inside a prefix hash unit). Every other example with
+often inside a prefill, inside a prefix hash unit), a context-gather workspace
+small enough that prefills over a cached context gather it in several chunks
+(semantics section 10), and CUDA-graph padding of uniform decode steps. Every other example with
 three requests or more is a *revisit*: the first request computes the shared
 prefix and leaves, the middle ones fill a pool hardly larger than the longest
 request (so its cached blocks are handed out again), and the last one comes
@@ -27,14 +29,20 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
+
 from dcpsim.cache import cache_dir
 from dcpsim.engine.choice import EngineChoice
+from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
 from dcpsim.harness.dry_run import dry_run
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.config import SimConfig
+from dcpsim.model.kinds import Storage
+from dcpsim.model.plan import EventKind
 from dcpsim.model.scenario import RequestSpec, Scenario
 from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,
@@ -129,8 +137,13 @@ def scenarios(max_requests: int = 5):
             pool_tokens = draw(st.integers(longest + k, longest + k + 2 * B * W))
         else:
             pool_tokens = draw(st.integers(longest + k + 2 * B * W, 4 * longest + 4 * B * W))
+        # a workspace of one or a few aligned units splits the contexts of chunked prefills and
+        # prefix hits into several gather chunks; None is vLLM's (64K rows: never split here)
+        workspace = draw(st.sampled_from([None, 1, B * W, 4 * B * W]))
         config = SimConfig(
             max_model_len=longest + k + 1,
+            chunked_prefill_workspace_size=workspace,
+            max_cudagraph_capture_size=draw(st.sampled_from([0, 16, 64])),
             max_num_batched_tokens=budget,
             long_prefill_token_threshold=threshold,
             decode_context_parallel_size=W,
@@ -151,6 +164,62 @@ def scenarios(max_requests: int = 5):
         )
 
     return build().filter(is_valid)
+
+
+def situations(scenario: Scenario) -> set[str]:
+    """What a drawn scenario exercises, from the reference schedule: ``gather`` (a prefill over
+    a cached context gathers it), ``gather-split`` (a context gathered in more than one piece),
+    ``preemption``, ``padded`` (a uniform decode step padded to a CUDA-graph size) and
+    ``padded-after-preemption`` (such a step after a preemption). Measured over many draws by
+    ``tests/unit/campaigns/test_fuzz_situations.py`` and ``benchmarks/bench_fuzz_situations.py``."""
+    engine = ReferenceEngine()
+    geometries = engine.geometries(scenario.layers, scenario.config)
+    found: set[str] = set()
+    for plan in Scheduler(scenario, engine, geometries).plans():
+        if any(e.kind is EventKind.PREEMPTED for e in plan.events):
+            found.add("preemption")
+        q_lens = np.array([w.stop - w.start for w in plan.writes], np.int64)
+        for g in geometries:
+            rows = [plan.rows_before[g.group_id].get(w.req_index, np.zeros(0, np.int64)) for w in plan.writes]
+            gather = engine.context_gather(g, list(plan.writes), rows, 0)
+            if gather is not None:
+                found.add("gather")
+                if (gather.starts > 0).any() or len(set(gather.chunks.tolist())) > 1:
+                    found.add("gather-split")
+            if g.storage in (Storage.PAGED, Storage.RECORDS) and engine.cudagraph_dummies(g, q_lens)[0]:
+                found.add("padded")
+                if "preemption" in found:
+                    found.add("padded-after-preemption")
+    return found
+
+
+SITUATIONS = ("gather", "gather-split", "preemption", "padded", "padded-after-preemption")
+
+
+def situation_fractions(examples: int, seed: int = 0) -> dict[str, float]:
+    """The fraction of ``examples`` drawn scenarios (as ``find_failure`` draws them, nothing
+    run) that exercise each of ``SITUATIONS``."""
+    _require_hypothesis()
+    from hypothesis import HealthCheck, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    counts = dict.fromkeys(SITUATIONS, 0)
+    drawn = [0]
+
+    def tally(scenario: Scenario) -> bool:
+        drawn[0] += 1
+        for name in situations(scenario):
+            counts[name] += 1
+        return False
+
+    with hypothesis_storage(cache_dir("hypothesis")), contextlib.suppress(NoSuchExample):
+        find(
+            scenarios(),
+            tally,
+            settings=settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck)),
+            random=random.Random(seed),
+        )
+    return {name: n / max(drawn[0], 1) for name, n in counts.items()}
 
 
 def is_valid(scenario: Scenario) -> bool:
@@ -218,9 +287,15 @@ def find_failure(
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 
+    searched, failing = [0], [False]
+
     def fails(scenario: Scenario) -> bool:
+        if not failing[0] and searched[0] >= max_examples:
+            return False  # the search runs at most max_examples schedules, whatever Hypothesis asks
         start = time.perf_counter()
         report = check(scenario, inject, engine)
+        searched[0] += not failing[0]
+        failing[0] = failing[0] or not report.passed
         if on_example is not None:
             on_example(scenario, report, time.perf_counter() - start)
         return not report.passed

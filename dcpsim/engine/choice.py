@@ -1,7 +1,7 @@
 """``EngineChoice``: which engine a run puts under test, and its options (``--engine``,
 ``--vllm-source``, ``--vllm-runner``, ``--vllm-merge``,
 ``--vllm-scheduler``, ``--vllm-attention-backend``, ``--vllm-merge-programs``, ``--sglang-source``,
-``--sglang-platform``, ``--sglang-write-programs``).
+``--sglang-platform``, ``--sglang-write-programs``, ``--sglang-read-programs``).
 
 A value of the option tree (``dcpsim.options``): it resolves where vLLM's (SGLang's) source is when
 built; ``validate`` builds the engine once in the parent (loading a vLLM source tree and
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.registry import VLLM_RUNNERS, build_engine
 from dcpsim.engine.sglang import loader as sglang_loader
-from dcpsim.engine.sglang.adapter import DEFAULT_WRITE_PROGRAMS, PLATFORMS
+from dcpsim.engine.sglang.adapter import DEFAULT_READ_PROGRAMS, DEFAULT_WRITE_PROGRAMS, PLATFORMS
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND
 from dcpsim.engine.vllm.loader import source_dir
 from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS
@@ -87,6 +87,13 @@ class EngineChoice:
         f"each under Triton's interpreter), its torch scatter on the rest (default {DEFAULT_WRITE_PROGRAMS})",
         metavar="N",
     )
+    sglang_read_programs: int = option(
+        DEFAULT_READ_PROGRAMS,
+        "--engine sglang: SGLang's MLA page-table builder (create_mla_kv_page_table_for_dcp, one Python call per "
+        "request under Triton's interpreter) runs on at most N requests of each step, the reference's pages on the "
+        f"rest (default {DEFAULT_READ_PROGRAMS})",
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -101,6 +108,7 @@ class EngineChoice:
             raise ConfigError(f"--vllm-merge must be one of {', '.join(VLLM_MERGES)}, got {self.vllm_merge!r}")
         check_int("vllm_merge_programs", self.vllm_merge_programs)
         check_int("sglang_write_programs", self.sglang_write_programs, 0)
+        check_int("sglang_read_programs", self.sglang_read_programs, 0)
         if self.sglang_platform not in PLATFORMS:
             raise ConfigError(f"--sglang-platform must be one of {', '.join(PLATFORMS)}, got {self.sglang_platform!r}")
         for engine in ("vllm", "sglang"):
@@ -156,6 +164,7 @@ class EngineChoice:
             sglang_source=self.sglang_source,
             sglang_platform=self.sglang_platform,
             sglang_write_programs=self.sglang_write_programs,
+            sglang_read_programs=self.sglang_read_programs,
         )
 
 

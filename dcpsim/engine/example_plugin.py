@@ -271,6 +271,34 @@ class ExampleEngine(Engine):
     def draft_geometry(self, geometry):
         return dataclasses.replace(geometry, model="draft")
 
+    # --- sparse attention -------------------------------------------------------------
+
+    def indexer_local_rows(self, geometry, seq_len, dcp_rank):
+        mine = [p for p in range(seq_len) if not geometry.sharded or self.owner(geometry, p) == dcp_rank]
+        return np.array(mine, dtype=np.int64)
+
+    def select_topk(self, scores, topk, local_counts, dcp_rank):
+        scores = np.asarray(scores)
+        k = min(topk, scores.shape[1])
+        out = np.full((scores.shape[0], k), PAD, dtype=np.int64)
+        for j, row in enumerate(scores):
+            candidates = [p for p in range(len(row)) if np.isfinite(row[p])]
+            best = sorted(sorted(candidates, key=lambda p: (-float(row[p]), p))[:k])
+            out[j, : len(best)] = best
+        return out
+
+    def sparse_local_keys(self, geometry, selected, dcp_rank):
+        selected = np.asarray(selected, dtype=np.int64)
+        if not geometry.sharded:
+            return selected.copy()
+        W, I = geometry.dcp_size, geometry.interleave_size
+        out = np.full(selected.shape, PAD, dtype=np.int64)
+        for j, k in np.ndindex(*selected.shape):
+            t = int(selected[j, k])
+            if t >= 0 and self.owner(geometry, t) == dcp_rank:
+                out[j, k] = (t // (W * I)) * I + t % I  # owned runs before t, then the offset in its run
+        return out
+
     # --- attention math -------------------------------------------------------------
 
     def shard_output(self, out, empty):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
+from dcpsim.model.context_gather import workspace_size
 from dcpsim.model.grouping import KVCacheGroupSpec
 from dcpsim.model.kinds import Retention, Storage, records_per_state, retention_of, storage_of
 from dcpsim.model.layout import validate_layout
@@ -62,6 +63,9 @@ class GroupGeometry:
     """Whose attention this geometry describes: ``target``, or ``draft`` (``Engine.draft_geometry``)."""
     cudagraph_capture_sizes: tuple[int, ...] = ()
     """Token counts a uniform decode step is padded up to (empty: no CUDA-graph padding)."""
+    chunked_prefill_workspace_size: int = 0
+    """Rows of the context-gather workspace (``dcpsim.model.context_gather``): the
+    configured size or vLLM's default, aligned; 0 for a group without a gather."""
 
     @property
     def replicated(self) -> bool:
@@ -127,6 +131,19 @@ def derive_geometry(group_id: int, group: KVCacheGroupSpec, config: SimConfig) -
         page_size_bytes=spec.page_size_bytes,
         max_memory_usage_bytes=spec.max_memory_usage_bytes(config),
         cudagraph_capture_sizes=config.cudagraph_capture_sizes,
+        chunked_prefill_workspace_size=_workspace(config, spec.block_size, sharded) if storage is Storage.PAGED else 0,
         draft=any(n in config.draft_layers for n in group.layer_names),
         draft_only=all(n in config.draft_layers for n in group.layer_names),
+    )
+
+
+def _workspace(config: SimConfig, block_size: int, sharded: bool) -> int:
+    """The context-gather workspace rows of a paged group (``workspace_size``)."""
+    return workspace_size(
+        config.chunked_prefill_workspace_size,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        block_size=block_size,
+        dcp_size=config.decode_context_parallel_size if sharded else 1,
+        interleave_size=config.cp_kv_cache_interleave_size,
     )

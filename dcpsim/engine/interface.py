@@ -33,7 +33,7 @@ from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.model import parallel
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import KVCacheGroupSpec
-from dcpsim.model.plan import AttentionMetadata, ReqWrite
+from dcpsim.model.plan import AttentionMetadata, ContextGather, ReqWrite
 from dcpsim.model.specs import KVCacheSpec
 
 
@@ -202,11 +202,55 @@ class Engine:
         requests and the slots of their tokens (which the worker writes unless ``PAD``)."""
         raise NotImplementedError
 
+    def context_gather(
+        self, geometry: GroupGeometry, writes: list[ReqWrite], block_rows: list[np.ndarray], dcp_rank: int
+    ) -> ContextGather | None:
+        """How rank ``dcp_rank`` gathers the cached context of the step's prefill rows in a
+        paged full-attention group (``dcpsim.model.plan.ContextGather``), or None when no
+        row has one: the rows of more than ``1 + k`` query tokens (shorter ones run as
+        decodes) whose write starts past 0, packed in batch order into chunks of at most
+        ``geometry.chunked_prefill_workspace_size`` workspace rows; for each (chunk,
+        request) the context tokens it covers, the rank's local rows of them (its shard
+        only: at most its local context past the entry's local start) and their slots.
+        ``block_rows[i]`` is ``writes[i]``'s row. Optional: an engine without it is not
+        checked for the gather, and its attention reads the context directly."""
+        raise NotImplementedError
+
     def draft_geometry(self, geometry: GroupGeometry) -> GroupGeometry:
         """The geometry the drafter's attention (MTP / EAGLE) runs with over a group that
         holds draft layers (``geometry.draft``): the draft model's own parallel config
         applied to the group's cache, with ``model = "draft"``. The worker builds the
         drafter's metadata with it (``build_attention_metadata``) beside the target's."""
+        raise NotImplementedError
+
+    # --- sparse attention (DSA: an indexer picks each token's top-k keys) --------------
+
+    def indexer_local_rows(self, geometry: GroupGeometry, seq_len: int, dcp_rank: int) -> np.ndarray:
+        """The rows of the indexer cache (group ``geometry``, an ``IndexerSpec`` group) that
+        rank ``dcp_rank`` holds for a context of ``seq_len`` positions: the global position of
+        each, in local order (local row ``l`` is local index ``l`` of the group's block
+        table). The rank reads these rows and gives them to the gather that assembles every
+        rank's indexer keys in global order (vLLM's deinterleave index); each rank calls it
+        for every rank. A replicated indexer (SGLang's, in the global slot space): every
+        position, read locally, no gather."""
+        raise NotImplementedError
+
+    def select_topk(self, scores: np.ndarray, topk: int, local_counts: np.ndarray, dcp_rank: int) -> np.ndarray:
+        """The global top-k of each query token: ``scores [nq, n]`` (float32) of positions
+        ``0..n-1``, ``-inf`` (or NaN) outside the token's causal context. Returns
+        ``[nq, min(topk, n)]`` positions, ascending, ``-1`` padding a row with fewer
+        candidates. The rule must be a total order every rank applies alike (semantics
+        section 14: score descending, then position ascending). ``local_counts[j]``: the
+        indexer rows of this rank that token ``j`` sees (vLLM's ``row_has_no_kv`` is
+        ``local_counts == 0``); the selection must not depend on it."""
+        raise NotImplementedError
+
+    def sparse_local_keys(self, geometry: GroupGeometry, selected: np.ndarray, dcp_rank: int) -> np.ndarray:
+        """This rank's local indices (in the sparse group ``geometry``'s shard, read through
+        its kernel block table) of the selected positions ``selected [nq, k]`` (``-1``
+        padding); ``-1`` where another rank holds the position. A replicated group: the
+        positions themselves. vLLM: ``round_down(t // W, I) + t % I`` on rank
+        ``(t // I) % W``; SGLang: ``loc // W`` where ``loc % W == r``, packed to the front."""
         raise NotImplementedError
 
     # --- the attention math ---------------------------------------------------------
@@ -229,6 +273,15 @@ class Engine:
     def merge_attention_states(self, outputs: torch.Tensor, lses: torch.Tensor, base: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Merge ``W`` partial states ``outputs [W, ..., D]``, ``lses [W, ...]``."""
         raise NotImplementedError
+
+    def merge_variant(self, variant: str, dcp_rank: int) -> str:
+        """The merge pattern (``allgather`` or ``alltoall``) rank ``dcp_rank`` runs when the run
+        asks for ``variant``; by default ``variant``. An engine that falls back per rank (vLLM's
+        all-to-all when its communicator initialised, else the all-gather) must agree across
+        the group: the harness gathers every rank's choice before the merge of an engine that
+        overrides this and reports ranks that differ instead of entering collectives of
+        different shapes (vllm#48248)."""
+        return variant
 
     def merge_across_ranks(
         self, out: torch.Tensor, lse: torch.Tensor, group, *, variant: str, base: str
@@ -293,11 +346,16 @@ ENGINE_DECISIONS = (
     "query_local_bounds",
     "attention_metadata",
     "build_attention_metadata",
+    "context_gather",
     "draft_geometry",
+    "indexer_local_rows",
+    "select_topk",
+    "sparse_local_keys",
     "shard_lse",
     "shard_output",
     "merge_lse",
     "merge_attention_states",
+    "merge_variant",
     "merge_across_ranks",
     *PCP_DECISIONS,
 )

@@ -18,6 +18,7 @@ from dcpsim.engine.geometry import GroupGeometry, derive_geometry
 from dcpsim.engine.interface import Engine
 from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
+from dcpsim.model.context_gather import local_gather, plan_chunks
 from dcpsim.model.grouping import KVCacheGroupSpec, check_groups_for_dcp, group_layer_specs
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import (
@@ -33,7 +34,8 @@ from dcpsim.model.layout import (
     state_slot_mapping,
     state_writes,
 )
-from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ReqWrite
+from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ContextGather, ReqWrite
+from dcpsim.model.sparse import vllm_topk_local_index
 
 
 class ReferenceEngine(Engine):
@@ -221,6 +223,40 @@ class ReferenceEngine(Engine):
             padded_slot_mapping=np.full(dummies * q, PAD, dtype=np.int64),
         )
 
+    def context_gather(self, geometry, writes, block_rows, dcp_rank):
+        g = geometry
+        if g.storage is not Storage.PAGED or g.retention is not Retention.FULL or not g.chunked_prefill_workspace_size:
+            return None
+        prefills = [i for i, w in enumerate(writes) if w.stop - w.start > 1 + g.num_speculative_tokens]
+        contexts = [writes[i].start for i in prefills]
+        W = g.dcp_size if g.sharded else 1
+        entries = plan_chunks(
+            contexts, workspace=g.chunked_prefill_workspace_size, block_size=g.block_size, dcp_size=W, interleave_size=g.interleave_size
+        )
+        if not entries:
+            return None
+        fields: dict[str, list] = {k: [] for k in ("chunks", "starts", "seq_lens", "local_starts", "local_seq_lens", "slots")}
+        for chunk, k, start, length in entries:
+            local_start, local_len = self.gather_local(g, contexts[k], start, length, dcp_rank)
+            row = np.asarray(block_rows[prefills[k]], dtype=np.int64)
+            for name, value in zip(fields, (chunk, start, length, local_start, local_len)):
+                fields[name].append(value)
+            fields["slots"].append(self._read_slots(g, row, np.arange(local_start, local_start + local_len, dtype=np.int64)))
+        arrays = {k: np.asarray(v, dtype=np.int64) for k, v in fields.items() if k != "slots"}
+        return ContextGather(
+            group=g.group_id,
+            workspace_size=g.chunked_prefill_workspace_size,
+            request_ids=tuple(writes[prefills[k]].request_id for _, k, _, _ in entries),
+            slots=np.concatenate(fields["slots"]).astype(np.int64),
+            **arrays,
+        )
+
+    def gather_local(self, g: GroupGeometry, context: int, start: int, length: int, dcp_rank: int) -> tuple[int, int]:
+        """``(local start, local length)`` this rank gathers of context tokens ``[start,
+        start + length)`` of a request with ``context`` cached tokens."""
+        W = g.dcp_size if g.sharded else 1
+        return local_gather(context, start, length, dcp_size=W, interleave_size=g.interleave_size, dcp_rank=dcp_rank)
+
     def draft_geometry(self, geometry):
         # a draft shares the target's layout (sharded, at the target's W) or reads a replicated
         # cache, which any W reads whole: either way the group's own geometry
@@ -237,6 +273,24 @@ class ReferenceEngine(Engine):
         tokens = len(q_lens) * q
         size = next((c for c in g.cudagraph_capture_sizes if c >= tokens and c % q == 0), None)
         return (0 if size is None else (size - tokens) // q), q
+
+    # --- sparse attention -----------------------------------------------------------
+
+    def indexer_local_rows(self, geometry: GroupGeometry, seq_len: int, dcp_rank: int) -> np.ndarray:
+        positions = np.arange(seq_len, dtype=np.int64)
+        if not geometry.sharded:
+            return positions
+        W, I = geometry.dcp_size, geometry.interleave_size
+        return positions[(positions // I) % W == dcp_rank]  # ascending: local order
+
+    def select_topk(self, scores: np.ndarray, topk: int, local_counts: np.ndarray, dcp_rank: int) -> np.ndarray:
+        return topk_by_score_then_position(scores, topk)
+
+    def sparse_local_keys(self, geometry: GroupGeometry, selected: np.ndarray, dcp_rank: int) -> np.ndarray:
+        selected = np.asarray(selected, dtype=np.int64)
+        if not geometry.sharded:
+            return selected
+        return vllm_topk_local_index(selected, geometry.dcp_size, geometry.interleave_size, dcp_rank)
 
     # --- the attention math ---------------------------------------------------------
 
@@ -274,3 +328,22 @@ class ReferenceEngine(Engine):
         # return a slice this rank did not merge itself, so that the final gather is judged too
         c = (rank + 1) % world
         return slices[c], merged[:, c * hs : (c + 1) * hs], c
+
+
+def topk_by_score_then_position(scores: np.ndarray, topk: int, *, tie_key: np.ndarray | None = None) -> np.ndarray:
+    """``[nq, min(topk, n)]`` positions of the ``topk`` best finite scores of each row, by
+    score descending, then ``tie_key`` ascending (default: the position; a total order),
+    sorted ascending, ``-1`` padding."""
+    scores = np.asarray(scores, dtype=np.float32)
+    nq, n = scores.shape
+    k = min(topk, n)
+    finite = np.isfinite(scores)
+    primary = np.where(finite, -scores, np.inf)  # best first; the rest last
+    if tie_key is None:  # a stable sort keeps equal scores in position order
+        order = np.argsort(primary, axis=-1, kind="stable")[:, :k]
+    else:
+        order = np.lexsort((np.broadcast_to(tie_key, scores.shape), primary), axis=-1)[:, :k]
+    big = np.iinfo(np.int64).max
+    chosen = np.where(np.take_along_axis(finite, order, axis=1), order, big)
+    chosen.sort(axis=1)  # ascending positions, the padding last
+    return np.where(chosen == big, -1, chosen)

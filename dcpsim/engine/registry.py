@@ -50,11 +50,23 @@ def _plugin(name: str) -> Engine:
     return engine
 
 
+OPTIONAL_DECISIONS = (
+    "geometries",
+    "step_write_slots",
+    "make_scheduler",
+    "check_scenario",
+    "context_gather",
+    "merge_variant",
+    *PCP_DECISIONS,
+)
+"""Interface methods an engine may leave to the base class (defaults, or not checked)."""
+
+
 def unimplemented(engine: Engine) -> list[str]:
     """The interface methods ``engine`` leaves to the base class (which raises)."""
     out = []
     for name, member in inspect.getmembers(Engine, inspect.isfunction):
-        if name.startswith("_") or name in ("geometries", "step_write_slots", "make_scheduler", "check_scenario", *PCP_DECISIONS):
+        if name.startswith("_") or name in OPTIONAL_DECISIONS:
             continue
         if getattr(type(engine), name) is member:
             out.append(name)

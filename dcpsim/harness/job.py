@@ -83,10 +83,11 @@ class Job:
         if self.attention.lse_base is None:
             object.__setattr__(self, "attention", dataclasses.replace(self.attention, lse_base=fixed or "e"))
         elif fixed is not None and self.attention.lse_base != fixed:
-            source = getattr(getattr(engine, "backend", None), "describe", lambda: engine.name)()
+            source = getattr(getattr(engine, "backend", None), "describe", lambda: getattr(engine, "lse_base_source", engine.name))()
+            other = ", or choose another --vllm-attention-backend" if engine.name == "vllm" else ""
             raise ConfigError(
                 f"--lse-base {self.attention.lse_base}: the engine under test computes base-{fixed} LSEs ({source}); "
-                "leave --lse-base out, or choose another --vllm-attention-backend"
+                f"leave --lse-base out{other}"
             )
 
     @classmethod

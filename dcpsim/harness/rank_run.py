@@ -24,7 +24,7 @@ import os
 import time
 
 from dcpsim.collectives import Collectives
-from dcpsim.engine.attention.shard import ShardAttention
+from dcpsim.engine.attention.shard import MergeVariantsDiffer, ShardAttention
 from dcpsim.engine.interface import Engine, EngineError
 from dcpsim.engine.worker.block_table import BlockTableOverflow
 from dcpsim.engine.worker.model_runner import ModelRunner
@@ -237,8 +237,11 @@ class RankRun:
             return None
         self.progress.set(plan.step, "attention")
         before = self.coll.bytes_sent
-        with self.rec.span("attention merge", "attention"):
-            results = self.shard_attention.finish(plan.step)
+        try:
+            with self.rec.span("attention merge", "attention"):
+                results = self.shard_attention.finish(plan.step)
+        except MergeVariantsDiffer as exc:  # every rank gathered the same choices: all fail here
+            return Failure(kind=FailureKind.RANKS_DISAGREE, step=plan.step, message=str(exc), details=list(_variant_lines(exc)))
         with self.rec.span("attention check", "attention") as span:
             checks = self.verifier.checks
             failure = self.agree(self.verifier.judge(plan, results), plan.step)
@@ -286,3 +289,8 @@ class RankRun:
             while True:
                 time.sleep(3600)
         os._exit(17)
+
+
+def _variant_lines(exc: MergeVariantsDiffer):
+    yield "a merge of different variants would run collectives of different shapes (a hang or a size error)"
+    yield "every rank must take the same variant: agree on the fallback across the group (vllm#48248)"

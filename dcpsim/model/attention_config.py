@@ -72,6 +72,14 @@ class AttentionConfig:
     keys (the last query token's context); beyond it, only the request's first and last
     step and every ``ceil(keys / max_step_keys)``-th step (``step % stride == 0``;
     ``dcpsim.verify.attention_reference.check_step``). Bounds the time of long contexts."""
+    padded_rows: bool = option(
+        False,
+        "with CUDA-graph padding (--max-cudagraph-capture-size): the merge also runs each padded decode step's "
+        "padding rows, which see no key on any rank (vLLM pads seq_lens with 0) and must merge to 0 with lse -inf",
+        key="attention_padded_rows",
+    )
+    """Run the padding rows of a padded decode step through every rank's shard attention and
+    the merge, and judge them (``verify.attention.AttentionVerifier.judge_padding``)."""
     tolerance: float = DEFAULT_TOLERANCE
     query_gain: float = 2.0
     """Logits are ``query_gain / sqrt(head_dim) * q . k``: logit std ~ query_gain."""

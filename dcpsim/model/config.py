@@ -58,6 +58,11 @@ class SimConfig:
     tensor_parallel_size: int | None = None
     """vLLM's TP size; the world is ``prefill_context_parallel_size * tensor_parallel_size``
     processes. None: ``default_tensor_parallel_size`` (the DCP size without PCP)."""
+    chunked_prefill_workspace_size: int | None = None
+    """Rows of the workspace an MLA prefill gathers its cached context into, chunk by chunk
+    (``dcpsim.model.context_gather``). None: vLLM 0.33.0's rule,
+    ``min(max(8 * max_model_len, 4 * max_num_seqs * B), 65536)``; either way rounded up to a
+    multiple of ``lcm(B, W * I)`` (``B`` without DCP)."""
     kv_cache_report_mode: str = "incremental"
     """vLLM's KV events report mode (a request's ``kv_cache_report_mode``): ``incremental``
     advertises each block once, when it is cached; ``full`` also advertises again the cached
@@ -82,6 +87,8 @@ class SimConfig:
                 )
         if self.kernel_block_size is not None:
             check_int("kernel_block_size", self.kernel_block_size, 1)
+        if self.chunked_prefill_workspace_size is not None:
+            check_int("chunked_prefill_workspace_size", self.chunked_prefill_workspace_size, 1)
         if self.block_size is not None:
             check_int("block_size", self.block_size, 1)
             self._check_interleave_fits_block_size()

@@ -198,7 +198,9 @@ class AttentionResult:
     ranks for a sharded group (``merged``), or as this rank computed them (replicated).
     ``visible[j]`` counts the keys token ``rows[j]`` saw in this rank's shard, and
     ``shard_lse`` (heads ``[shard_head0, ...)``) is the LSE this rank reported to the merge:
-    diagnostics for a failure report.
+    diagnostics for a failure report. A sparse-attention group (semantics section 14) also
+    reports ``selection [len(rows), k]``: the global top-k positions this rank selected for
+    each token (ascending, ``-1`` padding), which the checker compares across ranks.
     """
 
     group: int
@@ -212,3 +214,43 @@ class AttentionResult:
     visible: np.ndarray
     shard_lse: object
     shard_head0: int
+    selection: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ContextGather:
+    """The context gather of one KV-cache group in one step on one rank: how the rank
+    gathers the cached context of the step's prefill rows in workspace-sized chunks (vLLM's
+    chunked-context metadata of an MLA prefill; ``docs/dcp-semantics.md`` section 10).
+
+    One entry per (chunk, request) in order, arrays aligned by entry:
+
+    * ``chunks``: the chunk of each entry (0, 1, ...);
+    * ``starts`` / ``seq_lens``: the entry's context tokens ``[start, start + len)``
+      (global positions, all ranks together);
+    * ``local_starts`` / ``local_seq_lens``: the rows of this rank's shard it gathers,
+      ``[local_start, local_start + local_len)`` in the rank's local index;
+    * ``slots``: the store slots of those rows, entry after entry (``sum(local_seq_lens)``;
+      ``PAD`` past the block-table row): what the gather reads and attention then sees.
+    """
+
+    group: int
+    workspace_size: int
+    request_ids: tuple[str, ...]
+    chunks: np.ndarray
+    starts: np.ndarray
+    seq_lens: np.ndarray
+    local_starts: np.ndarray
+    local_seq_lens: np.ndarray
+    slots: np.ndarray
+
+    ARRAYS = ("chunks", "starts", "seq_lens", "local_starts", "local_seq_lens", "slots")
+
+    def entries_of(self, request_id: str) -> list[int]:
+        """The entries of one request, in order."""
+        return [k for k, rid in enumerate(self.request_ids) if rid == request_id]
+
+    def slots_of(self, entry: int) -> np.ndarray:
+        """The slots entry ``entry`` gathers."""
+        ends = np.cumsum(self.local_seq_lens)
+        return self.slots[ends[entry] - self.local_seq_lens[entry] : ends[entry]]

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from dcpsim.model.plan import AttentionMetadata, WriteRecord
+from dcpsim.model.plan import AttentionMetadata, ContextGather, WriteRecord
 
 
 class RankView(Protocol):
@@ -59,3 +59,7 @@ class RankView(Protocol):
     def step_attention_metadata(self) -> list[AttentionMetadata] | None:
         """The last applied step's attention metadata, one per attention group (copies);
         None when the engine does not build any."""
+
+    def step_context_gathers(self) -> list[ContextGather] | None:
+        """The last applied step's context gathers, one per group with a gather (copies);
+        None when the engine makes no gather decision."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import check_draft_layout, group_layer_specs
+from dcpsim.model.sparse import check_sparse_layout
 from dcpsim.model.specs import MAMBA_CACHE_MODES, CircularBufferSpec, KVCacheSpec, MambaSpec
 from dcpsim.options import option
 
@@ -85,6 +86,7 @@ class Scenario:
     def __post_init__(self) -> None:
         if self.config.draft_layers:  # a draft at W = 1 needs a replicated cache
             check_draft_layout(group_layer_specs(self.layers), self.config)
+        check_sparse_layout(self.layers)  # sparse layers need their indexer group
         if not self.requests:
             raise ConfigError(f"scenario {self.name!r}: needs at least one request")
         ids = [r.request_id for r in self.requests]
@@ -126,6 +128,7 @@ class Scenario:
                 ("cp_kv_cache_interleave_size", o.cp_kv_cache_interleave_size),
                 ("kernel_block_size", o.kernel_block_size),
                 ("max_cudagraph_capture_size", o.max_cudagraph_capture_size),
+                ("chunked_prefill_workspace_size", o.chunked_prefill_workspace_size),
                 ("async_scheduling", o.async_scheduling),
                 ("block_size", o.block_size),  # vLLM's --block-size: the cache block size
                 ("prefill_context_parallel_size", o.prefill_context_parallel_size),
@@ -187,6 +190,14 @@ class ScenarioOverrides:
         "pad uniform decode steps of at most N tokens to a captured CUDA-graph size (dummy requests that must "
         "write nothing; default: the scenario's, 0 = off)",
         metavar="N",
+    )
+    chunked_prefill_workspace_size: int | None = option(
+        None,
+        "rows of the workspace a prefill gathers its cached context into, chunk by chunk (default: the "
+        "scenario's, else vLLM's rule min(max(8 * max_model_len, 4 * max_num_seqs * B), 65536)); rounded up "
+        "to a multiple of lcm(B, W * I)",
+        aliases=("--context-chunk",),
+        metavar="S",
     )
     async_scheduling: bool | None = option(None, "two batches in flight: sliding-window and chunked-local caps reserve for both")
     mamba_cache_mode: str | None = option(

@@ -242,6 +242,36 @@ class MLAAttentionSpec(FullAttentionSpec):
         _apply_alignment_padding(self)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SparseMLAAttentionSpec(MLAAttentionSpec):
+    """An MLA cache read by sparse attention (DeepSeek-V3.2's DSA): each query token attends
+    to the ``index_topk`` keys the model's indexer scores highest (``IndexerSpec``), not to
+    its whole context. The cache itself is an MLA cache (vLLM: ``MLAAttentionSpec``); only
+    the attention over it differs (semantics section 14)."""
+
+    index_topk: int = 2048
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int(f"{type(self).__name__}.index_topk", self.index_topk)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexerSpec(MLAAttentionSpec):
+    """The lightning indexer's K cache of sparse attention: one ``head_size``-wide key per
+    position (DeepSeek-V3.2: 128, plus a scale per 128 in fp8), shared by ``index_n_heads``
+    indexer query heads. vLLM stores it as an ``MLAAttentionSpec`` (sharded like the MLA
+    cache under DCP); SGLang keeps it replicated in the global slot space
+    (``dcp_replicated = true``). No softmax reads it: it only scores keys."""
+
+    index_n_heads: int = 64
+    qk_rope_head_dim: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int(f"{type(self).__name__}.index_n_heads", self.index_n_heads)
+
+
 def _apply_alignment_padding(spec) -> None:
     """``page_size_padded = round_up(real page, alignment)`` (vLLM 0.33.0's MLA rule). With
     ``alignment`` set the padded page is derived, so a spec rebuilt with another block size

@@ -8,15 +8,19 @@ from dcpsim.model.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     FullAttentionSpec,
+    IndexerSpec,
     MambaSpec,
     MLAAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
+    SparseMLAAttentionSpec,
 )
 
 SPEC_KINDS = {
     "full_attention": FullAttentionSpec,
     "mla": MLAAttentionSpec,
+    "sparse_mla": SparseMLAAttentionSpec,
+    "indexer": IndexerSpec,
     "sliding_window": SlidingWindowSpec,
     "sliding_window_mla": SlidingWindowMLASpec,
     "chunked_local": ChunkedLocalAttentionSpec,

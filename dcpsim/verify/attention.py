@@ -40,9 +40,13 @@ from dcpsim.verify.attention_reference import (
     state_error,
 )
 from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.metadata import owned_below
 from dcpsim.verify.report import Failure, FailureKind
+from dcpsim.verify.sparse import SparseCheck
 
-ERR, QUERY, HEAD, LSE_GOT, LSE_REF = range(5)
+ERR, QUERY, HEAD, LSE_GOT, LSE_REF, EMPTY_BAD, EMPTY_TOKEN, EMPTY_LSE = range(8)
+HEAD_CODE = 1 << 16
+"""``EMPTY_TOKEN`` holds ``token * HEAD_CODE + head`` (one float64 column for both)."""
 
 
 class AttentionVerifier:
@@ -50,8 +54,15 @@ class AttentionVerifier:
         self.cfg = config
         self.coll = collectives
         self.rank, self.world = collectives.rank, collectives.world_size
-        self.groups = {view.group_of_layer(g.layer_names[0]): g for g in groups if g.storage not in (Storage.RING, Storage.STATE)}
+        attended = [g for g in groups if g.storage not in (Storage.RING, Storage.STATE) and not g.indexer]
+        self.groups = {view.group_of_layer(g.layer_names[0]): g for g in attended}
         """The engine's store of each attention group -> the checker's geometry of it."""
+        indexer = next((g for g in groups if g.indexer), None)
+        topk_of = {store: g.index_topk for store, g in self.groups.items() if g.index_topk}
+        self.sparse = None
+        if indexer is not None and topk_of:
+            names = {store: g.name for store, g in self.groups.items()}
+            self.sparse = SparseCheck(config, collectives, view.group_of_layer(indexer.layer_names[0]), topk_of, names)
         self.checks = 0
         self.query_tokens = 0
         self.sampled = 0
@@ -135,9 +146,16 @@ class AttentionVerifier:
         query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows], cfg.heads, dk))
         return blocked_reference_attention(query, blocks, scale=cfg.softmax_scale)
 
-    def _references(self, results: list[AttentionResult], views) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _references(self, results: list[AttentionResult], views, selected: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The reference ``(O, lse)`` of each result's heads: the ranks' partials over the
-        blocks they own, all-gathered in one call and combined by their LSEs (float64)."""
+        blocks they own, all-gathered in one call and combined by their LSEs (float64); a
+        sparse group's over its selected keys, whole on every rank (``verify.sparse``)."""
+        sparse = {k: self.sparse.reference(results[k], views[results[k].write.req_index], sel) for k, sel in selected.items()}
+        dense = [res for k, res in enumerate(results) if k not in sparse]
+        merged = iter(self._dense_references(dense, views)) if dense else iter(())
+        return [sparse[k] if k in sparse else next(merged) for k in range(len(results))]
+
+    def _dense_references(self, results: list[AttentionResult], views) -> list[tuple[torch.Tensor, torch.Tensor]]:
         partials = [self._partial_reference(res, views[res.write.req_index]) for res in results]
         flat = torch.cat([torch.cat([o.reshape(-1), lse.reshape(-1)]) for o, lse in partials])
         gathered = torch.stack(self.coll.all_gather_tensor(flat))  # [W, total]
@@ -154,18 +172,62 @@ class AttentionVerifier:
     # --- the verdict ----------------------------------------------------------------
 
     def judge(self, plan: StepPlan, results: list[AttentionResult]) -> Failure | None:
-        if not results:
+        padding = [r for r in results if r.write is None]  # --attention-padded-rows
+        results = [r for r in results if r.write is not None]
+        failure = self._judge(plan, results) if results else None
+        if failure is None and padding:
+            failure = self.judge_padding(plan, padding)
+        return failure
+
+    def judge_padding(self, plan: StepPlan, padding: list[AttentionResult]) -> Failure | None:
+        """The padding rows of a padded decode step see no key on any rank: merged, each must
+        be an output of exactly 0 with lse -inf (section 6's merge of rows empty everywhere).
+        Every rank judges the heads it holds; one gather makes the verdict common."""
+        mine = None
+        for res in padding:
+            out, lse = res.out.detach().cpu().numpy(), res.lse.detach().cpu().numpy()
+            bad = ~(out == 0).all(axis=(1, 2)) | ~np.isneginf(lse).all(axis=1)
+            if bad.any() and mine is None:
+                j = int(np.nonzero(bad)[0][0])
+                mine = (self.groups[res.group].name, j, len(res.rows), float(np.nanmax(np.abs(out[j]))) if out[j].size else 0.0,
+                        str(lse[j].tolist()[:4]), bool(np.isnan(out[j]).any() or np.isnan(lse[j]).any()))  # fmt: skip
+        self.checks += len(padding)
+        verdicts = self.coll.all_gather_object(mine)
+        found = next(((r, v) for r, v in enumerate(verdicts) if v is not None), None)
+        if found is None:
             return None
-        references = self._references(results, {v.req_index: v for v in plan.views})
-        rows = np.zeros((len(results), 5), dtype=np.float64)
+        rank, (group, j, n, peak, lses, nan) = found
+        return Failure(
+            kind=FailureKind.ATTENTION_MISMATCH,
+            step=plan.step,
+            message=f"padding row {j} of {n} (a CUDA-graph padded decode step) merged to "
+            + ("NaN" if nan else "a nonzero or finite state")
+            + ": a row with no key on any rank must merge to 0 with lse -inf",
+            group=group,
+            details=[f"checked on rank {rank}: max |output| {peak:.6g}, lse of its first heads {lses}"],
+        )
+
+    def _judge(self, plan: StepPlan, results: list[AttentionResult]) -> Failure | None:
+        views = {v.req_index: v for v in plan.views}
+        selected = {}
+        if self.sparse is not None:
+            selected = {
+                k: self.sparse.expected(res, views[res.write.req_index]) for k, res in enumerate(results) if self.sparse.is_sparse(res)
+            }
+            failure = self.sparse.agreement(plan, results, selected)
+            if failure is not None:
+                return failure
+        references = self._references(results, views, selected)
+        rows = np.zeros((len(results), 8), dtype=np.float64)
         for k, (res, (o_ref, l_ref)) in enumerate(zip(results, references)):
+            rows[k, EMPTY_BAD:] = self._empty_shard_lse(res)
             if res.head1 <= res.head0:  # this rank holds no real head (more ranks than heads)
-                rows[k] = (0.0, -1, -1, math.nan, math.nan)
+                rows[k, :EMPTY_BAD] = (0.0, -1, -1, math.nan, math.nan)
                 continue
             err = state_error(res.out, res.lse, o_ref, l_ref)
             j, h = divmod(int(torch.argmax(err)), res.head1 - res.head0)
-            rows[k] = (float(err[j, h]), j, res.head0 + h, float(res.lse[j, h]), float(l_ref[j, h]))
-        gathered = torch.stack(self.coll.all_gather_tensor(torch.from_numpy(rows))).numpy()  # [W, n, 5]
+            rows[k, :EMPTY_BAD] = (float(err[j, h]), j, res.head0 + h, float(res.lse[j, h]), float(l_ref[j, h]))
+        gathered = torch.stack(self.coll.all_gather_tensor(torch.from_numpy(rows))).numpy()  # [W, n, 8]
         errors = gathered[:, :, ERR]
         self.checks += len(results)
         self.query_tokens += sum(len(r.rows) for r in results)
@@ -173,15 +235,60 @@ class AttentionVerifier:
         self.max_error = max(self.max_error, float(errors.max()))  # NaN was mapped to +inf
         worst = errors.max(axis=0)
         bad = np.nonzero(~(worst <= self.cfg.tolerance))[0]
-        if not len(bad):
+        if len(bad):
+            return self._failure(plan, results, gathered, int(bad[0]))
+        return self._empty_shard_failure(plan, results, gathered)
+
+    def _empty_shard_lse(self, res: AttentionResult) -> tuple[float, float, float]:
+        """``(1, token, lse)`` of the first query token whose shard on this rank holds no key
+        (the checker's own count) but whose reported LSE is not -inf (section 6: an empty
+        shard reports -inf), else ``(0, -1, nan)``. A finite stand-in (FlashInfer's -5e4)
+        weighs nothing beside a real shard's, so only this rule sees it."""
+        group = self.groups[res.group]
+        if not res.merged or not group.sharded:
+            return 0.0, -1.0, math.nan
+        positions = res.write.start + np.asarray(res.rows, dtype=np.int64)
+        R = group.tokens_per_state if group.storage is Storage.RECORDS else 1
+        empty = owned_below((positions + 1) // R, self.rank, group) == 0
+        lse = res.shard_lse.detach().cpu().numpy() if torch.is_tensor(res.shard_lse) else np.asarray(res.shard_lse)
+        wrong = empty & ~np.all(np.isneginf(lse), axis=1)
+        if not wrong.any():
+            return 0.0, -1.0, math.nan
+        j = int(np.nonzero(wrong)[0][0])
+        h = int(np.nonzero(~np.isneginf(lse[j]))[0][0])
+        return 1.0, float(j * HEAD_CODE + h), float(lse[j, h])
+
+    def _empty_shard_failure(self, plan: StepPlan, results: list[AttentionResult], gathered: np.ndarray) -> Failure | None:
+        flagged = np.argwhere(gathered[:, :, EMPTY_BAD] > 0)  # (rank, item), rank-major
+        if not len(flagged):
             return None
-        return self._failure(plan, results, gathered, int(bad[0]))
+        k = int(flagged[:, 1].min())
+        rank = int(flagged[flagged[:, 1] == k][0, 0])
+        res, lse = results[k], float(gathered[rank, k, EMPTY_LSE])
+        token, head = divmod(int(gathered[rank, k, EMPTY_TOKEN]), HEAD_CODE)
+        position = res.write.start + int(res.rows[token])
+        return Failure(
+            kind=FailureKind.ATTENTION_MISMATCH,
+            step=plan.step,
+            message=f"rank {rank} reported lse {lse:.6g} for query position {position}, whose shard on that rank "
+            "holds no key: an empty shard must report -inf (section 6)",
+            group=self.groups[res.group].name,
+            request_id=res.write.request_id,
+            details=[
+                f"query token {int(res.rows[token])} of {res.write.stop - res.write.start} "
+                f"(positions {res.write.start}..{res.write.stop - 1}), base {self.cfg.base}",
+                "the merged output matches the reference (a finite stand-in weighs ~0 beside a real shard), "
+                "but a merge of shards that are all empty then returns a finite LSE",
+            ],
+            query_position=position,
+            head=res.shard_head0 + head,
+        )
 
     def _failure(self, plan: StepPlan, results: list[AttentionResult], gathered: np.ndarray, k: int) -> Failure:
         res = results[k]
         w = res.write
         who = int(np.argmax(gathered[:, k, ERR]))
-        err, j, h, lse_got, lse_ref = gathered[who, k]
+        err, j, h, lse_got, lse_ref = gathered[who, k, :EMPTY_BAD]
         j, h = int(j), int(h)
         token = int(res.rows[j])
         mine = h - res.shard_head0

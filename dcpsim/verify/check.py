@@ -39,6 +39,7 @@ from dcpsim.model.plan import RequestView, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
 from dcpsim.verify.changes import ChangeTracker, expected_at
+from dcpsim.verify.context_gather import judge_gathers
 from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
@@ -135,6 +136,7 @@ class Checker:
                 config.max_model_len if config else 0,
                 config.cudagraph_capture_sizes if config else (),
                 table_width=view.block_table_width,
+                config=config,
             )
             if config is not None
             else None
@@ -154,6 +156,7 @@ class Checker:
         self.guard.judge(plan, writes, shapes)
         if self.metadata is not None:
             self.metadata.judge(plan, self.view.step_attention_metadata())
+            judge_gathers(self.metadata, plan, self.view.step_context_gathers())
         if self.router is not None:
             self.router.judge(plan)
         for w in plan.writes:

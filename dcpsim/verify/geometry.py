@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from dcpsim.model.grouping import group_layer_specs
 from dcpsim.model.kinds import Retention, Storage, records_per_state, retention_of, storage_of
+from dcpsim.model.sparse import is_indexer, sparse_topk
 from dcpsim.model.specs import is_dcp_sharded_spec
 
 
@@ -41,6 +42,10 @@ class ExpectedGroup:
     draft: bool = False
     """Holds layers of the draft model: the drafter's attention metadata is judged too."""
     mamba_cache_mode: str = ""
+    index_topk: int = 0
+    """A sparse-attention group (semantics section 10): each token attends to this many keys."""
+    indexer: bool = False
+    """The indexer's K cache of sparse attention: scored, never attended."""
     """A Mamba state group: ``none`` (the state blocks are the row's first entries) or
     ``align`` (the row is indexed by position, ``block_size`` tokens an entry)."""
 
@@ -86,6 +91,8 @@ def expected_groups(scenario) -> list[ExpectedGroup]:
                 num_speculative_tokens=cfg.num_speculative_tokens,
                 draft=any(n in cfg.draft_layers for n in group.layer_names),
                 mamba_cache_mode=getattr(spec, "mamba_cache_mode", ""),
+                index_topk=sparse_topk(group.kv_cache_spec),
+                indexer=is_indexer(group.kv_cache_spec),
             )
         )
     return out

@@ -148,7 +148,7 @@ class MetadataMismatch:
         )
 
 
-def _show(value) -> str:
+def show(value) -> str:
     if isinstance(value, np.ndarray):
         text = np.array2string(value, threshold=12, separator=", ")
         return text.replace("\n", "")
@@ -166,8 +166,11 @@ class MetadataJudge:
         max_model_len: int,
         capture_sizes: tuple[int, ...],
         table_width=None,
+        config=None,
     ):
         self.rank = rank
+        self.config = config
+        """The scenario's ``SimConfig``: the context gather's workspace (None: not judged)."""
         self.groups = groups
         self.store_of = store_of
         self.max_model_len = max_model_len
@@ -176,6 +179,8 @@ class MetadataJudge:
         """``group id -> entries`` of the worker's block table (the other consumer)."""
         self.count = 0
         self.checks = 0
+        self.gather_checks = 0
+        """(group, step) context gathers judged (``verify.context_gather``), apart from ``checks``."""
         self.kept: list[MetadataMismatch] = []
 
     def judge(self, plan: StepPlan, metas: list[AttentionMetadata] | None) -> None:
@@ -193,13 +198,13 @@ class MetadataJudge:
                 meta = by_group.get((store, model))
                 self.checks += 1
                 if meta is None:
-                    self._add(plan, group, f"{model} metadata", None, "built", "missing")
+                    self.add(plan, group, f"{model} metadata", None, "built", "missing")
                     continue
                 self._compare(plan, group, meta, want, model)
             if self.table_width is not None:
                 have = self.table_width(store) * (group.page_states // kernel_states(group))
                 if have != want["block_table_width"]:
-                    self._add(plan, group, "block table width (worker)", None, _show(want["block_table_width"]), _show(have))
+                    self.add(plan, group, "block table width (worker)", None, show(want["block_table_width"]), show(have))
 
     def _blocks_held(self, plan, group: ExpectedGroup, rows: dict) -> None:
         """A running request holds exactly the block-table entries its tokens fill: one per
@@ -210,16 +215,16 @@ class MetadataJudge:
             held = len(rows.get(w.req_index, ()))
             need = -(-w.stop // unit)
             if held != need:
-                self._add(plan, group, "blocks held", w.request_id, f"{need} (cdiv({w.stop}, {unit}))", str(held))
+                self.add(plan, group, "blocks held", w.request_id, f"{need} (cdiv({w.stop}, {unit}))", str(held))
 
     def _compare(self, plan, group, meta: AttentionMetadata, want: dict, model: str = "target") -> None:
         who = "" if model == "target" else f"{model} "
         if tuple(meta.request_ids) != want["request_ids"]:
-            self._add(plan, group, f"{who}request_ids", None, _show(want["request_ids"]), _show(tuple(meta.request_ids)))
+            self.add(plan, group, f"{who}request_ids", None, show(want["request_ids"]), show(tuple(meta.request_ids)))
             return
         for name in ("block_table_width", "num_dummy_requests"):
             if getattr(meta, name) != want[name]:
-                self._add(plan, group, f"{who}{name}", None, _show(want[name]), _show(getattr(meta, name)))
+                self.add(plan, group, f"{who}{name}", None, show(want[name]), show(getattr(meta, name)))
         per_request = ("seq_lens", "dcp_local_seq_lens", "kv_last_page_len")
         for name in (*per_request, "query_start_loc", "query_local_bounds", "kv_indptr", "kv_indices", "padded_slot_mapping"):
             have, expect = np.asarray(getattr(meta, name)), want[name]
@@ -229,9 +234,9 @@ class MetadataJudge:
             if name in per_request and have.shape == expect.shape:
                 i = int(np.nonzero(have != expect)[0][0])
                 rid, have, expect = want["request_ids"][i], have[i], expect[i]
-            self._add(plan, group, f"{who}{name}", rid, _show(expect), _show(have))
+            self.add(plan, group, f"{who}{name}", rid, show(expect), show(have))
 
-    def _add(self, plan, group, field, request_id, expected, actual) -> None:
+    def add(self, plan, group, field, request_id, expected, actual) -> None:
         self.count += 1
         if len(self.kept) < MAX_KEPT:
             self.kept.append(MetadataMismatch(self.rank, plan.step, group.name, field, request_id, expected, actual))

@@ -31,6 +31,9 @@ class FailureKind(enum.StrEnum):
     """A rank's attention metadata (lengths, query bounds, paged plan, table width,
     CUDA-graph padding) differs from what the scenario gives."""
     RANKS_DISAGREE = "ranks-disagree"
+    SPARSE_SELECTION = "sparse-selection"
+    """A rank's top-k selection of sparse attention (its keys for a query token) differs from
+    the other ranks' or from the one the scenario gives (semantics section 14)."""
     ENGINE_ERROR = "engine-error"
     """The engine under test raised on a valid input (its scheduler refused or crashed at a
     step every rank reached alike)."""
@@ -113,8 +116,10 @@ class Failure:
             if self.last_write_step is not None:
                 out.append(f"  last written at step {self.last_write_step}")
             out.append(f"  further bad {self.index_kind}s: {self.further_bad}")
-        if self.query_position is not None:
+        if self.query_position is not None and self.error is not None:
             out.append(f"  query position: {self.query_position}, head {self.head}, error {self.error:.3g}")
+        elif self.query_position is not None:
+            out.append(f"  query position: {self.query_position}")
         out.extend(f"  {d}" for d in self.details)
         return out
 

@@ -227,7 +227,7 @@ def _state(pid: int) -> str:
 
 def test_bad_scenario_and_config_exit_2_before_any_rank(capsys, tmp_path):
     assert main(["run", "no-such-scenario"]) == 2
-    assert "built-ins: compressed-prefix, dsv3, dsv3-mtp, dsv41-hybrid" in capsys.readouterr().err
+    assert "built-ins: compressed-prefix, dsv3, dsv3-mtp, dsv32-sparse, dsv41-hybrid" in capsys.readouterr().err
     assert main(["run", "dsv3", "--interleave", "3"]) == 2
     assert "cp_kv_cache_interleave_size (3)" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"

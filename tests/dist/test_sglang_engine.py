@@ -22,12 +22,14 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 WRITES = "sglang/kernels/ops/kvcache/mla_buffer.py"
 LAYOUT = "sglang/srt/layers/dcp/layout.py"
+KERNELS = "sglang/kernels/ops/attention/dcp_kernels.py"
 REFUSED = {
     "compressed-prefix": "a pooled index key spans",  # records of several positions
     "dsv41-hybrid": "a pooled index key spans",
     "heavy-rejection": "a pooled index key spans",
     "dsv3-mtp": "A replicated draft indexes",  # a draft the scenario shards with the target
     "glm-pcp2-dcp2": "does not support --enable-prefill-cp",
+    "dsv32-sparse": "The index-K buffer is replicated under DCP",  # vLLM's sharded indexer
 }
 """Built-ins SGLang cannot run as the scenario says, with the words of SGLang's rule."""
 NOROPE_FIX = (
@@ -41,7 +43,10 @@ and collapse them, as the rope kernel does (what sglang#36886 asks for)."""
 
 
 def sglang_run(capsys, source, *argv) -> tuple[int, dict]:
-    code = main(["run", *argv, "--engine", "sglang", "--sglang-source", str(source), "--json"])
+    """``run ARGV --engine sglang`` with a process-group timeout of 120 s: SGLang's kernels under
+    Triton's interpreter on a loaded machine (the test suite's own workers) can hold a rank
+    past the default 30 s."""
+    code = main(["run", *argv, "--engine", "sglang", "--sglang-source", str(source), "--json", "--timeout", "120"])
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -130,8 +135,32 @@ def test_mla_norope_is_sglang_36886(capsys, tmp_path, sglang_source):
             ("--attention",),
             ("attention-metadata", "attention-mismatch"),
         ),
+        # the per-token read builder skips the rank's first key and reads one past its last
+        (
+            KERNELS,
+            "        abs_pos = first + offset * dcp_size\n",
+            "        abs_pos = first + offset * dcp_size + dcp_size\n",
+            ("--attention",),
+            ("attention-mismatch",),
+        ),
+        # the MLA page table strides by P pages instead of P * W positions
+        (
+            KERNELS,
+            "    global_positions = DCP_RANK + page_offsets * PHYSICAL_PAGE_SIZE * DCP_SIZE\n",
+            "    global_positions = DCP_RANK + page_offsets * PHYSICAL_PAGE_SIZE\n",
+            (),
+            ("attention-metadata",),
+        ),
+        # correct_attn_out weighs a base-2 LSE with exp, not exp2
+        (
+            KERNELS,
+            "    factor = tl.exp(lse_diff) if IS_LSE_BASE_ON_E else tl.exp2(lse_diff)\n",
+            "    factor = tl.exp(lse_diff)\n",
+            ("--attention", "--attention-merge", "allgather"),
+            ("attention-mismatch",),
+        ),
     ],
-    ids=["rope-kernel-row", "scatter-owner-rule", "get-dcp-lens"],
+    ids=["rope-kernel-row", "scatter-owner-rule", "get-dcp-lens", "token-read-builder", "mla-page-table", "correct-attn-out"],
 )
 def test_planted_bugs_are_caught(capsys, tmp_path, sglang_source, rel, old, new, argv, kinds):
     copy = patched_copy(sglang_source, tmp_path / "sglang-bug", rel, old, new)
@@ -228,10 +257,85 @@ def test_the_alltoall_merge_runs_sglangs_combine(capsys, tmp_path, sglang_source
         source = patched_copy(
             sglang_source, tmp_path / "sglang-bug", COMBINE, "        acc += partial_out * w\n", "        acc += partial_out\n"
         )
-    code, report = sglang_run(capsys, source, "dsv3", "--dcp", "2", "--attention", "--attention-merge", "alltoall", "--lse-base", "2")
+    code, report = sglang_run(capsys, source, "dsv3", "--dcp", "2", "--attention", "--attention-merge", "alltoall")
     if planted:
         assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]
         return
     assert code == 0, report.get("failure")
     merged = report["attention_merged_by"]["sglang.kernels.ops.attention.dcp_kernels.dcp_lse_combine_triton"]
     assert merged["merges"] == report["attention_merges"]["alltoall"] > 0 and 0 < merged["rows"] <= merged["of"]
+
+
+@pytest.mark.parametrize("merge", ["allgather", "alltoall"])
+def test_sglangs_merges_let_a_nan_empty_shard_through_and_dcpsim_says_so(capsys, monkeypatch, sglang_source, merge):
+    """A shard with no key whose output row is NaN (what SGLang's Triton decode kernel stores,
+    ``acc / e_sum`` with ``e_sum = 0``): neither ``correct_attn_out`` nor
+    ``dcp_lse_combine_triton`` guards ``0 * NaN``, so the merged rows they make are NaN and the
+    run ends in an attention failure (exit 1), not a crash; dcpsim's own shard output (0 there)
+    passes."""
+    monkeypatch.setenv("DCPSIM_SGLANG_SOURCE", str(sglang_source))
+    argv = ["run", "dsv3", "--dcp", "2", "--attention", "--attention-merge", merge, "--in-process", "--json"]
+    code = main([*argv, "--engine", "support.sglang_nan_shards:NanShardsSglangEngine"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report["failure"]
+    failure = report["failure"]
+    assert failure["error"] == "inf" and any(c["keys"] == 0 for c in failure["contributions"]), failure  # NaN counts as inf
+    code, report = sglang_run(capsys, sglang_source, *argv[1:-1])
+    assert code == 0, report.get("failure")
+
+
+def test_sglangs_index_builders_decide_the_reads(capsys, sglang_source):
+    code, report = sglang_run(capsys, sglang_source, "dsv3", "--dcp", "4", "--attention", "--attention-merge", "allgather")
+    assert code == 0, report.get("failure")
+    decisions = report["engine"]["decisions"]
+    assert "create_triton_kv_indices_for_dcp_triton" in decisions["attention_metadata"]
+    assert "create_mla_kv_page_table_for_dcp" in decisions["build_attention_metadata"]
+    assert "correct_attn_out" in decisions["merge_across_ranks"] and "in base 2" in decisions["merge_across_ranks"]
+    assert report["attention"]["lse_base"] == "2", report["attention"]
+
+
+BACKEND = "sglang/srt/layers/attention/triton_backend.py"
+POOL = "sglang/srt/mem_cache/memory_pool.py"
+
+
+@pytest.mark.parametrize(
+    "rel,old,new",
+    [
+        # the Triton backend's MHA write keeps every token, not only this rank's
+        (
+            BACKEND,
+            "dcp_kv_mask = forward_batch.positions % self.dcp_size == self.dcp_rank\n",
+            "dcp_kv_mask = forward_batch.positions >= 0\n",
+        ),
+        # the pool's masked kernel stores K one row too far (the sampled tokens)
+        (
+            POOL,
+            "tl.store(k_buffer_ptr + loc * k_buffer_stride + idx, key, mask=mask)\n",
+            "tl.store(k_buffer_ptr + (loc + 1) * k_buffer_stride + idx, key, mask=mask)\n",
+        ),
+    ],
+    ids=["mha-backend-mask", "mha-pool-kernel"],
+)
+def test_mha_writes_run_sglangs_backend_and_pool(capsys, tmp_path, sglang_source, rel, old, new):
+    code, report = sglang_run(capsys, sglang_source, "llama-gqa", "--dcp", "2")
+    assert code == 0, report.get("failure")
+    assert "TritonAttnBackend._set_kv_buffer" in report["engine"]["decisions"]["write_slots"]
+    copy = patched_copy(sglang_source, tmp_path / "sglang-bug", rel, old, new)
+    code, report = sglang_run(capsys, copy, "llama-gqa", "--dcp", "2")
+    assert code == 1 and report["failure"]["kind"] in ("write-violation", "wrong-content"), report["failure"]
+
+
+def test_an_lse_base_other_than_sglangs_is_exit_2_quoting_its_rule(capsys, sglang_source):
+    code = main(
+        ["run", "dsv3", "--dcp", "2", "--attention", "--lse-base", "e", "--engine", "sglang", "--sglang-source", str(sglang_source)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "computes base-2 LSEs" in err and "is_mla_dcp_lse_base_on_e('flashinfer') is False" in err, err
+
+
+def test_a_w_sglangs_mla_merge_cannot_launch_is_exit_2_quoting_its_rule(capsys, sglang_source):
+    code = main(["run", "dsv3", "--dcp", "3", "--engine", "sglang", "--sglang-source", str(sglang_source)])
+    err = capsys.readouterr().err
+    assert code == 2 and 'dcp_kernels.py:418: "N_ROUNDED": N,' in err and "power of two" in err, err
+    code, report = sglang_run(capsys, sglang_source, "llama-gqa", "--dcp", "3")  # MHA: SGLang's torch merge takes any W
+    assert code == 0, report.get("failure")

@@ -7,7 +7,9 @@ math in float32. Sharded groups (the engine's geometry says which) report their 
 through ``Engine.shard_lse`` and are merged across ranks in one collective call per step
 (``Engine.merge_across_ranks``, heads padded to a multiple of ``W``); replicated groups
 run as ``W == 1``, each rank computing its own slice of heads (its tensor-parallel heads)
-over its whole replica. The result of each (group, request) is an ``AttentionResult``
+over its whole replica. A prefill whose cached context the engine gathers in chunks
+(``Engine.context_gather``) reads that context through the gather
+(``dcpsim.engine.attention.gathered``). The result of each (group, request) is an ``AttentionResult``
 that the checker judges.
 """
 
@@ -20,9 +22,22 @@ import numpy as np
 import torch
 
 from dcpsim.engine.attention.compute import attend
+from dcpsim.engine.attention.gathered import gathered_keys
+from dcpsim.engine.attention.sparse import SparseIndexer
+from dcpsim.engine.interface import Engine
 from dcpsim.model.attention_config import AttentionConfig
 from dcpsim.model.plan import AttentionResult, ReqWrite, StepPlan
+from dcpsim.model.sparse import is_indexer, sparse_topk
 from dcpsim.model.vectors import query_vectors
+
+
+class MergeVariantsDiffer(Exception):
+    """The ranks of a DCP group chose different merge variants for one step."""
+
+    def __init__(self, step: int, asked: str, chosen: list[str]):
+        ranks = ", ".join(f"rank {r} {v}" for r, v in enumerate(chosen))
+        super().__init__(f"the ranks chose different attention merge variants at step {step} (asked: {asked}): {ranks}")
+        self.step, self.asked, self.chosen = step, asked, chosen
 
 
 @dataclass
@@ -35,6 +50,7 @@ class _Local:
     out: torch.Tensor
     lse: torch.Tensor
     visible: np.ndarray
+    selection: np.ndarray | None = None
 
 
 class ShardAttention:
@@ -50,18 +66,27 @@ class ShardAttention:
         self.merged_by: dict[str, list[int]] = {}
         """Code -> [merges, rows it merged, rows of those merges], from the engine's ``MergedBy``."""
         self._items: list[_Local] = []
+        self.sparse = SparseIndexer(engine, config.head_dim, collectives)
 
     def compute(self, plan: StepPlan, runner, queries: dict[tuple[int, int], np.ndarray]) -> None:
         """Attention of the query tokens ``queries[(group, req_index)]`` (offsets from the
         write's start) of every write of the step, on this rank (during the step)."""
         cfg, dk = self.cfg, self.cfg.head_dim
         writes = {w.req_index: w for w in plan.writes}
+        gathers = {gather.group: gather for gather in runner.gather_log}
         items = []
+        indexer = next((k for k, geo in enumerate(runner.geometries) if is_indexer(geo.group_spec)), None)
         for (g, req), rows in queries.items():
-            w, geometry = writes[req], runner.geometries[g]
-            slots, mask, merged = self.engine.attention_metadata(
-                geometry, w.start, w.stop, runner.block_tables[g].row(req), self.rank, rows
-            )
+            w, geometry, row = writes[req], runner.geometries[g], runner.block_tables[g].row(req)
+            selection = None
+            gather = gathers.get(g)
+            if sparse_topk(geometry.group_spec) and indexer is not None:  # DSA: the indexer's top-k only
+                picked = self.sparse.keys(runner, g, indexer, w, rows)
+                slots, mask, merged, selection = picked.slots, picked.mask, geometry.sharded, picked.selection
+            elif gather is not None and w.request_id in gather.request_ids:  # the context through the gather
+                slots, mask, merged = gathered_keys(self.engine, geometry, w, row, self.rank, rows, gather)
+            else:
+                slots, mask, merged = self.engine.attention_metadata(geometry, w.start, w.stop, row, self.rank, rows)
             kv = runner.stores[g].read_vectors(slots)
             query = torch.from_numpy(query_vectors(g, req, w.start + rows, w.contents[rows], cfg.heads, dk))
             # sharded: every head over the local shard (queries all-gathered), merged later;
@@ -73,8 +98,27 @@ class ShardAttention:
                 empty = torch.from_numpy(visible == 0)
                 lse = self.engine.shard_lse(lse, empty)
                 out = self.engine.shard_output(out, empty)
-            items.append(_Local(g, w, rows, merged, h0, out, lse, visible))
-        self._items = items
+            items.append(_Local(g, w, rows, merged, h0, out, lse, visible, selection))
+        self._items = items + self._padding(runner)
+
+    def _padding(self, runner) -> list[_Local]:
+        """With ``padded_rows``: the padding rows of a step padded to a CUDA-graph size, one
+        item per sharded attention group whose metadata has dummy requests. vLLM pads the
+        replayed batch with ``seq_lens`` 0, so a padding row sees no key on any rank: each rank
+        reports an empty shard (``shard_lse``/``shard_output`` of an all-empty row) to the merge."""
+        if not self.cfg.padded_rows:
+            return []
+        H, dv, out = self.cfg.heads, self.cfg.value_dim, []
+        for meta in runner.metadata_log:
+            g = runner.geometries[meta.group]
+            if meta.model != "target" or not g.sharded or not meta.num_dummy_requests:
+                continue
+            n = meta.num_dummy_requests * (1 + g.num_speculative_tokens)
+            empty = torch.ones(n, dtype=torch.bool)
+            lse = self.engine.shard_lse(torch.full((n, H), float("-inf")), empty)
+            o = self.engine.shard_output(torch.zeros((n, H, dv)), empty)
+            out.append(_Local(meta.group, None, np.arange(n, dtype=np.int64), True, 0, o, lse, np.zeros(n, np.int64)))
+        return out
 
     def finish(self, step: int) -> list[AttentionResult]:
         """Merge the sharded items across ranks; every item's result, in compute order."""
@@ -88,7 +132,22 @@ class ShardAttention:
 
     @staticmethod
     def _result(it: _Local, out, lse, head0: int) -> AttentionResult:
-        return AttentionResult(it.group, it.write, it.rows, it.merged, out, lse, head0, head0 + out.shape[1], it.visible, it.lse, it.head0)
+        return AttentionResult(
+            it.group, it.write, it.rows, it.merged, out, lse, head0, head0 + out.shape[1], it.visible, it.lse, it.head0, it.selection
+        )
+
+    def _agreed_variant(self, step: int) -> str:
+        """The step's merge variant as the engine chooses it (``Engine.merge_variant``); an
+        engine that chooses per rank has the choices gathered first, and ranks that differ
+        raise ``MergeVariantsDiffer`` on every rank alike (no collective of another shape)."""
+        variant = self.cfg.variant_for_step(step)
+        if type(self.engine).merge_variant is Engine.merge_variant:
+            return variant  # the run's own variant: the same on every rank
+        chosen = self.engine.merge_variant(variant, self.rank)
+        every = self.coll.all_gather_object(chosen)
+        if len(set(every)) > 1:
+            raise MergeVariantsDiffer(step, variant, every)
+        return chosen
 
     def _merge(self, step: int, items: list[_Local]):
         """Per merged item: (output, lse, first head) of the slice this rank holds."""
@@ -100,7 +159,7 @@ class ShardAttention:
         if pad:
             out = torch.cat([out, out.new_zeros((out.shape[0], pad, out.shape[2]))], dim=1)
             lse = torch.cat([lse, lse.new_full((lse.shape[0], pad), float("-inf"))], dim=1)
-        variant = self.cfg.variant_for_step(step)
+        variant = self._agreed_variant(step)
         self.merges[variant] += 1
         o, l, c, *by = self.engine.merge_across_ranks(out, lse, self.coll, variant=variant, base=self.cfg.base)
         if by:

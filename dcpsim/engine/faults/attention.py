@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import torch
+
+from dcpsim.engine.attention.merge import sanitize_lse, scale_output
 from dcpsim.engine.faults.base import Fault, has_sharded_attention
+from dcpsim.engine.faults.metadata import graph_steps
 
 
 class EmptyShardLseZero(Fault):
@@ -60,3 +64,74 @@ class EmptyShardNanUnguarded(Fault):
     def merge_attention_states(self, outputs, lses, base):
         lse, factors = self.merge_lse(lses, base)
         return (factors.unsqueeze(-1) * outputs).sum(dim=0), lse
+
+
+FLASHINFER_MASKED_LSE = -49993.9765625
+"""The LSE FlashInfer's paged causal prefill returns for a fully masked row (flashinfer#4452):
+its finite mask sentinel, 5e4, not -inf."""
+
+
+class EmptyShardLseFinite(Fault):
+    name = "empty-shard-lse-finite"
+    bug_class = "36. a fully masked row's LSE returned finite (about -5e4) instead of -inf (flashinfer#4452)"
+    description = (
+        "the kernel masks with a finite sentinel, so a query token whose shard on this rank holds no key "
+        "reports lse = -49994 instead of -inf: beside a real shard it weighs exp(-5e4 - lse) = 0, but the "
+        "merge of rows that are empty on every rank comes out finite, and the section-6 rule is broken"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 16},)
+    scenarios = ("dsv3", "llama-gqa", "dsv41-hybrid")
+    """Prefills of MLA, GQA and compressed records: every first token's shard on rank 1 is empty."""
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def shard_lse(self, lse, empty):
+        return lse.masked_fill(empty[:, None], FLASHINFER_MASKED_LSE)
+
+
+class AllEmptyRowsMergeNan(Fault):
+    name = "all-empty-rows-merge-nan"
+    bug_class = "37. rows empty on every rank (the padding of a CUDA-graph decode step) merged to NaN (vllm-ascend#14126)"
+    description = (
+        "the LSE merge takes m = max_r lse_r without the m = -inf guard and weighs every shard by "
+        "exp(lse_r - lse): a row whose shards are all empty gets lse = -inf - (-inf) = NaN and NaN "
+        "weights, so the padding rows of a padded decode step come out NaN (true rows are unchanged)"
+    )
+    needs = {"attention": True, "attention_padded_rows": True, "max_cudagraph_capture_size": 64}
+    configs = ({"decode_context_parallel_size": 2},)
+    scenarios = ("many-short", "dsv3")
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return has_sharded_attention(geometries) and any(dummies for _, dummies in graph_steps(scenario, geometries))
+
+    def merge_lse(self, lses, base):
+        exp, log = (torch.exp, torch.log) if base == "e" else (torch.exp2, torch.log2)
+        clean = sanitize_lse(lses)
+        m = clean.amax(dim=0)  # no guard: -inf when every shard is empty
+        lse = m + log(exp(clean - m).sum(dim=0))
+        return lse, exp(clean - lse)
+
+    def merge_attention_states(self, outputs, lses, base):  # the all-to-all merge, over the same weights
+        lse, factors = self.merge_lse(lses, base)
+        return scale_output(outputs, factors).sum(dim=0), lse
+
+
+class MergeVariantPerRank(Fault):
+    name = "merge-variant-per-rank"
+    bug_class = "38. ranks choosing the attention merge variant without agreement (vllm#48248)"
+    description = (
+        "the all-to-all communicator fails to initialise on some ranks (here the odd ones), which fall back "
+        "to the all-gather merge alone while the others run the all-to-all: the group enters collectives of "
+        "different shapes"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "attention_merge": "alltoall"},)
+    scenarios = ("dsv3",)
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def merge_variant(self, variant, dcp_rank):
+        return "allgather" if dcp_rank % 2 else variant

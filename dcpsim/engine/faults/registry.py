@@ -7,9 +7,17 @@ every registered one where it applies. A new bug class is one new entry.
 
 from __future__ import annotations
 
-from dcpsim.engine.faults.attention import EmptyShardLseZero, EmptyShardNanUnguarded, LseBaseMismatch
+from dcpsim.engine.faults.attention import (
+    AllEmptyRowsMergeNan,
+    EmptyShardLseFinite,
+    EmptyShardLseZero,
+    EmptyShardNanUnguarded,
+    LseBaseMismatch,
+    MergeVariantPerRank,
+)
 from dcpsim.engine.faults.base import Fault
 from dcpsim.engine.faults.draft import DraftDropsDcp, DraftIndptrFromGlobalLens
+from dcpsim.engine.faults.gather import ContextGatherWholeLocalLen
 from dcpsim.engine.faults.layout import (
     AdmissionCapacityUnscaled,
     ForeignBlock,
@@ -42,6 +50,7 @@ from dcpsim.engine.faults.pcp import (
 )
 from dcpsim.engine.faults.pd import NixlInterleaveNotBlockSize, NixlOneSourceRank, NixlStrideByDcp, PDFault, ReshardIgnoresInterleave
 from dcpsim.engine.faults.prefix import CompressedHitDropsR, KvEventsHashUnitB, PrefixHashUnitB, PrefixHitGcdAligned
+from dcpsim.engine.faults.sparse import SparseRowMaskedByEmptyShard, TopkTieOrder
 from dcpsim.errors import ConfigError
 
 FAULTS: dict[str, Fault] = {
@@ -81,7 +90,13 @@ FAULTS: dict[str, Fault] = {
         PcpSlotsCutToLocalTokens(),
         PcpUniformDecodeSlots(),
         PrefixHitGcdAligned(),
+        TopkTieOrder(),
+        SparseRowMaskedByEmptyShard(),
         ForeignBlock(),
+        ContextGatherWholeLocalLen(),
+        EmptyShardLseFinite(),
+        AllEmptyRowsMergeNan(),
+        MergeVariantPerRank(),
     )
 }
 

@@ -3,7 +3,8 @@
 ``INTERPRETER_LOCK``: the interpreter patches a kernel module's globals while a kernel runs,
 so ranks that are threads of one process (``--in-process``) launch one kernel at a time.
 ``mend_interpreter_bools``: three quirks of Triton 3.9's interpreter, mended in the
-interpreter (never in an engine's code).
+interpreter (never in an engine's code). ``drop_dead_overflow_checks``: the interpreter's
+integer-overflow checks, which assert nothing outside debug mode, skipped for speed.
 """
 
 from __future__ import annotations
@@ -84,3 +85,19 @@ def mend_interpreter_bools() -> None:
     if not hasattr(interpreter.InterpretedFunction, "constexprs"):
         interpreter.InterpretedFunction.constexprs = property(constexprs)
     _FIXED = True
+
+
+def drop_dead_overflow_checks() -> None:
+    """Skip the integer-overflow checks Triton's interpreter computes for every 32-bit ``+``,
+    ``-`` and ``*`` (``binary_op_sanitize_overflow_impl``: two casts to int64, the operation
+    again, two comparisons) when it is not in debug mode: their only consumer,
+    ``device_assert``, returns without asserting unless ``debug`` (``semantic.py``), as a
+    compiled kernel drops them, so they change no result and cost about a third of an
+    interpreted kernel's time. Process-wide and idempotent; a no-op under ``debug``."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    if not builder.options.debug and builder.options.sanitize_overflow:
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)

@@ -1,13 +1,15 @@
 """Load single modules of an SGLang source tree: dcpsim's source loader
 (``dcpsim.engine.loading.tree``) with SGLang's four hand-written stubs.
 
-What the loaded modules (``srt/layers/dcp/layout.py``, ``kernels/ops/kvcache/mla_buffer.py``)
-import from around them:
+What the loaded modules (``srt/layers/dcp/layout.py``, ``kernels/ops/kvcache/mla_buffer.py``,
+``kernels/ops/attention/dcp_kernels.py``; for MHA writes ``srt/layers/attention/triton_backend.py``
+and ``srt/mem_cache/memory_pool.py``) import from around them:
 
 * ``sglang.srt.runtime_context``: ``get_parallel()``, the process-wide parallel state
   (SGLang's is built from its server arguments); here a record the engine sets before each
   call (``dcp_size``, ``dcp_rank``, ``attn_dcp_size``, ...), one per thread: the ranks of an
-  ``--in-process`` world are threads of one process, each its own rank;
+  ``--in-process`` world are threads of one process, each its own rank; its other accessors
+  (``get_platform``, ...: read at import time by the memory pool) are placeholders;
 * ``sglang.kernels.jit.utils``: ``is_arch_support_pdl()`` is false (no Hopper, no PDL launch);
 * ``sglang.srt.platforms`` (imported lazily by the write kernels' dispatcher):
   ``current_platform.capabilities.supports_triton`` is true, so the Triton kernels run;
@@ -24,6 +26,7 @@ import threading
 import types
 
 from dcpsim.engine.loading import tree
+from dcpsim.engine.loading.placeholders import StubModule
 from dcpsim.errors import ConfigError
 
 DEFAULT_REQUIREMENT = "sglang==0.5.23"
@@ -50,7 +53,7 @@ def _parallel(dcp_size: int = 1, dcp_rank: int = 0) -> types.SimpleNamespace:
 
 
 def _runtime_context_stub(name: str, tree) -> types.ModuleType:
-    module = types.ModuleType(name)
+    module = StubModule(name, tree)  # its other accessors (get_platform, ...) are placeholders
     module.PARALLEL = threading.local()
     module.get_parallel = lambda: getattr(module.PARALLEL, "state", None) or _parallel()
     return module

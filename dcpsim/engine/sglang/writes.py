@@ -37,7 +37,7 @@ def _tags(n: int, rope: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     return tag.repeat(1, NOPE).contiguous(), (tag.repeat(1, ROPE).contiguous() if rope else None)
 
 
-def _read_back(buffer: torch.Tensor, n: int) -> np.ndarray:
+def read_back(buffer: torch.Tensor, n: int) -> np.ndarray:
     """Slot of each of ``n`` tokens: the row holding its tag in every column, else ``PAD``."""
     rows = buffer.numpy()
     written = np.flatnonzero(rows.any(axis=1))
@@ -73,11 +73,11 @@ def probe_slots(mla_buffer, loc: np.ndarray, *, rope: bool, dcp_size: int, dcp_r
         dcp_world_size=dcp_size,
         dcp_rank=dcp_rank,
     )
-    slots = _read_back(buffer, n)
+    slots = read_back(buffer, n)
     chosen = evenly_spaced(n, programs)
     if len(chosen):
         buffer = torch.zeros((rows, width), dtype=torch.int64)
         knope, krope = _tags(len(chosen), rope)
         call(TRITON_WRITE, mla_buffer.set_mla_kv_buffer_dcp_sharded_triton, buffer, locs[torch.from_numpy(chosen)], knope, krope)
-        slots[chosen] = _read_back(buffer, len(chosen))
+        slots[chosen] = read_back(buffer, len(chosen))
     return slots

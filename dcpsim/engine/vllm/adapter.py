@@ -46,6 +46,7 @@ from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS, WRAPPERS, VllmCombine
 from dcpsim.engine.vllm.merge_choice import COMBINE_MODULE, MERGE_MODULES, VLLM_MERGES, WRAPPER_ARGS, merge_decision, merge_with_vllm
 from dcpsim.engine.vllm.scheduler_choice import VLLM_SCHEDULERS, runs_vllm_core, scheduler_class, scheduler_sides
 from dcpsim.engine.vllm.slot_mapping import KERNELS, RUNNER_MODULES, V1_MODULE
+from dcpsim.engine.vllm.sparse import SPARSE_ARGS, SPARSE_DECISIONS, SPARSE_FUNCTION, SPARSE_MODULE, filter_last_token
 from dcpsim.engine.vllm.spec_classes import SPEC_MODULES, SPECS_MODULE, WIDTH_ARGS, WIDTH_FUNCTION, vllm_geometry, vllm_spec
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
@@ -114,6 +115,7 @@ class VllmEngine(ReferenceEngine):
             "merge_across_ranks": merge_decision(self.merge, self.backend, merge_programs),
             "shard_lse": f"reference, in base {self.lse_base} (vllm {self.backend.describe()})",
         }
+        decisions.update(SPARSE_DECISIONS)
         sides, self.scheduler_decisions = scheduler_sides(self.scheduler)
         """Each scheduler-side decision -> the vLLM function (and file) that makes it."""
         decisions.update(sides)
@@ -138,6 +140,17 @@ class VllmEngine(ReferenceEngine):
             raise ConfigError(
                 f"vLLM {self.version} refuses this configuration: {exc.function} ({exc.file}:{exc.line}): {exc.message}"
             ) from None
+
+    # --- sparse attention: vLLM's DCP filter of the top-k ids ---------------------------
+
+    def sparse_local_keys(self, geometry, selected, dcp_rank):
+        local = super().sparse_local_keys(geometry, selected, dcp_rank)
+        if not geometry.sharded or not len(local) or not local.shape[1]:
+            return local
+        if getattr(self, "_sparse_filter", None) is None:  # loaded on first use: dense models never need it
+            mods = self.tree.load([*MERGE_MODULES[:2], SPARSE_MODULE])
+            self._sparse_filter = lookup(self.tree, mods, SPARSE_MODULE, SPARSE_FUNCTION, SPARSE_ARGS)
+        return filter_last_token(self._sparse_filter, geometry, selected, local, dcp_rank)
 
     # --- geometry through vLLM's spec classes ----------------------------------------
 

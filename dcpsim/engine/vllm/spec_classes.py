@@ -11,6 +11,7 @@ import types
 
 import torch
 
+from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.vllm.functions import call, where
 from dcpsim.engine.vllm.slot_mapping import V1_MODULE
 from dcpsim.errors import ConfigError
@@ -33,8 +34,11 @@ _TORCH_DTYPES = {
 
 
 def vllm_spec(tree, specs: types.ModuleType, spec):
-    """vLLM's spec (of the loaded ``specs`` module) of the same class name as one of the scenario's layer specs."""
-    cls = getattr(specs, type(spec).__name__, None)
+    """vLLM's spec (of the loaded ``specs`` module) of the same class name as one of the scenario's
+    layer specs, or of its nearest base vLLM has (``SparseMLAAttentionSpec`` and ``IndexerSpec``:
+    vLLM stores both caches as ``MLAAttentionSpec``)."""
+    known = (getattr(specs, c.__name__, None) for c in type(spec).__mro__)
+    cls = next((c for c in known if c is not None and not is_placeholder(c)), None)
     if cls is None or not dataclasses.is_dataclass(cls):
         raise ConfigError(where(tree, SPECS_MODULE, type(spec).__name__, "is missing"))
     names = {f.name for f in dataclasses.fields(cls)}

@@ -22,7 +22,7 @@ from dcpsim.engine.worker.kv_store import KVStore
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.model.layout import PAD
-from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ReqWrite, StepPlan, WriteRecord
+from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ContextGather, ReqWrite, StepPlan, WriteRecord
 from dcpsim.model.vectors import kv_vectors
 
 ATTENTION_KV = (Storage.PAGED, Storage.RECORDS)
@@ -65,6 +65,10 @@ class ModelRunner:
         self.metadata_log: list[AttentionMetadata] = []
         """The last applied step's attention metadata, one per attention group."""
         self.builds_metadata = _implements(engine, "build_attention_metadata")
+        self.gather_log: list[ContextGather] = []
+        """The last applied step's context gathers, one per group whose prefill rows have a
+        cached context (``Engine.context_gather``; empty for an engine without it)."""
+        self.gathers_context = _implements(engine, "context_gather")
 
     def apply(self, plan: StepPlan, request_ids: dict[int, str], during_step=None) -> None:
         """Write the step. ``during_step(plan, runner)``, if given, runs after the writes with
@@ -72,6 +76,7 @@ class ModelRunner:
         self._sync_tables(plan.rows_before, request_ids)
         self.write_log = []
         self.metadata_log = []
+        self.gather_log = []
         for geometry, table, store in zip(self.geometries, self.block_tables, self.stores):
             self._write_group(plan, geometry, table, store)
         if during_step is not None:
@@ -94,6 +99,10 @@ class ModelRunner:
         mapped = self._group_write_slots(plan, geometry, table, rows)
         if self.builds_metadata and geometry.storage in ATTENTION_KV:
             self._build_group_metadata(plan, geometry, rows, store)
+        if self.gathers_context and geometry.storage is Storage.PAGED:
+            gather = self.engine.context_gather(geometry, list(plan.writes), rows, self.rank)
+            if gather is not None:
+                self.gather_log.append(gather)
         for write, (slots, index) in zip(plan.writes, mapped):
             self._write_request(plan.step, geometry, store, write, slots, index)
         if observer is not None:

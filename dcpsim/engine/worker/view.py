@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from dcpsim.engine.worker.model_runner import ModelRunner
-from dcpsim.model.plan import AttentionMetadata, WriteRecord
+from dcpsim.model.plan import AttentionMetadata, ContextGather, WriteRecord
 
 
 class WorkerView:
@@ -57,6 +57,11 @@ class WorkerView:
         if not self._runner.builds_metadata:
             return None
         return [dataclasses.replace(m, **{a: np.array(getattr(m, a), dtype=np.int64) for a in m.ARRAYS}) for m in self._runner.metadata_log]
+
+    def step_context_gathers(self) -> list[ContextGather] | None:
+        if not self._runner.gathers_context:
+            return None
+        return [dataclasses.replace(g, **{a: np.array(getattr(g, a), dtype=np.int64) for a in g.ARRAYS}) for g in self._runner.gather_log]
 
     @property
     def kv_store_bytes(self) -> int:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dcpsim.engine.loading.interpreter import evenly_spaced
 from dcpsim.engine.sglang.adapter import widened_ids
-from dcpsim.engine.sglang.writes import _read_back
+from dcpsim.engine.sglang.writes import read_back
 from dcpsim.model.layout import PAD, slot_mapping
 
 
@@ -46,4 +46,14 @@ def test_a_row_written_in_part_is_no_tokens_slot():
     buffer = torch.zeros((6, 3), dtype=torch.int64)
     buffer[4] = 1  # token 0, whole row
     buffer[2] = torch.tensor([2, 2, 0])  # token 1 wrote its nope part only
-    assert _read_back(buffer, 3).tolist() == [4, PAD, PAD]
+    assert read_back(buffer, 3).tolist() == [4, PAD, PAD]
+
+
+def test_req_to_token_holds_the_widened_ids_and_minus_one_past_the_blocks():
+    from dcpsim.engine.sglang.reads import req_to_token
+
+    rows = [np.array([3, 1]), np.array([5])]
+    table = req_to_token(rows, 20, 2, 4).numpy()  # P = 2, W = 4: pages of 8 ids
+    assert table.shape == (2, 20) and table.dtype == np.int32
+    assert (table[0, :16] == widened_ids(np.arange(16), rows[0], 2, 4)).all() and (table[0, 16:] == -1).all()
+    assert (table[1, :8] == widened_ids(np.arange(8), rows[1], 2, 4)).all() and (table[1, 8:] == -1).all()
