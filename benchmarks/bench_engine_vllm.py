@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from dcpsim.engine.loading import forkserver
 from dcpsim.engine.vllm.fetch import fetch
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
@@ -73,7 +74,10 @@ def main() -> None:
     source = args.vllm_source or str(fetch())
     sc = load_scenario(args.scenario).with_overrides(ScenarioOverrides(decode_context_parallel_size=args.dcp))
     jobs = variants(sc, source, args.attention)
-    run_jobs([jobs["vllm: KV cache manager, v2 kernel"]])  # start the forkserver (Triton preloaded) untimed
+    # every variant's engine built once in the ranks' forkserver (its tree loaded there, not per rank), as
+    # run_jobs asks for a world's own engines; then start the forkserver (Triton preloaded) untimed
+    forkserver.ask([choice.forkserver_build() for choice in dict.fromkeys(j.engine for j in jobs.values()) if not choice.is_reference])
+    run_jobs([jobs["vllm: KV cache manager, v2 kernel"]])
     times = best_times(jobs, args.repeat)
     print(f"{args.scenario} --dcp {args.dcp}, gloo, best of {args.repeat} (world wall time; CPU of the busiest rank)")
     for name, (t, cpu) in times.items():

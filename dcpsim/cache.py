@@ -1,5 +1,6 @@
 """dcpsim's cache folder, for files a command keeps between runs (vLLM's unpacked source,
-Hypothesis's files of ``fuzz``): ``$DCPSIM_CACHE``, default ``~/.cache/dcpsim``."""
+the compiled code of a source tree's modules, Hypothesis's files of ``fuzz``): ``$DCPSIM_CACHE``,
+default ``~/.cache/dcpsim``."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dcpsim.api.report import Report
+from dcpsim.engine.choice import EngineChoice
 from dcpsim.errors import ConfigError
 from dcpsim.harness.job import Job
 from dcpsim.harness.launch import check_pd_options, launch_job, launch_pd, resolve_scenario, write_trace
@@ -32,7 +33,7 @@ ALIASES = {
 
 SCENARIO_KEYS = keys(ScenarioOverrides)
 JOB_KEYS = keys(Job)
-PD_KEYS = ("inject", "timeout", "deadline")
+PD_KEYS = ("inject", "timeout", "deadline", *keys(EngineChoice))
 """The run options a P/D scenario (a ``[disaggregated]`` table) takes."""
 
 
@@ -100,4 +101,5 @@ def _run_pd(scenario: Scenario, options: dict, job_options: dict, *, force: bool
     if others:
         raise ConfigError(f"{scenario.source}: {', '.join(others)} not supported for P/D runs yet")
     world = from_flat(WorldOptions, {k: v for k, v in job_options.items() if k in ("timeout", "deadline")})
-    return launch_pd(scenario, inject=options.get("inject"), world=world, force=force, say=say, on_wait=on_wait)
+    engine = from_flat(EngineChoice, {k: v for k, v in job_options.items() if k in keys(EngineChoice)})
+    return launch_pd(scenario, inject=options.get("inject"), world=world, force=force, say=say, on_wait=on_wait, engine=engine)

@@ -15,6 +15,7 @@ import sys
 
 from dcpsim.cli import signals
 from dcpsim.cli.outcome import error_json
+from dcpsim.engine.loading import forkserver
 from dcpsim.errors import EXIT_USAGE, ConfigError, DcpsimError, HarnessError
 from dcpsim.harness.world import RANK_PRELOAD, start_forkserver
 
@@ -119,7 +120,28 @@ def _start_forkserver_early(argv: list[str]) -> None:
     preload = (RANK_PRELOAD,)
     if {"vllm", "--engine=vllm", "sglang", "--engine=sglang"} & set(argv):  # as harness.runner preloads for it
         preload += ("dcpsim.engine.loading.preload",)
+        engine = engine_flags(argv)
+        if engine.get("name") in ("vllm", "sglang"):  # its source tree loaded once, in the forkserver
+            forkserver.ask([("dcpsim.engine.choice:build_choice", engine)])
     start_forkserver(preload)
+
+
+def engine_flags(argv: list[str]) -> dict:
+    """``--engine`` and the ``--vllm-*`` / ``--sglang-*`` flags of ``argv`` as ``EngineChoice``
+    fields, read without the parser (building it imports torch): a guess for the forkserver's
+    build, which a rank whose engine differs just does not use."""
+    fields: dict = {}
+    for k, token in enumerate(argv):
+        flag, eq, value = token.partition("=")
+        if flag != "--engine" and not flag.startswith(("--vllm-", "--sglang-")):
+            continue
+        if not eq:
+            if k + 1 >= len(argv):
+                continue
+            value = argv[k + 1]
+        key = "name" if flag == "--engine" else flag[2:].replace("-", "_")
+        fields[key] = int(value) if value.isdigit() else value
+    return fields
 
 
 class InternalError(HarnessError):

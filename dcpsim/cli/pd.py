@@ -15,6 +15,7 @@ import sys
 from dcpsim.cli.flags import options_from
 from dcpsim.cli.outcome import json_errors
 from dcpsim.cli.progress import print_waiting
+from dcpsim.engine.choice import EngineChoice
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from dcpsim.harness.launch import PD_UNSUPPORTED, check_pd_options, launch_pd
 from dcpsim.harness.world_options import WorldOptions
@@ -104,7 +105,8 @@ def run_disaggregated(args, scenario) -> int:
         check_pd_options(given)
         world = options_from(WorldOptions, args)
         say = lambda line: print(line, file=sys.stderr)
-        report = launch_pd(scenario, inject=args.inject, world=world, force=args.force, say=say, on_wait=print_waiting)
+        engine = options_from(EngineChoice, args)
+        report = launch_pd(scenario, inject=args.inject, world=world, force=args.force, say=say, on_wait=print_waiting, engine=engine)
     print(report.to_json() if args.json else report.text())
     sys.stdout.flush()
     return EXIT_OK if report.passed else EXIT_CHECK_FAILED

@@ -18,10 +18,11 @@ from dcpsim.engine.interface import Engine
 from dcpsim.engine.registry import VLLM_RUNNERS, build_engine
 from dcpsim.engine.sglang import loader as sglang_loader
 from dcpsim.engine.sglang.adapter import DEFAULT_READ_PROGRAMS, DEFAULT_WRITE_PROGRAMS, PLATFORMS
-from dcpsim.engine.vllm.adapter import VLLM_MERGES, VLLM_SCHEDULERS
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND
 from dcpsim.engine.vllm.loader import source_dir
 from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS
+from dcpsim.engine.vllm.merge_choice import VLLM_MERGES
+from dcpsim.engine.vllm.scheduler_choice import VLLM_SCHEDULERS
 from dcpsim.errors import ConfigError
 from dcpsim.model.validate import check_int
 from dcpsim.options import option
@@ -144,6 +145,12 @@ class EngineChoice:
             return str(exc)
         return None
 
+    def forkserver_build(self) -> tuple[str, dict]:
+        """This engine as a build the ranks' forkserver makes once, before it forks them
+        (``dcpsim.engine.loading.forkserver``: a source tree loaded once per world, not per rank)."""
+        fields = {f: getattr(self, f) for f in EngineChoice.__dataclass_fields__}
+        return "dcpsim.engine.choice:build_choice", fields
+
     def build(self) -> Engine:
         """The engine (``dcpsim.engine.registry.build_engine``, cached per process)."""
         return build_engine(
@@ -159,3 +166,10 @@ class EngineChoice:
             sglang_write_programs=self.sglang_write_programs,
             sglang_read_programs=self.sglang_read_programs,
         )
+
+
+def build_choice(**fields) -> Engine:
+    """``EngineChoice(**fields).build()``: the builder the ranks' forkserver calls
+    (``EngineChoice.forkserver_build``); the engine is cached in that process, so the forked
+    ranks find it built."""
+    return EngineChoice(**fields).build()

@@ -5,9 +5,12 @@
   is ``dcpsim.model.connector``).
 * ``read_pages``: a prefill rank reads a finished prompt's pages through its block table,
   as NIXL reads the remote blocks: entry ``l`` of the result is local index ``l``.
-* ``LoadedScheduler``: the decode instance's scheduler. A request's prompt KV is loaded on
-  its first admission, all but the last prompt token counted as computed (vLLM recomputes
-  that one so the next token can be sampled: ``Scheduler._update_waiting_for_remote_kv``).
+* ``PromptLoads``: the scheduler side of the decode instance's connector (vLLM's
+  ``get_num_new_matched_tokens``): a request's prompt KV is loaded on its first admission,
+  all but the last prompt token counted as computed (vLLM recomputes that one so the next
+  token can be sampled: ``Scheduler._update_waiting_for_remote_kv``). Every engine's
+  scheduler takes it (``Engine.make_scheduler(..., connector=...)``); ``LoadedScheduler``
+  is dcpsim's scheduler with it.
 * ``write_loaded``: a decode rank writes the received entries at the slots its own block
   table gives for their local indices, before the step that admitted the request runs.
 """
@@ -68,12 +71,23 @@ def gather_entries(pages: np.ndarray, local: np.ndarray) -> np.ndarray:
     return out
 
 
-class LoadedScheduler(Scheduler):
-    """A decode instance's scheduler: prompts arrive with their KV (see the module doc).
-    A preempted request recomputes locally, as in vLLM."""
+class PromptLoads:
+    """The decode instance's connector, as its scheduler sees it: prompts arrive with their
+    KV (see the module doc). A preempted request recomputes locally, as in vLLM."""
 
     def external_tokens(self, req: Request) -> int:
+        """Tokens of ``req`` the connector loads on admission (vLLM's ``get_num_new_matched_tokens``)."""
         return 0 if req.num_preemptions else req.spec.prompt_len - 1
+
+
+PROMPT_LOADS = PromptLoads()
+
+
+class LoadedScheduler(Scheduler):
+    """dcpsim's scheduler of a decode instance (``PromptLoads``): the parent's dry run."""
+
+    def __init__(self, scenario, engine, geometries):
+        super().__init__(scenario, engine, geometries, connector=PROMPT_LOADS)
 
 
 def write_loaded(plan: StepPlan, runner: ModelRunner, received: dict) -> int:

@@ -92,16 +92,18 @@ class Engine:
 
     # --- the scheduler: block managers and the prefix cache ---------------------------
 
-    def make_scheduler(self, scenario, geometries: list[GroupGeometry]):
+    def make_scheduler(self, scenario, geometries: list[GroupGeometry], connector=None):
         """The scheduler of a run (``dcpsim.engine.scheduler.scheduler.Scheduler``): by
         default dcpsim's, which asks this engine for each decision below (block counts,
         releases, prefix keys). An engine that brings its own block manager returns a
         subclass whose allocation seams (``_try_allocate``, ``_free``, ``_rows``, ...) call
-        it (``dcpsim.engine.vllm.scheduler``). Every rank builds its own, from the same
-        arguments: it must be deterministic."""
+        it (``dcpsim.engine.vllm.scheduler``). ``connector``: a P/D decode instance's KV
+        connector (``dcpsim.engine.connector.PromptLoads``; its ``external_tokens(req)``
+        are loaded on admission, not computed), None otherwise. Every rank builds its own,
+        from the same arguments: it must be deterministic."""
         from dcpsim.engine.scheduler.scheduler import Scheduler  # the scheduler asks the engine: a cycle
 
-        return Scheduler(scenario, self, geometries)
+        return Scheduler(scenario, self, geometries, connector=connector)
 
     def check_scenario(self, scenario) -> None:
         """Refuse a scenario this engine cannot run (``ConfigError``, naming the engine's own

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dcpsim.engine.choice import EngineChoice
 from dcpsim.errors import ConfigError, HarnessError
 from dcpsim.harness.budget import check_budget, check_pd_budget, cpu_warning, pool_note
 from dcpsim.harness.dry_run import dry_run
@@ -150,11 +151,12 @@ def check_pd_options(given: dict) -> None:
 
 def launch_pd(
     scenario: Scenario, *, inject: str | None = None, world: WorldOptions | None = None, force: bool = False,
-    say: Say = silent, on_wait=None,
+    say: Say = silent, on_wait=None, engine: EngineChoice | None = None,
 ) -> PDReport:  # fmt: skip
     """A disaggregated prefill/decode run of ``scenario`` (its ``[disaggregated]`` table):
-    the budget and the dry runs of both instances, then one gloo world."""
-    job = PDJob(scenario, inject=inject)
+    the budget and the dry runs of both instances, then one gloo world; ``engine``: both
+    instances' engine under test (the reference by default)."""
+    job = PDJob(scenario, inject=inject, engine=engine or EngineChoice())
     try:
         instances = {role: job.instance(role) for role in ROLES}
         check_pd_budget(instances, force=force)

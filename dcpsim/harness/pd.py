@@ -10,6 +10,9 @@ rather than two joined by a store: one supervisor (``world.run_world``) sees bot
 instances, so a crash or a hang on either side is reported with every rank's progress,
 and the transfer is plain point-to-point ``send``/``recv`` of the default group.
 
+Each instance runs the job's engine (``PDJob.engine``: ``--engine``; a P/D fault's own
+engine for an instance replaces it), its scheduler the engine's (``Engine.make_scheduler``).
+
 1. The prefill instance runs every prompt (requests end after the first output token) and
    is verified like any run; as each request finishes, each rank reads the prompt's pages
    through its block table (``engine.connector.read_pages``).
@@ -19,7 +22,8 @@ and the transfer is plain point-to-point ``send``/``recv`` of the default group.
    prefill instance's first DCP group serves the KV (``shard_ranks``; with PCP and several
    DCP groups the others are replicas, and with ``W = 1`` rank 0 alone serves it).
 3. The decode instance admits each request with its prompt's KV loaded (all but the last
-   prompt token computed), writes the received entries at the slots its own block table
+   prompt token computed; its engine's scheduler is given the connector, ``PromptLoads``,
+   so under ``--engine vllm`` vLLM's KV cache manager allocates them), writes the received entries at the slots its own block table
    gives, decodes the rest and is verified like any run. The checker never sees the
    connector's math: it judges the decode stores from the decode instance's scenario.
 
@@ -34,12 +38,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dcpsim.engine.connector import LoadedScheduler, gather_entries, read_pages, write_loaded
+from dcpsim.engine.connector import PROMPT_LOADS, gather_entries, read_pages, write_loaded
+from dcpsim.engine.loading import forkserver
 from dcpsim.engine.scheduler.request import Status
-from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.harness.collectives import GlooCollectives
 from dcpsim.harness.groups import make_world_groups
-from dcpsim.harness.job import Job
 from dcpsim.harness.pd_job import PDJob, instance_sizes, prepare_pd
 from dcpsim.harness.pd_report import PDReport
 from dcpsim.harness.progress import NO_PROGRESS, Progress
@@ -59,7 +62,8 @@ WORLD = WorldOptions()
 class PrefillInstance:
     """Reads each finished prompt's pages (the connector's source blocks)."""
 
-    scheduler_class = Scheduler
+    connector = None
+    """The scheduler's KV connector (``Engine.make_scheduler``): none, the prompts are computed here."""
 
     def __init__(self):
         self.pages: dict[int, dict[int, np.ndarray]] = {}
@@ -80,7 +84,8 @@ class PrefillInstance:
 class DecodeInstance:
     """Writes each admitted prompt's received entries at its own slots."""
 
-    scheduler_class = LoadedScheduler
+    connector = PROMPT_LOADS
+    """The scheduler's KV connector: prompts arrive with their KV (the engine's own scheduler takes it)."""
 
     def __init__(self, received: dict):
         self.received = received
@@ -148,13 +153,13 @@ def pd_rank(job: PDJob, rank: int, world: GlooCollectives, progress: Progress = 
     shards = shard_ranks(job.scenario, "prefill")
     if rank < prefill_size:
         instance = PrefillInstance()
-        report = run_rank(Job(job.instance("prefill")), instances, engine=fault.engine("prefill"), instance=instance, progress=progress)
+        report = run_rank(job.instance_job("prefill"), instances, engine=fault.engine("prefill"), instance=instance, progress=progress)
         progress.set(report.steps, "kv transfer (send)")
         sent = _send_prompts(pairs, instance.pages, rank, prefill_size, shards)
         return "prefill", report, sent
     progress.set(None, "kv transfer (receive)")
     instance = DecodeInstance(_receive_prompts(pairs, rank - prefill_size, shards))
-    report = run_rank(Job(job.instance("decode")), instances, engine=fault.engine("decode"), instance=instance, progress=progress)
+    report = run_rank(job.instance_job("decode"), instances, engine=fault.engine("decode"), instance=instance, progress=progress)
     return "decode", report, instance.written
 
 
@@ -182,6 +187,11 @@ def run_pd_batch(jobs: list[PDJob], *, world: WorldOptions = WORLD, on_wait=None
     and forks once; ``world``'s timeout and deadline); each validated first."""
     for job in jobs:
         prepare_pd(job)
+    preload: tuple[str, ...] = ("dcpsim.harness.pd",)
+    engines = [choice for choice in dict.fromkeys(j.engine for j in jobs) if not choice.is_reference]
+    if engines:  # Triton imported and the engines built once, in the forkserver
+        preload += ("dcpsim.engine.loading.preload",)
+        forkserver.ask([choice.forkserver_build() for choice in engines])
     start = time.perf_counter()
     per_rank = run_world(
         pd_world,
@@ -189,7 +199,7 @@ def run_pd_batch(jobs: list[PDJob], *, world: WorldOptions = WORLD, on_wait=None
         world_size=max(j.world_size for j in jobs),
         pg_timeout_s=world.timeout,
         deadline_s=world.deadline_for(len(jobs)),
-        preload=("dcpsim.harness.pd",),
+        preload=preload,
         on_wait=on_wait,
     )
     seconds = (time.perf_counter() - start) / len(jobs)

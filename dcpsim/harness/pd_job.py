@@ -3,14 +3,16 @@ and an optional P/D fault), validated before any rank starts, and each instance'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dcpsim.engine.choice import EngineChoice
 from dcpsim.engine.connector import CONNECTORS, LoadedScheduler
 from dcpsim.engine.faults import PDFault, get_pd_fault
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
 from dcpsim.errors import ConfigError
 from dcpsim.harness.dry_run import dry_run
+from dcpsim.harness.job import Job
 from dcpsim.model.kinds import Storage
 from dcpsim.model.scenario import Scenario
 from dcpsim.scenarios.pd import ROLES, check_disaggregation, instance_layout, instance_scenario
@@ -32,11 +34,18 @@ class PDJob:
     scenario: Scenario
     inject: str | None = None
     """A P/D fault (``dcpsim.engine.faults.pd``)."""
+    engine: EngineChoice = field(default_factory=EngineChoice)
+    """The engine under test of both instances (``--engine``); its scheduler is the engine's."""
 
     def __post_init__(self) -> None:
         if self.scenario.disaggregated is None:
             raise ConfigError(f"scenario {self.scenario.name!r} has no [disaggregated] table")
         fault = get_pd_fault(self.inject)
+        if not self.engine.is_reference and any(fault.engine(role) is not None for role in ROLES):
+            raise ConfigError(
+                f"--inject {self.inject}: the fault changes an instance's reference engine; it cannot be combined with "
+                f"--engine {self.engine.name}"
+            )
         kind = self.scenario.disaggregated.kv_connector
         if self.inject and fault.connector(kind) is not None and fault.kv_connector != kind:
             raise ConfigError(
@@ -59,6 +68,11 @@ class PDJob:
 
     def instance(self, role: str) -> Scenario:
         return instance_scenario(self.scenario, role)
+
+    def instance_job(self, role: str) -> Job:
+        """The job one instance runs: its scenario, the run's engine (validated: an engine that
+        refuses the instance is exit 2, ``Engine.check_scenario``)."""
+        return Job(self.instance(role), engine=self.engine)
 
     def connector(self):
         return self.fault().connector(self.scenario.disaggregated.kv_connector) or CONNECTORS[self.scenario.disaggregated.kv_connector]()
@@ -97,6 +111,10 @@ def prepare_pd(job: PDJob) -> dict:
         if len({g.block_size for g in geometries}) != 1:
             raise ConfigError("disaggregated: P/D runs need one block size for every KV-cache group")
         summaries[role] = dry_run(sc, scheduler_class=instance_scheduler(role)).summary
+        try:
+            job.instance_job(role)
+        except ConfigError as exc:
+            raise ConfigError(f"the {role} instance: {exc}") from None
     return summaries
 
 

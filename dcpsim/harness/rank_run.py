@@ -64,7 +64,7 @@ def run_rank(
 class RankRun:
     """``engine`` replaces the job's engine under test (tests of the checker run hand-made
     engine variants this way). ``instance`` (an instance of a disaggregated run,
-    ``harness.pd``) gives the scheduler class and hears each step before its writes
+    ``harness.pd``) gives the scheduler's KV connector (``connector``) and hears each step before its writes
     (``before_write(plan, runner)``) and after its checks (``after_step(plan, runner, scheduler)``)."""
 
     def __init__(
@@ -88,8 +88,9 @@ class RankRun:
         """The engine under test: its geometries, scheduler, model runner and shard attention."""
         scenario, engine = self.job.scenario, self.engine
         self.geometries = engine.geometries(scenario.layers, scenario.config)
-        if self.instance is not None:
-            self.scheduler = self.instance.scheduler_class(scenario, engine, self.geometries)
+        connector = getattr(self.instance, "connector", None)
+        if connector is not None:
+            self.scheduler = engine.make_scheduler(scenario, self.geometries, connector=connector)
         else:
             self.scheduler = engine.make_scheduler(scenario, self.geometries)
         self.request_ids = {r.index: r.request_id for r in self.scheduler.requests}

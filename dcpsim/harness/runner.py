@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from dcpsim.collectives import Collectives
+from dcpsim.engine.loading import forkserver
 from dcpsim.harness.collectives import GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
 from dcpsim.harness.progress import NO_PROGRESS, Progress
@@ -121,6 +122,7 @@ def run_jobs(jobs: list[Job], *, on_job=None, on_wait=None, trace: Trace | None 
         preload = (RANK_PRELOAD,)
         if any(j.engine.name in ("vllm", "sglang") for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.loading.preload",)
+            forkserver.ask([choice.forkserver_build() for choice in dict.fromkeys(j.engine for j in jobs) if not choice.is_reference])
         per_rank = run_world(
             gloo_rank_batch,
             payload,

@@ -12,8 +12,9 @@ named modules from ``DIR/PACKAGE/...``, each as the project wrote it, under thei
 * any other module of the package that the loaded code imports is an *automatic stub*
   (``dcpsim.engine.loading.placeholders``).
 
-Triton kernels run on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``, set
-before Triton is first imported; ``dcpsim.engine.loading.interpreter``). The loaded modules
+Their compiled code is kept between processes (``code_cache``). Triton kernels run on the CPU
+through Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton is first imported;
+``dcpsim.engine.loading.interpreter``). The loaded modules
 are taken out of ``sys.modules`` again afterwards (the functions keep their own globals), so
 several trees, say a clean one and a patched copy, can be loaded by one process; code that
 imports lazily when called runs inside ``importable()``, which puts them back meanwhile.
@@ -33,6 +34,7 @@ import traceback
 import types
 from pathlib import Path
 
+from dcpsim.engine.loading.code_cache import CachedSourceLoader
 from dcpsim.engine.loading.interpreter import mend_interpreter_bools
 from dcpsim.engine.loading.placeholders import StubModule
 from dcpsim.errors import ConfigError
@@ -53,7 +55,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         is_package = self.tree.is_package(fullname)
         if fullname in self.real and file is not None:  # a listed package runs its __init__.py too
             locations = [str(file.parent)] if is_package else None
-            return importlib.util.spec_from_file_location(fullname, file, submodule_search_locations=locations)
+            loader = CachedSourceLoader(fullname, str(file))  # compiled once, kept between processes
+            return importlib.util.spec_from_file_location(fullname, file, loader=loader, submodule_search_locations=locations)
         spec = importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
         if is_package:
             spec.submodule_search_locations = [str(self.tree.root / fullname.replace(".", "/"))]

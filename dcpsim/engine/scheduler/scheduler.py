@@ -101,10 +101,12 @@ class Scheduler:
     a reallocated block's old key stops being found), so that a test can swap in a part
     with one of them changed (``tests/support/scheduler_mutations.py``)."""
 
-    def __init__(self, scenario: Scenario, engine: Engine, geometries: list[GroupGeometry]):
+    def __init__(self, scenario: Scenario, engine: Engine, geometries: list[GroupGeometry], connector=None):
         """The engine's scheduler: its managers and prefix cache ask ``engine`` for every
-        decision (block counts, releases, prefix keys)."""
+        decision (block counts, releases, prefix keys). ``connector``: a P/D decode
+        instance's (``engine.connector.PromptLoads``: the tokens it loads on admission)."""
         self.scenario = scenario
+        self.connector = connector
         self.config = scenario.config
         self.engine = engine
         self.geometries = geometries
@@ -149,8 +151,9 @@ class Scheduler:
 
     def external_tokens(self, req: Request) -> int:
         """Tokens of ``req`` whose KV a connector loads on admission (vLLM's
-        ``get_num_new_matched_tokens``); 0 here, a disaggregated decode instance says more."""
-        return 0
+        ``get_num_new_matched_tokens``): 0 without a connector (a disaggregated decode
+        instance has one)."""
+        return 0 if self.connector is None else self.connector.external_tokens(req)
 
     # --- allocation helpers -------------------------------------------------------
 

@@ -1,178 +1,57 @@
 """``VllmEngine``: an ``Engine`` whose decisions run vLLM's own code from a source tree.
 
 Decisions made by vLLM code (the rest by the reference engine, and ``decisions`` says
-which is which):
+which is which), each in a module of its own:
 
-* ``write_slots``: the slot mapping kernel of model runner v2,
-  ``vllm/v1/worker/gpu/block_table.py::_compute_slot_mappings_kernel`` (one launch per
-  group per step over all of the step's writes, with the group's ``dcp_sharded`` flag), or
-  with ``runner="v1"`` ``vllm/v1/worker/block_table.py::ComputeSlotMappingKernel.kernel``
-  (a replicated group runs it with a DCP world of 1). Compressed-record groups run the
-  kernel over record indices, their pages counted in records. Rings stay with the
-  reference (vLLM has no kernel for them here).
-* the scheduler side (``scheduler="manager"``, the default): vLLM's ``KVCacheManager``
-  decides every block (``dcpsim.engine.vllm.scheduler``; ``SCHEDULER_SIDE`` names each
-  decision's function); with ``scheduler="full"`` vLLM's v1 ``Scheduler`` drives every
-  step on it (``dcpsim.engine.vllm.full_scheduler``; ``scheduler_decisions`` names who
-  decides what).
-* ``group_geometry``: whether a group is sharded (``dcp_sharded`` of vLLM's own spec
-  classes in ``vllm/v1/kv_cache_interface.py``, built from the scenario's specs; a
-  replicated spec becomes ``dcp_sharded=False``, or ``dcp_replicated=True`` on a fork that
-  has that field), the manager block size that follows from it, and the block-table width
-  (the spec's ``max_num_blocks_per_req``, widened by vLLM's ``get_block_table_width``); validation
-  stays the reference's.
-* ``merge_across_ranks`` (``--attention``; ``merge="vllm"``, the default of
-  ``--vllm-merge``): vLLM's combine wrappers themselves, ``cp_lse_ag_out_rs`` (allgather)
-  and ``dcp_a2a_lse_reduce`` (alltoall) of ``vllm/v1/attention/ops/dcp.py``, over the
-  rank's group (``dcpsim.engine.vllm.merge``), on a sample of each merge's rows
-  (``merge_programs``; the reference merges the rest), with the LSE base of the attention
-  backend (``attention_backend``, read from the tree by ``dcpsim.engine.vllm.backends``);
-  the ranks' attention computes its LSEs in that base too (``Engine.lse_base``).
-* ``kernel_block_table`` (``Bk < B``): ``vllm/v1/worker/utils.py::AttentionGroup.
-  map_to_kernel_block_table``, called on a stand-in for the attention group that holds
-  only what it reads (the kernel block size, the spec's block size, its buffers).
-* ``local_seq_lens`` and ``query_local_bounds``:
-  ``vllm/v1/attention/backends/utils.py::get_dcp_local_seq_lens`` (the per-token bound of
-  query token ``j`` is the local length of ``start + j + 1``).
+* ``write_slots``: vLLM's slot mapping kernels (``dcpsim.engine.vllm.slot_mapping``; rings
+  stay with the reference, vLLM has no kernel for them here, and Mamba states are mapped by
+  none);
+* the scheduler side (``--vllm-scheduler``, ``dcpsim.engine.vllm.scheduler_choice``):
+  vLLM's ``KVCacheManager`` decides every block, or its v1 ``Scheduler`` drives every step;
+* ``group_geometry``: vLLM's spec classes (``dcpsim.engine.vllm.spec_classes``; validation
+  stays the reference's);
+* ``merge_across_ranks`` (``--attention``, ``--vllm-merge``): vLLM's combine wrappers on a
+  sample of each merge's rows (``dcpsim.engine.vllm.merge_choice``), with the LSE base of the
+  attention backend (``dcpsim.engine.vllm.backends``); the ranks' attention computes its
+  LSEs in that base too (``Engine.lse_base``);
+* ``kernel_block_table`` (``Bk < B``), ``local_seq_lens`` and ``query_local_bounds``
+  (``dcpsim.engine.vllm.attention_metadata``).
 
-An exception raised inside vLLM's code is reported as a ``VllmCallError`` naming the
-function (the harness turns it into exit 3 naming the rank).
+vLLM's functions are looked up with their signatures checked when the engine is built, and an
+exception raised inside vLLM's code is a ``VllmCallError`` naming the function
+(``dcpsim.engine.vllm.functions``; the harness turns it into exit 3 naming the rank).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import types
-
 import numpy as np
-import torch
 
-from dcpsim.engine.interface import EngineError, MergedBy
-from dcpsim.engine.loading.interpreter import sample_rows
-from dcpsim.engine.loading.placeholders import is_placeholder
+from dcpsim.engine.interface import EngineError
 from dcpsim.engine.reference import ReferenceEngine
+from dcpsim.engine.vllm import attention_metadata as metadata
+from dcpsim.engine.vllm import slot_mapping
+from dcpsim.engine.vllm.attention_metadata import (
+    KERNEL_TABLE_ARGS,
+    KERNEL_TABLE_FUNCTION,
+    KERNEL_TABLE_MODULE,
+    LENS_ARGS,
+    LENS_FUNCTION,
+    LENS_MODULE,
+)
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND, read_backend
 from dcpsim.engine.vllm.core import load_with_core
-from dcpsim.engine.vllm.full_scheduler import FULL_SCHEDULER_DECISIONS, VllmFullScheduler
-from dcpsim.engine.vllm.loader import INTERPRETER_LOCK, SourceTree, source_dir
-from dcpsim.engine.vllm.merge import ALLGATHER, ALLTOALL, DEFAULT_PROGRAMS, WRAPPERS, VllmCombine
-from dcpsim.engine.vllm.scheduler import SCHEDULER_DECISIONS, VllmScheduler
+from dcpsim.engine.vllm.functions import SUPPORTED_VERSIONS, VllmCallError, lookup
+from dcpsim.engine.vllm.loader import SourceTree, source_dir
+from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS, WRAPPERS, VllmCombine
+from dcpsim.engine.vllm.merge_choice import COMBINE_MODULE, MERGE_MODULES, VLLM_MERGES, WRAPPER_ARGS, merge_decision, merge_with_vllm
+from dcpsim.engine.vllm.scheduler_choice import VLLM_SCHEDULERS, runs_vllm_core, scheduler_class, scheduler_sides
+from dcpsim.engine.vllm.slot_mapping import KERNELS, RUNNER_MODULES, V1_MODULE
+from dcpsim.engine.vllm.sparse import SPARSE_ARGS, SPARSE_DECISIONS, SPARSE_FUNCTION, SPARSE_MODULE, filter_last_token
+from dcpsim.engine.vllm.spec_classes import SPEC_MODULES, SPECS_MODULE, WIDTH_ARGS, WIDTH_FUNCTION, vllm_geometry, vllm_spec
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
-from dcpsim.model.layout import PAD
-from dcpsim.model.specs import MambaSpec
 
-SUPPORTED_VERSIONS = ("0.33.0",)
-VLLM_SCHEDULERS = ("manager", "full", "dcpsim")
-"""``--vllm-scheduler``: vLLM's ``KVCacheManager`` decides every block in dcpsim's step loop
-(``manager``, the default), vLLM's v1 ``Scheduler`` drives the steps (``full``), or
-dcpsim's own scheduler does (``dcpsim``: only the worker side runs vLLM's code)."""
-_MANAGER = "vllm vllm.v1.core.kv_cache_manager.KVCacheManager"
-SCHEDULER_SIDE = {
-    "make_scheduler": f"{_MANAGER} in dcpsim's step loop (dcpsim.engine.vllm.scheduler)",
-    "blocks_needed": f"{_MANAGER}.allocate_slots (its coordinator's get_num_blocks_to_allocate; None: preempt)",
-    "first_needed_position": f"{_MANAGER}.allocate_slots (remove_skipped_blocks, lazily at the next allocation)",
-    "num_released_blocks": f"{_MANAGER}.allocate_slots (remove_skipped_blocks)",
-    "prefix_block_tokens": f"{_MANAGER}.get_computed_blocks (find_longest_cache_hit)",
-    "prefix_hash_unit": f"{_MANAGER}.get_computed_blocks (find_longest_cache_hit)",
-    "prefix_hash_block_size": "vllm vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes",
-    "prefix_key_position": "vllm vllm.v1.core.kv_cache_utils.get_request_block_hasher (vLLM's block hashes)",
-}
-"""Who makes the scheduler-side decisions under ``--vllm-scheduler manager``."""
-_SCHEDULER = "vllm vllm.v1.core.sched.scheduler.Scheduler"
-FULL_SCHEDULER_SIDE = {
-    **SCHEDULER_SIDE,
-    "make_scheduler": f"{_SCHEDULER}.schedule and .update_from_output drive every step (dcpsim.engine.vllm.full_scheduler)",
-}
-"""Who makes the scheduler-side decisions under ``--vllm-scheduler full``."""
-PAD_ID = -1
-
-V2_MODULE, V2_KERNEL = "vllm.v1.worker.gpu.block_table", "_compute_slot_mappings_kernel"
-V2_ARGS = (
-    "max_num_tokens",
-    "idx_mapping",
-    "query_start_loc",
-    "pos",
-    "block_table_ptrs",
-    "block_table_strides",
-    "block_sizes",
-    "slot_mapping_enabled",
-    "dcp_sharded",
-    "slot_mappings_ptr",
-    "slot_mappings_stride",
-    "cp_rank",
-    "CP_SIZE",
-    "CP_INTERLEAVE",
-    "PAD_ID",
-    "TRITON_BLOCK_SIZE",
-)
-V1_MODULE, V1_KERNEL = "vllm.v1.worker.block_table", "ComputeSlotMappingKernel.kernel"
-V1_ARGS = (
-    "num_tokens",
-    "max_num_tokens",
-    "query_start_loc_ptr",
-    "positions_ptr",
-    "block_table_ptr",
-    "block_table_stride",
-    "slot_mapping_ptr",
-    "KV_CACHE_BLOCK_SIZE",
-    "TOTAL_CP_WORLD_SIZE",
-    "TOTAL_CP_RANK",
-    "CP_KV_CACHE_INTERLEAVE_SIZE",
-    "PAD_ID",
-    "BLOCK_SIZE",
-)
-WIDTH_FUNCTION, WIDTH_ARGS = "get_block_table_width", ("max_num_blocks", "block_size")
-"""The worker's block-table row width: max_num_blocks_per_req aligned to the spec's tokens."""
-LENS_MODULE, LENS_FUNCTION = "vllm.v1.attention.backends.utils", "get_dcp_local_seq_lens"
-LENS_ARGS = ("seq_lens", "dcp_size", "dcp_rank", "cp_kv_cache_interleave_size")
-COMBINE_MODULE = "vllm.v1.attention.ops.dcp"
-MERGE_MODULES = ("vllm.model_executor.warmup.jit_warmup", "vllm.model_executor.warmup.jit_warmup_triton_helper", COMBINE_MODULE)
-"""The combine wrappers' module, and vLLM's JIT launcher the correction kernel launches through."""
-WRAPPER_ARGS = ("cp_attn_out", "cp_attn_lse", "cp_group")
-VLLM_MERGES = ("vllm", "reference")
-"""``--vllm-merge``: vLLM's combine wrappers (the default) or the reference merge."""
-KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION = "vllm.v1.worker.utils", "AttentionGroup.map_to_kernel_block_table"
-KERNEL_TABLE_ARGS = ("self", "block_table", "ubatch_idx")
-SPECS_MODULE = "vllm.v1.kv_cache_interface"
-SPEC_MODULES = ("vllm.utils.math_utils", "vllm.v1.kv_cache_layout", "vllm.v1.kv_cache_spec_registry", SPECS_MODULE)
-_TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-}
-
-
-class VllmCallError(RuntimeError):
-    """vLLM's code raised inside a rank."""
-
-
-def _arg_names(fn) -> tuple[str, ...]:
-    names = getattr(fn, "arg_names", None)
-    if names is None:
-        target = getattr(fn, "fn", fn)
-        names = list(inspect.signature(target).parameters)
-    return tuple(names)
-
-
-SPARSE_MODULE, SPARSE_FUNCTION = "vllm.v1.attention.backends.mla.sparse_utils", "triton_filter_and_convert_dcp_index"
-SPARSE_ARGS = ("req_id", "block_table", "token_indices", "dcp_size", "dcp_rank", "cp_kv_cache_interleave_size")
-SPARSE_TOPK_BLOCK = 128
-"""vLLM's ``BLOCK_N``: the kernel's top-k width must be a multiple of it (padded with -1)."""
-SPARSE_DECISIONS = {
-    "indexer_local_rows": "reference (vLLM's deinterleave index, vllm/v1/attention/backends/mla/indexer.py "
-    "build_pcp_global_chunk_plan, is not run: it needs vLLM's pinned-memory and device-copy helpers stubbed)",
-    "select_topk": "reference (vLLM's top-k runs in CUDA kernels: DeepGEMM's fp8 MQA logits and top_k_per_row)",
-    "sparse_local_keys": f"vllm {SPARSE_MODULE}.{SPARSE_FUNCTION} (a Triton kernel, under the interpreter) on the first "
-    "and last 128 ids of the last query token of each (group, request) of a step, through an identity block table so "
-    "that its slots are local indices; the other ids: reference",
-}
-"""The sparse-attention decisions (semantics section 14) and why the reference makes them."""
+__all__ = ["SUPPORTED_VERSIONS", "VLLM_MERGES", "VLLM_SCHEDULERS", "VllmCallError", "VllmEngine"]
 
 
 class VllmEngine(ReferenceEngine):
@@ -191,73 +70,63 @@ class VllmEngine(ReferenceEngine):
         attention_backend: str = DEFAULT_BACKEND,
         merge_programs: int = DEFAULT_PROGRAMS,
     ):
-        if runner not in ("v1", "v2"):
+        if runner not in KERNELS:
             raise ConfigError(f"--vllm-runner must be v1 or v2, got {runner!r}")
         if scheduler not in VLLM_SCHEDULERS:
             raise ConfigError(f"--vllm-scheduler must be one of {', '.join(VLLM_SCHEDULERS)}, got {scheduler!r}")
         if merge not in VLLM_MERGES:
             raise ConfigError(f"--vllm-merge must be one of {', '.join(VLLM_MERGES)}, got {merge!r}")
-        self.runner = runner
-        self.merge = merge
-        self.scheduler = scheduler
+        self.runner, self.merge, self.scheduler = runner, merge, scheduler
         self.tree = SourceTree(source_dir(vllm_source))
         self.version = self.tree.version
         self.backend = read_backend(str(self.tree.root), attention_backend)
         self.lse_base = self.backend.lse_base
-        names = [V1_MODULE, LENS_MODULE, *MERGE_MODULES, KERNEL_TABLE_MODULE, *SPEC_MODULES]
-        if runner == "v2":
-            names = ["vllm.v1.worker.gpu.buffer_utils", V2_MODULE, *names]
+        names = [*RUNNER_MODULES[runner], V1_MODULE, LENS_MODULE, *MERGE_MODULES, KERNEL_TABLE_MODULE, *SPEC_MODULES]
         self.core = None
-        if scheduler in ("manager", "full"):
+        if runs_vllm_core(scheduler):
             mods, self.core = load_with_core(self.tree, names, scheduler=scheduler == "full")
         else:
             mods = self.tree.load(names)
-        if runner == "v2":
-            self._slot_kernel = self._function(mods, V2_MODULE, V2_KERNEL, V2_ARGS)
-        else:
-            self._slot_kernel = self._function(mods, V1_MODULE, V1_KERNEL, V1_ARGS)
+        self._look_up(mods, merge_programs)
+        self.decisions = self._decisions(merge_programs)
+        """Decision -> what makes it; every other decision is the reference engine's."""
+
+    def _look_up(self, mods: dict, merge_programs: int) -> None:
+        """vLLM's functions this engine calls, their signatures checked (exit 2 otherwise)."""
+        self._slot_kernel = lookup(self.tree, mods, *KERNELS[self.runner])
         self._specs = mods[SPECS_MODULE]
         for wrapper in WRAPPERS.values():
-            self._function(mods, COMBINE_MODULE, wrapper, WRAPPER_ARGS)
+            lookup(self.tree, mods, COMBINE_MODULE, wrapper, WRAPPER_ARGS)
         self._combine = VllmCombine(mods[COMBINE_MODULE], self.backend.lse_base_on_e, merge_programs)
-        self._kernel_table = self._function(mods, KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION, KERNEL_TABLE_ARGS)
-        self._local_lens = self._function(mods, LENS_MODULE, LENS_FUNCTION, LENS_ARGS)
-        self._table_width = self._function(mods, V1_MODULE, WIDTH_FUNCTION, WIDTH_ARGS)
-        slot = f"{(V2_MODULE if runner == 'v2' else V1_MODULE)}.{V2_KERNEL if runner == 'v2' else V1_KERNEL}"
+        self._kernel_table = lookup(self.tree, mods, KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION, KERNEL_TABLE_ARGS)
+        self._local_lens = lookup(self.tree, mods, LENS_MODULE, LENS_FUNCTION, LENS_ARGS)
+        self._table_width = lookup(self.tree, mods, V1_MODULE, WIDTH_FUNCTION, WIDTH_ARGS)
+
+    def _decisions(self, merge_programs: int) -> dict:
         lens = f"{LENS_MODULE}.{LENS_FUNCTION}"
-        self.decisions = {
+        decisions = {
             "group_geometry": f"vllm {SPECS_MODULE} spec classes (dcp_sharded, max_num_blocks_per_req, "
             "page_size_bytes, max_memory_usage_bytes); "
             "validation: reference",
-            "write_slots": f"vllm {slot} (rings and Mamba states: reference)",
+            "write_slots": f"vllm {slot_mapping.kernel_name(self.runner)} (rings and Mamba states: reference)",
             "local_seq_lens": f"vllm {lens}",
             "query_local_bounds": f"vllm {lens}",
             "kernel_block_table": f"vllm {KERNEL_TABLE_MODULE}.{KERNEL_TABLE_FUNCTION} (when Bk < B)",
+            "merge_across_ranks": merge_decision(self.merge, self.backend, merge_programs),
+            "shard_lse": f"reference, in base {self.lse_base} (vllm {self.backend.describe()})",
         }
-        self.decisions["merge_across_ranks"] = "reference (--vllm-merge reference)"
-        self.decisions["shard_lse"] = f"reference, in base {self.lse_base} (vllm {self.backend.describe()})"
-        if merge == "vllm":
-            self.decisions["merge_across_ranks"] = (
-                f"vllm {COMBINE_MODULE}.{ALLGATHER} (allgather) and .{ALLTOALL} (alltoall) with "
-                f"is_lse_base_on_e={self.backend.lse_base_on_e} ({self.backend.name}), over the rank's group, on at most "
-                f"{merge_programs} token x head programs of each merge (evenly spaced rows; the rest: reference)"
-            )
-        self.decisions["make_scheduler"] = "reference (--vllm-scheduler dcpsim)"
-        self.decisions.update(SPARSE_DECISIONS)
-        self.scheduler_decisions = {}
+        decisions.update(SPARSE_DECISIONS)
+        sides, self.scheduler_decisions = scheduler_sides(self.scheduler)
         """Each scheduler-side decision -> the vLLM function (and file) that makes it."""
-        if self.core is not None:
-            self.decisions.update(FULL_SCHEDULER_SIDE if scheduler == "full" else SCHEDULER_SIDE)
-            self.scheduler_decisions = FULL_SCHEDULER_DECISIONS if scheduler == "full" else SCHEDULER_DECISIONS
-        """Decision -> what makes it; every other decision is the reference engine's."""
+        decisions.update(sides)
+        return decisions
 
     # --- the scheduler: vLLM's KVCacheManager decides every block ------------------------
 
-    def make_scheduler(self, scenario, geometries):
+    def make_scheduler(self, scenario, geometries, connector=None):
         if self.core is None:
-            return super().make_scheduler(scenario, geometries)
-        scheduler_class = VllmFullScheduler if self.scheduler == "full" else VllmScheduler
-        return scheduler_class(scenario, self, geometries)
+            return super().make_scheduler(scenario, geometries, connector=connector)
+        return scheduler_class(self.scheduler)(scenario, self, geometries, connector=connector)
 
     def check_scenario(self, scenario) -> None:
         """Build the run's scheduler once, in the parent: a configuration vLLM refuses (an
@@ -272,31 +141,6 @@ class VllmEngine(ReferenceEngine):
                 f"vLLM {self.version} refuses this configuration: {exc.function} ({exc.file}:{exc.line}): {exc.message}"
             ) from None
 
-    def _function(self, mods, module: str, qualname: str, args: tuple[str, ...]):
-        obj = mods[module]
-        for part in qualname.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None or is_placeholder(obj):
-                raise ConfigError(self._where(module, qualname, "is missing"))
-        have = _arg_names(obj)
-        if tuple(have[: len(args)]) != args:
-            raise ConfigError(self._where(module, qualname, f"has the signature ({', '.join(have)}), expected ({', '.join(args)})"))
-        return obj
-
-    def _where(self, module: str, qualname: str, what: str) -> str:
-        file = self.tree.root / (module.replace(".", "/") + ".py")
-        return (
-            f"vLLM {self.version} at {self.tree.root}: {qualname} in {file} {what}; this adapter supports "
-            f"vLLM {', '.join(SUPPORTED_VERSIONS)}"
-        )
-
-    def _call(self, what: str, fn, *args, **kwargs):
-        try:
-            with INTERPRETER_LOCK:
-                return fn(*args, **kwargs)
-        except Exception as exc:  # reported with the function's name
-            raise VllmCallError(f"vLLM {what} raised {type(exc).__name__}: {exc}") from exc
-
     # --- sparse attention: vLLM's DCP filter of the top-k ids ---------------------------
 
     def sparse_local_keys(self, geometry, selected, dcp_rank):
@@ -305,96 +149,18 @@ class VllmEngine(ReferenceEngine):
             return local
         if getattr(self, "_sparse_filter", None) is None:  # loaded on first use: dense models never need it
             mods = self.tree.load([*MERGE_MODULES[:2], SPARSE_MODULE])
-            self._sparse_filter = self._function(mods, SPARSE_MODULE, SPARSE_FUNCTION, SPARSE_ARGS)
-        # the last token (its whole context's top-k), its first and last tile of 128 ids: the
-        # kernel maps each tile on its own (no compaction), one interpreted program a tile
-        last = np.asarray(selected, dtype=np.int64)[-1]
-        k, n = len(last), SPARSE_TOPK_BLOCK
-        tiles = sorted({0, (k - 1) // n})
-        tokens = np.full((1, n * len(tiles)), -1, dtype=np.int32)
-        for i, t in enumerate(tiles):
-            part = last[t * n : (t + 1) * n]
-            tokens[0, i * n : i * n + len(part)] = part
-        row = tokens.astype(np.int64)
-        page = geometry.states_per_page
-        table = torch.arange(int(row.max(initial=0)) // page + 2, dtype=torch.int32).reshape(1, -1)  # slot = local index
-        out = self._call(
-            f"{SPARSE_MODULE}.{SPARSE_FUNCTION}",
-            self._sparse_filter,
-            torch.zeros(1, dtype=torch.int32),
-            table,
-            torch.from_numpy(tokens),
-            dcp_size=geometry.dcp_size,
-            dcp_rank=dcp_rank,
-            cp_kv_cache_interleave_size=geometry.interleave_size,
-            BLOCK_SIZE=page,
-            NUM_TOPK_TOKENS=tokens.shape[1],
-            compact_valid_to_front=False,
-        )
-        for i, t in enumerate(tiles):
-            m = len(last[t * n : (t + 1) * n])
-            local[-1, t * n : t * n + m] = out.numpy()[0, i * n : i * n + m]
-        return local
+            self._sparse_filter = lookup(self.tree, mods, SPARSE_MODULE, SPARSE_FUNCTION, SPARSE_ARGS)
+        return filter_last_token(self._sparse_filter, geometry, selected, local, dcp_rank)
 
     # --- geometry through vLLM's spec classes ----------------------------------------
 
     def vllm_spec(self, spec):
-        """vLLM's spec of the same class name as one of the scenario's layer specs, or of its
-        nearest base vLLM has (``SparseMLAAttentionSpec`` and ``IndexerSpec``: vLLM stores both
-        caches as ``MLAAttentionSpec``)."""
-        known = (getattr(self._specs, c.__name__, None) for c in type(spec).__mro__)
-        cls = next((c for c in known if c is not None and not is_placeholder(c)), None)
-        if cls is None or not dataclasses.is_dataclass(cls):
-            raise ConfigError(self._where(SPECS_MODULE, type(spec).__name__, "is missing"))
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {
-            f.name: getattr(spec, f.name)
-            for f in dataclasses.fields(spec)
-            if f.name in names and f.name not in ("dtype", "dtypes", "mamba_type", "dcp_replicated")
-        }
-        if isinstance(spec, MambaSpec):
-            # torch dtypes; mamba_type (a backend enum the loader stubs) keeps vLLM's default,
-            # which no geometry reads; dcp_sharded keeps vLLM's default for a state (False)
-            values["dtypes"] = tuple(_TORCH_DTYPES.get(d, torch.uint8) for d in spec.dtypes)
-        else:
-            values["dtype"] = _TORCH_DTYPES.get(spec.dtype, torch.uint8)  # fp8 caches: one byte
-            if "dcp_replicated" in names:  # a fork with the seed's flag
-                values["dcp_replicated"] = spec.dcp_replicated
-            else:
-                values["dcp_sharded"] = not spec.dcp_replicated
-        try:
-            return cls(**values)
-        except Exception as exc:  # a spec class vLLM changed
-            raise ConfigError(
-                self._where(SPECS_MODULE, type(spec).__name__, f"refused {sorted(values)}: {type(exc).__name__}: {exc}")
-            ) from None
+        """vLLM's spec of the same class name as one of the scenario's layer specs."""
+        return vllm_spec(self.tree, self._specs, spec)
 
     def group_geometry(self, group_id, group, config):
         g = super().group_geometry(group_id, group, config)  # validation, storage, retention
-        vspec = self.vllm_spec(group.representative)
-        replicated = getattr(vspec, "dcp_replicated", None)
-        sharded = (not replicated) if replicated is not None else bool(vspec.dcp_sharded)
-        sharded = sharded and config.decode_context_parallel_size > 1 and g.storage is not Storage.RING
-        vllm_config = types.SimpleNamespace(  # what the spec methods read of a VllmConfig
-            parallel_config=types.SimpleNamespace(decode_context_parallel_size=config.decode_context_parallel_size),
-            model_config=types.SimpleNamespace(max_model_len=config.max_model_len),
-            cache_config=types.SimpleNamespace(mamba_cache_mode=getattr(group.representative, "mamba_cache_mode", "none")),
-            max_in_flight_tokens=config.max_in_flight_tokens,
-        )
-        cls = f"{SPECS_MODULE}.{type(vspec).__name__}"
-        width = self._call(f"{cls}.max_num_blocks_per_req", vspec.max_num_blocks_per_req, vllm_config, config.max_model_len)
-        width = self._call(
-            f"{V1_MODULE}.{WIDTH_FUNCTION}", self._table_width, width, vspec.block_size, token_alignment=vspec.block_table_token_alignment
-        )
-        memory = self._call(f"{cls}.max_memory_usage_bytes", vspec.max_memory_usage_bytes, vllm_config)
-        return dataclasses.replace(
-            g,
-            sharded=sharded,
-            block_table_width=int(width),
-            page_size_bytes=int(vspec.page_size_bytes),
-            max_memory_usage_bytes=int(memory),
-            manager_block_size=g.block_size * (config.decode_context_parallel_size if sharded else 1),
-        )
+        return vllm_geometry(g, self.vllm_spec(group.representative), group, config, self._table_width)
 
     # --- the write path -------------------------------------------------------------
 
@@ -411,127 +177,26 @@ class VllmEngine(ReferenceEngine):
             indices = [np.arange(w.start // R, w.stop // R, dtype=np.int64) for w in writes]
         else:
             indices = [np.arange(w.start, w.stop, dtype=np.int64) for w in writes]
-        slots = self._slot_mapping(geometry, indices, block_rows, dcp_rank)
+        slots = slot_mapping.slot_mapping(self.runner, self._slot_kernel, geometry, indices, block_rows, dcp_rank)
         return list(zip(slots, indices))
-
-    def _slot_mapping(self, g, indices, block_rows, dcp_rank) -> list[np.ndarray]:
-        """One kernel launch over every request's indices (positions, or records)."""
-        n = len(indices)
-        width = max(1, max(len(r) for r in block_rows))
-        table = torch.zeros((n, width), dtype=torch.int32)
-        for i, row in enumerate(block_rows):
-            table[i, : len(row)] = torch.as_tensor(np.asarray(row), dtype=torch.int32)
-        lens = [len(ix) for ix in indices]
-        qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
-        total = int(qsl[-1])
-        positions = torch.from_numpy(np.concatenate(indices)) if total else torch.zeros(0, dtype=torch.int64)
-        page = g.states_per_page
-        W, I = g.dcp_size, g.interleave_size
-        # one pass of the kernel's loop per request (the result does not depend on it)
-        block = 1 << max(10, int(max(lens, default=1) - 1).bit_length())
-        if self.runner == "v2":
-            out = torch.full((1, max(total, 1)), PAD_ID, dtype=torch.int64)
-            self._call(
-                f"{V2_MODULE}.{V2_KERNEL}",
-                self._slot_kernel[(1, n + 1)],
-                total,
-                torch.arange(n, dtype=torch.int32),
-                qsl,
-                positions,
-                torch.tensor([table.data_ptr()], dtype=torch.int64),
-                torch.tensor([width], dtype=torch.int32),
-                torch.tensor([page], dtype=torch.int32),
-                torch.tensor([True]),
-                torch.tensor([g.sharded]),
-                out,
-                out.stride(0),
-                dcp_rank,
-                CP_SIZE=W,
-                CP_INTERLEAVE=I,
-                PAD_ID=PAD_ID,
-                TRITON_BLOCK_SIZE=block,
-            )
-            flat = out[0, :total].numpy()
-        else:
-            out = torch.full((max(total, 1),), PAD_ID, dtype=torch.int64)
-            world, rank = (W, dcp_rank) if g.sharded else (1, 0)
-            self._call(
-                f"{V1_MODULE}.{V1_KERNEL}",
-                self._slot_kernel[(n + 1,)],
-                total,
-                total,
-                qsl,
-                positions,
-                table,
-                width,
-                out,
-                KV_CACHE_BLOCK_SIZE=page,
-                TOTAL_CP_WORLD_SIZE=world,
-                TOTAL_CP_RANK=rank,
-                CP_KV_CACHE_INTERLEAVE_SIZE=I,
-                PAD_ID=PAD_ID,
-                BLOCK_SIZE=block,
-            )
-            flat = out[:total].numpy()
-        flat = np.where(flat == PAD_ID, PAD, flat).astype(np.int64)
-        return np.split(flat, np.cumsum(lens)[:-1]) if n > 1 else [flat]
 
     # --- the merge across ranks -----------------------------------------------------
 
     def merge_across_ranks(self, out, lse, group, *, variant, base):
-        """vLLM's combine wrapper of ``variant`` on a sample of the rows (``VllmCombine``,
-        ``sample_rows``), the reference on the whole batch; vLLM's rows replace the
-        reference's. At W = 1 vLLM combines nothing (its layers skip the wrappers)."""
-        ref_out, ref_lse, c = super().merge_across_ranks(out, lse, group, variant=variant, base=base)
+        """vLLM's combine wrapper of ``variant`` on a sample of the rows, the reference on the
+        whole batch; vLLM's rows replace the reference's (``merge_choice.merge_with_vllm``)."""
+        merged = super().merge_across_ranks(out, lse, group, variant=variant, base=base)
         if self.merge != "vllm" or group.world_size == 1 or not out.shape[0]:
-            return ref_out, ref_lse, c
-        q, heads, _ = out.shape
-        rows = torch.from_numpy(sample_rows(q, heads, self._combine.programs))
-        got, merged = self._call_merge(variant, out[rows], lse[rows], group)
-        if c != group.rank:  # the reference hands out slice c (to judge the final gather): rank c's vLLM rows
-            got = group.all_gather_tensor(got.contiguous())[c]
-            merged = group.all_gather_tensor(merged.contiguous())[c]
-        ref_out, ref_lse = ref_out.clone(), ref_lse.clone()
-        ref_out[rows], ref_lse[rows] = got.to(ref_out.dtype), merged.to(ref_lse.dtype)
-        return ref_out, ref_lse, c, MergedBy(f"{COMBINE_MODULE}.{WRAPPERS[variant]}", len(rows), q)
-
-    def _call_merge(self, variant, out, lse, group):
-        try:
-            return self._combine.merge(variant, out, lse, group)
-        except Exception as exc:  # reported with the wrapper's name (the rank fails, naming it)
-            raise VllmCallError(f"vLLM {COMBINE_MODULE}.{WRAPPERS[variant]} raised {type(exc).__name__}: {exc}") from exc
+            return merged
+        return merge_with_vllm(self._combine, merged, out, lse, group, variant)
 
     # --- attention metadata ---------------------------------------------------------
 
     def kernel_block_table(self, geometry, block_row):
-        page, bk = geometry.states_per_page, geometry.kernel_block_size
-        if bk is None or bk == page:
-            return np.asarray(block_row, dtype=np.int64)
-        k = page // bk
-        row = torch.as_tensor(np.asarray(block_row), dtype=torch.int32).reshape(1, -1)
-        group = types.SimpleNamespace(  # what map_to_kernel_block_table reads of an AttentionGroup
-            kernel_block_size=bk,
-            kv_cache_spec=types.SimpleNamespace(block_size=page),
-            kernel_block_table=torch.zeros((1, 1, row.shape[1] * k), dtype=torch.int32),
-            kernel_block_offsets=torch.arange(k, dtype=torch.int32),
-            kernel_block_stride=0,
-        )
-        out = self._call(f"{KERNEL_TABLE_MODULE}.{KERNEL_TABLE_FUNCTION}", self._kernel_table, group, row)
-        return out.reshape(-1).numpy().astype(np.int64)
+        return metadata.kernel_block_table(self._kernel_table, geometry, block_row)
 
     def local_seq_lens(self, geometry, seq_lens, dcp_rank):
-        lens = np.asarray(seq_lens, dtype=np.int64)
-        if not geometry.sharded:
-            return lens
-        out = self._call(
-            f"{LENS_MODULE}.{LENS_FUNCTION}",
-            self._local_lens,
-            torch.from_numpy(lens),
-            geometry.dcp_size,
-            dcp_rank,
-            geometry.interleave_size,
-        )
-        return out.numpy().astype(np.int64)
+        return metadata.local_seq_lens(self._local_lens, geometry, seq_lens, dcp_rank)
 
     def query_local_bounds(self, geometry, start, stop, dcp_rank):
         lens = np.arange(start, stop, dtype=np.int64) + 1

@@ -24,6 +24,9 @@ manager). dcpsim plays the rest of vLLM's engine around it, once a step:
   engine core hands its drafter's proposals over.
 
 KV events are what vLLM's scheduler publishes (its publisher is the loader's recorder).
+A P/D decode instance's connector is handed to vLLM's scheduler as its KV connector
+(``dcpsim.engine.vllm.connector``): vLLM's ``schedule()`` asks it how many prompt tokens it
+loads, and the plan lists them (``StepPlan.loaded``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import time
 
 from dcpsim.engine.scheduler.request import Request, Status
 from dcpsim.engine.vllm import runner_output
+from dcpsim.engine.vllm.connector import SchedulerConnector
 from dcpsim.engine.vllm.sched_config import NoGrammar, scheduler_vllm_config
 from dcpsim.engine.vllm.scheduler import VllmScheduler
 from dcpsim.errors import ConfigError
@@ -75,6 +79,11 @@ class VllmFullScheduler(VllmScheduler):
             block_size=self.block_size,
             hash_block_size=self.hash_block_size,
         )
+        self.vllm_connector = None
+        if self.connector is not None:  # a P/D decode instance: its connector, where vLLM's factory would put NIXL's
+            self.vllm_connector = SchedulerConnector(self.connector, self._by_id)
+            self.vllm.connector = self.vllm_connector
+            self.vllm_connector.bind_kv_cache_manager(self.vllm.kv_cache_manager)
         return self.vllm.kv_cache_manager
 
     # --- one step, driven by vLLM's scheduler ---------------------------------------
@@ -95,10 +104,11 @@ class VllmFullScheduler(VllmScheduler):
         self._holding = {self._by_id[v.request_id].index: None for v in self.vllm.running}
         rows = self._rows()
         writes, sampled = [], []
+        loaded = self.vllm_connector.take_loaded() if self.vllm_connector is not None else ()
         for rid, n, start in self._scheduled(out):
             req = self._by_id[rid]
             if req.status is not Status.RUNNING:
-                self._note_admitted(req, start, events)
+                self._note_admitted(req, start, events, dict(loaded).get(req.index, 0))
             self._count_reused_in(rows, req, start)
             drafts = list(out.scheduled_spec_decode_tokens.get(rid, ()))
             write, tokens = runner_output.run(req, start, n, drafts, s, events)
@@ -136,6 +146,7 @@ class VllmFullScheduler(VllmScheduler):
             events=tuple(events),
             kv_events=self._published_events(),
             last=self.done,
+            loaded=loaded,
         )
 
     def _scheduled(self, out):
@@ -176,14 +187,15 @@ class VllmFullScheduler(VllmScheduler):
         self.stats["preemptions"] += 1
         events.append(ScheduleEvent(EventKind.PREEMPTED, req.request_id, reason=why))
 
-    def _note_admitted(self, req: Request, start: int, events: list[ScheduleEvent]) -> None:
+    def _note_admitted(self, req: Request, start: int, events: list[ScheduleEvent], loaded: int = 0) -> None:
         """A request vLLM scheduled from the waiting queue: what it starts from is vLLM's
-        prefix-cache hit (its blocks already hold those positions)."""
+        prefix-cache hit (its blocks already hold those positions) plus what the connector
+        loaded (``loaded``, a P/D decode instance: written before the step runs)."""
         req.status = Status.RUNNING
         self.running.append(req)
         req.num_computed = start
-        self.stats["prefix_hit_tokens"] += start
-        events.append(ScheduleEvent(EventKind.ADMITTED, req.request_id, prefix_hit=start))
+        self.stats["prefix_hit_tokens"] += start - loaded
+        events.append(ScheduleEvent(EventKind.ADMITTED, req.request_id, prefix_hit=start - loaded, loaded=loaded))
 
     def _count_reused_in(self, rows, req: Request, start: int) -> None:
         """dcpsim's ``reused_blocks``: blocks new in ``req``'s rows this step that an earlier

@@ -3,7 +3,8 @@
 
 ``SourceTree(DIR)`` is the loader's tree for ``DIR/vllm/``; the modules the adapter needs
 from around the ones it runs have small stubs (``STUBS``: a logger, ``triton_utils`` over
-the real ``triton``, ``get_dtype_size``, the KV event records); every other ``vllm``
+the real ``triton``, ``get_dtype_size``, the KV event records, the KV connector package's
+``SupportsHMA``); every other ``vllm``
 module they import is an automatic placeholder. Kernels run under Triton's interpreter
 (``dcpsim.engine.loading.interpreter``, re-exported here).
 """
@@ -17,6 +18,7 @@ import types
 from dcpsim.engine.loading import tree
 from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK, mend_interpreter_bools
 from dcpsim.engine.loading.placeholders import StubModule
+from dcpsim.engine.vllm.connector import CONNECTOR_PACKAGE, connector_package_stub
 from dcpsim.errors import ConfigError
 
 __all__ = ["INTERPRETER_LOCK", "STUBS", "SourceTree", "mend_interpreter_bools", "source_dir"]
@@ -141,6 +143,7 @@ STUBS = {
     "vllm.triton_utils": _triton_utils_stub,
     "vllm.utils.torch_utils": _torch_utils_stub,
     "vllm.distributed.kv_events": _kv_events_stub,
+    CONNECTOR_PACKAGE: connector_package_stub,
 }
 
 

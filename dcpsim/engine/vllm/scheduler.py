@@ -54,10 +54,10 @@ SCHEDULER_DECISIONS = {
 
 
 class VllmScheduler(Scheduler):
-    def __init__(self, scenario, engine, geometries):
+    def __init__(self, scenario, engine, geometries, connector=None):
         self.core: VllmCore = engine.core
         self.vllm_engine = engine
-        super().__init__(scenario, engine, geometries)
+        super().__init__(scenario, engine, geometries, connector=connector)
 
     # --- vLLM's manager, built once --------------------------------------------------
 
@@ -80,6 +80,7 @@ class VllmScheduler(Scheduler):
         self._vreqs: dict[int, object] = {}
         self._holding: dict[int, None] = {}  # request indices holding blocks, in order
         self._hits: dict[int, tuple] = {}
+        self._loaded: dict[int, int] = {}  # request index -> tokens the connector loads on its admission
         self._events: list[KVEvent] = []
         self._hash_ends: dict[int, dict[bytes, int]] = {}  # request index -> hash -> the token it ends at
         self._ever_used: set[int] = set()
@@ -135,7 +136,18 @@ class VllmScheduler(Scheduler):
     # --- the allocation seams of dcpsim's step loop -----------------------------------
 
     def _start_from_cache(self, req: Request) -> tuple[int, int]:
-        if req.num_computed or not self.config.enable_prefix_caching:
+        """The connector's loaded tokens (a P/D decode instance: ``allocate_slots`` gets
+        them as ``num_external_computed_tokens``), else vLLM's prefix-cache hit. The
+        connector is asked first, as dcpsim's scheduler asks it (vLLM asks after its local
+        lookup; a decode instance's prompts are loaded whole either way)."""
+        if req.num_computed:
+            return 0, 0
+        external = self.external_tokens(req)
+        if external:
+            self._loaded[req.index] = external
+            req.num_computed = external
+            return 0, external
+        if not self.config.enable_prefix_caching:
             return 0, 0
         vreq = self._vreq(req)
         blocks, hit, _ = self._call(req, "get_computed_blocks", self.kv_manager.get_computed_blocks, vreq)
@@ -147,7 +159,8 @@ class VllmScheduler(Scheduler):
     def _try_allocate(self, req: Request, num_tokens: int) -> bool:
         vreq = self._vreq(req)
         blocks, hit = self._hits.pop(req.index, (None, 0))
-        vreq.num_computed_tokens = req.num_computed - hit
+        external = self._loaded.pop(req.index, 0)
+        vreq.num_computed_tokens = req.num_computed - hit - external
         new = self._call(
             req,
             "allocate_slots",
@@ -156,6 +169,7 @@ class VllmScheduler(Scheduler):
             num_tokens - req.num_computed,
             num_new_computed_tokens=hit,
             new_computed_blocks=blocks,
+            num_external_computed_tokens=external,
         )
         if new is None:
             return False

@@ -55,3 +55,17 @@ def test_fetch_takes_vllm_and_sglang_only(monkeypatch, tmp_path):
     assert default_dest("sglang==0.5.23").name == "sglang-0.5.23"
     with pytest.raises(ConfigError, match="expected vllm==VERSION or sglang==VERSION"):
         package_of("torch==2.13.0")
+
+
+def test_compiled_code_is_kept_by_source_and_names_the_file_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("DCPSIM_CACHE", str(tmp_path / "cache"))
+    body = "def f():\n    return 1\nclass C:\n    def g(self):\n        return f.__code__.co_filename\n"
+    first = fake_tree(tmp_path / "a", body).load(["fakepkg.sub.mod"])["fakepkg.sub.mod"]
+    kept = list((tmp_path / "cache" / "code").rglob("*.code"))
+    assert len(kept) == 1  # the package __init__ files are not run, so not compiled
+    copy = fake_tree(tmp_path / "b", body).load(["fakepkg.sub.mod"])["fakepkg.sub.mod"]  # same source: the kept code
+    assert list((tmp_path / "cache" / "code").rglob("*.code")) == kept
+    assert first.C().g() == str(tmp_path / "a" / "fakepkg" / "sub" / "mod.py")
+    assert copy.C().g() == str(tmp_path / "b" / "fakepkg" / "sub" / "mod.py")  # nested code names the copy
+    changed = fake_tree(tmp_path / "c", body.replace("return 1", "return 2")).load(["fakepkg.sub.mod"])["fakepkg.sub.mod"]
+    assert changed.f() == 2 and len(list((tmp_path / "cache" / "code").rglob("*.code"))) == 2

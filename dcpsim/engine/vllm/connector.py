@@ -1,0 +1,97 @@
+"""A P/D decode instance's KV connector as vLLM's v1 ``Scheduler`` calls it (``--vllm-scheduler full``).
+
+vLLM builds its scheduler-side connector with ``KVConnectorFactory`` from the
+``kv_transfer_config`` (NIXL and the others are modules dcpsim does not load); dcpsim hands
+vLLM's ``Scheduler`` this object instead, after building it. What it answers is dcpsim's
+connector (``dcpsim.engine.connector.PromptLoads``: a prompt's KV arrives whole on its first
+admission, all but the last token); what vLLM does with the answer is vLLM's code:
+``schedule()`` adds the loaded tokens to the request's computed tokens, ``allocate_slots``
+allocates their blocks (``num_external_computed_tokens``), and the step writes from there.
+
+The load is synchronous (``get_num_new_matched_tokens`` returns ``load_kv_async=False``, vLLM's
+path for a connector that loads before the forward pass), so the request is scheduled in the
+step that admits it, as dcpsim's own decode scheduler does; NIXL's asynchronous path
+(``WAITING_FOR_REMOTE_KVS`` for a step or more) is not modelled. Each method below is one
+vLLM calls on a ``KVConnectorBase_V1`` of the scheduler role (``vllm/v1/core/sched/scheduler.py``);
+a connector that supports the hybrid allocator (``SupportsHMA``) is told a finished request's
+blocks of every group.
+"""
+
+from __future__ import annotations
+
+import types
+
+from dcpsim.engine.loading.placeholders import StubModule
+
+CONNECTOR_PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1"
+
+
+class SupportsHMA:
+    """vLLM's marker of a connector that supports the hybrid memory allocator
+    (``kv_connector/v1/base.py``), stubbed as a real class so that vLLM's ``isinstance``
+    check of the connector runs."""
+
+
+def connector_package_stub(name: str, tree) -> types.ModuleType:
+    """The connector package, stubbed (its base classes need vLLM's config and the worker
+    side) but for ``SupportsHMA``."""
+    module = StubModule(name, tree)
+    module.SupportsHMA = SupportsHMA
+    return module
+
+
+class SchedulerConnector(SupportsHMA):
+    """dcpsim's connector (``loads``: ``external_tokens(req)``) in the shape vLLM's scheduler calls."""
+
+    supports_divergent_local_hybrid_hits = False
+    requires_kv_delivery = False
+
+    def __init__(self, loads, requests_by_id: dict):
+        self.loads = loads
+        self.requests_by_id = requests_by_id
+        self.loaded: list[tuple[int, int]] = []
+        """(request index, tokens) of every load since the last ``take_loaded``."""
+        self.kv_cache_manager = None
+
+    def take_loaded(self) -> tuple[tuple[int, int], ...]:
+        loaded, self.loaded = tuple(self.loaded), []
+        return loaded
+
+    # --- what vLLM's Scheduler calls ---------------------------------------------------
+
+    def bind_kv_cache_manager(self, kv_cache_manager) -> None:
+        self.kv_cache_manager = kv_cache_manager
+
+    def on_new_request(self, request) -> None:
+        pass
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        """The tokens past the local hit that the connector loads, and synchronously."""
+        req = self.requests_by_id[request.request_id]
+        return max(0, self.loads.external_tokens(req) - num_computed_tokens), False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        if num_external_tokens:
+            self.loaded.append((self.requests_by_id[request.request_id].index, int(num_external_tokens)))
+
+    def build_connector_meta(self, scheduler_output):
+        return None
+
+    def has_pending_block_frees(self) -> bool:
+        return False
+
+    def has_pending_push_work(self) -> bool:
+        return False
+
+    def get_kv_connector_stats(self):
+        return None
+
+    def take_events(self):
+        return ()
+
+    def request_finished_all_groups(self, request, block_ids) -> tuple[bool, None]:
+        """A finished request's blocks are freed at once (a decode instance sends nothing)."""
+        return False, None
+
+    def update_connector_output(self, connector_output) -> None:
+        pass
