@@ -64,7 +64,7 @@ def test_builtins_get_the_reference_verdicts(vllm_source, runner, W, I):
 
 
 def test_attention_with_vllm_local_lengths(capsys, vllm_source):
-    code, report = vllm_run(capsys, vllm_source, "dsv41-hybrid", "--dcp", "4", "--interleave", "16", "--attention")
+    code, report = vllm_run(capsys, vllm_source, "dsv41-hybrid", "--dcp", "4", "--interleave", "16", "--attention", "--deadline", "600")
     assert code == 0, report.get("failure")
     assert report["attention_checks"] > 100 and report["attention_max_error"] < 1e-4
     assert "get_dcp_local_seq_lens" in report["engine"]["decisions"]["query_local_bounds"]
