@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from dcpsim.engine.interface import MergedBy
-from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK, drop_dead_overflow_checks, evenly_spaced
+from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK, evenly_spaced
 from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.sglang import mha_writes, reads, rules
@@ -112,7 +112,6 @@ class SglangEngine(ReferenceEngine):
         self.tree = SourceTree(source_dir(sglang_source))
         self.version = self.tree.version
         mods = self.tree.load([LAYOUT_MODULE, WRITE_MODULE, MERGE_MODULE])
-        drop_dead_overflow_checks()  # a third of each interpreted kernel, asserting nothing
         self._mla_buffer = mods[WRITE_MODULE]
         self._mha: dict | None = None
         on_e, where = rules.base_e_backends(self.tree)
