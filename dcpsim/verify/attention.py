@@ -146,11 +146,11 @@ class AttentionVerifier:
         query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows], cfg.heads, dk))
         return blocked_reference_attention(query, blocks, scale=cfg.softmax_scale)
 
-    def _references(self, results: list[AttentionResult], views, selected: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _references(self, results: list[AttentionResult], views, selected: dict | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The reference ``(O, lse)`` of each result's heads: the ranks' partials over the
         blocks they own, all-gathered in one call and combined by their LSEs (float64); a
         sparse group's over its selected keys, whole on every rank (``verify.sparse``)."""
-        sparse = {k: self.sparse.reference(results[k], views[results[k].write.req_index], sel) for k, sel in selected.items()}
+        sparse = {k: self.sparse.reference(results[k], views[results[k].write.req_index], sel) for k, sel in (selected or {}).items()}
         dense = [res for k, res in enumerate(results) if k not in sparse]
         merged = iter(self._dense_references(dense, views)) if dense else iter(())
         return [sparse[k] if k in sparse else next(merged) for k in range(len(results))]

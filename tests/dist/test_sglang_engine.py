@@ -198,11 +198,11 @@ def test_engine_info_names_sglangs_functions(capsys, sglang_source):
     assert main(["engine", "info", "--engine", "sglang", "--sglang-source", str(sglang_source), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["version"] == "0.5.23"
-    assert info["loaded"] == [
-        "sglang.kernels.ops.attention.dcp_kernels",
-        "sglang.kernels.ops.kvcache.mla_buffer",
-        "sglang.srt.layers.dcp.layout",
-    ]
+    # the MHA write modules load on the first sharded MHA write; an engine this process built
+    # earlier (one build per process and source, engine.loading.forkserver) may have them already
+    core = ["sglang.kernels.ops.attention.dcp_kernels", "sglang.kernels.ops.kvcache.mla_buffer", "sglang.srt.layers.dcp.layout"]
+    mha = ["sglang.srt.layers.attention.triton_backend", "sglang.srt.mem_cache.memory_pool"]
+    assert info["loaded"] in (core, sorted(core + mha)), info["loaded"]
     assert "set_mla_kv_buffer_dcp_sharded_triton" in info["decisions"]["write_slots"]
     assert "get_dcp_lens" in info["decisions"]["local_seq_lens"]
     assert main(["engine", "fetch", "sglang==0.5.23"]) == 0  # already there: prints the folder

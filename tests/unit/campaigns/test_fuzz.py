@@ -45,16 +45,18 @@ def test_no_failure_is_invented_without_a_fault():
 @pytest.mark.slow
 def test_random_schedules_often_preempt_inside_a_unit_and_revisit_an_evicted_prefix():
     """Each situation a prefix-cache mutation needs to show is drawn in at least 5% of the
-    examples (about 13% and 11% measured over 600). Derandomized: the same draws each run."""
+    examples (14.7% and 15.2% measured over these 600). Derandomized: the same draws each run.
+    Over 600, not 200: Hypothesis draws simple examples first, and since the strategy also draws
+    gather workspaces and CUDA-graph padding, the first 200 revisit an evicted prefix in 4.5%."""
     seen = []
 
-    @settings(max_examples=200, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=600, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(scenarios())
     def draw(scenario):
         seen.append(situations(scenario))
 
     draw()
-    assert len(seen) == 200
+    assert len(seen) == 600
     for situation in (PREEMPTED_INSIDE_UNIT, EVICTED_PREFIX_ASKED_AGAIN):
         share = sum(situation in s for s in seen) / len(seen)
         assert share >= 0.05, f"{situation}: {share:.1%} of the drawn schedules"
