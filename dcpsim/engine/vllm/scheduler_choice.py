@@ -7,13 +7,13 @@ every scheduler-side decision (``engine info``, reports)."""
 from __future__ import annotations
 
 from dcpsim.engine.vllm.full_scheduler import FULL_SCHEDULER_DECISIONS, VllmFullScheduler
-from dcpsim.engine.vllm.scheduler import SCHEDULER_DECISIONS, VllmScheduler
+from dcpsim.engine.vllm.scheduler import MANAGER, SCHEDULER_DECISIONS, VllmScheduler
 
 VLLM_SCHEDULERS = ("manager", "full", "dcpsim")
 """``--vllm-scheduler``: vLLM's ``KVCacheManager`` decides every block in dcpsim's step loop
 (``manager``, the default), vLLM's v1 ``Scheduler`` drives the steps (``full``), or
 dcpsim's own scheduler does (``dcpsim``: only the worker side runs vLLM's code)."""
-_MANAGER = "vllm vllm.v1.core.kv_cache_manager.KVCacheManager"
+_MANAGER = f"vllm {MANAGER}"
 SCHEDULER_SIDE = {
     "make_scheduler": f"{_MANAGER} in dcpsim's step loop (dcpsim.engine.vllm.scheduler)",
     "blocks_needed": f"{_MANAGER}.allocate_slots (its coordinator's get_num_blocks_to_allocate; None: preempt)",
