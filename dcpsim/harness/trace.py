@@ -16,13 +16,13 @@ Tracks (``trace_file`` names the processes):
 * one thread per KV-cache group of the engine (tid ``1000 * pid + 1 + group_id``): one
   ``write`` slice per step, with the requests, the slots and the positions written.
 
-Clocks: the parent reads the wall clock once (``time.time_ns()``, the origin) before the
-world starts and hands it to every rank. A rank's recorder reads ``time.time_ns()``
-between two ``time.perf_counter_ns()`` readings when it starts; from then on every event
-is a monotonic ``perf_counter_ns`` reading moved onto the wall clock by that one
-reading, minus the origin. The ranks of one machine share its wall clock, so their
-timelines line up to within the jitter of that reading (microseconds); threads
-(``--in-process``) share one clock anyway.
+Clocks: every timestamp is a reading of ``time.monotonic_ns()`` minus the origin, one
+reading the parent takes before the world starts and hands to every rank. On Linux that
+clock is ``CLOCK_MONOTONIC``, one counter for every process of the machine, so the ranks'
+timelines line up exactly, with no per-rank shift to estimate (an earlier design moved
+each rank's ``perf_counter_ns`` onto the wall clock by one reading of both; a rank
+descheduled between the readings skewed its whole timeline by milliseconds). Threads
+(``--in-process``) share the clock anyway.
 
 Without ``--trace`` the harness gets ``NULL_RECORDER``, whose calls return at once, and
 neither the collectives wrapper nor the write observer.
@@ -215,17 +215,14 @@ class TraceRecorder(NullRecorder):
 
     def __init__(self, rank: int, origin_ns: int, thread: str = "harness"):
         self.rank, self.pid, self.tid = rank, rank_pid(rank), harness_tid(rank)
-        before = time.perf_counter_ns()
-        wall = time.time_ns()
-        after = time.perf_counter_ns()
-        self._shift = wall - (before + after) // 2 - origin_ns
+        self._origin = origin_ns
         self.events: list[dict] = []
         self.open: list[str] = []
         """Names of the open harness slices, innermost last (a collective's phase)."""
         self.name_thread(self.tid, thread, 0)
 
     def now(self) -> int:
-        return time.perf_counter_ns() + self._shift
+        return time.monotonic_ns() - self._origin
 
     def span(self, name, cat, *, start_ns=None, args=None):
         return _Span(self, name, cat, start_ns, args)

@@ -18,8 +18,8 @@ from dcpsim.errors import ConfigError
 from dcpsim.harness.trace import TraceRecorder, harness_tid, json_default, json_safe, rank_pid
 
 CLOCK = (
-    "ts: microseconds since the parent's wall clock (time.time_ns) just before the world started; "
-    "each rank's time.perf_counter_ns, moved onto that wall clock by one reading of both"
+    "ts: microseconds since the parent's reading of time.monotonic_ns just before the world started; "
+    "every rank reads the same machine-wide monotonic clock"
 )
 
 
@@ -70,7 +70,7 @@ class Trace:
 
     def __init__(self, path: str):
         self.path = path
-        self.origin_ns = time.time_ns()
+        self.origin_ns = time.monotonic_ns()
         self.per_rank: list[list[dict]] = []
         self._launcher: TraceRecorder | None = None
 

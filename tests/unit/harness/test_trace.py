@@ -27,7 +27,7 @@ from support.helpers import full_rep_spec, make_scenario, mla_spec, request_spec
 
 
 def test_spans_nest_and_carry_their_args():
-    rec = TraceRecorder(1, time.time_ns())
+    rec = TraceRecorder(1, time.monotonic_ns())
     with rec.span("outer", "step") as outer:
         with rec.span("inner", "verify", args={"a": 1}) as inner:
             inner.set(result="pass")
@@ -42,11 +42,11 @@ def test_spans_nest_and_carry_their_args():
     assert {e["pid"] for e in rec.events} == {rank_pid(1)} and rec.open == []
 
 
-def test_the_clock_is_the_parents_wall_clock_since_the_origin():
-    origin = time.time_ns() - 5_000_000_000  # the world started 5 s ago
+def test_the_clock_is_the_machines_monotonic_clock_since_the_origin():
+    origin = time.monotonic_ns() - 5_000_000_000  # the world started 5 s ago
     a, b = TraceRecorder(0, origin), TraceRecorder(1, origin)
-    now = time.time_ns() - origin
-    # two recorders started apart agree with each other and with the wall clock
+    now = time.monotonic_ns() - origin
+    # two recorders started apart agree with each other and with the monotonic clock
     assert abs(a.now() - now) < 50_000_000 and abs(b.now() - a.now()) < 50_000_000
     assert a.now() > 4_900_000_000
 
@@ -73,7 +73,7 @@ def _gather_under_spans(payload, coll):
 
 
 def test_collectives_are_slices_with_their_bytes_and_phase():
-    per_rank = run_in_threads(_gather_under_spans, time.time_ns(), 2)
+    per_rank = run_in_threads(_gather_under_spans, time.monotonic_ns(), 2)
     for rank, (events, traced_bytes, inner_bytes) in enumerate(per_rank):
         calls = [e for e in events if e.get("cat") == "collective"]
         assert [(e["name"], e["args"]["phase"]) for e in calls] == [
