@@ -47,6 +47,8 @@ def _plugin(name: str) -> Engine:
         raise ConfigError(
             f"--engine {name}: {type(engine).__name__} does not implement {', '.join(missing)} (see dcpsim.engine.interface.Engine)"
         )
+    for problem in signature_mismatches(engine):
+        raise ConfigError(f"--engine {name}: {problem} (see dcpsim.engine.interface.Engine)")
     return engine
 
 
@@ -70,6 +72,28 @@ def unimplemented(engine: Engine) -> list[str]:
             continue
         if getattr(type(engine), name) is member:
             out.append(name)
+    return out
+
+
+def signature_mismatches(engine: Engine) -> list[str]:
+    """The interface methods ``engine`` overrides with a signature the harness cannot call
+    as it calls the interface's: required positional parameters positionally, keyword-only
+    and optional ones by keyword
+    (e.g. ``make_scheduler`` without ``connector``, which only a P/D run passes, so a plugin
+    written before it would fail there alone, inside a rank)."""
+    out = []
+    for name, member in inspect.getmembers(Engine, inspect.isfunction):
+        override = getattr(type(engine), name, member)
+        if name.startswith("_") or override is member or not inspect.isfunction(override):
+            continue
+        params = list(inspect.signature(member).parameters.values())[1:]
+        required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        by_name = {p.name: None for p in params if p not in required and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        try:
+            inspect.signature(override).bind(None, *[None] * len(required), **by_name)
+        except TypeError as exc:
+            wanted = ", ".join(p.name + ("=..." if p.default is not p.empty else "") for p in params)
+            out.append(f"{type(engine).__name__}.{name} cannot be called as Engine.{name}({wanted}): {exc}")
     return out
 
 

@@ -107,3 +107,41 @@ def test_matrix_and_fuzz_take_the_engine(capsys, tmp_path):
     capsys.readouterr()
     assert main(["fuzz", "--engine", broken, "--examples", "30", "--in-process", "--out", str(tmp_path)]) == 1
     assert list(tmp_path.glob("fuzz-*.toml"))
+
+
+class _SchedulerWithoutConnector(ExampleEngine):
+    def make_scheduler(self, scenario, geometries):  # written before P/D passed ``connector``
+        return super().make_scheduler(scenario, geometries)
+
+
+class _RenamedButCallable(ExampleEngine):
+    def make_scheduler(self, sc, geos, connector=None, extra=1):  # other names, same calls: fine
+        return super().make_scheduler(sc, geos, connector=connector)
+
+
+def test_an_override_the_harness_cannot_call_is_refused_when_the_plugin_loads(capsys, monkeypatch):
+    import dcpsim.engine.example_plugin as plugin
+    from dcpsim.engine.registry import signature_mismatches
+
+    assert signature_mismatches(ExampleEngine()) == [] and signature_mismatches(_RenamedButCallable()) == []
+    (problem,) = signature_mismatches(_SchedulerWithoutConnector())
+    assert "_SchedulerWithoutConnector.make_scheduler cannot be called as Engine.make_scheduler" in problem
+    assert "connector=..." in problem
+    monkeypatch.setattr(plugin, "NoConnector", _SchedulerWithoutConnector, raising=False)
+    # refused before any rank starts, even for a run that is not P/D
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "dcpsim.engine.example_plugin:NoConnector", "--in-process"]) == 2
+    assert "make_scheduler cannot be called" in capsys.readouterr().err
+
+
+def test_every_engine_dcpsim_ships_can_be_called_as_the_interface_says():
+    # the reference, every fault variant, and the vLLM and SGLang adapters (their classes:
+    # the check reads signatures, it needs no source tree)
+    from dcpsim.engine.faults.registry import FAULTS
+    from dcpsim.engine.reference import ReferenceEngine
+    from dcpsim.engine.registry import signature_mismatches
+    from dcpsim.engine.sglang.adapter import SglangEngine
+    from dcpsim.engine.vllm.adapter import VllmEngine
+
+    engines = [ReferenceEngine(), OffByOneExampleEngine(), *FAULTS.values()]
+    engines += [cls.__new__(cls) for cls in (VllmEngine, SglangEngine)]
+    assert [p for e in engines for p in signature_mismatches(e)] == []
