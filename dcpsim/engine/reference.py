@@ -191,10 +191,11 @@ class ReferenceEngine(Engine):
     def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
         g = geometry
         R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
-        q_lens = np.array([w.stop - w.start for w in writes], dtype=np.int64)
-        seq_lens = np.array([w.stop for w in writes], dtype=np.int64) // R
+        starts = np.array([w.start for w in writes], dtype=np.int64)
+        q_lens = np.array([len(w.contents) for w in writes], dtype=np.int64)
+        seq_lens = (starts + q_lens) // R
         rows = [np.asarray(r, dtype=np.int64) for r in block_rows]
-        bounds = [np.asarray(self.query_local_bounds(g, w.start, w.stop, dcp_rank), dtype=np.int64) for w in writes]
+        bounds = [self._step_query_bounds(g, writes, starts, q_lens, dcp_rank)]
         dummies, q = self.cudagraph_dummies(g, q_lens)
         if dummies:  # dummy requests: no blocks, a context of W * I so no shard is empty
             dummy_len = g.dcp_size * g.interleave_size
@@ -202,26 +203,55 @@ class ReferenceEngine(Engine):
             seq_lens = np.concatenate([seq_lens, np.full(dummies, dummy_len, np.int64)])
             dummy_local = int(self.local_seq_lens(g, np.array([dummy_len]), dcp_rank)[0])
             rows += [np.zeros(0, np.int64)] * dummies
-            bounds += [np.full(q, dummy_local, np.int64)] * dummies
+            bounds.append(np.full(dummies * q, dummy_local, np.int64))
         local = np.asarray(self.local_seq_lens(g, seq_lens, dcp_rank), dtype=np.int64)
         kernel = g.kernel_block_size or g.states_per_page
         pages = -(-local // kernel)
-        indices = [self.kernel_block_table(g, row)[:n] if len(row) else np.zeros(n, np.int64) for row, n in zip(rows, pages)]
+        indices = self._kv_indices(g, rows, pages.tolist())
+        zero = np.zeros(1, np.int64)
         return AttentionMetadata(
             group=g.group_id,
             request_ids=tuple(w.request_id for w in writes) + (PAD_REQUEST,) * dummies,
             seq_lens=seq_lens,
-            query_start_loc=np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int64),
+            query_start_loc=np.concatenate([zero, q_lens.cumsum()]),
             dcp_local_seq_lens=local,
-            query_local_bounds=np.concatenate(bounds) if bounds else np.zeros(0, np.int64),
-            kv_indptr=np.concatenate([[0], np.cumsum(pages)]).astype(np.int64),
-            kv_indices=np.concatenate(indices).astype(np.int64) if indices else np.zeros(0, np.int64),
+            query_local_bounds=np.concatenate(bounds),
+            kv_indptr=np.concatenate([zero, pages.cumsum()]),
+            kv_indices=indices,
             kv_last_page_len=np.where(pages > 0, local - (pages - 1) * kernel, 0),
             block_table_width=g.block_table_width * (g.states_per_page // kernel),
             num_dummy_requests=dummies,
             model=g.model,
             padded_slot_mapping=np.full(dummies * q, PAD, dtype=np.int64),
         )
+
+    def _step_query_bounds(self, g: GroupGeometry, writes, starts: np.ndarray, q_lens: np.ndarray, dcp_rank: int) -> np.ndarray:
+        """``query_local_bounds`` of every write of a step, concatenated: one vectorized
+        pass over the step's query tokens when this engine keeps the reference's
+        ``query_local_bounds`` and ``local_seq_lens`` (elementwise in the global length),
+        else a call of the (overridden) method per write."""
+        if _overridden(self, "query_local_bounds") or _overridden(self, "local_seq_lens"):
+            bounds = [np.asarray(self.query_local_bounds(g, w.start, w.stop, dcp_rank), dtype=np.int64) for w in writes]
+            return np.concatenate(bounds) if bounds else np.zeros(0, np.int64)
+        # token j of a write starting at s sees global length s + j + 1: (s + j + 1) // R entries
+        ends = q_lens.cumsum()
+        lens = (starts - ends + q_lens + 1).repeat(q_lens) + np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+        if g.storage is Storage.RECORDS:
+            lens //= g.tokens_per_state
+        if not g.sharded:
+            return lens
+        return local_seq_lens(lens, dcp_size=g.dcp_size, interleave_size=g.interleave_size, dcp_rank=dcp_rank)
+
+    def _kv_indices(self, g: GroupGeometry, rows: list[np.ndarray], pages: list[int]) -> np.ndarray:
+        """The paged plan's kernel block ids: each row's first ``pages[i]`` kernel blocks
+        (zeros for a row without blocks), concatenated. With the reference's
+        ``kernel_block_table`` and ``Bk = B`` a kernel row is the row itself: sliced, not expanded."""
+        plain = not _overridden(self, "kernel_block_table") and (g.kernel_block_size or g.states_per_page) == g.states_per_page
+        parts = [
+            np.zeros(n, np.int64) if not len(row) else row[:n] if plain else self.kernel_block_table(g, row)[:n]
+            for row, n in zip(rows, pages)
+        ]
+        return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
 
     def context_gather(self, geometry, writes, block_rows, dcp_rank):
         g = geometry
@@ -328,6 +358,12 @@ class ReferenceEngine(Engine):
         # return a slice this rank did not merge itself, so that the final gather is judged too
         c = (rank + 1) % world
         return slices[c], merged[:, c * hs : (c + 1) * hs], c
+
+
+def _overridden(engine: ReferenceEngine, name: str) -> bool:
+    """Whether ``engine``'s class (a fault, an adapter) overrides the reference's ``name``:
+    a vectorized path of the reference stands for that method only when it does not."""
+    return getattr(type(engine), name) is not getattr(ReferenceEngine, name)
 
 
 def topk_by_score_then_position(scores: np.ndarray, topk: int, *, tie_key: np.ndarray | None = None) -> np.ndarray:
