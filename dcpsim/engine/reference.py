@@ -105,8 +105,11 @@ class ReferenceEngine(Engine):
         if g.storage is Storage.RECORDS:
             R = g.tokens_per_state
             records = records_emitted(start, stop, R)
+            # a run of records as a range: the mapping's fast path (what it finds an array of
+            # two or more consecutive ones to be), without the scan that finds it
+            run = range(int(records[0]), int(records[-1]) + 1) if len(records) > 1 else records
             slots = record_slot_mapping(
-                records,
+                run,
                 block_row,
                 block_size=g.block_size,
                 tokens_per_state=R,

@@ -279,7 +279,8 @@ def _sharded_range(rng: range, bt: np.ndarray, B: int, W: int, r: int, I: int) -
     first_round = rng.start // round_len
     last_round = (rng.stop - 1) // round_len
     n_rounds = last_round - first_round + 1
-    buf = np.full(n_rounds * round_len, PAD, dtype=np.int64)
+    buf = np.empty(n_rounds * round_len, dtype=np.int64)
+    buf.fill(PAD)
     rounds = np.arange(first_round, last_round + 1, dtype=np.int64)
     runs_per_block = B // I
     vb, run_in_block = np.divmod(rounds, runs_per_block)

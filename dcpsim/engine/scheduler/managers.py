@@ -55,13 +55,22 @@ class GroupManager:
         self._snapshots[req] = snapshot
         return snapshot
 
+    def row_arrays(self) -> dict[int, np.ndarray]:
+        """``row_array`` of every request holding a row (a plan's rows of this group)."""
+        snapshots, row_array = self._snapshots, self.row_array
+        out = {}
+        for req, row in self.blocks.items():
+            snapshot = snapshots.get(req)
+            out[req] = snapshot if snapshot is not None and len(snapshot) == len(row) else row_array(req)
+        return out
+
     def _forget(self, req: int) -> None:
         self._released.pop(req, None)
         self._arrays.pop(req, None)
         self._snapshots.pop(req, None)
 
     def num_new_blocks(self, req: int, num_tokens: int) -> int:
-        return max(0, self.engine.blocks_needed(self.geometry, num_tokens) - len(self.held(req)))
+        return max(0, self.engine.blocks_needed(self.geometry, num_tokens) - len(self.blocks.get(req, ())))
 
     def allocate(self, req: int, num_tokens: int) -> None:
         n = self.num_new_blocks(req, num_tokens)

@@ -7,7 +7,7 @@ methods hand over (and clear) the stores' and block tables' own change records.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 
 import numpy as np
 import torch
@@ -56,13 +56,22 @@ class WorkerView:
     def step_attention_metadata(self) -> list[AttentionMetadata] | None:
         if not self._runner.builds_metadata:
             return None
-        return [dataclasses.replace(m, **{a: np.array(getattr(m, a), dtype=np.int64) for a in m.ARRAYS}) for m in self._runner.metadata_log]
+        return [_with_copied_arrays(m) for m in self._runner.metadata_log]
 
     def step_context_gathers(self) -> list[ContextGather] | None:
         if not self._runner.gathers_context:
             return None
-        return [dataclasses.replace(g, **{a: np.array(getattr(g, a), dtype=np.int64) for a in g.ARRAYS}) for g in self._runner.gather_log]
+        return [_with_copied_arrays(g) for g in self._runner.gather_log]
 
     @property
     def kv_store_bytes(self) -> int:
         return sum(s.nbytes for s in self._runner.stores)
+
+
+def _with_copied_arrays(record):
+    """A copy of a frozen record (``AttentionMetadata``, ``ContextGather``) whose ``ARRAYS``
+    are fresh int64 copies (``dataclasses.replace`` without its per-call field walk)."""
+    out = copy.copy(record)
+    for name in record.ARRAYS:
+        object.__setattr__(out, name, np.array(getattr(record, name), dtype=np.int64))
+    return out
