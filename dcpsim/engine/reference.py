@@ -16,6 +16,7 @@ import torch
 from dcpsim.engine.attention.merge import merge_attention_states, merge_lse, scale_output
 from dcpsim.engine.geometry import GroupGeometry, derive_geometry
 from dcpsim.engine.interface import Engine
+from dcpsim.errors import ConfigError
 from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
 from dcpsim.model.context_gather import local_gather, plan_chunks
@@ -30,9 +31,11 @@ from dcpsim.model.layout import (
     records_emitted,
     ring_slot_mapping,
     ring_states_to_write,
+    runs_slot_mapping,
     slot_mapping,
     state_slot_mapping,
     state_writes,
+    validate_layout,
 )
 from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ContextGather, ReqWrite
 from dcpsim.model.sparse import vllm_topk_local_index
@@ -131,6 +134,52 @@ class ReferenceEngine(Engine):
             replicated=g.replicated,
         )
         return slots, np.arange(start, stop, dtype=np.int64)
+
+    def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
+        # a paged or compressed group's runs mapped in one vectorized pass (the reference's
+        # write_slots, so only when this engine keeps it); anything the per-write mapping
+        # would reject goes through it, which raises as it does
+        runs = self._step_runs(geometry, writes, block_rows, dcp_rank) if len(writes) > 1 else None
+        if runs is None:
+            return super().step_write_slots(geometry, writes, block_rows, dcp_rank)
+        g, (starts, stops, rows, B) = geometry, runs
+        W, I = g.dcp_size, g.interleave_size
+        slots, index, ends = runs_slot_mapping(
+            starts, stops, rows, block_size=B, dcp_size=W, dcp_rank=dcp_rank, interleave_size=I, replicated=g.replicated
+        )
+        bounds = [0, *ends.tolist()]
+        return [(slots[a:b], index[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+    def _step_runs(self, g: GroupGeometry, writes, block_rows, dcp_rank: int):
+        """``(starts, stops, rows, B)``: each write's run of indices (positions, or records
+        of ``R`` tokens in pages of ``B = block_size // R``), or None when the per-write
+        path must map them (another ``write_slots``, another storage, a layout or a row
+        the mapping rejects)."""
+        if _overridden(self, "write_slots") or g.storage not in (Storage.PAGED, Storage.RECORDS):
+            return None
+        R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
+        if not isinstance(R, int) or R < 1 or g.block_size % R or not 0 <= dcp_rank < g.dcp_size:
+            return None
+        B = g.block_size // R
+        # validated as slot_mapping validates it (cached); a rejection raises in the per-write path
+        kbs = (g.kernel_block_size or None) if R > 1 else g.kernel_block_size  # as write_slots hands it on
+        try:
+            validate_layout(
+                block_size=B, dcp_size=g.dcp_size, interleave_size=g.interleave_size, kernel_block_size=kbs, replicated=g.replicated
+            )
+        except ConfigError:
+            return None
+        span = B * (g.dcp_size if g.dcp_size > 1 and not g.replicated else 1)
+        starts, stops, rows = [], [], []
+        for w, row in zip(writes, block_rows):
+            lo, hi = w.start // R, w.stop // R
+            row = np.asarray(row, dtype=np.int64)
+            if lo < 0 or row.ndim != 1 or (hi > lo and (hi - 1) // span >= len(row)):
+                return None
+            starts.append(lo)
+            stops.append(max(lo, hi))
+            rows.append(row)
+        return starts, stops, rows, B
 
     # --- the worker: attention metadata ---------------------------------------------
 

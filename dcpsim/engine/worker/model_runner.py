@@ -103,8 +103,8 @@ class ModelRunner:
             gather = self.engine.context_gather(geometry, list(plan.writes), rows, self.rank)
             if gather is not None:
                 self.gather_log.append(gather)
-        stored = [self._write_request(geometry, write, slots, index) for write, (slots, index) in zip(plan.writes, mapped)]
-        self._store_group(plan.step, geometry, store, [s for s in stored if s is not None])
+        for write, (slots, index) in zip(plan.writes, mapped):
+            self._write_request(plan.step, geometry, store, write, slots, index)
         if observer is not None:
             observer.group_written(plan.step, geometry.group_id, self.write_log[logged:])
 
@@ -123,49 +123,16 @@ class ModelRunner:
         if geometry.draft:
             self._build_metadata(plan, self.engine.draft_geometry(geometry), rows, store)
 
-    def _write_request(self, geometry: GroupGeometry, write: ReqWrite, slots, index):
-        """Log one request's writes in a group (``PAD``, another rank's, dropped); the
-        ``(write, slots, index)`` to store, or None when it logged none."""
+    def _write_request(self, step: int, geometry: GroupGeometry, store: KVStore, write: ReqWrite, slots, index) -> None:
+        """Log one request's writes in a group (``PAD``, another rank's, dropped) and store
+        those that land inside the store."""
         slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
         if len(slots) and slots.min() < 0:  # drop PAD (not this rank's); other negatives stay, for the guard
             mine = slots != PAD
             slots, index = slots[mine], index[mine]
         self.write_log.append(WriteRecord(geometry.group_id, write.req_index, write.request_id, slots, index))
-        return (write, slots, index) if len(slots) else None
-
-    def _store_group(self, step: int, geometry: GroupGeometry, store: KVStore, logged: list) -> None:
-        """Store a group's logged writes of the step, request after request (a later
-        request's row wins a slot two of them wrote): one vectorized pass over them all
-        when the store holds no K/V vectors, else ``_store_entries`` per request."""
-        if len(logged) == 1 or (logged and store.vectors is not None):
-            for write, slots, index in logged:
-                self._store_entries(step, geometry, store, write, slots, index)
-            return
-        if not logged:
-            return
-        writes = [w for w, _, _ in logged]
-        counts = [len(s) for _, s, _ in logged]
-        sizes = np.array([len(w.contents) for w in writes], dtype=np.int64)
-        slots = np.concatenate([s for _, s, _ in logged])
-        index = np.concatenate([i for _, _, i in logged])
-        # per entry: its request's first position, contents size and offset in the joined contents
-        tps = geometry.tokens_per_state
-        starts = np.array([w.start for w in writes], dtype=np.int64).repeat(counts)
-        size = sizes.repeat(counts)
-        emit = index * tps + (tps - 1) - starts
-        num_slots = store.num_slots
-        if not (slots.view(np.uint64).max() < num_slots and (emit.view(np.uint64) < size.view(np.uint64)).all()):
-            keep = (slots >= 0) & (slots < num_slots) & (emit >= 0) & (emit < size)
-            slots, index, emit, size = slots[keep], index[keep], emit[keep], size[keep]
-            counts = np.bincount(np.arange(len(counts)).repeat(counts)[keep], minlength=len(counts))
-        offsets = sizes.cumsum() - sizes
-        entries = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
-        entries[:, 0] = geometry.group_id
-        entries[:, 1] = index
-        entries[:, 2] = np.concatenate([w.contents for w in writes])[emit + offsets.repeat(counts)]
-        entries[:, 3] = np.array([w.req_index for w in writes], dtype=np.int64).repeat(counts)
-        entries[:, 4] = step
-        store.write(slots, entries)
+        if len(slots):
+            self._store_entries(step, geometry, store, write, slots, index)
 
     def _store_entries(self, step: int, geometry: GroupGeometry, store: KVStore, write: ReqWrite, slots, index) -> None:
         """Write the fingerprint rows (and K/V vectors) of the logged ``slots``; a slot

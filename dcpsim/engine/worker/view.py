@@ -7,8 +7,6 @@ methods hand over (and clear) the stores' and block tables' own change records.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 
@@ -70,8 +68,11 @@ class WorkerView:
 
 def _with_copied_arrays(record):
     """A copy of a frozen record (``AttentionMetadata``, ``ContextGather``) whose ``ARRAYS``
-    are fresh int64 copies (``dataclasses.replace`` without its per-call field walk)."""
-    out = copy.copy(record)
+    are fresh int64 copies (``dataclasses.replace`` without its per-call field walk: the
+    fields are plain attributes, no ``__post_init__``)."""
+    out = object.__new__(type(record))
+    fields = out.__dict__
+    fields.update(record.__dict__)
     for name in record.ARRAYS:
-        object.__setattr__(out, name, np.array(getattr(record, name), dtype=np.int64))
+        fields[name] = np.array(fields[name], dtype=np.int64)
     return out
