@@ -139,7 +139,9 @@ class ReferenceEngine(Engine):
         # a paged or compressed group's runs mapped in one vectorized pass (the reference's
         # write_slots, so only when this engine keeps it); anything the per-write mapping
         # would reject goes through it, which raises as it does
-        runs = self._step_runs(geometry, writes, block_rows, dcp_rank) if len(writes) > 1 else None
+        # (from three writes on: for two, the joined pass costs what two calls of write_slots do)
+        batch = len(writes) > 2 and geometry.storage in (Storage.PAGED, Storage.RECORDS)
+        runs = self._step_runs(geometry, writes, block_rows, dcp_rank) if batch else None
         if runs is None:
             return super().step_write_slots(geometry, writes, block_rows, dcp_rank)
         g, (starts, stops, rows, B) = geometry, runs
@@ -153,9 +155,9 @@ class ReferenceEngine(Engine):
     def _step_runs(self, g: GroupGeometry, writes, block_rows, dcp_rank: int):
         """``(starts, stops, rows, B)``: each write's run of indices (positions, or records
         of ``R`` tokens in pages of ``B = block_size // R``), or None when the per-write
-        path must map them (another ``write_slots``, another storage, a layout or a row
-        the mapping rejects)."""
-        if _overridden(self, "write_slots") or g.storage not in (Storage.PAGED, Storage.RECORDS):
+        path must map them (another ``write_slots``, a layout or a row the mapping rejects).
+        ``g``: a paged or compressed group."""
+        if _overridden(self, "write_slots"):
             return None
         R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
         if not isinstance(R, int) or R < 1 or g.block_size % R or not 0 <= dcp_rank < g.dcp_size:

@@ -28,7 +28,7 @@ def test_batched_paths_equal_the_per_write_ones(name, W, I):
         for g in sched.geometries:
             rows = [plan.rows_before[g.group_id].get(w.req_index, np.zeros(0, np.int64)) for w in writes]
             for r in range(W):
-                if g.storage in (Storage.PAGED, Storage.RECORDS) and len(writes) > 1:
+                if g.storage in (Storage.PAGED, Storage.RECORDS) and len(writes) > 2:
                     batched += 1
                 got = engine.step_write_slots(g, writes, rows, r)
                 want = Engine.step_write_slots(engine, g, writes, rows, r)
@@ -57,7 +57,7 @@ def test_an_override_is_not_bypassed():
     for sched, plan in _steps("dsv41-hybrid", 4):
         writes = list(plan.writes)
         for g in sched.geometries:
-            if g.storage is not Storage.PAGED or len(writes) < 2:
+            if g.storage is not Storage.PAGED or len(writes) < 3:
                 continue
             rows = [plan.rows_before[g.group_id][w.req_index] for w in writes]
             got = engine.step_write_slots(g, writes, rows, 1)
