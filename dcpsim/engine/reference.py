@@ -16,6 +16,7 @@ import torch
 from dcpsim.engine.attention.merge import merge_attention_states, merge_lse, scale_output
 from dcpsim.engine.geometry import GroupGeometry, derive_geometry
 from dcpsim.engine.interface import Engine
+from dcpsim.errors import ConfigError
 from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
 from dcpsim.model.context_gather import local_gather, plan_chunks
@@ -30,9 +31,11 @@ from dcpsim.model.layout import (
     records_emitted,
     ring_slot_mapping,
     ring_states_to_write,
+    runs_slot_mapping,
     slot_mapping,
     state_slot_mapping,
     state_writes,
+    validate_layout,
 )
 from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ContextGather, ReqWrite
 from dcpsim.model.sparse import vllm_topk_local_index
@@ -105,8 +108,11 @@ class ReferenceEngine(Engine):
         if g.storage is Storage.RECORDS:
             R = g.tokens_per_state
             records = records_emitted(start, stop, R)
+            # a run of records as a range: the mapping's fast path (what it finds an array of
+            # two or more consecutive ones to be), without the scan that finds it
+            run = range(int(records[0]), int(records[-1]) + 1) if len(records) > 1 else records
             slots = record_slot_mapping(
-                records,
+                run,
                 block_row,
                 block_size=g.block_size,
                 tokens_per_state=R,
@@ -128,6 +134,54 @@ class ReferenceEngine(Engine):
             replicated=g.replicated,
         )
         return slots, np.arange(start, stop, dtype=np.int64)
+
+    def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
+        # a paged or compressed group's runs mapped in one vectorized pass (the reference's
+        # write_slots, so only when this engine keeps it); anything the per-write mapping
+        # would reject goes through it, which raises as it does
+        # (from three writes on: for two, the joined pass costs what two calls of write_slots do)
+        batch = len(writes) > 2 and geometry.storage in (Storage.PAGED, Storage.RECORDS)
+        runs = self._step_runs(geometry, writes, block_rows, dcp_rank) if batch else None
+        if runs is None:
+            return super().step_write_slots(geometry, writes, block_rows, dcp_rank)
+        g, (starts, stops, rows, B) = geometry, runs
+        W, I = g.dcp_size, g.interleave_size
+        slots, index, ends = runs_slot_mapping(
+            starts, stops, rows, block_size=B, dcp_size=W, dcp_rank=dcp_rank, interleave_size=I, replicated=g.replicated
+        )
+        bounds = [0, *ends.tolist()]
+        return [(slots[a:b], index[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+    def _step_runs(self, g: GroupGeometry, writes, block_rows, dcp_rank: int):
+        """``(starts, stops, rows, B)``: each write's run of indices (positions, or records
+        of ``R`` tokens in pages of ``B = block_size // R``), or None when the per-write
+        path must map them (another ``write_slots``, a layout or a row the mapping rejects).
+        ``g``: a paged or compressed group."""
+        if _overridden(self, "write_slots"):
+            return None
+        R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
+        if not isinstance(R, int) or R < 1 or g.block_size % R or not 0 <= dcp_rank < g.dcp_size:
+            return None
+        B = g.block_size // R
+        # validated as slot_mapping validates it (cached); a rejection raises in the per-write path
+        kbs = (g.kernel_block_size or None) if R > 1 else g.kernel_block_size  # as write_slots hands it on
+        try:
+            validate_layout(
+                block_size=B, dcp_size=g.dcp_size, interleave_size=g.interleave_size, kernel_block_size=kbs, replicated=g.replicated
+            )
+        except ConfigError:
+            return None
+        span = B * (g.dcp_size if g.dcp_size > 1 and not g.replicated else 1)
+        starts, stops, rows = [], [], []
+        for w, row in zip(writes, block_rows):
+            lo, hi = w.start // R, w.stop // R
+            row = np.asarray(row, dtype=np.int64)
+            if lo < 0 or row.ndim != 1 or (hi > lo and (hi - 1) // span >= len(row)):
+                return None
+            starts.append(lo)
+            stops.append(max(lo, hi))
+            rows.append(row)
+        return starts, stops, rows, B
 
     # --- the worker: attention metadata ---------------------------------------------
 
@@ -191,10 +245,11 @@ class ReferenceEngine(Engine):
     def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
         g = geometry
         R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
-        q_lens = np.array([w.stop - w.start for w in writes], dtype=np.int64)
-        seq_lens = np.array([w.stop for w in writes], dtype=np.int64) // R
+        starts = np.array([w.start for w in writes], dtype=np.int64)
+        q_lens = np.array([len(w.contents) for w in writes], dtype=np.int64)
+        seq_lens = (starts + q_lens) // R
         rows = [np.asarray(r, dtype=np.int64) for r in block_rows]
-        bounds = [np.asarray(self.query_local_bounds(g, w.start, w.stop, dcp_rank), dtype=np.int64) for w in writes]
+        bounds = [self._step_query_bounds(g, writes, starts, q_lens, dcp_rank)]
         dummies, q = self.cudagraph_dummies(g, q_lens)
         if dummies:  # dummy requests: no blocks, a context of W * I so no shard is empty
             dummy_len = g.dcp_size * g.interleave_size
@@ -202,26 +257,55 @@ class ReferenceEngine(Engine):
             seq_lens = np.concatenate([seq_lens, np.full(dummies, dummy_len, np.int64)])
             dummy_local = int(self.local_seq_lens(g, np.array([dummy_len]), dcp_rank)[0])
             rows += [np.zeros(0, np.int64)] * dummies
-            bounds += [np.full(q, dummy_local, np.int64)] * dummies
+            bounds.append(np.full(dummies * q, dummy_local, np.int64))
         local = np.asarray(self.local_seq_lens(g, seq_lens, dcp_rank), dtype=np.int64)
         kernel = g.kernel_block_size or g.states_per_page
         pages = -(-local // kernel)
-        indices = [self.kernel_block_table(g, row)[:n] if len(row) else np.zeros(n, np.int64) for row, n in zip(rows, pages)]
+        indices = self._kv_indices(g, rows, pages.tolist())
+        zero = np.zeros(1, np.int64)
         return AttentionMetadata(
             group=g.group_id,
             request_ids=tuple(w.request_id for w in writes) + (PAD_REQUEST,) * dummies,
             seq_lens=seq_lens,
-            query_start_loc=np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int64),
+            query_start_loc=np.concatenate([zero, q_lens.cumsum()]),
             dcp_local_seq_lens=local,
-            query_local_bounds=np.concatenate(bounds) if bounds else np.zeros(0, np.int64),
-            kv_indptr=np.concatenate([[0], np.cumsum(pages)]).astype(np.int64),
-            kv_indices=np.concatenate(indices).astype(np.int64) if indices else np.zeros(0, np.int64),
+            query_local_bounds=np.concatenate(bounds),
+            kv_indptr=np.concatenate([zero, pages.cumsum()]),
+            kv_indices=indices,
             kv_last_page_len=np.where(pages > 0, local - (pages - 1) * kernel, 0),
             block_table_width=g.block_table_width * (g.states_per_page // kernel),
             num_dummy_requests=dummies,
             model=g.model,
             padded_slot_mapping=np.full(dummies * q, PAD, dtype=np.int64),
         )
+
+    def _step_query_bounds(self, g: GroupGeometry, writes, starts: np.ndarray, q_lens: np.ndarray, dcp_rank: int) -> np.ndarray:
+        """``query_local_bounds`` of every write of a step, concatenated: one vectorized
+        pass over the step's query tokens when this engine keeps the reference's
+        ``query_local_bounds`` and ``local_seq_lens`` (elementwise in the global length),
+        else a call of the (overridden) method per write."""
+        if _overridden(self, "query_local_bounds") or _overridden(self, "local_seq_lens"):
+            bounds = [np.asarray(self.query_local_bounds(g, w.start, w.stop, dcp_rank), dtype=np.int64) for w in writes]
+            return np.concatenate(bounds) if bounds else np.zeros(0, np.int64)
+        # token j of a write starting at s sees global length s + j + 1: (s + j + 1) // R entries
+        ends = q_lens.cumsum()
+        lens = (starts - ends + q_lens + 1).repeat(q_lens) + np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+        if g.storage is Storage.RECORDS:
+            lens //= g.tokens_per_state
+        if not g.sharded:
+            return lens
+        return local_seq_lens(lens, dcp_size=g.dcp_size, interleave_size=g.interleave_size, dcp_rank=dcp_rank)
+
+    def _kv_indices(self, g: GroupGeometry, rows: list[np.ndarray], pages: list[int]) -> np.ndarray:
+        """The paged plan's kernel block ids: each row's first ``pages[i]`` kernel blocks
+        (zeros for a row without blocks), concatenated. With the reference's
+        ``kernel_block_table`` and ``Bk = B`` a kernel row is the row itself: sliced, not expanded."""
+        plain = not _overridden(self, "kernel_block_table") and (g.kernel_block_size or g.states_per_page) == g.states_per_page
+        parts = [
+            np.zeros(n, np.int64) if not len(row) else row[:n] if plain else self.kernel_block_table(g, row)[:n]
+            for row, n in zip(rows, pages)
+        ]
+        return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
 
     def context_gather(self, geometry, writes, block_rows, dcp_rank):
         g = geometry
@@ -328,6 +412,12 @@ class ReferenceEngine(Engine):
         # return a slice this rank did not merge itself, so that the final gather is judged too
         c = (rank + 1) % world
         return slices[c], merged[:, c * hs : (c + 1) * hs], c
+
+
+def _overridden(engine: ReferenceEngine, name: str) -> bool:
+    """Whether ``engine``'s class (a fault, an adapter) overrides the reference's ``name``:
+    a vectorized path of the reference stands for that method only when it does not."""
+    return getattr(type(engine), name) is not getattr(ReferenceEngine, name)
 
 
 def topk_by_score_then_position(scores: np.ndarray, topk: int, *, tie_key: np.ndarray | None = None) -> np.ndarray:

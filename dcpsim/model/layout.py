@@ -33,6 +33,7 @@ __all__ = [
     "validate_layout",
     "owner_rank",
     "slot_mapping",
+    "runs_slot_mapping",
     "local_seq_lens",
     "query_local_seq_lens",
     "kernel_block_table",
@@ -279,7 +280,8 @@ def _sharded_range(rng: range, bt: np.ndarray, B: int, W: int, r: int, I: int) -
     first_round = rng.start // round_len
     last_round = (rng.stop - 1) // round_len
     n_rounds = last_round - first_round + 1
-    buf = np.full(n_rounds * round_len, PAD, dtype=np.int64)
+    buf = np.empty(n_rounds * round_len, dtype=np.int64)
+    buf.fill(PAD)
     rounds = np.arange(first_round, last_round + 1, dtype=np.int64)
     runs_per_block = B // I
     vb, run_in_block = np.divmod(rounds, runs_per_block)
@@ -288,6 +290,42 @@ def _sharded_range(rng: range, bt: np.ndarray, B: int, W: int, r: int, I: int) -
     np.add(base[:, None], np.arange(I, dtype=np.int64)[None, :], out=view)
     lo = rng.start - first_round * round_len
     return buf[lo : lo + len(rng)]
+
+
+def runs_slot_mapping(
+    starts, stops, block_rows, *, block_size: int, dcp_size: int = 1, dcp_rank: int = 0, interleave_size: int = 1, replicated: bool = False
+):
+    """``slot_mapping`` of several requests' runs ``[starts[i], stops[i])`` at once (a
+    step's writes in one group; ``block_rows[i]``: request ``i``'s row), concatenated:
+    ``(slots, positions, ends)``, run ``i`` being ``[ends[i - 1], ends[i])`` of both.
+    The caller has validated the layout and checked that each row covers its run (what
+    ``slot_mapping`` does per call); the formulas are ``_general``'s over every run."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(stops, dtype=np.int64) - starts
+    ends = lengths.cumsum()
+    total = int(ends[-1]) if len(ends) else 0
+    req = np.arange(len(lengths), dtype=np.int64).repeat(lengths)
+    pos = (starts - ends + lengths)[req] + np.arange(total, dtype=np.int64)
+    table = np.zeros((len(lengths), max((len(r) for r in block_rows), default=1) or 1), dtype=np.int64)
+    for i, row in enumerate(block_rows):
+        table[i, : len(row)] = row
+    B, W, I = block_size, dcp_size, interleave_size
+    if replicated or W == 1:
+        vb, off = np.divmod(pos, B)
+        return table[req, vb] * B + off, pos, ends
+    vb, off = np.divmod(pos, B * W)
+    local = _local_offsets(B, W, I, dcp_rank)[off]
+    return np.where(local >= 0, table[req, vb] * B + local, PAD), pos, ends
+
+
+@functools.lru_cache(maxsize=256)
+def _local_offsets(B: int, W: int, I: int, r: int) -> np.ndarray:
+    """Rank ``r``'s local offset of each offset of a virtual block (``B * W``), -1 where
+    another rank stores it (read-only: shared by every call)."""
+    off = np.arange(B * W, dtype=np.int64)
+    local = np.where((off // I) % W == r, (off // (W * I)) * I + off % I, -1)
+    local.flags.writeable = False
+    return local
 
 
 def local_seq_lens(seq_lens, *, dcp_size: int, interleave_size: int = 1, dcp_rank: int | None = None) -> np.ndarray:

@@ -28,28 +28,49 @@ class GroupManager:
         padded): ``release_skipped`` starts there, so a step costs O(newly released)."""
         self._arrays: dict[int, np.ndarray] = {}
         """Request -> its row as int64 numpy, kept in step with ``blocks`` (``row_array``)."""
+        self._snapshots: dict[int, np.ndarray] = {}
+        """Request -> the read-only copy of its mirror ``row_array`` last handed out, while the
+        row has not changed since: a step's plans share it (no copy per row per snapshot)."""
 
     def held(self, req: int) -> list[int]:
         return self.blocks.get(req, [])
 
     def row_array(self, req: int) -> np.ndarray:
-        """A fresh int64 copy of the request's row (a plan's snapshot): a copy of a mirror
-        updated with each change, not a conversion of the whole list every step."""
+        """A read-only int64 copy of the request's row (a plan's snapshot): a copy of a mirror
+        updated with each change, not a conversion of the whole list every step; the same
+        array again while the row has not changed (snapshots never change, so they can be
+        shared, and the worker skips a row it was handed before)."""
         row = self.blocks.get(req, [])
+        snapshot = self._snapshots.get(req)
+        if snapshot is not None and len(snapshot) == len(row):  # in-place changes drop it (release_skipped)
+            return snapshot
         mirror = self._arrays.get(req)
         if mirror is None or len(mirror) != len(row):
             have = 0 if mirror is None else min(len(mirror), len(row))
             tail = np.asarray(row[have:], dtype=np.int64)
             mirror = tail if mirror is None else np.concatenate([mirror[:have], tail])
             self._arrays[req] = mirror
-        return mirror.copy()
+        snapshot = mirror.copy()
+        snapshot.flags.writeable = False
+        self._snapshots[req] = snapshot
+        return snapshot
+
+    def row_arrays(self) -> dict[int, np.ndarray]:
+        """``row_array`` of every request holding a row (a plan's rows of this group)."""
+        snapshots, row_array = self._snapshots, self.row_array
+        out = {}
+        for req, row in self.blocks.items():
+            snapshot = snapshots.get(req)
+            out[req] = snapshot if snapshot is not None and len(snapshot) == len(row) else row_array(req)
+        return out
 
     def _forget(self, req: int) -> None:
         self._released.pop(req, None)
         self._arrays.pop(req, None)
+        self._snapshots.pop(req, None)
 
     def num_new_blocks(self, req: int, num_tokens: int) -> int:
-        return max(0, self.engine.blocks_needed(self.geometry, num_tokens) - len(self.held(req)))
+        return max(0, self.engine.blocks_needed(self.geometry, num_tokens) - len(self.blocks.get(req, ())))
 
     def allocate(self, req: int, num_tokens: int) -> None:
         n = self.num_new_blocks(req, num_tokens)
@@ -80,6 +101,7 @@ class GroupManager:
                 released += 1
                 if mirror is not None and j < len(mirror):
                     mirror[j] = NULL_BLOCK
+                self._snapshots.pop(req, None)
         if upto > done:
             self._released[req] = upto
         return released

@@ -160,10 +160,12 @@ class Scheduler:
     def _try_allocate(self, req: Request, num_tokens: int) -> bool:
         """Give ``req`` the blocks of its first ``num_tokens`` tokens in every group if the
         pools hold them all; whether it did (False: the caller preempts, or waits)."""
-        if not all(m.num_new_blocks(req.index, num_tokens) <= m.pool.num_free for m in self.managers):
-            return False
-        for m in self.managers:
-            m.allocate(req.index, num_tokens)
+        index, managers = req.index, self.managers
+        for m in managers:
+            if m.num_new_blocks(index, num_tokens) > m.pool.num_free:
+                return False
+        for m in managers:
+            m.allocate(index, num_tokens)
         return True
 
     def _free(self, req: Request) -> None:
@@ -183,7 +185,7 @@ class Scheduler:
         events.append(ScheduleEvent(EventKind.PREEMPTED, req.request_id, reason=why))
 
     def _rows(self) -> tuple[dict[int, np.ndarray], ...]:
-        return tuple({r: m.row_array(r) for r in m.blocks} for m in self.managers)
+        return tuple(m.row_arrays() for m in self.managers)
 
     # --- one step -----------------------------------------------------------------
 

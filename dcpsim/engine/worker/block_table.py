@@ -43,12 +43,16 @@ class BlockTable:
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
         self._changed: dict[int, list[np.ndarray] | None] = {}
         """Request -> changed columns (arrays) since ``take_changes``; ``ALL_COLUMNS``: all."""
+        self._synced: dict[int, np.ndarray] = {}
+        """Request -> the read-only array its row was last set from (``sync``): handed the same
+        one again (the scheduler shares a snapshot while a row does not change), the row holds it."""
 
     @property
     def width(self) -> int:
         return self.table.shape[1]
 
     def set_row(self, req: int, request_id: str, block_ids: np.ndarray) -> None:
+        self._synced.pop(req, None)
         if len(block_ids) > self.width:
             raise BlockTableOverflow(self.group, request_id, len(block_ids), self.width)
         row = self._row_of.get(req)
@@ -74,6 +78,7 @@ class BlockTable:
         self.num_blocks[row] = n
 
     def remove_row(self, req: int) -> None:
+        self._synced.pop(req, None)
         row = self._row_of.pop(req)
         self.table[row, : self.num_blocks[row]] = 0  # past num_blocks a row is null already (set_row)
         self._changed[req] = ALL_COLUMNS
@@ -84,8 +89,13 @@ class BlockTable:
         """Make the table hold exactly ``rows`` (request index -> block ids)."""
         for req in [r for r in self._row_of if r not in rows]:
             self.remove_row(req)
+        synced = self._synced
         for req, ids in rows.items():
+            if synced.get(req) is ids:  # set from this very (read-only) array: unchanged
+                continue
             self.set_row(req, request_ids.get(req, str(req)), ids)
+            if isinstance(ids, np.ndarray) and not ids.flags.writeable and ids.base is None:  # owns its data: never changes
+                synced[req] = ids
 
     def padded_row(self, req: int, entries: int) -> np.ndarray:
         """The request's row as a kernel reads it: null (0) past the blocks it holds,

@@ -141,16 +141,16 @@ class ModelRunner:
         # record; an index the step does not compute has no KV to store
         tps = geometry.tokens_per_state
         emit = index * tps + (tps - 1 - write.start)
-        if not (slots.min() >= 0 and slots.max() < store.num_slots and emit.min() >= 0 and emit.max() < len(write.contents)):
-            keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < len(write.contents))
+        num_slots, num_contents = store.num_slots, len(write.contents)
+        # as unsigned, a negative value is above every bound: one reduction checks both ends
+        if not (slots.view(np.uint64).max() < num_slots and emit.view(np.uint64).max() < num_contents):
+            keep = (slots >= 0) & (slots < num_slots) & (emit >= 0) & (emit < num_contents)
             slots, index, emit = slots[keep], index[keep], emit[keep]
         content = write.contents[emit]
         entries = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
-        entries[:, 0] = geometry.group_id
+        entries[:] = (geometry.group_id, 0, 0, write.req_index, step)
         entries[:, 1] = index
         entries[:, 2] = content
-        entries[:, 3] = write.req_index
-        entries[:, 4] = step
         store.write(slots, entries)
         if store.vectors is not None:
             store.write_vectors(slots, kv_vectors(geometry.group_id, content, self.vector_width))

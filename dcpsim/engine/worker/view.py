@@ -7,8 +7,6 @@ methods hand over (and clear) the stores' and block tables' own change records.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
@@ -56,13 +54,25 @@ class WorkerView:
     def step_attention_metadata(self) -> list[AttentionMetadata] | None:
         if not self._runner.builds_metadata:
             return None
-        return [dataclasses.replace(m, **{a: np.array(getattr(m, a), dtype=np.int64) for a in m.ARRAYS}) for m in self._runner.metadata_log]
+        return [_with_copied_arrays(m) for m in self._runner.metadata_log]
 
     def step_context_gathers(self) -> list[ContextGather] | None:
         if not self._runner.gathers_context:
             return None
-        return [dataclasses.replace(g, **{a: np.array(getattr(g, a), dtype=np.int64) for a in g.ARRAYS}) for g in self._runner.gather_log]
+        return [_with_copied_arrays(g) for g in self._runner.gather_log]
 
     @property
     def kv_store_bytes(self) -> int:
         return sum(s.nbytes for s in self._runner.stores)
+
+
+def _with_copied_arrays(record):
+    """A copy of a frozen record (``AttentionMetadata``, ``ContextGather``) whose ``ARRAYS``
+    are fresh int64 copies (``dataclasses.replace`` without its per-call field walk: the
+    fields are plain attributes, no ``__post_init__``)."""
+    out = object.__new__(type(record))
+    fields = out.__dict__
+    fields.update(record.__dict__)
+    for name in record.ARRAYS:
+        fields[name] = np.array(fields[name], dtype=np.int64)
+    return out

@@ -28,6 +28,7 @@ from dcpsim.model.layout import (
     records_emitted,
     ring_slot_mapping,
     ring_states_to_write,
+    runs_slot_mapping,
     slot_mapping,
 )
 
@@ -643,3 +644,40 @@ def test_record_slot_mapping_validation():
     # records per page B // R = 4 with I = 8 under W = 2: interleave larger than a page of records
     with pytest.raises(ConfigError, match=re.escape("cp_kv_cache_interleave_size (8)")):
         record_slot_mapping([0], [1], block_size=16, tokens_per_state=4, dcp_size=2, interleave_size=8)
+
+
+# --- a step's runs at once (runs_slot_mapping) ------------------------------------------
+
+
+@FAST
+@given(
+    B_exp=st.integers(0, 4),
+    W=st.integers(1, 5),
+    I_exp=st.integers(0, 4),
+    replicated=st.booleans(),
+    runs=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), min_size=0, max_size=5),
+    data=st.data(),
+)
+def test_runs_slot_mapping_is_slot_mapping_of_each_run(B_exp, W, I_exp, replicated, runs, data):
+    """Each run's part of the joined mapping is ``slot_mapping`` of that run alone (the
+    reference engine's ``step_write_slots`` maps a step's writes with it)."""
+    B = 2**B_exp
+    I = 2 ** min(I_exp, B_exp)
+    r = data.draw(st.integers(0, W - 1))
+    span = B * (W if W > 1 and not replicated else 1)
+    rows = [
+        np.array(
+            data.draw(st.lists(st.integers(0, 999), min_size=(s + n - 1) // span + 1 if n else 0, max_size=12 + (s + n) // span)), np.int64
+        )
+        for s, n in runs
+    ]
+    slots, positions, ends = runs_slot_mapping(
+        [s for s, _ in runs], [s + n for s, n in runs], rows, block_size=B, dcp_size=W, dcp_rank=r, interleave_size=I, replicated=replicated
+    )
+    assert len(ends) == len(runs) and positions.dtype == slots.dtype == np.int64
+    lo = 0
+    for (s, n), row, hi in zip(runs, rows, ends.tolist()):
+        want = slot_mapping(range(s, s + n), row, block_size=B, dcp_size=W, dcp_rank=r, interleave_size=I, replicated=replicated)
+        assert slots[lo:hi].tolist() == want.tolist()
+        assert positions[lo:hi].tolist() == list(range(s, s + n))
+        lo = hi
