@@ -40,7 +40,7 @@ from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
 from dcpsim.verify.changes import ChangeTracker, expected_at
 from dcpsim.verify.context_gather import judge_gathers
-from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
+from dcpsim.verify.digest import as_int64s, multiset_digest, multiset_digests, ordered_digests
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
@@ -176,26 +176,43 @@ class Checker:
             return np.full(len(index), column, dtype=np.int64)
         return np.arange(len(index), dtype=np.int64) if group.sharded else index
 
-    def _local_read(self, g: int, view: RequestView, local: np.ndarray | None = None):
-        """Read the item's expected entries (``local``: only those local indices) and judge
-        them; returns (index, got, bad, content)."""
+    def _expected(self, g: int, view: RequestView, row: np.ndarray, local: np.ndarray | None):
+        """The item's expected entries (``local``: only those local indices) and the slots
+        attention reads them at; returns (index, content, slots)."""
         group = self.groups[g]
         if local is None:
             index, content = expected_on_rank(group, view, self.rank)
             local = self._local(g, view, index)
         else:
             index, content = expected_at(group, view, self.rank, local)
-        got = self.view.read_entries(self.store_of[g], read_slots(group, self._row(g, view), local))
-        bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != self.store_of[g])
-        return index, got, bad, content
+        return index, content, read_slots(group, row, local)
 
-    def _locals(self, plan: StepPlan, items) -> list[np.ndarray | None]:
-        """Per item, the local indices to read (None: all)."""
+    def _read_group(self, g: int, views, table: list, local: list) -> list:
+        """Read the expected entries of group ``g`` for every request of ``views`` (its
+        block-table rows ``table``, local indices ``local``) in one store read, and judge
+        them; per request (index, got, bad)."""
+        if not views:
+            return []
+        expected = [self._expected(g, v, row, loc) for v, row, loc in zip(views, table, local)]
+        index = np.concatenate([e[0] for e in expected])
+        content = np.concatenate([e[1] for e in expected])
+        store = self.store_of[g]
+        got = self.view.read_entries(store, np.concatenate([e[2] for e in expected]).astype(np.int64, copy=False))
+        bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != store)
+        reads, at = [], 0
+        for e in expected:
+            n = len(e[0])
+            reads.append((index[at : at + n], got[at : at + n], bad[at : at + n]))
+            at += n
+        return reads
+
+    def _locals(self, plan: StepPlan, items, table: list) -> list[np.ndarray | None]:
+        """Per item, the local indices to read (None: all); ``table``: the items' rows."""
         if not self.incremental or plan.last:
             return [None] * len(items)
         return [
-            None if view.finished else self.changes.locals_to_read(g, self.groups[g], view, self._row(g, view), self.rank)
-            for g, view in items
+            None if view.finished else self.changes.locals_to_read(g, self.groups[g], view, row, self.rank)
+            for (g, view), row in zip(items, table)
         ]
 
     def verify(self, plan: StepPlan) -> Failure | None:
@@ -208,35 +225,55 @@ class Checker:
         against the oracle, and queue its compact row for the next ``exchange``."""
         self.verifications += 1
         self.changes.take(plan.views)
-        items = [(g, v) for g in range(len(self.groups)) for v in plan.views]
-        local = self._locals(plan, items)
+        views = plan.views
+        items = [(g, v) for g in range(len(self.groups)) for v in views]
+        table = [self._row(g, v) for g, v in items]  # each row once per check
+        local = self._locals(plan, items, table)
         if all(x is None for x in local):
             self.full_sweeps += 1
         rows = np.zeros((len(items), len(_ROW)), dtype=np.int64)
         reads = []
-        for k, (g, view) in enumerate(items):
-            index, got, bad, content = self._local_read(g, view, local[k])
-            reads.append((index, got, bad))
-            rows[k, BAD], rows[k, COUNT] = int(bad.sum()), len(got)
-            if self.groups[g].sharded:
-                # A full read's pieces must add up to the full context (_judge). A partial
-                # read sends no digest: with every entry equal to the rank's expectation
-                # (BAD 0 everywhere) the pieces add up to the expectations' sum by
-                # construction; the full sweeps prove the whole reassembly.
-                if local[k] is None:
-                    rows[k, MULTISET] = as_int64(multiset_digest(got[:, INDEX], got[:, CONTENT]))
-            else:  # the replicas must agree wherever every rank read the same local indices
-                rows[k, ORDERED] = as_int64(ordered_digest(got[:, INDEX], got[:, CONTENT]))
-                if local[k] is not None:
-                    rows[k, LOCALS] = as_int64(ordered_digest(local[k], local[k]) | 1)
-        tables = [as_int64(self._table_digest(g, plan.views)) for g in range(len(self.groups))]
+        n = len(views)
+        for g in range(len(self.groups)):
+            part = slice(g * n, (g + 1) * n)
+            got = self._read_group(g, views, table[part], local[part])
+            reads.extend(got)
+            self._digest_rows(g, rows[part], got, local[part])
+        tables = self._table_digests(views, table)
         meta_count = self.metadata.count if self.metadata is not None else 0
         event_count = self.router.count if self.router is not None else 0
-        header = np.array([self.guard.count, meta_count, event_count, len(tables)] + tables, dtype=np.int64)
+        header = np.concatenate([np.array([self.guard.count, meta_count, event_count, len(tables)], dtype=np.int64), tables])
         for g, view in items:  # as if it passes: a failure found later ends the run anyway
             self.changes.checked(g, self.groups[g], view)
         self._pending.append(_Pending(plan, items, local, np.concatenate([header, rows.reshape(-1)]), len(header)))
         self._last_reads = reads  # kept for the details of a failure at this step
+
+    def _digest_rows(self, g: int, rows: np.ndarray, reads: list, local: list) -> None:
+        """Fill the rows of group ``g``'s items (``rows``, a view) from their reads: bad
+        count, entries read and the digests, for all the group's requests at once."""
+        if not reads:
+            return
+        lengths = np.array([len(got) for _, got, _ in reads], dtype=np.int64)
+        got = np.concatenate([got for _, got, _ in reads])
+        bad = np.concatenate([bad for _, _, bad in reads])
+        ends = np.cumsum(lengths)
+        bad_run = np.zeros(len(bad) + 1, dtype=np.int64)
+        np.cumsum(bad, out=bad_run[1:])
+        rows[:, BAD], rows[:, COUNT] = bad_run[ends] - bad_run[ends - lengths], lengths
+        partial = np.array([x is not None for x in local], dtype=bool)
+        if self.groups[g].sharded:
+            # A full read's pieces must add up to the full context (_judge). A partial
+            # read sends no digest: with every entry equal to the rank's expectation
+            # (BAD 0 everywhere) the pieces add up to the expectations' sum by
+            # construction; the full sweeps prove the whole reassembly.
+            rows[:, MULTISET] = np.where(partial, 0, as_int64s(multiset_digests(got[:, INDEX], got[:, CONTENT], lengths)))
+        else:  # the replicas must agree wherever every rank read the same local indices
+            rows[:, ORDERED] = as_int64s(ordered_digests(got[:, INDEX], got[:, CONTENT], lengths))
+            if partial.any():
+                read = [x for x in local if x is not None]
+                flat = np.concatenate(read)
+                digests = ordered_digests(flat, flat, np.array([len(x) for x in read], dtype=np.int64)) | np.uint64(1)
+                rows[partial, LOCALS] = as_int64s(digests)
 
     @property
     def pending(self) -> int:
@@ -357,13 +394,21 @@ class Checker:
             details=[str(m) for m in kept[:10]] + ([f"... and {total - 10} more"] if total > 10 else []),
         )
 
-    def _table_digest(self, g: int, views) -> int:
-        parts = []
-        for v in views:
-            row = self._row(g, v)
-            parts.append(np.concatenate([[v.req_index, len(row)], row]).astype(np.int64))
-        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        return ordered_digest(flat, np.zeros(len(flat), np.int64))
+    def _table_digests(self, views, table: list) -> np.ndarray:
+        """Per group, the ordered digest of ``req_index, len(row), *row`` over the step's
+        requests in order (``table``: the rows, group by group, as the step's items), as int64s."""
+        lengths = np.array([len(row) for row in table], dtype=np.int64)
+        spans = lengths + 2
+        heads = np.cumsum(spans) - spans
+        flat = np.zeros(int(spans.sum()), dtype=np.int64)
+        body = np.ones(len(flat), dtype=bool)
+        body[heads] = body[heads + 1] = False
+        flat[heads] = [v.req_index for v in views] * len(self.groups)
+        flat[heads + 1] = lengths
+        if table:
+            flat[body] = np.concatenate(table)
+        per_group = spans.reshape(len(self.groups), len(views)).sum(axis=1)
+        return as_int64s(ordered_digests(flat, np.zeros(len(flat), np.int64), per_group))
 
     # --- phase 2: details of the first problem --------------------------------------
 
