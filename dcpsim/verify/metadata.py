@@ -155,6 +155,15 @@ def show(value) -> str:
     return repr(value)
 
 
+def _same(have, expect: np.ndarray) -> bool:
+    """``np.array_equal`` of a field and its expectation (same shape): by their bytes when
+    both are int64 arrays (every field the view hands over), which costs a tenth of it."""
+    if isinstance(have, np.ndarray) and have.dtype == expect.dtype == np.int64 and have.shape == expect.shape:
+        return have.tobytes() == expect.tobytes()
+    have = np.asarray(have)
+    return have.shape == expect.shape and np.array_equal(have, expect)
+
+
 class MetadataJudge:
     """Judges each step's metadata of every attention group; keeps the first mismatches."""
 
@@ -227,9 +236,10 @@ class MetadataJudge:
                 self.add(plan, group, f"{who}{name}", None, show(want[name]), show(getattr(meta, name)))
         per_request = ("seq_lens", "dcp_local_seq_lens", "kv_last_page_len")
         for name in (*per_request, "query_start_loc", "query_local_bounds", "kv_indptr", "kv_indices", "padded_slot_mapping"):
-            have, expect = np.asarray(getattr(meta, name)), want[name]
-            if have.shape == expect.shape and np.array_equal(have, expect):
+            have, expect = getattr(meta, name), want[name]
+            if _same(have, expect):
                 continue
+            have = np.asarray(have)
             rid = None
             if name in per_request and have.shape == expect.shape:
                 i = int(np.nonzero(have != expect)[0][0])
