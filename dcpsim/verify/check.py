@@ -40,13 +40,13 @@ from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
 from dcpsim.verify.changes import ChangeTracker, expected_at
 from dcpsim.verify.context_gather import judge_gathers
-from dcpsim.verify.digest import as_int64s, multiset_digest, multiset_digests, ordered_digests
+from dcpsim.verify.digest import as_int64s, multiset_digest, ordered_digests, run_digests
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
 from dcpsim.verify.options import CheckOptions
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
-from dcpsim.verify.read import read_slots
+from dcpsim.verify.read import read_slots, read_slots_of_rows
 from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.write_guard import WriteGuard
 
@@ -176,44 +176,43 @@ class Checker:
             return np.full(len(index), column, dtype=np.int64)
         return np.arange(len(index), dtype=np.int64) if group.sharded else index
 
-    def _expected(self, g: int, view: RequestView, row: np.ndarray, local: np.ndarray | None):
-        """The item's expected entries (``local``: only those local indices) and the slots
-        attention reads them at; returns (index, content, slots)."""
+    def _expected(self, g: int, view: RequestView, local: np.ndarray | None):
+        """The item's expected entries (``local``: only those local indices) and the local
+        indices attention reads them at; returns (index, content, local)."""
         group = self.groups[g]
         if local is None:
             index, content = expected_on_rank(group, view, self.rank)
-            local = self._local(g, view, index)
-        else:
-            index, content = expected_at(group, view, self.rank, local)
-        return index, content, read_slots(group, row, local)
+            return index, content, self._local(g, view, index)
+        index, content = expected_at(group, view, self.rank, local)
+        return index, content, local
 
-    def _read_group(self, g: int, views, table: list, local: list) -> list:
+    def _read_group(self, g: int, views, table: list, local: list):
         """Read the expected entries of group ``g`` for every request of ``views`` (its
         block-table rows ``table``, local indices ``local``) in one store read, and judge
-        them; per request (index, got, bad)."""
-        if not views:
-            return []
-        expected = [self._expected(g, v, row, loc) for v, row, loc in zip(views, table, local)]
+        them; per request (index, got, bad), and all of them concatenated (index, content, got, bad)."""
+        expected = [self._expected(g, v, loc) for v, loc in zip(views, local)]
         index = np.concatenate([e[0] for e in expected])
         content = np.concatenate([e[1] for e in expected])
         store = self.store_of[g]
-        got = self.view.read_entries(store, np.concatenate([e[2] for e in expected]).astype(np.int64, copy=False))
+        got = self.view.read_entries(store, read_slots_of_rows(self.groups[g], table, [e[2] for e in expected]))
         bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != store)
         reads, at = [], 0
         for e in expected:
             n = len(e[0])
             reads.append((index[at : at + n], got[at : at + n], bad[at : at + n]))
             at += n
-        return reads
+        return reads, got, bad
 
     def _locals(self, plan: StepPlan, items, table: list) -> list[np.ndarray | None]:
         """Per item, the local indices to read (None: all); ``table``: the items' rows."""
         if not self.incremental or plan.last:
             return [None] * len(items)
-        return [
-            None if view.finished else self.changes.locals_to_read(g, self.groups[g], view, row, self.rank)
-            for (g, view), row in zip(items, table)
-        ]
+        n = len(plan.views)
+        local = []
+        for g, group in enumerate(self.groups):
+            part = slice(g * n, (g + 1) * n)
+            local += self.changes.locals_to_read_all(g, group, plan.views, table[part], self.rank)
+        return [None if view.finished else x for (_, view), x in zip(items, local)]
 
     def verify(self, plan: StepPlan) -> Failure | None:
         """Read and judge this step at once (lockstep): ``read`` then ``exchange``."""
@@ -231,14 +230,15 @@ class Checker:
         local = self._locals(plan, items, table)
         if all(x is None for x in local):
             self.full_sweeps += 1
-        rows = np.zeros((len(items), len(_ROW)), dtype=np.int64)
-        reads = []
+        reads, got, bad = [], [], []
         n = len(views)
-        for g in range(len(self.groups)):
+        for g in range(len(self.groups) if n else 0):
             part = slice(g * n, (g + 1) * n)
-            got = self._read_group(g, views, table[part], local[part])
-            reads.extend(got)
-            self._digest_rows(g, rows[part], got, local[part])
+            group_reads, group_got, group_bad = self._read_group(g, views, table[part], local[part])
+            reads.extend(group_reads)
+            got.append(group_got)
+            bad.append(group_bad)
+        rows = self._digest_rows(items, local, reads, got, bad)
         tables = self._table_digests(views, table)
         meta_count = self.metadata.count if self.metadata is not None else 0
         event_count = self.router.count if self.router is not None else 0
@@ -248,32 +248,34 @@ class Checker:
         self._pending.append(_Pending(plan, items, local, np.concatenate([header, rows.reshape(-1)]), len(header)))
         self._last_reads = reads  # kept for the details of a failure at this step
 
-    def _digest_rows(self, g: int, rows: np.ndarray, reads: list, local: list) -> None:
-        """Fill the rows of group ``g``'s items (``rows``, a view) from their reads: bad
-        count, entries read and the digests, for all the group's requests at once."""
-        if not reads:
-            return
-        lengths = np.array([len(got) for _, got, _ in reads], dtype=np.int64)
-        got = np.concatenate([got for _, got, _ in reads])
-        bad = np.concatenate([bad for _, _, bad in reads])
+    def _digest_rows(self, items, local: list, reads: list, got: list, bad: list) -> np.ndarray:
+        """The items' rows from their reads (``got``, ``bad``: every group's, concatenated):
+        bad count, entries read and the digests, for the whole step at once."""
+        rows = np.zeros((len(items), len(_ROW)), dtype=np.int64)
+        if not items:
+            return rows
+        got, bad = np.concatenate(got), np.concatenate(bad)
+        lengths = np.array([len(r[1]) for r in reads], dtype=np.int64)
         ends = np.cumsum(lengths)
         bad_run = np.zeros(len(bad) + 1, dtype=np.int64)
         np.cumsum(bad, out=bad_run[1:])
         rows[:, BAD], rows[:, COUNT] = bad_run[ends] - bad_run[ends - lengths], lengths
+        sharded = np.array([self.groups[g].sharded for g, _ in items], dtype=bool)
         partial = np.array([x is not None for x in local], dtype=bool)
-        if self.groups[g].sharded:
-            # A full read's pieces must add up to the full context (_judge). A partial
-            # read sends no digest: with every entry equal to the rank's expectation
-            # (BAD 0 everywhere) the pieces add up to the expectations' sum by
-            # construction; the full sweeps prove the whole reassembly.
-            rows[:, MULTISET] = np.where(partial, 0, as_int64s(multiset_digests(got[:, INDEX], got[:, CONTENT], lengths)))
-        else:  # the replicas must agree wherever every rank read the same local indices
-            rows[:, ORDERED] = as_int64s(ordered_digests(got[:, INDEX], got[:, CONTENT], lengths))
-            if partial.any():
-                read = [x for x in local if x is not None]
-                flat = np.concatenate(read)
-                digests = ordered_digests(flat, flat, np.array([len(x) for x in read], dtype=np.int64)) | np.uint64(1)
-                rows[partial, LOCALS] = as_int64s(digests)
+        digests = as_int64s(run_digests(got[:, INDEX], got[:, CONTENT], lengths, ~sharded))
+        # Sharded: a full read's pieces must add up to the full context (_judge). A partial
+        # read sends no digest: with every entry equal to the rank's expectation (BAD 0
+        # everywhere) the pieces add up to the expectations' sum by construction; the full
+        # sweeps prove the whole reassembly.
+        rows[:, MULTISET] = np.where(sharded & ~partial, digests, 0)
+        # Replicated: the replicas must agree wherever every rank read the same local indices.
+        rows[:, ORDERED] = np.where(sharded, 0, digests)
+        again = partial & ~sharded
+        if again.any():
+            read = [x for x, k in zip(local, again) if k]
+            flat = np.concatenate(read)
+            rows[again, LOCALS] = as_int64s(ordered_digests(flat, flat, np.array([len(x) for x in read], dtype=np.int64)) | np.uint64(1))
+        return rows
 
     @property
     def pending(self) -> int:

@@ -63,3 +63,15 @@ def ordered_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray)
 def as_int64s(u: np.ndarray) -> np.ndarray:
     """uint64 digests as the int64s with the same bits."""
     return np.asarray(u, dtype=np.uint64).view(np.int64)
+
+
+def run_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+    """Per run of ``lengths`` consecutive pairs, its ``ordered_digest`` where ``ordered`` (a
+    bool per run) is set, else its ``multiset_digest``; all runs in one pass (uint64)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    values = _pair_hash(index, content)
+    each = np.repeat(np.asarray(ordered, dtype=bool), lengths)
+    if each.any():
+        order = np.arange(1, len(values) + 1, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        values[each] = mix64(values[each] ^ order[each].view(np.uint64) * _K2)
+    return _segment_sums(values, lengths)
