@@ -345,8 +345,16 @@ class Checker:
     def _first_bad_item(self, p: _Pending, per_item: np.ndarray, reads) -> Failure | None:
         """The failure of the first (group, request) item whose rows fail on some rank
         (``STALE`` for an older step), or None."""
-        bad = per_item[:, :, BAD].sum(axis=0).tolist()  # every item's at once: this runs at every verification
-        for k, (g, view) in enumerate(p.items):
+        bad = per_item[:, :, BAD].sum(axis=0)  # every item's at once: this runs at every verification
+        # the items that can fail (the others pass _item_kind trivially): an entry unlike
+        # the oracle's, a full read of a sharded group, replicas whose digests differ
+        sharded = np.array([self.groups[g].sharded for g, _ in p.items], dtype=bool)
+        full = np.array([x is None for x in p.local], dtype=bool)
+        differ = (per_item[:, :, ORDERED] != per_item[0, :, ORDERED]).any(axis=0)
+        suspects = np.flatnonzero((bad != 0) | (sharded & full) | (~sharded & differ)).tolist()
+        bad = bad.tolist()
+        for k in suspects:
+            g, view = p.items[k]
             kind = self._item_kind(g, view, p.local[k], per_item[:, k], bad[k])
             if kind is not None:
                 return STALE if reads is None else self._item_failure(p.plan, g, view, reads[k], bad[k], kind)
