@@ -146,8 +146,10 @@ class ChangeTracker:
         else:
             lo, hi = first, stop
             new = np.arange(max(last, first), stop, dtype=np.int64)
-        if not len(rewritten) and not len(changed):
-            return new  # only the new indices (sorted, distinct, inside [lo, hi)): most steps
+        if not len(changed) and (not len(rewritten) or (len(new) and rewritten[0] >= new[0] and rewritten[-1] < hi)):
+            # only the new indices (sorted, distinct, inside [lo, hi)): most steps, whose
+            # writes all map to new indices (``rewritten`` is sorted: by column, then slot)
+            return new
         local = np.concatenate([new, rewritten, locals_of_columns(changed, group.page_states)])
         local = np.sort(local[(local >= lo) & (local < hi)])
         distinct = np.ones(len(local), dtype=bool)
