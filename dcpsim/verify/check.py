@@ -46,7 +46,7 @@ from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
 from dcpsim.verify.options import CheckOptions
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
-from dcpsim.verify.read import read_slots, read_slots_of_rows
+from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.write_guard import WriteGuard
 
@@ -194,7 +194,8 @@ class Checker:
         index = np.concatenate([e[0] for e in expected])
         content = np.concatenate([e[1] for e in expected])
         store = self.store_of[g]
-        got = self.view.read_entries(store, read_slots_of_rows(self.groups[g], table, [e[2] for e in expected]))
+        slots = np.concatenate([read_slots(self.groups[g], row, e[2]) for row, e in zip(table, expected)])
+        got = self.view.read_entries(store, slots)
         bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != store)
         reads, at = [], 0
         for e in expected:

@@ -31,22 +31,3 @@ def read_slots(group: ExpectedGroup, row: np.ndarray, local_index: np.ndarray) -
     slots = np.full(len(local_index), -1, dtype=np.int64)
     slots[inside] = (row[entry[inside]] * per_page + sub[inside]) * bk + local_index[inside] % bk
     return slots
-
-
-def read_slots_of_rows(group: ExpectedGroup, rows: list[np.ndarray], local_indices: list[np.ndarray]) -> np.ndarray:
-    """``read_slots`` of each (row, local indices) pair, concatenated: a group's requests
-    in one pass."""
-    if group.storage is Storage.RING or not rows:
-        parts = [read_slots(group, row, local) for row, local in zip(rows, local_indices)]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    lengths = np.array([len(x) for x in local_indices], dtype=np.int64)
-    row_lens = np.array([len(r) for r in rows], dtype=np.int64)
-    local = np.concatenate(local_indices).astype(np.int64, copy=False)
-    flat = np.concatenate([*rows, np.zeros(1, np.int64)]).astype(np.int64, copy=False)
-    page = group.page_states
-    bk = group.kernel_block_size or page
-    per_page = page // bk
-    entry, sub = np.divmod(local // bk, per_page)  # each request's block-table entry, kernel block in it
-    inside = entry < np.repeat(row_lens, lengths)
-    at = np.where(inside, np.repeat(np.cumsum(row_lens) - row_lens, lengths) + entry, len(flat) - 1)
-    return np.where(inside, (flat[at] * per_page + sub) * bk + local % bk, -1)

@@ -12,7 +12,7 @@ from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD
 from dcpsim.model.plan import ReqWrite
 from dcpsim.verify.geometry import ExpectedGroup, expected_groups
-from dcpsim.verify.read import read_slots, read_slots_of_rows
+from dcpsim.verify.read import read_slots
 from support.helpers import builtin
 
 
@@ -29,19 +29,6 @@ def group(storage=Storage.PAGED, *, B=64, R=1, Bk=None, sharded=True, W=2, I=1):
         block_size=B,
         kernel_block_size=Bk,
     )
-
-
-@pytest.mark.parametrize("g", [group(), group(Bk=16), group(B=8, Bk=4, sharded=False), group(Storage.RING, B=8)])
-def test_a_groups_requests_read_at_once_as_one_by_one(g):
-    """The checker reads a group's requests in one pass (``read_slots_of_rows``): the same
-    slots as ``read_slots`` request by request, -1 past each request's own row."""
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        n = int(rng.integers(1, 5))
-        rows = [rng.integers(1, 50, size=rng.integers(1 if g.storage is Storage.RING else 0, 4)) for _ in range(n)]
-        local = [np.sort(rng.integers(0, 4 * g.block_size, size=rng.integers(0, 6))) for _ in range(n)]
-        one_by_one = np.concatenate([read_slots(g, r, x) for r, x in zip(rows, local)])
-        assert read_slots_of_rows(g, rows, local).tolist() == one_by_one.tolist()
 
 
 def test_paged_reads_by_hand():
