@@ -16,6 +16,8 @@ from dcpsim.model.distinct import has_repeats, member_of
 from dcpsim.model.plan import StepPlan, WriteRecord
 
 MAX_KEPT = 20
+_AT_ONCE = 3
+"""Writes in a step from which ``WriteGuard.judge`` judges them all at once."""
 _NONE = np.zeros(0, np.int64)
 
 
@@ -68,7 +70,8 @@ class WriteGuard:
         (blocks, states per block) of its store)."""
         self._step = plan.step
         writes = [w for w in writes if len(w.slots)]
-        if writes and not self._judge_inside(plan, writes, store_shapes):
+        # both report the same; all at once costs less from about three writes a step on
+        if len(writes) < _AT_ONCE or not self._judge_inside(plan, writes, store_shapes):
             self._judge_each(plan, writes, store_shapes)
 
     def _judge_inside(self, plan: StepPlan, writes: list[WriteRecord], store_shapes) -> bool:

@@ -30,8 +30,8 @@ def test_judging_a_step_at_once_reports_what_judging_each_write_does():
     for _ in range(200):
         plan, writes, shapes = _step(rng)
         together, each = WriteGuard(0, {0: "a", 1: "b"}), WriteGuard(0, {0: "a", 1: "b"})
-        together.judge(plan, writes, shapes)
-        each._step = plan.step
+        together._step = each._step = plan.step
+        assert together._judge_inside(plan, [w for w in writes if len(w.slots)], shapes)
         each._judge_each(plan, [w for w in writes if len(w.slots)], shapes)
         assert (together.count, together.kept) == (each.count, each.kept)
         caught += together.count > 0
