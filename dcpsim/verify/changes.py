@@ -67,6 +67,28 @@ def locals_of_slots(row: np.ndarray, slots: np.ndarray, page: int) -> np.ndarray
     return np.repeat(hit, counts) * page + picked % page
 
 
+def locals_of_slots_per_row(rows: list[np.ndarray], slots: np.ndarray, page: int) -> list[np.ndarray]:
+    """``locals_of_slots`` of each of ``rows`` (a group's requests), in one pass."""
+    if not len(slots) or not rows:
+        return [NO_LOCALS] * len(rows)
+    lens = np.array([len(r) for r in rows], dtype=np.int64)
+    flat = np.concatenate(rows)
+    blocks = slots // page
+    lo = np.searchsorted(blocks, flat, side="left")
+    counts = np.searchsorted(blocks, flat, side="right") - lo
+    hit = np.flatnonzero(counts)
+    if not len(hit):
+        return [NO_LOCALS] * len(rows)
+    lo, counts = lo[hit], counts[hit]
+    starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    picked = slots[np.arange(int(counts.sum())) + starts]
+    row_start = np.cumsum(lens) - lens
+    owner = np.searchsorted(row_start, hit, side="right") - 1  # the row of each hit column
+    local = np.repeat(hit - row_start[owner], counts) * page + picked % page
+    bounds = np.searchsorted(np.repeat(owner, counts), np.arange(len(rows) + 1)).tolist()
+    return [local[bounds[k] : bounds[k + 1]] for k in range(len(rows))]
+
+
 def locals_of_columns(columns: np.ndarray, page: int) -> np.ndarray:
     """Every local index that reads through one of ``columns``."""
     return (np.asarray(columns, np.int64)[:, None] * page + np.arange(page, dtype=np.int64)).reshape(-1)
@@ -100,24 +122,35 @@ class ChangeTracker:
 
     def locals_to_read(self, g: int, group: ExpectedGroup, view: RequestView, row: np.ndarray, rank: int) -> np.ndarray | None:
         """The sorted local indices of the item to re-read, or None: read all of them."""
+        return self.locals_to_read_all(g, group, [view], [row], rank)[0]
+
+    def locals_to_read_all(self, g: int, group: ExpectedGroup, views: list, rows: list, rank: int) -> list:
+        """``locals_to_read`` of each of a group's requests ``views`` (their rows ``rows``),
+        the written slots mapped through every row in one pass."""
         if group.storage in (Storage.RING, Storage.STATE):
-            return None
+            return [None] * len(views)
+        rewritten = locals_of_slots_per_row(rows, self.written[g], group.page_states)
+        return [self._to_read(g, group, v, again, rank) for v, again in zip(views, rewritten)]
+
+    def _to_read(self, g: int, group: ExpectedGroup, view: RequestView, rewritten: np.ndarray, rank: int) -> np.ndarray | None:
+        """One item's local indices to re-read (``rewritten``: those its row maps the
+        written slots to), or None."""
         last = self.stop.get((g, view.req_index))
         changed = self.changed[g].get(view.req_index, NO_LOCALS)
         first, stop = expected_span(group, view.num_committed)
         if last is None or changed is None or stop < last or (group.sharded and first):
             return None
-        page = group.page_states
         if group.sharded:
             lo, hi = 0, owned_count(group, rank, stop)
             new = np.arange(owned_count(group, rank, last), hi, dtype=np.int64)
         else:
             lo, hi = first, stop
             new = np.arange(max(last, first), stop, dtype=np.int64)
-        rewritten = locals_of_slots(row, self.written[g], page)
-        if not len(rewritten) and not len(changed):
-            return new  # only the new indices (sorted, distinct, inside [lo, hi)): most steps
-        local = np.concatenate([new, rewritten, locals_of_columns(changed, page)])
+        if not len(changed) and (not len(rewritten) or (len(new) and rewritten[0] >= new[0] and rewritten[-1] < hi)):
+            # only the new indices (sorted, distinct, inside [lo, hi)): most steps, whose
+            # writes all map to new indices (``rewritten`` is sorted: by column, then slot)
+            return new
+        local = np.concatenate([new, rewritten, locals_of_columns(changed, group.page_states)])
         local = np.sort(local[(local >= lo) & (local < hi)])
         distinct = np.ones(len(local), dtype=bool)
         distinct[1:] = local[1:] != local[:-1]

@@ -40,7 +40,7 @@ from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
 from dcpsim.verify.changes import ChangeTracker, expected_at
 from dcpsim.verify.context_gather import judge_gathers
-from dcpsim.verify.digest import as_int64, multiset_digest, ordered_digest
+from dcpsim.verify.digest import as_int64s, multiset_digest, ordered_digests, run_digests
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
@@ -176,27 +176,44 @@ class Checker:
             return np.full(len(index), column, dtype=np.int64)
         return np.arange(len(index), dtype=np.int64) if group.sharded else index
 
-    def _local_read(self, g: int, view: RequestView, local: np.ndarray | None = None):
-        """Read the item's expected entries (``local``: only those local indices) and judge
-        them; returns (index, got, bad, content)."""
+    def _expected(self, g: int, view: RequestView, local: np.ndarray | None):
+        """The item's expected entries (``local``: only those local indices) and the local
+        indices attention reads them at; returns (index, content, local)."""
         group = self.groups[g]
         if local is None:
             index, content = expected_on_rank(group, view, self.rank)
-            local = self._local(g, view, index)
-        else:
-            index, content = expected_at(group, view, self.rank, local)
-        got = self.view.read_entries(self.store_of[g], read_slots(group, self._row(g, view), local))
-        bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != self.store_of[g])
-        return index, got, bad, content
+            return index, content, self._local(g, view, index)
+        index, content = expected_at(group, view, self.rank, local)
+        return index, content, local
 
-    def _locals(self, plan: StepPlan, items) -> list[np.ndarray | None]:
-        """Per item, the local indices to read (None: all)."""
+    def _read_group(self, g: int, views, table: list, local: list):
+        """Read the expected entries of group ``g`` for every request of ``views`` (its
+        block-table rows ``table``, local indices ``local``) in one store read, and judge
+        them; per request (index, got, bad), and all of them concatenated (index, content, got, bad)."""
+        expected = [self._expected(g, v, loc) for v, loc in zip(views, local)]
+        index = np.concatenate([e[0] for e in expected])
+        content = np.concatenate([e[1] for e in expected])
+        store = self.store_of[g]
+        slots = np.concatenate([read_slots(self.groups[g], row, e[2]) for row, e in zip(table, expected)])
+        got = self.view.read_entries(store, slots)
+        bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != store)
+        reads, at = [], 0
+        for e in expected:
+            n = len(e[0])
+            reads.append((index[at : at + n], got[at : at + n], bad[at : at + n]))
+            at += n
+        return reads, got, bad
+
+    def _locals(self, plan: StepPlan, items, table: list) -> list[np.ndarray | None]:
+        """Per item, the local indices to read (None: all); ``table``: the items' rows."""
         if not self.incremental or plan.last:
             return [None] * len(items)
-        return [
-            None if view.finished else self.changes.locals_to_read(g, self.groups[g], view, self._row(g, view), self.rank)
-            for g, view in items
-        ]
+        n = len(plan.views)
+        local = []
+        for g, group in enumerate(self.groups):
+            part = slice(g * n, (g + 1) * n)
+            local += self.changes.locals_to_read_all(g, group, plan.views, table[part], self.rank)
+        return [None if view.finished else x for (_, view), x in zip(items, local)]
 
     def verify(self, plan: StepPlan) -> Failure | None:
         """Read and judge this step at once (lockstep): ``read`` then ``exchange``."""
@@ -208,35 +225,58 @@ class Checker:
         against the oracle, and queue its compact row for the next ``exchange``."""
         self.verifications += 1
         self.changes.take(plan.views)
-        items = [(g, v) for g in range(len(self.groups)) for v in plan.views]
-        local = self._locals(plan, items)
+        views = plan.views
+        items = [(g, v) for g in range(len(self.groups)) for v in views]
+        table = [self._row(g, v) for g, v in items]  # each row once per check
+        local = self._locals(plan, items, table)
         if all(x is None for x in local):
             self.full_sweeps += 1
-        rows = np.zeros((len(items), len(_ROW)), dtype=np.int64)
-        reads = []
-        for k, (g, view) in enumerate(items):
-            index, got, bad, content = self._local_read(g, view, local[k])
-            reads.append((index, got, bad))
-            rows[k, BAD], rows[k, COUNT] = int(bad.sum()), len(got)
-            if self.groups[g].sharded:
-                # A full read's pieces must add up to the full context (_judge). A partial
-                # read sends no digest: with every entry equal to the rank's expectation
-                # (BAD 0 everywhere) the pieces add up to the expectations' sum by
-                # construction; the full sweeps prove the whole reassembly.
-                if local[k] is None:
-                    rows[k, MULTISET] = as_int64(multiset_digest(got[:, INDEX], got[:, CONTENT]))
-            else:  # the replicas must agree wherever every rank read the same local indices
-                rows[k, ORDERED] = as_int64(ordered_digest(got[:, INDEX], got[:, CONTENT]))
-                if local[k] is not None:
-                    rows[k, LOCALS] = as_int64(ordered_digest(local[k], local[k]) | 1)
-        tables = [as_int64(self._table_digest(g, plan.views)) for g in range(len(self.groups))]
+        reads, got, bad = [], [], []
+        n = len(views)
+        for g in range(len(self.groups) if n else 0):
+            part = slice(g * n, (g + 1) * n)
+            group_reads, group_got, group_bad = self._read_group(g, views, table[part], local[part])
+            reads.extend(group_reads)
+            got.append(group_got)
+            bad.append(group_bad)
+        rows = self._digest_rows(items, local, reads, got, bad)
+        tables = self._table_digests(views, table)
         meta_count = self.metadata.count if self.metadata is not None else 0
         event_count = self.router.count if self.router is not None else 0
-        header = np.array([self.guard.count, meta_count, event_count, len(tables)] + tables, dtype=np.int64)
+        header = np.concatenate([np.array([self.guard.count, meta_count, event_count, len(tables)], dtype=np.int64), tables])
         for g, view in items:  # as if it passes: a failure found later ends the run anyway
             self.changes.checked(g, self.groups[g], view)
         self._pending.append(_Pending(plan, items, local, np.concatenate([header, rows.reshape(-1)]), len(header)))
         self._last_reads = reads  # kept for the details of a failure at this step
+
+    def _digest_rows(self, items, local: list, reads: list, got: list, bad: list) -> np.ndarray:
+        """The items' rows from their reads (``got``, ``bad``: every group's, concatenated):
+        bad count, entries read and the digests, for the whole step at once."""
+        rows = np.zeros((len(items), len(_ROW)), dtype=np.int64)
+        if not items:
+            return rows
+        got, bad = np.concatenate(got), np.concatenate(bad)
+        lengths = np.array([len(r[1]) for r in reads], dtype=np.int64)
+        ends = np.cumsum(lengths)
+        bad_run = np.zeros(len(bad) + 1, dtype=np.int64)
+        np.cumsum(bad, out=bad_run[1:])
+        rows[:, BAD], rows[:, COUNT] = bad_run[ends] - bad_run[ends - lengths], lengths
+        sharded = np.array([self.groups[g].sharded for g, _ in items], dtype=bool)
+        partial = np.array([x is not None for x in local], dtype=bool)
+        digests = as_int64s(run_digests(got[:, INDEX], got[:, CONTENT], lengths, ~sharded))
+        # Sharded: a full read's pieces must add up to the full context (_judge). A partial
+        # read sends no digest: with every entry equal to the rank's expectation (BAD 0
+        # everywhere) the pieces add up to the expectations' sum by construction; the full
+        # sweeps prove the whole reassembly.
+        rows[:, MULTISET] = np.where(sharded & ~partial, digests, 0)
+        # Replicated: the replicas must agree wherever every rank read the same local indices.
+        rows[:, ORDERED] = np.where(sharded, 0, digests)
+        again = partial & ~sharded
+        if again.any():
+            read = [x for x, k in zip(local, again) if k]
+            flat = np.concatenate(read)
+            rows[again, LOCALS] = as_int64s(ordered_digests(flat, flat, np.array([len(x) for x in read], dtype=np.int64)) | np.uint64(1))
+        return rows
 
     @property
     def pending(self) -> int:
@@ -306,8 +346,16 @@ class Checker:
     def _first_bad_item(self, p: _Pending, per_item: np.ndarray, reads) -> Failure | None:
         """The failure of the first (group, request) item whose rows fail on some rank
         (``STALE`` for an older step), or None."""
-        bad = per_item[:, :, BAD].sum(axis=0).tolist()  # every item's at once: this runs at every verification
-        for k, (g, view) in enumerate(p.items):
+        bad = per_item[:, :, BAD].sum(axis=0)  # every item's at once: this runs at every verification
+        # the items that can fail (the others pass _item_kind trivially): an entry unlike
+        # the oracle's, a full read of a sharded group, replicas whose digests differ
+        sharded = np.array([self.groups[g].sharded for g, _ in p.items], dtype=bool)
+        full = np.array([x is None for x in p.local], dtype=bool)
+        differ = (per_item[:, :, ORDERED] != per_item[0, :, ORDERED]).any(axis=0)
+        suspects = np.flatnonzero((bad != 0) | (sharded & full) | (~sharded & differ)).tolist()
+        bad = bad.tolist()
+        for k in suspects:
+            g, view = p.items[k]
             kind = self._item_kind(g, view, p.local[k], per_item[:, k], bad[k])
             if kind is not None:
                 return STALE if reads is None else self._item_failure(p.plan, g, view, reads[k], bad[k], kind)
@@ -357,13 +405,21 @@ class Checker:
             details=[str(m) for m in kept[:10]] + ([f"... and {total - 10} more"] if total > 10 else []),
         )
 
-    def _table_digest(self, g: int, views) -> int:
-        parts = []
-        for v in views:
-            row = self._row(g, v)
-            parts.append(np.concatenate([[v.req_index, len(row)], row]).astype(np.int64))
-        flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        return ordered_digest(flat, np.zeros(len(flat), np.int64))
+    def _table_digests(self, views, table: list) -> np.ndarray:
+        """Per group, the ordered digest of ``req_index, len(row), *row`` over the step's
+        requests in order (``table``: the rows, group by group, as the step's items), as int64s."""
+        lengths = np.array([len(row) for row in table], dtype=np.int64)
+        spans = lengths + 2
+        heads = np.cumsum(spans) - spans
+        flat = np.zeros(int(spans.sum()), dtype=np.int64)
+        body = np.ones(len(flat), dtype=bool)
+        body[heads] = body[heads + 1] = False
+        flat[heads] = [v.req_index for v in views] * len(self.groups)
+        flat[heads + 1] = lengths
+        if table:
+            flat[body] = np.concatenate(table)
+        per_group = spans.reshape(len(self.groups), len(views)).sum(axis=1)
+        return as_int64s(ordered_digests(flat, np.zeros(len(flat), np.int64), per_group))
 
     # --- phase 2: details of the first problem --------------------------------------
 

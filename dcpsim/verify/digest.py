@@ -36,3 +36,42 @@ def ordered_digest(index: np.ndarray, content: np.ndarray) -> int:
 def as_int64(u: int) -> int:
     """A uint64 digest as the int64 with the same bits (for int64 tensors)."""
     return int(np.array([u], dtype=np.uint64).view(np.int64)[0])
+
+
+def _segment_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The uint64 sum (mod 2**64) of each run of ``lengths`` consecutive ``values``."""
+    ends = np.cumsum(lengths)
+    running = np.zeros(len(values) + 1, dtype=np.uint64)
+    np.cumsum(values, dtype=np.uint64, out=running[1:])
+    return running[ends] - running[ends - lengths]
+
+
+def multiset_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``multiset_digest`` of each run of ``lengths`` consecutive pairs, in one pass (uint64)."""
+    return _segment_sums(_pair_hash(index, content), lengths)
+
+
+def ordered_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``ordered_digest`` of each run of ``lengths`` consecutive pairs (each run ordered
+    from its own first pair), in one pass over all of them (uint64)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    order = np.arange(1, len(index) + 1, dtype=np.int64) - np.repeat(starts, lengths)
+    return _segment_sums(mix64(_pair_hash(index, content) ^ order.view(np.uint64) * _K2), lengths)
+
+
+def as_int64s(u: np.ndarray) -> np.ndarray:
+    """uint64 digests as the int64s with the same bits."""
+    return np.asarray(u, dtype=np.uint64).view(np.int64)
+
+
+def run_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+    """Per run of ``lengths`` consecutive pairs, its ``ordered_digest`` where ``ordered`` (a
+    bool per run) is set, else its ``multiset_digest``; all runs in one pass (uint64)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    values = _pair_hash(index, content)
+    each = np.repeat(np.asarray(ordered, dtype=bool), lengths)
+    if each.any():
+        order = np.arange(1, len(values) + 1, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        values[each] = mix64(values[each] ^ order[each].view(np.uint64) * _K2)
+    return _segment_sums(values, lengths)

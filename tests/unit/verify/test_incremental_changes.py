@@ -15,7 +15,7 @@ from dcpsim.engine.worker.block_table import ALL_COLUMNS, BlockTable
 from dcpsim.engine.worker.kv_store import KVStore
 from dcpsim.model.layout import PAD
 from dcpsim.model.plan import RequestView, ReqWrite
-from dcpsim.verify.changes import expected_at, locals_of_columns, locals_of_slots, owned_count, owned_index
+from dcpsim.verify.changes import expected_at, locals_of_columns, locals_of_slots, locals_of_slots_per_row, owned_count, owned_index
 from dcpsim.verify.geometry import expected_groups
 from dcpsim.verify.oracle import expected_on_rank
 from dcpsim.verify.read import read_slots
@@ -79,6 +79,19 @@ def test_a_written_slot_maps_back_to_every_local_index_that_reads_it(bk):
     reads = read_slots(group, row, every)
     assert sorted(local.tolist()) == every[np.isin(reads, slots)].tolist()
     assert locals_of_columns(np.array([1, 4]), page).tolist() == list(range(page, 2 * page)) + list(range(4 * page, 5 * page))
+
+
+def test_written_slots_map_through_a_groups_rows_at_once_as_one_by_one():
+    """The checker maps the written slots through all of a group's rows in one pass: the
+    same local indices, in the same order, as row by row (empty rows, shared blocks)."""
+    rng = np.random.default_rng(1)
+    page = 4
+    for _ in range(100):
+        rows = [rng.integers(0, 10, size=rng.integers(0, 5)) for _ in range(int(rng.integers(1, 5)))]
+        slots = np.unique(rng.integers(0, 10 * page, size=rng.integers(0, 12)))
+        together = locals_of_slots_per_row(rows, slots, page)
+        assert [x.tolist() for x in together] == [locals_of_slots(r, slots, page).tolist() for r in rows]
+        assert all((np.diff(x) > 0).all() for x in together)  # sorted and distinct: locals_to_read relies on it
 
 
 # ----------------------------------------------------------------------------- late faults
