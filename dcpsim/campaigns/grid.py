@@ -1,12 +1,16 @@
-"""The full correctness grid: every built-in x W in 1..8 x every I dividing B x two block
-sizes, plus kernel-block cells.
+"""The full correctness grid: every built-in x W in 1..8 x every I dividing B, the same at
+B / 2 for the matrix's default W, plus kernel-block cells.
 
 For each scenario with page size ``B`` (``matrix.page_states``):
 
-* block sizes ``B`` and ``B / 2`` (the second halves every page, so requests cross twice
-  as many block boundaries);
-* for each, every W in 1..8 and every interleave size dividing that block size (W = 1
-  once: interleave has no effect there);
+* block size ``B``: every W in 1..8 and every interleave size dividing ``B`` (W = 1 once:
+  interleave has no effect there);
+* block size ``B / 2`` (every page halved, so requests cross twice as many block
+  boundaries): every interleave size dividing ``B / 2`` at ``HALF_PAGE_DCP``, the W of
+  ``matrix --dcp``'s default (1, 2, 3, 4, 8: powers of two and an odd W). W = 5, 6 and 7
+  run at ``B`` and in the kernel-block cells; at ``B / 2`` they cost 18 of every 35
+  rank-steps of W in 2..8 (a cell's cost grows with W) and would add no ratio of I to the
+  page that ``B`` lacks (``(W, I, B / 2)`` has the ratios of ``(W, 2 I, B)``);
 * kernel-block cells ``Bk = B / 2`` at the scenario's own ``B``, for W >= 2 and ``I = B``,
   where every run of a rank spans two kernel blocks (with ``Bk = B``, the other cells, the
   kernel table is the block table itself; ``Bk`` matters nowhere at W = 1 that the
@@ -34,13 +38,15 @@ from __future__ import annotations
 
 import math
 
-from dcpsim.campaigns.matrix import CellResult, expand, page_states
+from dcpsim.campaigns.matrix import DEFAULT_DCP, CellResult, expand, page_states
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.model.kinds import Storage
 from dcpsim.model.scenario import Scenario
 from dcpsim.scenarios.load import load_scenario
 
 FULL_DCP = tuple(range(1, 9))
+HALF_PAGE_DCP = DEFAULT_DCP
+"""The W of the ``B / 2`` cells (see the module doc)."""
 ATTENTION_DCP = (2, 4)
 """The W of the attention cells with natural LSEs, and of those with base-2 LSEs and ``Bk < B``."""
 NO_ATTENTION_CELLS = ("dsv32-sparse",)
@@ -62,9 +68,10 @@ def full_grid(scenarios: list[str], *, dry_run: bool = False) -> list[CellResult
         ragged = ragged_pages(scenario)
         if ragged:  # its own pages, every interleave dividing each of them
             out += expand([name], FULL_DCP, [str(i) for i in divisors(math.gcd(*ragged))], [None], dry_run=dry_run)
-        sizes = ([] if ragged else [b]) + ([b // 2] if b % 2 == 0 and b > 1 else [])
-        for bs in sizes:
-            out += expand([name], FULL_DCP, [str(i) for i in divisors(bs)], [bs], dry_run=dry_run)
+        else:
+            out += expand([name], FULL_DCP, [str(i) for i in divisors(b)], [b], dry_run=dry_run)
+        if b % 2 == 0 and b > 1:
+            out += expand([name], HALF_PAGE_DCP, [str(i) for i in divisors(b // 2)], [b // 2], dry_run=dry_run)
         if b % 2 == 0 and b > 1:
             out += expand([name], FULL_DCP[1:], [str(b)], [b], dry_run=dry_run, kernel_block_size=b // 2)
     for name in scenarios:

@@ -44,8 +44,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--full",
         action="store_true",
-        help="the full grid: W 1..8 x every I dividing B x block sizes B and B/2, and Bk = B/2 cells "
-        "(not with --dcp, --interleave, --block-size)",
+        help="the full grid: W 1..8 x every I dividing B, W 1,2,3,4,8 x every I dividing B/2 at block "
+        "size B/2, Bk = B/2 cells, and attention cells (not with --dcp, --interleave, --block-size)",
     )
     p.add_argument(
         "--shard",

@@ -15,7 +15,7 @@ import functools
 import pytest
 
 from dcpsim.campaigns import matrix as mx
-from dcpsim.campaigns.grid import NO_ATTENTION_CELLS, full_grid
+from dcpsim.campaigns.grid import HALF_PAGE_DCP, NO_ATTENTION_CELLS, full_grid
 from dcpsim.campaigns.shard import UNIT, parse_shard, select, unit_cost, work_units
 from dcpsim.scenarios.registry import builtin_scenario_names
 
@@ -88,6 +88,10 @@ def test_the_full_grid_has_every_axis():
     dsv3 = {(c.dcp, c.interleave, c.block_size, c.kernel_block_size) for c in valid if c.scenario == "dsv3"}
     assert {i for w, i, b, k in dsv3 if b == 64 and w == 4 and k is None} == {1, 2, 4, 8, 16, 32, 64}
     assert {i for w, i, b, k in dsv3 if b == 32 and w == 4} == {1, 2, 4, 8, 16, 32}
+    # B / 2 at the matrix's default W (W = 5, 6, 7 run at B and Bk = B / 2), every I at each
+    assert {w for w, i, b, k in dsv3 if b == 32} == set(HALF_PAGE_DCP) == {1, 2, 3, 4, 8}
+    assert all({i for w, i, b, k in dsv3 if b == 32 and w == W} == {1, 2, 4, 8, 16, 32} for W in (2, 3, 8))
+    assert {w for w, i, b, k in dsv3 if b == 64 and k is None and i == 1} == set(range(1, 9))
     assert {(w, i) for w, i, b, k in dsv3 if k == 32} == {(w, 64) for w in range(2, 9)}
     assert sum(1 for w, *_ in dsv3 if w == 1) == 2, "W = 1 once per block size"
 
