@@ -1,6 +1,6 @@
 """The full correctness matrix under pytest: ``campaigns.grid.full_grid`` on real gloo worlds.
 
-Part of the default test command (about 4 minutes on 2 cores, docs/matrix.md's table);
+Part of the default test command (about 8 minutes on 2 cores, docs/matrix.md's table);
 ``--dcpsim-skip-full-matrix`` leaves it out of a quick local run, ``--dcpsim-shard K/N`` runs
 only the cells of ``dcpsim matrix --full --shard K/N``, so a CI system can fan it out over
 machines. One test item is one chunk of at most ``UNIT`` cells of one (scenario, W) world
@@ -19,7 +19,7 @@ from dcpsim.campaigns.grid import HALF_PAGE_DCP, NO_ATTENTION_CELLS, full_grid
 from dcpsim.campaigns.shard import UNIT, parse_shard, select, unit_cost, work_units
 from dcpsim.scenarios.registry import builtin_scenario_names
 
-pytestmark = pytest.mark.slow  # about 4 minutes of gloo worlds on 2 cores
+pytestmark = pytest.mark.slow  # about 8 minutes of gloo worlds on 2 cores
 
 
 @functools.cache
