@@ -104,7 +104,9 @@ def run_world(
     the others wait in (a divergent collective plan, e.g. vllm#53573).
 
     rank_fn must be a module-level function; payload and results must be picklable.
-    Raises RankFailureError if a rank fails (or rendezvous fails), HarnessError if
+    A world whose gloo mesh connect fails at rendezvous is started once more
+    (``RENDEZVOUS_ATTEMPTS``). Raises RankFailureError if a rank fails (or rendezvous
+    fails), HarnessError if
     the world is still running after deadline_s (default pg_timeout_s * 2 + 30).
     ``on_event(rank, payload)`` gets each ``send_event`` of a rank as it arrives;
     ``on_wait(message)`` says which ranks are still running and where, after every
@@ -114,7 +116,35 @@ def run_world(
     if deadline_s is None:
         deadline_s = pg_timeout_s * 2 + 30
     job = pickle.dumps((rank_fn, payload), protocol=pickle.HIGHEST_PROTOCOL)
-    ctx = _context(tuple(preload))
+    supervise = dict(on_event=on_event, on_wait=on_wait, wait_report_s=wait_report_s, phase_order=phase_order)
+    for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
+        try:
+            return _run_once(job, world_size, pg_timeout_s, deadline_s, tuple(preload), supervise)
+        except RankFailureError as exc:
+            if attempt == RENDEZVOUS_ATTEMPTS or not transient_rendezvous(exc):
+                raise
+    raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+RENDEZVOUS_ATTEMPTS = 2
+"""Worlds started for one ``run_world`` when gloo's mesh connect fails at rendezvous
+(``transient_rendezvous``): on a loaded machine a pair's TCP handshake can be closed by
+the peer (``Gloo connectFullMesh failed ... Connection closed by peer``) before any rank
+has run anything, so a fresh world (new store, new ports) is safe to start once more."""
+
+_TRANSIENT = ("Gloo connectFullMesh failed",)
+
+
+def transient_rendezvous(exc: RankFailureError) -> bool:
+    """Whether a world failed only in gloo's mesh connect, before any rank ran its function:
+    every failed rank still at ``rendezvous``, one of them with gloo's connect error."""
+    at_rendezvous = all(f.step is None and f.what == "rendezvous" for f in exc.failures)
+    return bool(exc.failures) and at_rendezvous and any(t in f.message for f in exc.failures for t in _TRANSIENT)
+
+
+def _run_once(job: bytes, world_size: int, pg_timeout_s: float, deadline_s: float, preload: tuple[str, ...], supervise: dict) -> list:
+    """One world: start the ranks over a fresh ``FileStore``, supervise them, clean up."""
+    ctx = _context(preload)
     store_dir = _new_store_dir()
     procs, conns = [], []
     try:
@@ -130,16 +160,7 @@ def run_world(
             proc.start()
             procs.append(proc)
             send_end.close()
-        return _Supervisor(
-            procs,
-            conns,
-            deadline_s,
-            min(MAX_GRACE_S, pg_timeout_s),
-            on_event=on_event,
-            on_wait=on_wait,
-            wait_report_s=wait_report_s,
-            phase_order=phase_order,
-        ).run()
+        return _Supervisor(procs, conns, deadline_s, min(MAX_GRACE_S, pg_timeout_s), **supervise).run()
     finally:
         _kill(procs)
         for conn in conns:

@@ -1,0 +1,54 @@
+"""A world whose gloo mesh connect fails at rendezvous is started once more; any other
+failure, or a second connect failure, is raised as before."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcpsim.harness import world
+from dcpsim.harness.world_failure import RankFailure, RankFailureError
+
+CONNECT = "Gloo connectFullMesh failed with [pair.cc:553] Connection closed by peer [127.0.0.1]:3227."
+
+
+def failure(*ranks: tuple[int, int | None, str, str]) -> RankFailureError:
+    return RankFailureError("world failed", [RankFailure(r, step, what, "RuntimeError", msg, "") for r, step, what, msg in ranks])
+
+
+def test_only_a_connect_failure_at_rendezvous_is_transient():
+    assert world.transient_rendezvous(failure((0, None, "rendezvous", CONNECT)))
+    killed = RankFailure(1, None, "rendezvous", "Killed", "still running 5 s after the first failure", "")
+    assert world.transient_rendezvous(RankFailureError("x", [RankFailure(0, None, "rendezvous", "RuntimeError", CONNECT, ""), killed]))
+    assert not world.transient_rendezvous(failure((0, None, "rendezvous", "Timed out initializing process group")))
+    assert not world.transient_rendezvous(failure((0, None, "started", CONNECT)))  # the rank function had begun
+    assert not world.transient_rendezvous(failure((0, None, "rendezvous", CONNECT), (1, 3, "write", "boom")))
+    assert not world.transient_rendezvous(RankFailureError("x", []))
+
+
+def test_run_world_starts_a_fresh_world_once_after_a_connect_failure(monkeypatch):
+    calls = []
+
+    def once(job, world_size, *args):
+        calls.append(job)
+        if len(calls) == 1:
+            raise failure((0, None, "rendezvous", CONNECT))
+        return ["ok"] * world_size
+
+    monkeypatch.setattr(world, "_run_once", once)
+    assert world.run_world(len, None, world_size=2) == ["ok", "ok"]
+    assert len(calls) == 2 and calls[0] == calls[1]
+
+
+@pytest.mark.parametrize("first", [(0, None, "rendezvous", CONNECT), (1, 2, "verify", "AssertionError")])
+def test_run_world_raises_what_it_does_not_retry(monkeypatch, first):
+    calls = []
+
+    def once(*args):
+        calls.append(1)
+        raise failure(first)
+
+    monkeypatch.setattr(world, "_run_once", once)
+    with pytest.raises(RankFailureError):
+        world.run_world(len, None, world_size=2)
+    # a connect failure is retried once (RENDEZVOUS_ATTEMPTS), any other failure never
+    assert len(calls) == (world.RENDEZVOUS_ATTEMPTS if first[3] == CONNECT else 1)
