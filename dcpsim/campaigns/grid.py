@@ -72,7 +72,6 @@ def full_grid(scenarios: list[str], *, dry_run: bool = False) -> list[CellResult
             out += expand([name], FULL_DCP, [str(i) for i in divisors(b)], [b], dry_run=dry_run)
         if b % 2 == 0 and b > 1:
             out += expand([name], HALF_PAGE_DCP, [str(i) for i in divisors(b // 2)], [b // 2], dry_run=dry_run)
-        if b % 2 == 0 and b > 1:
             out += expand([name], FULL_DCP[1:], [str(b)], [b], dry_run=dry_run, kernel_block_size=b // 2)
     for name in scenarios:
         if name not in NO_ATTENTION_CELLS:

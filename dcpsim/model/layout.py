@@ -235,9 +235,9 @@ def _general(pos, bt, B, W, r, I, sharded) -> np.ndarray:
         slots += off
         return slots
     span = B * W
-    off = np.arange(span, dtype=np.int64)
     sentinel = -(int(np.abs(bt).max()) + 1) * B - 1
-    local = np.where((off // I) % W == r, (off // (W * I)) * I + off % I, sentinel)
+    owned = _local_offsets(B, W, I, r)
+    local = np.where(owned >= 0, owned, sentinel)
     if span & (span - 1) == 0:  # B and W powers of two (the usual case): a shift and a mask
         vb = np.right_shift(pos, span.bit_length() - 1)
         off = np.bitwise_and(pos, span - 1)

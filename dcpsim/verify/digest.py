@@ -54,10 +54,7 @@ def multiset_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray
 def ordered_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``ordered_digest`` of each run of ``lengths`` consecutive pairs (each run ordered
     from its own first pair), in one pass over all of them (uint64)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
-    order = np.arange(1, len(index) + 1, dtype=np.int64) - np.repeat(starts, lengths)
-    return _segment_sums(mix64(_pair_hash(index, content) ^ order.view(np.uint64) * _K2), lengths)
+    return run_digests(index, content, lengths, np.ones(len(lengths), dtype=bool))
 
 
 def as_int64s(u: np.ndarray) -> np.ndarray:

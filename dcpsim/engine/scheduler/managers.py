@@ -57,12 +57,7 @@ class GroupManager:
 
     def row_arrays(self) -> dict[int, np.ndarray]:
         """``row_array`` of every request holding a row (a plan's rows of this group)."""
-        snapshots, row_array = self._snapshots, self.row_array
-        out = {}
-        for req, row in self.blocks.items():
-            snapshot = snapshots.get(req)
-            out[req] = snapshot if snapshot is not None and len(snapshot) == len(row) else row_array(req)
-        return out
+        return {req: self.row_array(req) for req in self.blocks}
 
     def _forget(self, req: int) -> None:
         self._released.pop(req, None)
