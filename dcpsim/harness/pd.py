@@ -41,6 +41,7 @@ import torch.distributed as dist
 from dcpsim.engine.connector import PROMPT_LOADS, gather_entries, read_pages, write_loaded
 from dcpsim.engine.loading import forkserver
 from dcpsim.engine.scheduler.request import Status
+from dcpsim.harness.caller_main import check_plugins
 from dcpsim.harness.collectives import GlooCollectives
 from dcpsim.harness.groups import make_world_groups
 from dcpsim.harness.pd_job import PDJob, instance_sizes, prepare_pd
@@ -187,6 +188,7 @@ def run_pd_batch(jobs: list[PDJob], *, world: WorldOptions = WORLD, on_wait=None
     and forks once; ``world``'s timeout and deadline); each validated first."""
     for job in jobs:
         prepare_pd(job)
+    check_plugins(j.engine.name for j in jobs)
     preload: tuple[str, ...] = ("dcpsim.harness.pd",)
     engines = [choice for choice in dict.fromkeys(j.engine for j in jobs) if not choice.is_reference]
     if engines:  # Triton imported and the engines built once, in the forkserver

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from dcpsim.collectives import Collectives
 from dcpsim.engine.loading import forkserver
+from dcpsim.harness.caller_main import check_plugins
 from dcpsim.harness.collectives import GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
 from dcpsim.harness.progress import NO_PROGRESS, Progress
@@ -119,6 +120,7 @@ def run_jobs(jobs: list[Job], *, on_job=None, on_wait=None, trace: Trace | None 
     if in_process:
         per_rank = run_in_threads(functools.partial(_thread_rank_batch, tally=tally), payload, world, timeout=timeout)
     else:
+        check_plugins(j.engine.name for j in jobs)
         preload = (RANK_PRELOAD,)
         if any(j.engine.name in ("vllm", "sglang") for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.loading.preload",)

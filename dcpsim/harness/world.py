@@ -6,6 +6,10 @@ processes and returns the per-rank results in rank order. The parent only superv
 * Ranks are forked by a ``forkserver`` that has already imported torch, so a world
   starts in ~0.1 s instead of seconds with ``spawn``. The preload list is fixed when
   the forkserver first starts (the first ``run_world`` call of the process).
+* Neither the forkserver nor a rank re-creates the caller's ``__main__``
+  (``caller_main``): a script that calls the API unguarded, or one read from standard
+  input, works as ``python -m dcpsim`` does. A payload that holds an object defined in
+  ``__main__`` is a ``ConfigError`` that names it.
 * Rendezvous goes through a ``FileStore`` in a fresh temp dir: no ports, so worlds
   in parallel threads or pytest-xdist workers never collide.
 * Every rank reports over its own pipe: progress (``set_progress``), events for the
@@ -35,6 +39,7 @@ import time
 from multiprocessing.connection import wait
 
 from dcpsim.errors import HarnessError
+from dcpsim.harness.caller_main import check_payload, starting_ranks
 from dcpsim.harness.rank_process import rank_main
 from dcpsim.harness.world_failure import RankFailure, RankFailureError, exit_failure, failure_error, waiting_message, where_text
 from dcpsim.model.validate import check_int
@@ -45,7 +50,7 @@ RANK_PRELOAD = "dcpsim.harness.runner"
 """What the forkserver of a world of jobs imports before it forks the ranks (the rank code:
 the engine, the checker and torch); named, not imported, so this module stays light for
 ``python -m dcpsim``, which starts the forkserver before it imports torch itself."""
-BASE_PRELOAD = ("__main__", "torch", "torch.distributed", "numpy.ma", "dcpsim.harness.rank_process")
+BASE_PRELOAD = ("torch", "torch.distributed", "numpy.ma", "dcpsim.harness.rank_process")
 MAX_GRACE_S = 2.0
 WAIT_REPORT_S = 5.0
 """How long the parent waits without news (an event) before saying what it waits for."""
@@ -73,7 +78,8 @@ def start_forkserver(preload: tuple[str, ...] = ()) -> None:
     from multiprocessing import forkserver
 
     try:
-        forkserver.ensure_running()
+        with starting_ranks():
+            forkserver.ensure_running()
     except Exception:  # the first world reports it
         pass
 
@@ -116,6 +122,7 @@ def run_world(
     if deadline_s is None:
         deadline_s = pg_timeout_s * 2 + 30
     job = pickle.dumps((rank_fn, payload), protocol=pickle.HIGHEST_PROTOCOL)
+    check_payload(payload, job)
     supervise = dict(on_event=on_event, on_wait=on_wait, wait_report_s=wait_report_s, phase_order=phase_order)
     for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
         try:
@@ -148,24 +155,30 @@ def _run_once(job: bytes, world_size: int, pg_timeout_s: float, deadline_s: floa
     store_dir = _new_store_dir()
     procs, conns = [], []
     try:
-        for rank in range(world_size):
-            recv_end, send_end = ctx.Pipe(duplex=False)
-            conns.append(recv_end)
-            proc = ctx.Process(
-                target=rank_main,
-                name=f"dcpsim-rank{rank}",
-                daemon=True,
-                args=(send_end, job, rank, world_size, os.path.join(store_dir, "store"), pg_timeout_s),
-            )
-            proc.start()
-            procs.append(proc)
-            send_end.close()
+        with starting_ranks():
+            _start_ranks(ctx, job, world_size, store_dir, pg_timeout_s, procs, conns)
         return _Supervisor(procs, conns, deadline_s, min(MAX_GRACE_S, pg_timeout_s), **supervise).run()
     finally:
         _kill(procs)
         for conn in conns:
             conn.close()
         shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def _start_ranks(ctx, job: bytes, world_size: int, store_dir: str, pg_timeout_s: float, procs: list, conns: list) -> None:
+    """Start the world's rank processes, each with the read end of its pipe in ``conns``."""
+    for rank in range(world_size):
+        recv_end, send_end = ctx.Pipe(duplex=False)
+        conns.append(recv_end)
+        proc = ctx.Process(
+            target=rank_main,
+            name=f"dcpsim-rank{rank}",
+            daemon=True,
+            args=(send_end, job, rank, world_size, os.path.join(store_dir, "store"), pg_timeout_s),
+        )
+        proc.start()
+        procs.append(proc)
+        send_end.close()
 
 
 class _Supervisor:
