@@ -16,6 +16,7 @@ from dcpsim.campaigns import shard as sh
 from dcpsim.campaigns.grid import full_grid
 from dcpsim.engine.choice import EngineChoice
 from dcpsim.errors import ConfigError
+from dcpsim.model.validate import check_sizes
 from dcpsim.options import flatten
 from dcpsim.scenarios.registry import builtin_scenario_names
 from dcpsim.verify.options import CheckOptions
@@ -34,13 +35,22 @@ def matrix_cells(
         if given:
             raise ConfigError(f"--full fixes the grid: drop {', '.join(given)}")
         return full_grid(scenarios)  # no dry runs: the layouts and pools are validated
-    dcps = list(dcps or mx.DEFAULT_DCP)
-    for flag, values in (("--dcp", dcps), ("--block-size", block_sizes or ()), ("--pcp", pcps or ())):
-        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-        if bad:
-            raise ConfigError(f"{flag}: every value must be an integer >= 1, got {bad[0]!r}")
-    interleaves = [str(i).strip() for i in (interleaves or mx.DEFAULT_INTERLEAVE)]
+    dcps = check_sizes("--dcp", "decode_context_parallel_size", dcps or mx.DEFAULT_DCP)
+    block_sizes = block_sizes and check_sizes("--block-size", "block_size", block_sizes)
+    pcps = pcps and check_sizes("--pcp", "prefill_context_parallel_size", pcps)
+    given = [_size(i) for i in (interleaves or mx.DEFAULT_INTERLEAVE)]
+    interleaves = [str(i) for i in check_sizes("--interleave", "cp_kv_cache_interleave_size", given, page=True)]
     return mx.expand(scenarios, dcps, interleaves, list(block_sizes or [None]), pcps=list(pcps or [None]), force=force, dry_run=dry_run)
+
+
+def _size(value):
+    """An interleave list member as given (``4``, ``"4"``, ``"B"``): a numeral as its int."""
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return value.strip()
+    return value
 
 
 def shard_indices(cells: list[mx.CellResult], shard: tuple[int, int] | None) -> list[int]:

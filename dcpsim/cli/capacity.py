@@ -12,6 +12,7 @@ import argparse
 import json
 import textwrap
 
+from dcpsim.cli.lists import size_list
 from dcpsim.cli.outcome import json_errors
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
@@ -47,13 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_dcp_list(text: str) -> list[int]:
-    out = []
-    for token in (t.strip() for t in text.split(",")):
-        try:
-            out.append(int(token))
-        except ValueError:
-            raise ConfigError(f"--dcp: {token!r} is not an integer (expected e.g. 1,2,4,8)") from None
-    return out
+    return size_list(text, "--dcp", "decode_context_parallel_size")
 
 
 def budget_of(args) -> cap.Budget | None:

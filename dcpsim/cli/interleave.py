@@ -15,11 +15,13 @@ import sys
 import textwrap
 
 from dcpsim.campaigns.interleave import interleave_stats
+from dcpsim.cli.lists import size_list
 from dcpsim.cli.outcome import json_errors
 from dcpsim.errors import EXIT_USAGE, ConfigError
 from dcpsim.harness.budget import check_budget
 from dcpsim.model.grouping import group_layer_specs
 from dcpsim.model.scenario import ScenarioOverrides
+from dcpsim.model.validate import PAGE
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.views.backend_rules import RULES, broken_rules, layout_context
 from dcpsim.views.interleave_plot import save_imbalance_png
@@ -61,15 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def parse_interleaves(text: str, block_size: int) -> list[tuple[int, str]]:
     """``(I, label)`` in order, duplicates (after resolving ``B``) dropped."""
     out: dict[int, str] = {}
-    for token in (t.strip() for t in text.split(",")):
-        if token == "B":
+    for token in size_list(text, "--interleave", "cp_kv_cache_interleave_size", page=True):
+        if token == PAGE:
             value, label = block_size, f"{block_size} (B)"
         else:
-            try:
-                value, label = int(token), token
-            except ValueError:
-                raise ConfigError(f"--interleave: {token!r} is not an integer or B") from None
-        if value in out and token == "B":
+            value, label = token, str(token)
+        if value in out and token == PAGE:
             out[value] += " (B)"
         out.setdefault(value, label)
     return [(i, label) for i, label in out.items()]

@@ -16,6 +16,7 @@ from dcpsim.campaigns.matrix_plan import entries as cell_entries
 from dcpsim.campaigns.matrix_plan import matrix_cells, shard_indices
 from dcpsim.campaigns.pd_matrix import parse_pairs, pd_table, run_pd_matrix
 from dcpsim.cli.flags import add_flags, options_from
+from dcpsim.cli.lists import size_list
 from dcpsim.cli.options import add_engine_arguments, add_force_argument, add_verify_argument, engine_choice
 from dcpsim.cli.progress import print_waiting, progress_view
 from dcpsim.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
@@ -72,17 +73,6 @@ def add_arguments(p) -> None:
     add_verify_argument(p)
 
 
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag}: expected a comma list of integers, got {text!r}") from None
-    bad = [v for v in values if v < 1]
-    if bad:
-        raise ConfigError(f"{flag}: every value must be an integer >= 1, got {bad[0]} in {text!r}")
-    return values
-
-
 def _run_pd(args) -> int:
     pairs = parse_pairs(args.pd)
     names = args.scenarios or [n for n in builtin_scenario_names() if load_scenario(n).disaggregated is not None]
@@ -112,10 +102,12 @@ def _run_pd(args) -> int:
 def cells_of(args) -> list:
     """The matrix's full cell list, from the scenarios and the grid flags."""
     lists = dict(
-        dcps=_int_list(args.dcp, "--dcp") if args.dcp is not None else None,
-        interleaves=[x.strip() for x in args.interleave.split(",") if x.strip()] if args.interleave is not None else None,
-        block_sizes=_int_list(args.block_size, "--block-size") if args.block_size is not None else None,
-        pcps=_int_list(args.pcp, "--pcp") if args.pcp is not None else None,
+        dcps=size_list(args.dcp, "--dcp", "decode_context_parallel_size") if args.dcp is not None else None,
+        interleaves=[str(i) for i in size_list(args.interleave, "--interleave", "cp_kv_cache_interleave_size", page=True)]
+        if args.interleave is not None
+        else None,
+        block_sizes=size_list(args.block_size, "--block-size", "block_size") if args.block_size is not None else None,
+        pcps=size_list(args.pcp, "--pcp", "prefill_context_parallel_size") if args.pcp is not None else None,
     )
     if args.full:
         flags = {"dcps": "--dcp", "interleaves": "--interleave", "block_sizes": "--block-size", "pcps": "--pcp"}

@@ -95,9 +95,19 @@ def indexer_group(group_specs: list[KVCacheSpec]) -> int | None:
 
 
 def check_sparse_layout(layers: dict[str, KVCacheSpec]) -> None:
-    """A model with sparse layers has exactly one indexer group (``ConfigError`` otherwise)."""
+    """A model with sparse layers has exactly one indexer group, and a model with indexer
+    layers has the sparse layers they select keys for (``ConfigError`` otherwise, naming the
+    indexer layer)."""
     if any(sparse_topk(spec) for spec in layers.values()):
         indexer_group([g.kv_cache_spec for g in group_layer_specs(layers)])
+        return
+    indexers = [name for name, spec in layers.items() if is_indexer(spec)]
+    if indexers:
+        more = f" (and {len(indexers) - 1} more)" if len(indexers) > 1 else ""
+        raise ConfigError(
+            f"layer {indexers[0]!r}{more}: an indexer (kind = 'indexer') with nothing to index: no sparse_mla layer "
+            f"selects its keys through it; add the sparse_mla layers it scores for, or drop the indexer layers"
+        )
 
 
 # --- the engine's local mappings (the checker never uses them) -------------------------

@@ -56,10 +56,15 @@ def fetch(requirement: str, dest: str | os.PathLike | None = None) -> Path:
     """Download and unpack ``requirement`` (``vllm==X.Y.Z``, ``sglang==X.Y.Z``), once per
     ``dest`` however many processes ask; returns the directory that holds the package."""
     package = package_of(requirement)
+    named = f"--dest {dest}" if dest else "the cache directory ($DCPSIM_CACHE, else ~/.cache/dcpsim)"
     dest = Path(dest) if dest else default_dest(requirement)
     want = requirement.split("==", 1)[1] if "==" in requirement else None
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f".{dest.name}.fetch.lock", "w") as lock:
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(dest.parent / f".{dest.name}.fetch.lock", "w")
+    except OSError as exc:
+        raise ConfigError(f"{named}: cannot create the directory {dest}: {exc.strerror or exc}") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         have = _version_of(dest, package)
         if have is not None and (want is None or have == want):

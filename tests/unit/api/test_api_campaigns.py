@@ -42,7 +42,8 @@ def test_matrix_fails_when_a_cell_fails():
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        (dict(dcp=[0]), "--dcp: every value must be an integer >= 1"),
+        (dict(dcp=[0]), "--dcp: decode_context_parallel_size must be an integer >= 1, got 0"),
+        (dict(dcp=[2], interleave=[1, 0]), "--interleave: cp_kv_cache_interleave_size must be an integer >= 1, got 0 (in 1,0)"),
         (dict(full=True, dcp=[2]), "--full fixes the grid: drop --dcp"),
         (dict(shard="3/2"), "--shard: expected K/N"),
         (dict(bogus=1), "unknown option(s) 'bogus'"),

@@ -110,7 +110,34 @@ USAGE = {
     "--timeout -5": (lambda t: ["run", scenario_file(t), "--timeout", "-5"], "--timeout must be a positive"),
     "--deadline 0": (lambda t: ["run", scenario_file(t), "--deadline", "0"], "--deadline must be a positive"),
     "matrix --timeout 0": (lambda t: ["matrix", "dsv3", "--timeout", "0"], "--timeout must be a positive"),
-    "matrix --dcp 0": (lambda t: ["matrix", "dsv3", "--dcp", "0"], "--dcp: every value must be an integer >= 1"),
+    "matrix --dcp 0": (lambda t: ["matrix", "dsv3", "--dcp", "0"], "--dcp: decode_context_parallel_size must be an integer >= 1, got 0"),
+    # issue 31: a list member that is not a valid value is the error of the value alone
+    "capacity --dcp 1,-2": (
+        lambda t: ["capacity", "dsv3", "--dcp", "1,-2"],
+        "--dcp: decode_context_parallel_size must be an integer >= 1, got -2 (in 1,-2)",
+    ),
+    "capacity --dcp 1,x": (lambda t: ["capacity", "dsv3", "--dcp", "1,x"], "--dcp: 'x' is not an integer (in '1,x')"),
+    "interleave --interleave 1,0": (
+        lambda t: ["interleave", "dsv3", "--interleave", "1,0"],
+        "--interleave: cp_kv_cache_interleave_size must be an integer >= 1, got 0 (in 1,0)",
+    ),
+    "interleave --interleave 1,,B": (lambda t: ["interleave", "dsv3", "--interleave", "1,,B"], "--interleave: '' is not an integer or B"),
+    "matrix --interleave B,0": (
+        lambda t: ["matrix", "dsv3", "--dcp", "2", "--interleave", "B,0"],
+        "--interleave: cp_kv_cache_interleave_size must be an integer >= 1, got 0 (in B,0)",
+    ),
+    "matrix --pcp 1,0": (
+        lambda t: ["matrix", "dsv3", "--pcp", "1,0"],
+        "--pcp: prefill_context_parallel_size must be an integer >= 1, got 0",
+    ),
+    "an indexer with nothing to index": (
+        lambda t: ["run", scenario_file(t, layer={"kind": "indexer", "head_size": 128})],
+        "layer 'layers.0.attn' (and 1 more): an indexer (kind = 'indexer') with nothing to index",
+    ),
+    "engine fetch into /proc": (
+        lambda t: ["engine", "fetch", "vllm", "--dest", "/proc/no-such/dir"],
+        "--dest /proc/no-such/dir: cannot create the directory",
+    ),
     "worker outside torchrun": (lambda t: ["worker", "dsv3"], "start this entry point with torchrun"),
     "a failure after the last step": (
         lambda t: ["run", scenario_file(t), "--simulate-rank-failure", "raise:0:99999"],

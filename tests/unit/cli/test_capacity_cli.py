@@ -88,7 +88,8 @@ def test_text_table(capsys, tmp_path):
     "argv,message",
     [
         (["--dcp", "1,x"], "--dcp: 'x' is not an integer"),
-        (["--dcp", "0"], "no valid DCP size: W=0: decode_context_parallel_size must be an integer >= 1"),
+        (["--dcp", "0"], "--dcp: decode_context_parallel_size must be an integer >= 1, got 0"),
+        (["--dcp", "1,-2"], "--dcp: decode_context_parallel_size must be an integer >= 1, got -2 (in 1,-2)"),
         (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization needs --gpu-memory-gib"),
         (["--gpu-memory-gib", "80", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
         (["--gpu-memory-gib", "0"], "--gpu-memory-gib must be > 0"),

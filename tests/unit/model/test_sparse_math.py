@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from dcpsim.engine.reference import ReferenceEngine, topk_by_score_then_position
 from dcpsim.errors import ConfigError
 from dcpsim.model.sparse import (
+    check_sparse_layout,
     indexer_group,
     indexer_keys,
     quantize,
@@ -118,3 +119,15 @@ def test_sparse_layers_need_exactly_one_indexer_group():
         indexer_group([sparse, MLAAttentionSpec(block_size=64, head_size=576)])
     assert indexer_group([sparse, IndexerSpec(block_size=64, head_size=128)]) == 1
     assert indexer_group([MLAAttentionSpec(block_size=64, head_size=576)]) is None
+
+
+def test_an_indexer_with_nothing_to_index_is_an_error_naming_the_layer():
+    """Issue 31: indexer layers without the sparse_mla layers they score for."""
+    indexer = IndexerSpec(block_size=64, head_size=128)
+    mla = MLAAttentionSpec(block_size=64, head_size=576)
+    with pytest.raises(ConfigError, match=r"layer 'l.0.indexer' \(and 1 more\): an indexer .* with nothing to index"):
+        check_sparse_layout({"l.0.indexer": indexer, "l.1.indexer": indexer})
+    with pytest.raises(ConfigError, match="'l.0.indexer': an indexer"):
+        check_sparse_layout({"l.0.mla": mla, "l.0.indexer": indexer})
+    check_sparse_layout({"l.0.sparse": SparseMLAAttentionSpec(block_size=64, head_size=576), "l.0.indexer": indexer})
+    check_sparse_layout({"l.0.mla": mla})
