@@ -8,6 +8,7 @@ import json
 from dcpsim.cli.options import add_engine_arguments, engine_choice
 from dcpsim.engine.loading.fetch import PACKAGES, fetch
 from dcpsim.engine.registry import engine_info
+from dcpsim.engine.release_tables import RELEASE_TABLES, table_document, tree_document
 from dcpsim.errors import EXIT_OK
 from dcpsim.plural import plural
 
@@ -22,6 +23,12 @@ def add_arguments(p) -> None:
         help=f"{' or '.join(PACKAGES.values())} (default {PACKAGES['vllm']})",
     )
     f.add_argument("--dest", metavar="DIR", help="where to unpack (default $DCPSIM_CACHE or ~/.cache/dcpsim, /PACKAGE-VERSION)")
+    r = sub.add_parser("releases", help="the releases each real engine is bound for, and which code a source tree holds per decision")
+    r.add_argument("--engine", choices=sorted(RELEASE_TABLES), help="only this engine (default: every one)")
+    r.add_argument("--vllm-source", metavar="DIR", help="bind this vLLM tree (a wheel, a checkout) and say what each decision binds to")
+    r.add_argument("--sglang-source", metavar="DIR", help="bind this SGLang tree and say what each decision binds to")
+    r.add_argument("--vllm-runner", default="v2", choices=("v2", "v1"), help="the model runner whose slot mapping to bind (default v2)")
+    r.add_argument("--json", action="store_true", help="print one JSON document")
     i = sub.add_parser("info", help="the engine's version, what it loaded, and what makes each decision")
     add_engine_arguments(i)
     i.add_argument("--json", action="store_true", help="print one JSON document")
@@ -31,6 +38,8 @@ def run(args) -> int:
     if args.engine_command == "fetch":
         print(fetch(args.requirement, args.dest))
         return EXIT_OK
+    if args.engine_command == "releases":
+        return _releases(args)
     engine = engine_choice(args).build()  # resolves DCPSIM_VLLM_SOURCE and validates, as a run does
     info = engine_info(engine)
     tree = getattr(engine, "tree", None)
@@ -46,6 +55,8 @@ def run(args) -> int:
         print(f"  source: {info['source']}")
         print(f"  loaded: {', '.join(info['loaded'])}")
         print(f"  stubbed: {plural(len(info['stubbed']), 'module')}")
+    if info.get("partial"):
+        print(f"  --engine-partial: the reference makes {', '.join(info['partial'])} (the tree holds them in no known shape)")
     for decision, who in info["decisions"].items():
         print(f"  {decision}: {who}")
     if info.get("scheduler_decisions"):
@@ -53,3 +64,56 @@ def run(args) -> int:
         for decision, who in info["scheduler_decisions"].items():
             print(f"    {decision}: {who}")
     return EXIT_OK
+
+
+def _releases(args) -> int:
+    trees = {e: getattr(args, f"{e}_source") for e in RELEASE_TABLES if getattr(args, f"{e}_source")}
+    engines = [args.engine] if args.engine else sorted(trees) or sorted(RELEASE_TABLES)
+    docs = []
+    for engine in engines:
+        if engine in trees:
+            docs.append(tree_document(engine, trees[engine], args.vllm_runner if engine == "vllm" else ""))
+        else:
+            docs.append(table_document(engine))
+    if args.json:
+        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+        return EXIT_OK
+    for doc in docs:
+        print("\n".join(_tree_lines(doc) if "decisions" in doc else _table_lines(doc)))
+    return EXIT_OK
+
+
+def _table_lines(doc: dict) -> list[str]:
+    label = RELEASE_TABLES[doc["engine"]].label
+    lines = [f"{label} {doc['releases'][0]}..{doc['newest']} ({plural(len(doc['releases']), 'release')}): {', '.join(doc['releases'])}"]
+    for variant, decisions in doc["variants"].items():
+        for d in decisions:
+            if variant and d["decision"] == "write_slots":
+                lines.append(f"  {d['decision']} (--vllm-runner {variant}):")
+            elif variant and variant != "v2":
+                continue
+            else:
+                lines.append(f"  {d['decision']}:")
+            for s in d["shapes"]:
+                lines.append(f"    {s['name']}: {s['code']} in {_span(s['releases'])}")
+            if d["absent"]:
+                lines.append(f"    none in {_span(d['absent'])}: {d['absent_reason']}")
+    return lines
+
+
+def _tree_lines(doc: dict) -> list[str]:
+    label = RELEASE_TABLES[doc["engine"]].label
+    known = "a known release" if doc["known_release"] else "not a known release: every decision bound by its code alone"
+    lines = [f"{label} {doc['version']} at {doc['source']} ({known})"]
+    for row in doc["decisions"]:
+        lines.append(f"  {row['decision']}: {row['state']}: {row['detail']}")
+    bad = [r["decision"] for r in doc["decisions"] if r["state"] == "mismatch"]
+    if bad:
+        lines.append(
+            f"  {plural(len(bad), 'decision')} in no known shape ({', '.join(bad)}): a run is exit 2; --engine-partial lets the reference make them"
+        )
+    return lines
+
+
+def _span(releases: list[str]) -> str:
+    return releases[0] if len(releases) == 1 else f"{releases[0]}..{releases[-1]}"

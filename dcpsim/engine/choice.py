@@ -38,6 +38,12 @@ class EngineChoice:
         key="engine",
         metavar="NAME",
     )
+    engine_partial: bool = option(
+        False,
+        "--engine vllm or sglang: where the source tree holds a decision's code in no known shape (a tree newer "
+        "than the releases dcpsim knows), let the reference make exactly those decisions, named in engine info and "
+        "the report, instead of exit 2",
+    )
     vllm_source: str | None = option(
         None,
         "--engine vllm: a directory holding vllm/ (an unpacked wheel, a site-packages, a checkout); default $DCPSIM_VLLM_SOURCE",
@@ -111,6 +117,8 @@ class EngineChoice:
         check_int("sglang_read_programs", self.sglang_read_programs, 0)
         if self.sglang_platform not in PLATFORMS:
             raise ConfigError(f"--sglang-platform must be one of {', '.join(PLATFORMS)}, got {self.sglang_platform!r}")
+        if self.engine_partial and self.name not in ("vllm", "sglang"):
+            raise ConfigError("--engine-partial is only used with --engine vllm or --engine sglang")
         for engine in ("vllm", "sglang"):
             if self.name != engine and self._options_set(engine):
                 raise ConfigError(f"--{engine}-* options are only used with --engine {engine}")
@@ -155,6 +163,7 @@ class EngineChoice:
         """The engine (``dcpsim.engine.registry.build_engine``, cached per process)."""
         return build_engine(
             self.name,
+            engine_partial=self.engine_partial,
             vllm_source=self.vllm_source,
             vllm_runner=self.vllm_runner,
             vllm_merge=self.vllm_merge,

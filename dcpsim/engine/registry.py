@@ -108,7 +108,8 @@ def build_engine(name: str = "reference", **options) -> Engine:
         engine: Engine = ReferenceEngine()
     elif name in ("vllm", "sglang"):
         o = {k.removeprefix(f"{name}_"): v for k, v in options.items() if k.startswith(f"{name}_")}
-        engine = (VllmEngine if name == "vllm" else SglangEngine)(o.pop("source", None), **o)
+        partial = bool(options.get("engine_partial", False))
+        engine = (VllmEngine if name == "vllm" else SglangEngine)(o.pop("source", None), partial=partial, **o)
     else:
         engine = _plugin(name)
     _CACHE[key] = engine
@@ -125,6 +126,10 @@ def engine_info(engine: Engine) -> dict:
         inherited = isinstance(engine, ReferenceEngine) and getattr(type(engine), name) is getattr(ReferenceEngine, name)
         decisions[name] = own.get(name) or ("reference" if inherited else type(engine).__name__)
     info = dict(name=engine.name, version=getattr(engine, "version", None), decisions=decisions)
+    bindings = getattr(engine, "bindings", None)
+    if bindings is not None:  # which code shape of the tree each decision is bound to
+        info["bindings"] = bindings.describe(engine.name)
+        info["partial"] = list(bindings.partial)
     scheduler_decisions = getattr(engine, "scheduler_decisions", None)
     if scheduler_decisions:  # each scheduler-side decision and the function that makes it
         info["scheduler_decisions"] = dict(scheduler_decisions)

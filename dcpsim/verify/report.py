@@ -283,6 +283,8 @@ def _engine_lines(e: dict) -> list[str]:
     """The report's lines on an engine under test: who makes each decision it does not
     leave to the reference, then each scheduler-side decision and the function making it."""
     out = [f"  engine: {e['name']}" + (f" {e['version']}" if e.get("version") else "")]
+    if e.get("partial"):  # --engine-partial: the tree holds these in no known shape
+        out.append(f"    --engine-partial: the reference makes {', '.join(e['partial'])} (the tree holds them in no known shape)")
     out += [f"    {decision}: {who}" for decision, who in e.get("decisions", {}).items() if who != "reference"]
     out.append("    (every other decision: the reference engine)")
     out += [f"    scheduler: {decision}: {who}" for decision, who in e.get("scheduler_decisions", {}).items()]

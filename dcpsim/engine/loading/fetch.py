@@ -21,11 +21,14 @@ import zipfile
 from pathlib import Path
 
 from dcpsim.cache import cache_dir
+from dcpsim.engine.sglang.releases import NEWEST as SGLANG_NEWEST
+from dcpsim.engine.vllm.releases import NEWEST as VLLM_NEWEST
 from dcpsim.errors import ConfigError, HarnessError
 
-PACKAGES = {"vllm": "vllm==0.33.0", "sglang": "sglang==0.5.23"}
-"""The engines' packages, each with the requirement fetched by default (the version the
-engine's adapter supports)."""
+PACKAGES = {"vllm": f"vllm=={VLLM_NEWEST}", "sglang": f"sglang=={SGLANG_NEWEST}"}
+"""The engines' packages, each with the requirement fetched by default: the newest release the
+engine's table of code shapes knows (``dcpsim.engine.vllm.releases``, ``...sglang.releases``);
+``fetch("vllm")`` without a version fetches that one too."""
 
 
 def package_of(requirement: str) -> str:
@@ -38,10 +41,16 @@ def package_of(requirement: str) -> str:
     return match.group(1)
 
 
+def pinned(requirement: str) -> str:
+    """``requirement`` with a version: a bare ``vllm`` (``sglang``) is its newest known release."""
+    package = package_of(requirement)
+    return requirement if "==" in requirement else PACKAGES[package]
+
+
 def default_dest(requirement: str) -> Path:
     """``$DCPSIM_CACHE`` (or ``~/.cache/dcpsim``) ``/PACKAGE-VERSION``."""
-    package = package_of(requirement)
-    version = requirement.split("==", 1)[1] if "==" in requirement else "latest"
+    requirement = pinned(requirement)
+    package, version = requirement.split("==", 1)
     return cache_dir(f"{package}-{version}")
 
 
@@ -55,6 +64,7 @@ def _version_of(dest: Path, package: str) -> str | None:
 def fetch(requirement: str, dest: str | os.PathLike | None = None) -> Path:
     """Download and unpack ``requirement`` (``vllm==X.Y.Z``, ``sglang==X.Y.Z``), once per
     ``dest`` however many processes ask; returns the directory that holds the package."""
+    requirement = pinned(requirement)
     package = package_of(requirement)
     named = f"--dest {dest}" if dest else "the cache directory ($DCPSIM_CACHE, else ~/.cache/dcpsim)"
     dest = Path(dest) if dest else default_dest(requirement)

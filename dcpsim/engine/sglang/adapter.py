@@ -40,10 +40,11 @@ import numpy as np
 import torch
 
 from dcpsim.engine.interface import MergedBy
+from dcpsim.engine.loading.bindings import bind
 from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK, evenly_spaced
 from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.reference import ReferenceEngine
-from dcpsim.engine.sglang import mha_writes, reads, rules
+from dcpsim.engine.sglang import mha_writes, reads, releases, rules
 from dcpsim.engine.sglang.loader import SourceTree, source_dir
 from dcpsim.engine.sglang.merge import COMBINE, CORRECT, MERGE_PROGRAMS, combine_rows, correct_rows
 from dcpsim.engine.sglang.reads import PAGE_TABLE, TOKEN_INDICES
@@ -53,30 +54,25 @@ from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import PAD
 from dcpsim.model.specs import MLAAttentionSpec
 
-SUPPORTED_VERSIONS = ("0.5.23",)
 PLATFORMS = ("cuda", "npu")
 """``--sglang-platform``: CUDA (HIP, XPU alike) deals tokens one by one (``I = 1``), NPU deals
 whole pages (``I = P``)."""
 DEFAULT_WRITE_PROGRAMS = 4
 DEFAULT_READ_PROGRAMS = 1
-LAYOUT_MODULE = "sglang.srt.layers.dcp.layout"
-WRITE_MODULE = "sglang.kernels.ops.kvcache.mla_buffer"
-MERGE_MODULE = "sglang.kernels.ops.attention.dcp_kernels"
+LAYOUT_MODULE, WRITE_MODULE, MERGE_MODULE = releases.LAYOUT, releases.WRITES, releases.KERNELS
 FUNCTIONS = {
-    "get_dcp_lens": (LAYOUT_MODULE, ("lens", "dcp_size", "dcp_rank", "start", "interleave_size")),
-    "get_dcp_chain_spec_lens": (LAYOUT_MODULE, ("total_kv_lens", "tokens_per_req", "dcp_size", "dcp_rank", "interleave_size")),
-    "localize_dcp_indices": (LAYOUT_MODULE, ("indices", "dcp_size", "dcp_rank", "interleave_size")),
-    TRITON_WRITE: (WRITE_MODULE, ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "reserved_skip_index")),
-    TORCH_WRITE: (WRITE_MODULE, ("kv_buffer", "loc", "cache_k_nope", "cache_k_rope", "reserved_skip_index", "dcp_world_size", "dcp_rank")),
-    COMBINE: (MERGE_MODULE, ("recv_output", "recv_lse", "is_lse_base_on_e", "return_lse")),
-    CORRECT: (MERGE_MODULE, ("out", "lses", "cp_rank", "ctx", "new_output", "is_lse_base_on_e")),
-    TOKEN_INDICES: (
-        MERGE_MODULE,
-        ("req_to_token_ptr", "req_pool_indices_ptr", "dcp_kernel_lens_ptr", "kv_indptr", "kv_start_idx", "kv_indices_ptr"),
-    ),
-    PAGE_TABLE: (MERGE_MODULE, ("req_to_token_ptr", "req_pool_indices_ptr", "local_seq_lens_ptr", "block_kv_indices_ptr", "v2p_ptr")),
+    "get_dcp_lens": "local_seq_lens",
+    "get_dcp_chain_spec_lens": "query_local_bounds",
+    "localize_dcp_indices": "npu_localize",
+    TRITON_WRITE: "mla_write",
+    TORCH_WRITE: "mla_write_rest",
+    COMBINE: "merge_alltoall",
+    CORRECT: "merge_allgather",
+    TOKEN_INDICES: "attention_metadata",
+    PAGE_TABLE: "build_attention_metadata",
 }
-"""The SGLang functions the engine calls, by module, with the parameters it passes."""
+"""The SGLang functions the engine calls, each with the decision of ``releases.SGLANG_TABLE``
+that binds it (its module and parameters, in the shape the tree holds)."""
 
 
 class SglangCallError(RuntimeError):
@@ -103,6 +99,7 @@ class SglangEngine(ReferenceEngine):
         platform: str = "cuda",
         write_programs: int = DEFAULT_WRITE_PROGRAMS,
         read_programs: int = DEFAULT_READ_PROGRAMS,
+        partial: bool = False,
     ):
         if platform not in PLATFORMS:
             raise ConfigError(f"--sglang-platform must be one of {', '.join(PLATFORMS)}, got {platform!r}")
@@ -111,22 +108,37 @@ class SglangEngine(ReferenceEngine):
         self.read_programs = read_programs
         self.tree = SourceTree(source_dir(sglang_source))
         self.version = self.tree.version
-        mods = self.tree.load([LAYOUT_MODULE, WRITE_MODULE, MERGE_MODULE])
-        self._mla_buffer = mods[WRITE_MODULE]
+        release = self.version if self.version in releases.SGLANG_RELEASES else None
+        self.bindings = bind(
+            self.tree.root, releases.SGLANG_TABLE, release=release, label="SGLang", flag="--sglang-source", partial=partial
+        )
+        """Each decision's code shape in this tree (``releases.SGLANG_TABLE``)."""
+        if platform == "npu" and not self.bindings.has("npu_localize"):
+            raise ConfigError(f"--sglang-platform npu: SGLang {self.bindings.why('npu_localize')}")
+        lazy = {mha_writes.POOL_MODULE, mha_writes.BACKEND_MODULE}
+        mods = self.tree.load([m for m in self.bindings.modules() if m not in lazy])
+        self._mla_buffer = mods.get(WRITE_MODULE)
         self._mha: dict | None = None
         on_e, where = rules.base_e_backends(self.tree)
         self.lse_base = "e" if MERGE_BACKEND in on_e else "2"
         self.lse_base_source = f"{where}: is_mla_dcp_lse_base_on_e({MERGE_BACKEND!r}) is {MERGE_BACKEND in on_e}"
-        self._fn = {name: self._function(mods, module, name, args) for name, (module, args) in FUNCTIONS.items()}
+        self._fn = {name: self._function(mods, name, decision) for name, decision in FUNCTIONS.items()}
         lens = f"sglang {_file(LAYOUT_MODULE)}"
+        rest = (
+            f"::{TORCH_WRITE} on the rest"
+            if self._fn[TORCH_WRITE]
+            else f"the reference on the rest ({self.bindings.why('mla_write_rest')})"
+        )
         writes = (
             f"sglang {_file(WRITE_MODULE)}::{TRITON_WRITE} (the rope and no-rope Triton kernels) on at most "
-            f"{write_programs} tokens of each write, ::{TORCH_WRITE} on the rest, at the widened ids "
+            f"{write_programs} tokens of each write, {rest}, at the widened ids "
             "page * P * W + pos % (P * W); MHA groups: sglang srt/layers/attention/triton_backend.py::"
             f"{mha_writes.BACKEND_WRITE} over srt/mem_cache/memory_pool.py::{mha_writes.POOL_WRITE} (its "
             f"masked_set_kv_buffer_kernel on at most {write_programs} tokens of each write, the backend's loc and mask "
             "for the rest); replicated groups: reference"
         )
+        if not self._fn[TRITON_WRITE]:
+            writes = f"MLA groups: reference ({self.bindings.why('mla_write')}); MHA groups: " + writes.split("MHA groups: ", 1)[1]
         if platform == "npu":
             writes = f"sglang {_file(LAYOUT_MODULE)}::localize_dcp_indices (I = P) and the page table of ascend_backend.py"
         self.decisions = {
@@ -134,7 +146,9 @@ class SglangEngine(ReferenceEngine):
             "what it refuses under DCP",
             "write_slots": writes,
             "local_seq_lens": f"{lens}::get_dcp_lens (interleave_size={'P' if platform == 'npu' else 1})",
-            "query_local_bounds": f"{lens}::get_dcp_chain_spec_lens (per-token frontiers of a chain)",
+            "query_local_bounds": f"{lens}::get_dcp_chain_spec_lens (per-token frontiers of a chain)"
+            if self._fn["get_dcp_chain_spec_lens"]
+            else f"reference ({self.bindings.why('query_local_bounds')})",
             "merge_across_ranks": f"sglang {_file(MERGE_MODULE)}::{COMBINE} (alltoall: the combine of the received partial "
             f"states) and ::{CORRECT} (allgather: as cp_lse_ag_out_rs_mla calls it, srt/layers/dcp/comm.py), on at most "
             f"{MERGE_PROGRAMS} row x head programs of each merge (the reference merges the other rows), in base "
@@ -156,14 +170,20 @@ class SglangEngine(ReferenceEngine):
             self.decisions["build_attention_metadata"] = "reference, with SGLang's local lengths"
         """Decision -> what makes it; every other decision is the reference engine's."""
 
-    def _function(self, mods, module: str, name: str, args: tuple[str, ...]):
-        fn = getattr(mods[module], name, None)
-        where = f"SGLang {self.version} at {self.tree.root}: {name} in {self.tree.root / _file(module)}"
+    def _function(self, mods, name: str, decision: str):
+        """SGLang's ``name`` as ``decision`` is bound, its signature checked again on the loaded
+        code; None where the reference makes the decision."""
+        shape = self.bindings.bound[decision].shape
+        if shape is None:
+            return None
+        fn = getattr(mods[shape.module], name, None)
+        known = f"dcpsim knows SGLang {releases.SGLANG_RELEASES[0]}..{releases.NEWEST}"
+        where = f"SGLang {self.version} at {self.tree.root}: {name} in {self.tree.root / _file(shape.module)}"
         if fn is None or is_placeholder(fn):
-            raise ConfigError(f"{where} is missing; this adapter supports SGLang {', '.join(SUPPORTED_VERSIONS)}")
+            raise ConfigError(f"{where} is missing; {known}")
         have = tuple(inspect.signature(getattr(fn, "fn", fn)).parameters)  # a Triton kernel: its Python function
-        if have[: len(args)] != args:
-            raise ConfigError(f"{where} has the signature ({', '.join(have)}), expected ({', '.join(args)})")
+        if have[: len(shape.args)] != shape.args:
+            raise ConfigError(f"{where} has the signature ({', '.join(have)}), expected ({', '.join(shape.args)}); {known}")
         return fn
 
     def _call(self, name: str, fn, *args, **kwargs):
@@ -211,10 +231,16 @@ class SglangEngine(ReferenceEngine):
             return list(zip(slots, positions))
         loc = np.concatenate([widened_ids(p, row, g.block_size, g.dcp_size) for p, row in zip(positions, block_rows)])
         if isinstance(g.spec, MLAAttentionSpec):
+            if self._fn[TRITON_WRITE] is None:  # releases.MLA_WRITE: absent in this tree
+                return [super(SglangEngine, self).write_slots(g, w, r, dcp_rank) for w, r in zip(writes, block_rows)]
+            base = None
+            if self._fn[TORCH_WRITE] is None:  # the tokens the Triton kernel does not run on: the reference's slots
+                base = np.concatenate([super(SglangEngine, self).write_slots(g, w, r, dcp_rank)[0] for w, r in zip(writes, block_rows)])
             self.tree.set_parallel(g.dcp_size, dcp_rank)
             flat = probe_slots(
                 self._mla_buffer,
                 loc,
+                base=base,
                 rope=g.spec.qk_rope_head_dim > 0,
                 dcp_size=g.dcp_size,
                 dcp_rank=dcp_rank,
@@ -290,6 +316,7 @@ class SglangEngine(ReferenceEngine):
             self._fn[PAGE_TABLE],
             [np.asarray(block_rows[i], dtype=np.int64) for i in chosen],
             meta.dcp_local_seq_lens[chosen],
+            shape=self.bindings.shape("build_attention_metadata"),
             block_size=g.block_size,
             dcp_size=g.dcp_size,
             dcp_rank=dcp_rank,
@@ -338,14 +365,17 @@ class SglangEngine(ReferenceEngine):
         if not geometry.sharded:
             return lens
         fn = self._fn["get_dcp_lens"]
+        if self.bindings.shape("local_seq_lens") == "token":  # no interleave_size: tokens one by one (CUDA's I = 1)
+            out = self._call("get_dcp_lens", fn, torch.from_numpy(lens), geometry.dcp_size, dcp_rank)
+            return np.asarray(out, dtype=np.int64)
         I = self.interleave_size(geometry)
         out = self._call("get_dcp_lens", fn, torch.from_numpy(lens), geometry.dcp_size, dcp_rank, interleave_size=I)
         return np.asarray(out, dtype=np.int64)
 
     def query_local_bounds(self, geometry, start, stop, dcp_rank):
-        if not geometry.sharded or geometry.storage is not Storage.PAGED or stop <= start:
-            return super().query_local_bounds(geometry, start, stop, dcp_rank)
         fn = self._fn["get_dcp_chain_spec_lens"]
+        if not geometry.sharded or geometry.storage is not Storage.PAGED or stop <= start or fn is None:
+            return super().query_local_bounds(geometry, start, stop, dcp_rank)
         I = self.interleave_size(geometry)
         out = self._call("get_dcp_chain_spec_lens", fn, torch.tensor([stop]), stop - start, geometry.dcp_size, dcp_rank, interleave_size=I)
         return np.asarray(out, dtype=np.int64)

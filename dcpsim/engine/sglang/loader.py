@@ -27,9 +27,10 @@ import types
 
 from dcpsim.engine.loading import tree
 from dcpsim.engine.loading.placeholders import StubModule
+from dcpsim.engine.sglang.releases import NEWEST
 from dcpsim.errors import ConfigError
 
-DEFAULT_REQUIREMENT = "sglang==0.5.23"
+DEFAULT_REQUIREMENT = f"sglang=={NEWEST}"
 
 
 def source_dir(sglang_source: str | None) -> str:

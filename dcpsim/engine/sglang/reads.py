@@ -58,10 +58,11 @@ def token_slots(kernel, block_row: np.ndarray, local_len: int, *, block_size: in
 
 
 def page_table(
-    kernel, block_rows: list[np.ndarray], local_lens: np.ndarray, *, block_size: int, dcp_size: int, dcp_rank: int
+    kernel, block_rows: list[np.ndarray], local_lens: np.ndarray, *, shape: str, block_size: int, dcp_size: int, dcp_rank: int
 ) -> list[np.ndarray]:
     """Each request's page ids of the rank's slice (``cdiv(local_len, P)`` each), by SGLang's
-    MLA builder, all requests in one launch."""
+    MLA builder of ``shape`` (``releases.PAGE_TABLE``: ``v2p``, ``v2p-mult`` with a sub-pool
+    multiplier of 1, ``no-v2p``), all requests in one launch, with no virtual-to-physical map."""
     lens = np.asarray(local_lens, dtype=np.int64)
     pages = -(-lens // block_size)
     if not len(lens) or not pages.max():
@@ -70,19 +71,23 @@ def page_table(
     table = req_to_token(block_rows, width, block_size, dcp_size)
     per_block = _next_pow2(int(pages.max()))
     out = torch.full((len(lens), per_block), -1, dtype=torch.int32)
+    v2p = {"v2p": (None,), "v2p-mult": (None,), "no-v2p": ()}[shape]
+    mult = (1,) if shape == "v2p-mult" else ()
+    flags = {} if shape == "no-v2p" else dict(HAS_V2P=False)
     kernel[(len(lens), 1)](
         table,
         torch.arange(len(lens), dtype=torch.int64),
         torch.from_numpy(lens.astype(np.int32)),
         out,
-        None,
+        *v2p,
         table.stride(0),
         out.stride(0),
+        *mult,
         PHYSICAL_PAGE_SIZE=block_size,
         DCP_SIZE=dcp_size,
         DCP_RANK=dcp_rank,
         PAGES_PER_BLOCK=per_block,
-        HAS_V2P=False,
+        **flags,
     )
     got = out.numpy().astype(np.int64)
     return [got[i, : int(n)] for i, n in enumerate(pages)]

@@ -49,17 +49,36 @@ def read_back(buffer: torch.Tensor, n: int) -> np.ndarray:
     return slots
 
 
-def probe_slots(mla_buffer, loc: np.ndarray, *, rope: bool, dcp_size: int, dcp_rank: int, programs: int, call) -> np.ndarray:
+def probe_slots(
+    mla_buffer, loc: np.ndarray, *, rope: bool, dcp_size: int, dcp_rank: int, programs: int, call, base: np.ndarray | None = None
+) -> np.ndarray:
     """The rank's slot of each widened id in ``loc`` (``PAD``: not written here), placed by
     SGLang's writes (see the module docstring). ``call(name, fn, *args, **kwargs)`` runs
     SGLang's function (its failures reported with its name); ``get_parallel()`` must give
-    ``dcp_size`` and ``dcp_rank`` (the engine sets it)."""
+    ``dcp_size`` and ``dcp_rank`` (the engine sets it). ``base``: the slots of the tokens the
+    Triton kernel does not run on, for a tree without ``set_mla_kv_buffer_naive`` (before
+    0.5.22); None: the scatter places them."""
     n = len(loc)
     if not n:
         return np.zeros(0, dtype=np.int64)
     width = NOPE + (ROPE if rope else 0)
     rows = int(loc.max()) + 1
     locs = torch.from_numpy(np.ascontiguousarray(loc, dtype=np.int64))
+    if base is not None:
+        slots = np.asarray(base, dtype=np.int64).copy()
+    else:
+        slots = _scatter(mla_buffer, locs, rows, width, n, rope, dcp_size, dcp_rank, call)
+    chosen = evenly_spaced(n, programs)
+    if len(chosen):
+        buffer = torch.zeros((rows, width), dtype=torch.int64)
+        knope, krope = _tags(len(chosen), rope)
+        call(TRITON_WRITE, mla_buffer.set_mla_kv_buffer_dcp_sharded_triton, buffer, locs[torch.from_numpy(chosen)], knope, krope)
+        slots[chosen] = read_back(buffer, len(chosen))
+    return slots
+
+
+def _scatter(mla_buffer, locs, rows: int, width: int, n: int, rope: bool, dcp_size: int, dcp_rank: int, call) -> np.ndarray:
+    """Every token's slot by SGLang's torch-native scatter ``set_mla_kv_buffer_naive``."""
     nope, rope_part = _tags(n, rope)
     buffer = torch.zeros((rows, width), dtype=torch.int64)
     call(
@@ -73,11 +92,4 @@ def probe_slots(mla_buffer, loc: np.ndarray, *, rope: bool, dcp_size: int, dcp_r
         dcp_world_size=dcp_size,
         dcp_rank=dcp_rank,
     )
-    slots = read_back(buffer, n)
-    chosen = evenly_spaced(n, programs)
-    if len(chosen):
-        buffer = torch.zeros((rows, width), dtype=torch.int64)
-        knope, krope = _tags(len(chosen), rope)
-        call(TRITON_WRITE, mla_buffer.set_mla_kv_buffer_dcp_sharded_triton, buffer, locs[torch.from_numpy(chosen)], knope, krope)
-        slots[chosen] = read_back(buffer, len(chosen))
-    return slots
+    return read_back(buffer, n)

@@ -27,31 +27,27 @@ from __future__ import annotations
 import numpy as np
 
 from dcpsim.engine.interface import EngineError
+from dcpsim.engine.loading.bindings import bind
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.vllm import attention_metadata as metadata
 from dcpsim.engine.vllm import slot_mapping
-from dcpsim.engine.vllm.attention_metadata import (
-    KERNEL_TABLE_ARGS,
-    KERNEL_TABLE_FUNCTION,
-    KERNEL_TABLE_MODULE,
-    LENS_ARGS,
-    LENS_FUNCTION,
-    LENS_MODULE,
-)
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND, read_backend
 from dcpsim.engine.vllm.core import load_with_core
-from dcpsim.engine.vllm.functions import SUPPORTED_VERSIONS, VllmCallError, lookup
+from dcpsim.engine.vllm.functions import VllmCallError, lookup
 from dcpsim.engine.vllm.loader import SourceTree, source_dir
-from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS, WRAPPERS, VllmCombine
-from dcpsim.engine.vllm.merge_choice import COMBINE_MODULE, MERGE_MODULES, VLLM_MERGES, WRAPPER_ARGS, merge_decision, merge_with_vllm
+from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS, VllmCombine
+from dcpsim.engine.vllm.merge_choice import MERGE_HELPERS, VLLM_MERGES, merge_decision, merge_with_vllm
+from dcpsim.engine.vllm.releases import VLLM_RELEASES, vllm_table
 from dcpsim.engine.vllm.scheduler_choice import VLLM_SCHEDULERS, runs_vllm_core, scheduler_class, scheduler_sides
-from dcpsim.engine.vllm.slot_mapping import KERNELS, RUNNER_MODULES, V1_MODULE
-from dcpsim.engine.vllm.sparse import SPARSE_ARGS, SPARSE_DECISIONS, SPARSE_FUNCTION, SPARSE_MODULE, filter_last_token
-from dcpsim.engine.vllm.spec_classes import SPEC_MODULES, SPECS_MODULE, WIDTH_ARGS, WIDTH_FUNCTION, vllm_geometry, vllm_spec
+from dcpsim.engine.vllm.slot_mapping import RUNNER_MODULES
+from dcpsim.engine.vllm.sparse import SPARSE_DECISIONS, filter_last_token
+from dcpsim.engine.vllm.spec_classes import SPEC_HELPERS, SPECS_MODULE, vllm_geometry, vllm_spec
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 
-__all__ = ["SUPPORTED_VERSIONS", "VLLM_MERGES", "VLLM_SCHEDULERS", "VllmCallError", "VllmEngine"]
+__all__ = ["VLLM_MERGES", "VLLM_RELEASES", "VLLM_SCHEDULERS", "VllmCallError", "VllmEngine"]
+
+RUNNERS = ("v2", "v1")
 
 
 class VllmEngine(ReferenceEngine):
@@ -69,8 +65,9 @@ class VllmEngine(ReferenceEngine):
         scheduler: str = "manager",
         attention_backend: str = DEFAULT_BACKEND,
         merge_programs: int = DEFAULT_PROGRAMS,
+        partial: bool = False,
     ):
-        if runner not in KERNELS:
+        if runner not in RUNNERS:
             raise ConfigError(f"--vllm-runner must be v1 or v2, got {runner!r}")
         if scheduler not in VLLM_SCHEDULERS:
             raise ConfigError(f"--vllm-scheduler must be one of {', '.join(VLLM_SCHEDULERS)}, got {scheduler!r}")
@@ -79,9 +76,19 @@ class VllmEngine(ReferenceEngine):
         self.runner, self.merge, self.scheduler = runner, merge, scheduler
         self.tree = SourceTree(source_dir(vllm_source))
         self.version = self.tree.version
+        release = self.version if self.version in VLLM_RELEASES else None
+        self.bindings = bind(self.tree.root, vllm_table(runner), release=release, label="vLLM", flag="--vllm-source", partial=partial)
+        """Each decision's code shape in this tree (``releases.vllm_table``)."""
+        if runs_vllm_core(scheduler) and not self.bindings.has("kv_cache_manager"):
+            raise ConfigError(
+                f"--vllm-scheduler {scheduler} needs vLLM's KVCacheManager, which {self.bindings.why('kv_cache_manager')}; "
+                "use --vllm-scheduler dcpsim"
+            )
         self.backend = read_backend(str(self.tree.root), attention_backend)
         self.lse_base = self.backend.lse_base
-        names = [*RUNNER_MODULES[runner], V1_MODULE, LENS_MODULE, *MERGE_MODULES, KERNEL_TABLE_MODULE, *SPEC_MODULES]
+        helpers = [*(RUNNER_MODULES[runner] if self.bindings.has("write_slots") else ()), *SPEC_HELPERS, *MERGE_HELPERS]
+        names = [*[m for m in helpers if self.tree.exists(m)], *self.bindings.modules(), SPECS_MODULE]
+        names = list(dict.fromkeys(n for n in names if n != "vllm.v1.core.kv_cache_manager"))
         self.core = None
         if runs_vllm_core(scheduler):
             mods, self.core = load_with_core(self.tree, names, scheduler=scheduler == "full")
@@ -91,35 +98,67 @@ class VllmEngine(ReferenceEngine):
         self.decisions = self._decisions(merge_programs)
         """Decision -> what makes it; every other decision is the reference engine's."""
 
+    def _function(self, mods: dict, decision: str):
+        """The function bound to ``decision``, its signature checked again on the loaded code
+        (exit 2 otherwise), or None where the reference decides."""
+        bound = self.bindings.bound[decision].shape
+        if bound is None:
+            return None
+        return lookup(self.tree, mods, bound.module, bound.qualname, bound.args)
+
     def _look_up(self, mods: dict, merge_programs: int) -> None:
         """vLLM's functions this engine calls, their signatures checked (exit 2 otherwise)."""
-        self._slot_kernel = lookup(self.tree, mods, *KERNELS[self.runner])
+        b = self.bindings
+        self._slot_kernel = self._function(mods, "write_slots")
         self._specs = mods[SPECS_MODULE]
-        for wrapper in WRAPPERS.values():
-            lookup(self.tree, mods, COMBINE_MODULE, wrapper, WRAPPER_ARGS)
-        self._combine = VllmCombine(mods[COMBINE_MODULE], self.backend.lse_base_on_e, merge_programs)
-        self._kernel_table = lookup(self.tree, mods, KERNEL_TABLE_MODULE, KERNEL_TABLE_FUNCTION, KERNEL_TABLE_ARGS)
-        self._local_lens = lookup(self.tree, mods, LENS_MODULE, LENS_FUNCTION, LENS_ARGS)
-        self._table_width = lookup(self.tree, mods, V1_MODULE, WIDTH_FUNCTION, WIDTH_ARGS)
+        self._combine = None
+        if b.has("merge_allgather") and b.has("merge_alltoall"):
+            self._function(mods, "merge_allgather")
+            self._function(mods, "merge_alltoall")
+            ag, a2a = (mods[b.bound[d].shape.module] for d in ("merge_allgather", "merge_alltoall"))
+            self._combine = VllmCombine(ag, a2a, self.backend.lse_base_on_e, merge_programs)
+        self._kernel_table = self._function(mods, "kernel_block_table")
+        self._local_lens = self._function(mods, "local_seq_lens")
+        self._table_width = self._function(mods, "block_table_width")
+
+    def _said(self, decision: str, text: str) -> str:
+        """``text`` where the tree holds ``decision``, else the reference and why."""
+        b = self.bindings.bound[decision]
+        return text if b.shape is not None else f"reference ({b.why})"
 
     def _decisions(self, merge_programs: int) -> dict:
-        lens = f"{LENS_MODULE}.{LENS_FUNCTION}"
+        b = self.bindings
+        lens = b.bound["local_seq_lens"].shape
+        lens_text = self._said("local_seq_lens", f"vllm {lens.module}.{lens.qualname}" if lens else "")
+        write = b.bound["write_slots"].shape
+        table = b.bound["kernel_block_table"].shape
+        width = b.bound["block_table_width"].shape
+        width_text = f"; width: vllm {width.module}.{width.qualname}" if width else f"; width: reference ({b.why('block_table_width')})"
         decisions = {
             "group_geometry": f"vllm {SPECS_MODULE} spec classes (dcp_sharded, max_num_blocks_per_req, "
-            "page_size_bytes, max_memory_usage_bytes); "
+            f"page_size_bytes, max_memory_usage_bytes){width_text}; "
             "validation: reference",
-            "write_slots": f"vllm {slot_mapping.kernel_name(self.runner)} (rings and Mamba states: reference)",
-            "local_seq_lens": f"vllm {lens}",
-            "query_local_bounds": f"vllm {lens}",
-            "kernel_block_table": f"vllm {KERNEL_TABLE_MODULE}.{KERNEL_TABLE_FUNCTION} (when Bk < B)",
-            "merge_across_ranks": merge_decision(self.merge, self.backend, merge_programs),
+            "write_slots": self._said(
+                "write_slots", f"vllm {write.module}.{write.qualname} (rings and Mamba states: reference)" if write else ""
+            ),
+            "local_seq_lens": lens_text,
+            "query_local_bounds": lens_text,
+            "kernel_block_table": self._said("kernel_block_table", f"vllm {table.module}.{table.qualname} (when Bk < B)" if table else ""),
+            "merge_across_ranks": merge_decision(self.merge, self.backend, merge_programs, self._merge_modules())
+            if self._combine is not None
+            else f"reference ({b.why('merge_allgather') or b.why('merge_alltoall')})",
             "shard_lse": f"reference, in base {self.lse_base} (vllm {self.backend.describe()})",
         }
         decisions.update(SPARSE_DECISIONS)
+        if not b.has("sparse_local_keys"):
+            decisions["sparse_local_keys"] = f"reference ({b.why('sparse_local_keys')})"
         sides, self.scheduler_decisions = scheduler_sides(self.scheduler)
         """Each scheduler-side decision -> the vLLM function (and file) that makes it."""
         decisions.update(sides)
         return decisions
+
+    def _merge_modules(self) -> dict:
+        return {v: self.bindings.bound[f"merge_{v}"].shape.module for v in ("allgather", "alltoall")}
 
     # --- the scheduler: vLLM's KVCacheManager decides every block ------------------------
 
@@ -147,9 +186,12 @@ class VllmEngine(ReferenceEngine):
         local = super().sparse_local_keys(geometry, selected, dcp_rank)
         if not geometry.sharded or not len(local) or not local.shape[1]:
             return local
+        shape = self.bindings.bound["sparse_local_keys"].shape
+        if shape is None:
+            return local
         if getattr(self, "_sparse_filter", None) is None:  # loaded on first use: dense models never need it
-            mods = self.tree.load([*MERGE_MODULES[:2], SPARSE_MODULE])
-            self._sparse_filter = lookup(self.tree, mods, SPARSE_MODULE, SPARSE_FUNCTION, SPARSE_ARGS)
+            mods = self.tree.load([*[m for m in MERGE_HELPERS if self.tree.exists(m)], shape.module])
+            self._sparse_filter = lookup(self.tree, mods, shape.module, shape.qualname, shape.args)
         return filter_last_token(self._sparse_filter, geometry, selected, local, dcp_rank)
 
     # --- geometry through vLLM's spec classes ----------------------------------------
@@ -160,7 +202,9 @@ class VllmEngine(ReferenceEngine):
 
     def group_geometry(self, group_id, group, config):
         g = super().group_geometry(group_id, group, config)  # validation, storage, retention
-        return vllm_geometry(g, self.vllm_spec(group.representative), group, config, self._table_width)
+        return vllm_geometry(
+            g, self.vllm_spec(group.representative), group, config, self._table_width, self.bindings.bound["block_table_width"].shape
+        )
 
     # --- the write path -------------------------------------------------------------
 
@@ -170,14 +214,15 @@ class VllmEngine(ReferenceEngine):
     def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
         # rings: no vLLM kernel here; Mamba states: vLLM maps none (SlotMappingMode.NONE, the
         # block table is the state index)
-        if geometry.storage in (Storage.RING, Storage.STATE) or not writes:
+        if geometry.storage in (Storage.RING, Storage.STATE) or not writes or self._slot_kernel is None:
             return [super(VllmEngine, self).write_slots(geometry, w, r, dcp_rank) for w, r in zip(writes, block_rows)]
         if geometry.storage is Storage.RECORDS:
             R = geometry.tokens_per_state
             indices = [np.arange(w.start // R, w.stop // R, dtype=np.int64) for w in writes]
         else:
             indices = [np.arange(w.start, w.stop, dtype=np.int64) for w in writes]
-        slots = slot_mapping.slot_mapping(self.runner, self._slot_kernel, geometry, indices, block_rows, dcp_rank)
+        shape = self.bindings.bound["write_slots"].shape
+        slots = slot_mapping.slot_mapping(shape, self._slot_kernel, geometry, indices, block_rows, dcp_rank)
         return list(zip(slots, indices))
 
     # --- the merge across ranks -----------------------------------------------------
@@ -186,16 +231,20 @@ class VllmEngine(ReferenceEngine):
         """vLLM's combine wrapper of ``variant`` on a sample of the rows, the reference on the
         whole batch; vLLM's rows replace the reference's (``merge_choice.merge_with_vllm``)."""
         merged = super().merge_across_ranks(out, lse, group, variant=variant, base=base)
-        if self.merge != "vllm" or group.world_size == 1 or not out.shape[0]:
+        if self.merge != "vllm" or self._combine is None or group.world_size == 1 or not out.shape[0]:
             return merged
         return merge_with_vllm(self._combine, merged, out, lse, group, variant)
 
     # --- attention metadata ---------------------------------------------------------
 
     def kernel_block_table(self, geometry, block_row):
+        if self._kernel_table is None:
+            return super().kernel_block_table(geometry, block_row)
         return metadata.kernel_block_table(self._kernel_table, geometry, block_row)
 
     def local_seq_lens(self, geometry, seq_lens, dcp_rank):
+        if self._local_lens is None:
+            return super().local_seq_lens(geometry, seq_lens, dcp_rank)
         return metadata.local_seq_lens(self._local_lens, geometry, seq_lens, dcp_rank)
 
     def query_local_bounds(self, geometry, start, stop, dcp_rank):

@@ -27,6 +27,10 @@ REGISTRY = "vllm/v1/attention/backends/registry.py"
 ENUM = "AttentionBackendEnum"
 DEFAULT_BACKEND = "FLASHMLA"
 """FlashMLA: vLLM's sharded-MLA decode backend for DeepSeek models on Hopper (base-e LSEs)."""
+MLA_LAYER = "vllm/model_executor/layers/attention/mla_attention.py"
+DCP_FLAGS = ("supports_dcp", "can_return_lse_for_decode")
+"""The class attribute that says an implementation supports DCP: ``supports_dcp``, or, in
+releases before it (0.23.0 among them), ``can_return_lse_for_decode``; the first found decides."""
 MAX_BASES = 32
 """Classes followed up an implementation's bases before giving up (a cycle, a huge tree)."""
 
@@ -140,6 +144,27 @@ class _Reader:
                 return self.find_class(owner, returned[0]) if returned else None
         return None
 
+    def layer_base(self) -> tuple[bool, str] | None:
+        """Before implementations said their base (0.23.0, 0.24.0), vLLM's MLA layer passed one
+        constant ``is_lse_base_on_e=`` to every DCP combine it calls (``MLA_LAYER``): that
+        value and ``file:line (what)``, or None."""
+        path = self.root / MLA_LAYER
+        if not path.is_file():
+            return None
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=MLA_LAYER)
+        found = {
+            (kw.value.value, node.lineno)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            for kw in node.keywords
+            if kw.arg == "is_lse_base_on_e" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, bool)
+        }
+        values = {v for v, _ in found}
+        if len(values) != 1:
+            return None
+        line = min(n for _, n in found)
+        return values.pop(), f"{MLA_LAYER}:{line} (the MLA layer passes it to every DCP combine)"
+
     def bound_base(self, module: _Module, cls: ast.ClassDef):
         """A constant ``is_lse_base_on_e=...`` the class binds into a call (FlashInfer's
         ``partial(cp_lse_ag_out_rs, is_lse_base_on_e=False)``): ``(value, node)``."""
@@ -182,17 +207,21 @@ def read_backend(root: str, name: str) -> AttentionBackend:
         raise ConfigError(f"--vllm-attention-backend {name}: {paths[name]}.get_impl_cls returns no implementation class")
     module, cls = impl
     qualname = f"{module.name}.{cls.name}"
-    dcp = reader.attribute(module, cls, "supports_dcp")
+    flag, dcp = next(((f, found) for f in DCP_FLAGS if (found := reader.attribute(module, cls, f)) is not None), (DCP_FLAGS[0], None))
     if not (dcp and dcp[0] is True):
-        raise ConfigError(f"--vllm-attention-backend {name}: {qualname} does not support DCP (supports_dcp is not True)")
+        raise ConfigError(f"--vllm-attention-backend {name}: {qualname} does not support DCP ({flag} is not True)")
     bound = reader.bound_base(module, cls)
     if bound is not None:
         value, node = bound
         where = f"{module.rel}:{node.lineno} ({cls.name} binds is_lse_base_on_e into its DCP combine)"
     else:
         found = reader.attribute(module, cls, "lse_base_on_e")
-        if found is None or not isinstance(found[0], bool):
-            raise ConfigError(f"--vllm-attention-backend {name}: no lse_base_on_e found along {qualname}'s bases")
-        value, owner, node = found
-        where = f"{owner.rel}:{node.lineno}"
+        if found is not None and isinstance(found[0], bool):
+            value, owner, node = found
+            where = f"{owner.rel}:{node.lineno}"
+        else:
+            layer = reader.layer_base() if ".mla." in module.name else None
+            if layer is None:
+                raise ConfigError(f"--vllm-attention-backend {name}: no lse_base_on_e found along {qualname}'s bases")
+            value, where = layer
     return AttentionBackend(name, paths[name], qualname, value, where, True)

@@ -27,12 +27,14 @@ HASHING_MODULE = "vllm.utils.hashing"
 CORE_MODULES = (
     "vllm.utils",
     "vllm.utils.math_utils",
+    "vllm.utils.gc_utils",
     HASHING_MODULE,
     "vllm.v1.utils",
     "vllm.v1.kv_cache_layout",
     "vllm.v1.kv_cache_spec_registry",
     SPECS_MODULE,
     "vllm.v1.structured_output.request",
+    "vllm.v1.token_buffer",
     REQUEST_MODULE,
     "vllm.v1.hisparse.block_pool",
     UTILS_MODULE,
@@ -42,7 +44,9 @@ CORE_MODULES = (
     "vllm.v1.core.kv_cache_coordinator",
     MANAGER_MODULE,
 )
-"""The modules of ``vllm/`` that run for real (the rest are stubs)."""
+"""The modules of ``vllm/`` that run for real (the rest are stubs), where the tree has them."""
+REQUIRED_CORE = (MANAGER_MODULE, UTILS_MODULE, SINGLE_TYPE_MODULE, SPECS_MODULE, REQUEST_MODULE, HASHING_MODULE)
+"""The core modules every tree must have (a missing one is exit 2 naming its file)."""
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 OUTPUTS_MODULE = "vllm.v1.outputs"
 SCHEDULER_MODULES = (
@@ -75,6 +79,8 @@ class SamplingParams:
         self.structured_outputs = None
         self.logprobs = None
         self.prompt_logprobs = None
+        self.prompt_logprob_token_ids = None  # 0.34.0
+        self.prompt_logprob_start = None
         self.n = 1
         self.skip_reading_prefix_cache = False
 
@@ -113,7 +119,8 @@ def load_with_core(tree: SourceTree, names: list[str], scheduler: bool = False) 
     """Load ``names`` and vLLM's KV-cache core in one go (with ``scheduler``, vLLM's v1
     ``Scheduler`` too); the modules, and the core."""
     extra = SCHEDULER_MODULES if scheduler else ()
-    mods = tree.load(list(dict.fromkeys([*names, *CORE_MODULES, *extra])), warm=_register_spec_managers)
+    core = [m for m in CORE_MODULES if m in REQUIRED_CORE or tree.exists(m)]  # what a release has of the rest
+    mods = tree.load(list(dict.fromkeys([*names, *core, *extra])), warm=_register_spec_managers)
     return mods, VllmCore(tree, mods)
 
 

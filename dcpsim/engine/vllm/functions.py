@@ -9,9 +9,8 @@ import inspect
 
 from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.vllm.loader import INTERPRETER_LOCK, SourceTree
+from dcpsim.engine.vllm.releases import VLLM_RELEASES
 from dcpsim.errors import ConfigError
-
-SUPPORTED_VERSIONS = ("0.33.0",)
 
 
 class VllmCallError(RuntimeError):
@@ -29,7 +28,7 @@ def arg_names(fn) -> tuple[str, ...]:
 def where(tree: SourceTree, module: str, qualname: str, what: str) -> str:
     """``qualname`` of ``module`` in ``tree`` ``what`` (a message naming the file and the versions supported)."""
     file = tree.root / (module.replace(".", "/") + ".py")
-    return f"vLLM {tree.version} at {tree.root}: {qualname} in {file} {what}; this adapter supports vLLM {', '.join(SUPPORTED_VERSIONS)}"
+    return f"vLLM {tree.version} at {tree.root}: {qualname} in {file} {what}; dcpsim knows vLLM {VLLM_RELEASES[0]}..{VLLM_RELEASES[-1]}"
 
 
 def lookup(tree: SourceTree, mods: dict, module: str, qualname: str, args: tuple[str, ...]):

@@ -30,7 +30,7 @@ def source_dir(vllm_source: str | None) -> str:
     if not source:
         raise ConfigError(
             "--engine vllm needs --vllm-source DIR (or DCPSIM_VLLM_SOURCE): a directory holding "
-            "vllm/; get one with: python -m dcpsim engine fetch vllm==0.33.0"
+            "vllm/; get one with: python -m dcpsim engine fetch vllm"
         )
     if not os.path.isdir(source):
         raise ConfigError(f"--vllm-source {source}: no such directory")
@@ -134,11 +134,25 @@ class _EventPublisherFactory:
         return _EventPublisher()
 
 
+ENV_DEFAULTS = {"VLLM_PREFIX_CACHE_RETENTION_INTERVAL": None}
+"""``vllm.envs`` values the loaded core reads at run time, as vLLM defaults them (with no such
+variable set); every other name of it is a placeholder. 0.28.0's coordinator reads the retention
+interval from here (later releases from the KV cache config)."""
+
+
+def _envs_stub(name: str, tree) -> types.ModuleType:
+    module = StubModule(name, tree)
+    for key, value in ENV_DEFAULTS.items():
+        setattr(module, key, value)
+    return module
+
+
 ABSENT_THIRD_PARTY = ("uvloop",)
 """Third-party modules vLLM imports at module level for code dcpsim never runs (the engine
 core's event loop): placeholders while a tree loads, if they are not installed."""
 
 STUBS = {
+    "vllm.envs": _envs_stub,
     "vllm.logger": _logger_stub,
     "vllm.triton_utils": _triton_utils_stub,
     "vllm.utils.torch_utils": _torch_utils_stub,

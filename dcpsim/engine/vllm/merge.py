@@ -98,22 +98,29 @@ class _LockedKernel:
 class VllmCombine:
     """The loaded ``vllm.v1.attention.ops.dcp``, set up to run its wrappers in ranks."""
 
-    def __init__(self, module, lse_base_on_e: bool, programs: int = DEFAULT_PROGRAMS):
-        self.module = module
+    def __init__(self, allgather, alltoall, lse_base_on_e: bool, programs: int = DEFAULT_PROGRAMS):
+        """``allgather``, ``alltoall``: the loaded modules that hold each wrapper (one module,
+        ``vllm/v1/attention/ops/dcp.py``, from 0.29.0 on; ``ops/common.py`` and
+        ``ops/dcp_alltoall.py`` before)."""
+        self.modules = {"allgather": allgather, "alltoall": alltoall}
         self.lse_base_on_e = lse_base_on_e
         self.programs = programs
-        module.dist = _Dist()
+        alltoall.dist = _Dist()
         for name in KERNELS:
-            kernel = getattr(module, name)
+            kernel = getattr(alltoall, name)
             if not isinstance(kernel, _LockedKernel):
-                setattr(module, name, _LockedKernel(kernel))
+                setattr(alltoall, name, _LockedKernel(kernel))
 
-        class LockedContext(module.CPTritonContext):  # vLLM's context; each launch under the lock
+        class LockedContext(allgather.CPTritonContext):  # vLLM's context; each launch under the lock
             def call_kernel(self, *args, **kwargs):
                 with INTERPRETER_LOCK:
                     return super().call_kernel(*args, **kwargs)
 
         self._context = LockedContext
+
+    def wrapper(self, variant: str) -> str:
+        """``module.function`` of the wrapper of ``variant``."""
+        return f"{self.modules[variant].__name__}.{WRAPPERS[variant]}"
 
     def merge(self, variant: str, out: torch.Tensor, lse: torch.Tensor, collectives: Collectives):
         """vLLM's wrapper for ``variant`` on ``out [q, H, D]``, ``lse [q, H]``: this rank's
@@ -125,9 +132,9 @@ class VllmCombine:
             out = torch.cat([out, out.new_zeros((*out.shape[:-1], dp - d))], dim=-1)
         out, lse = out.contiguous(), lse.contiguous()
         if variant == "alltoall":
-            got, merged = self.module.dcp_a2a_lse_reduce(out, lse, group, return_lse=True, is_lse_base_on_e=self.lse_base_on_e)
+            got, merged = self.modules[variant].dcp_a2a_lse_reduce(out, lse, group, return_lse=True, is_lse_base_on_e=self.lse_base_on_e)
         else:
-            got, merged = self.module.cp_lse_ag_out_rs(
+            got, merged = self.modules[variant].cp_lse_ag_out_rs(
                 out, lse, group, ctx=self._context(), return_lse=True, is_lse_base_on_e=self.lse_base_on_e
             )
         return got[..., :d], merged

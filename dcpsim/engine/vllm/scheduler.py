@@ -89,6 +89,11 @@ class VllmScheduler(Scheduler):
     def _make_kv_manager(self, kv_cache_config):
         """vLLM's ``KVCacheManager`` over ``kv_cache_config``, as vLLM's scheduler builds it."""
         config = self.config
+        budget = (  # releases.KV_MANAGER: the token budget's name in this tree
+            dict(max_num_batched_tokens=config.max_num_batched_tokens)
+            if self.vllm_engine.bindings.shape("kv_cache_manager") == "max-num-batched"
+            else dict(max_in_flight_tokens=config.max_in_flight_tokens)
+        )
         return self.core.call(
             "KVCacheManager",
             self.core.KVCacheManager,
@@ -96,7 +101,7 @@ class VllmScheduler(Scheduler):
             max_model_len=config.max_model_len,
             scheduler_block_size=self.block_size,
             hash_block_size=self.hash_block_size,
-            max_in_flight_tokens=config.max_in_flight_tokens,
+            **budget,
             enable_caching=config.enable_prefix_caching,
             enable_kv_cache_events=True,
             dcp_world_size=config.decode_context_parallel_size,
@@ -111,7 +116,10 @@ class VllmScheduler(Scheduler):
             cache_config=types.SimpleNamespace(
                 block_size=block_size, prefix_match_unit=None, enable_prefix_caching=c.enable_prefix_caching
             ),
-            parallel_config=types.SimpleNamespace(decode_context_parallel_size=c.decode_context_parallel_size),
+            parallel_config=types.SimpleNamespace(
+                decode_context_parallel_size=c.decode_context_parallel_size,
+                prefill_context_parallel_size=c.prefill_context_parallel_size,  # read before 0.26.0
+            ),
             kv_transfer_config=None,
         )
 
@@ -150,7 +158,7 @@ class VllmScheduler(Scheduler):
         if not self.config.enable_prefix_caching:
             return 0, 0
         vreq = self._vreq(req)
-        blocks, hit, _ = self._call(req, "get_computed_blocks", self.kv_manager.get_computed_blocks, vreq)
+        blocks, hit = self._call(req, "get_computed_blocks", self.kv_manager.get_computed_blocks, vreq)[:2]  # 0.26.0 on: and a third
         if hit:
             self._hits[req.index] = (blocks, hit)
             req.num_computed = hit
