@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-from dcpsim.cli import signals
+from dcpsim.cli import exit_codes, signals
 from dcpsim.cli.outcome import error_json
 from dcpsim.engine.loading import forkserver
 from dcpsim.errors import EXIT_USAGE, ConfigError, DcpsimError, HarnessError
@@ -80,8 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         _start_forkserver_early(sys.argv[1:])
     parser = build_parser()
     _Parser.wants_json = "--json" in (sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error: under --exit-codes git-bisect, a skip too
+        raise SystemExit(exit_codes.usage_code(exc.code, sys.argv[1:] if argv is None else argv)) from None
     signals.install()
+    code = _run(args)
+    return exit_codes.mapped(code, getattr(args, "exit_codes", None))
+
+
+def _run(args) -> int:
+    """The command's exit code, or the one of the error it ended in (said on stderr)."""
     try:
         return int(args.handler(args) or 0)
     except DcpsimError as exc:

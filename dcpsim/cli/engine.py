@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 import json
+import sys
 
+from dcpsim.campaigns.bisect import bisect, release_range
+from dcpsim.cli.flags import add_flags, flag_values
 from dcpsim.cli.options import add_engine_arguments, engine_choice
+from dcpsim.engine.choice import EngineChoice
 from dcpsim.engine.loading.fetch import PACKAGES, fetch
 from dcpsim.engine.registry import engine_info
 from dcpsim.engine.release_tables import RELEASE_TABLES, table_document, tree_document
 from dcpsim.errors import EXIT_OK
+from dcpsim.harness.world_options import WorldOptions
+from dcpsim.model.attention_config import AttentionConfig
+from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.plural import plural
+from dcpsim.verify.options import CheckOptions
 
 
 def add_arguments(p) -> None:
@@ -29,6 +37,16 @@ def add_arguments(p) -> None:
     r.add_argument("--sglang-source", metavar="DIR", help="bind this SGLang tree and say what each decision binds to")
     r.add_argument("--vllm-runner", default="v2", choices=("v2", "v1"), help="the model runner whose slot mapping to bind (default v2)")
     r.add_argument("--json", action="store_true", help="print one JSON document")
+    b = sub.add_parser("bisect", help="run one scenario under every release of a real engine in a range and say where the verdict changes")
+    b.add_argument("scenario", help="a scenario .toml file or the name of a built-in scenario")
+    b.add_argument("--engine", required=True, choices=sorted(RELEASE_TABLES), help="the engine whose releases to run")
+    b.add_argument("--releases", default="..", metavar="A..B", help="the releases, both ends included (default every known one)")
+    add_flags(b, ScenarioOverrides)
+    add_flags(b, CheckOptions)
+    add_flags(b.add_argument_group("attention check"), AttentionConfig)
+    add_flags(b.add_argument_group("engine options"), EngineChoice, skip=("engine", "vllm_source", "sglang_source", "engine_partial"))
+    add_flags(b, WorldOptions, only=("in_process", "timeout"))
+    b.add_argument("--json", action="store_true", help="print one JSON document")
     i = sub.add_parser("info", help="the engine's version, what it loaded, and what makes each decision")
     add_engine_arguments(i)
     i.add_argument("--json", action="store_true", help="print one JSON document")
@@ -40,6 +58,8 @@ def run(args) -> int:
         return EXIT_OK
     if args.engine_command == "releases":
         return _releases(args)
+    if args.engine_command == "bisect":
+        return _bisect(args)
     engine = engine_choice(args).build()  # resolves DCPSIM_VLLM_SOURCE and validates, as a run does
     info = engine_info(engine)
     tree = getattr(engine, "tree", None)
@@ -110,10 +130,40 @@ def _tree_lines(doc: dict) -> list[str]:
     bad = [r["decision"] for r in doc["decisions"] if r["state"] == "mismatch"]
     if bad:
         lines.append(
-            f"  {plural(len(bad), 'decision')} in no known shape ({', '.join(bad)}): a run is exit 2; --engine-partial lets the reference make them"
+            f"  {plural(len(bad), 'decision')} in no known shape ({', '.join(bad)}): a run is exit 2; "
+            "--engine-partial lets the reference make them"
         )
     return lines
 
 
 def _span(releases: list[str]) -> str:
     return releases[0] if len(releases) == 1 else f"{releases[0]}..{releases[-1]}"
+
+
+def _bisect(args) -> int:
+    import dcpsim.api
+
+    releases = release_range(args.engine, args.releases)
+    options = {}
+    for tree in (ScenarioOverrides, CheckOptions, AttentionConfig, EngineChoice, WorldOptions):
+        defaults = {leaf: value for leaf, value in flag_values(tree, build_defaults(tree)).items()}
+        options.update({k: v for k, v in flag_values(tree, args).items() if v != defaults.get(k) and k not in ("engine",)})
+    prefix = f"{args.engine}_"
+    options = {k: v for k, v in options.items() if not k.startswith(("vllm_", "sglang_")) or k.startswith(prefix)}
+
+    def said(row) -> None:
+        if not args.json:
+            print(row.row(), file=sys.stderr, flush=True)
+
+    report = bisect(args.scenario, args.engine, releases, options=options, fetch=fetch, run=dcpsim.api.run, on_release=said)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
+    return EXIT_OK
+
+
+def build_defaults(tree):
+    """A namespace of ``tree``'s leaves at their defaults (what an unset flag parses to)."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_flags(p, tree)
+    return p.parse_args([])

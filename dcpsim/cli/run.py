@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dcpsim.cli import exit_codes
 from dcpsim.cli.launch import run_job
 from dcpsim.cli.options import add_scenario_arguments, add_world_arguments, job_from_args, scenario_from_args
 from dcpsim.cli.outcome import json_errors
@@ -12,6 +13,7 @@ def add_arguments(p) -> None:
     add_scenario_arguments(p)
     add_world_arguments(p)
     add_pd_arguments(p)
+    exit_codes.add_argument(p)
 
 
 def run(args) -> int:

@@ -176,7 +176,7 @@ def test_a_source_that_does_not_import_is_exit_2_naming_file_and_line(capsys, tm
     copy = patched_copy(sglang_source, tmp_path / "sglang-old", LAYOUT, "def get_dcp_lens(\n", "def get_dcp_lengths(\n")
     assert main(["run", "dsv3", "--dcp", "2", "--engine", "sglang", "--sglang-source", str(copy)]) == 2
     err = capsys.readouterr().err
-    assert "get_dcp_lens" in err and "is missing" in err and "0.5.23" in err, err
+    assert "local_seq_lens: found sglang/srt/layers/dcp/layout.py has no get_dcp_lens" in err and "0.5.22..0.5.23" in err, err
     assert main(["run", "dsv3", "--dcp", "2", "--engine", "sglang", "--sglang-source", str(tmp_path / "nowhere")]) == 2
     assert "no such directory" in capsys.readouterr().err
 

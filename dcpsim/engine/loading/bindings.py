@@ -164,7 +164,11 @@ def bind(root, table: tuple[Decision, ...], *, release: str | None, label: str, 
     bound: dict[str, Bound] = {}
     mismatches: list[Mismatch] = []
     for decision in table:
-        found = tuple(probe(root, shape) for shape in decision.shapes)
+        try:
+            found = tuple(probe(root, shape) for shape in decision.shapes)
+        except SyntaxError as exc:  # a tree that does not parse: exit 2 naming the file and line
+            rel = Path(exc.filename).relative_to(root) if exc.filename and Path(exc.filename).is_relative_to(root) else exc.filename
+            raise ConfigError(f"{label} source {root}: {rel}:{exc.lineno}: SyntaxError: {exc.msg}") from None
         match = next((f.shape for f in found if f.state == "match"), None)
         if match is not None:
             bound[decision.name] = Bound(decision.name, match)

@@ -45,7 +45,8 @@ class _Recorder:
         self.loc = self.mask = None
 
     def set_kv_buffer(self, layer, loc_info, k, v, *args, dcp_kv_mask=None, **kwargs):
-        self.loc, self.mask = loc_info.loc, dcp_kv_mask
+        # a KVWriteLoc (0.5.22 on), or the local ids themselves (before)
+        self.loc, self.mask = getattr(loc_info, "loc", loc_info), dcp_kv_mask
 
 
 def _pool(pool_cls, rows: int):
@@ -56,12 +57,14 @@ def _pool(pool_cls, rows: int):
         start_layer=0,
         is_quantized_kv_cache=False,
         requires_physical_write_loc=False,
+        kernel_page_blocks=1,  # 0.5.20, 0.5.21 (the kernel page is the page)
         dtype=torch.int64,
         store_dtype=torch.int64,
         k_buffer=[torch.zeros((rows, WIDTH), dtype=torch.int64)],
         v_buffer=[torch.zeros((rows, WIDTH), dtype=torch.int64)],
     )
-    pool._check_physical_write_loc = types.MethodType(pool_cls._check_physical_write_loc, pool)
+    if hasattr(pool_cls, "_check_physical_write_loc"):  # 0.5.22 on
+        pool._check_physical_write_loc = types.MethodType(pool_cls._check_physical_write_loc, pool)
     pool.set_kv_buffer = types.MethodType(pool_cls.set_kv_buffer, pool)
     return pool
 

@@ -35,6 +35,6 @@ def test_mla_page_table_is_the_block_row(kernels, W, P):
     lens = np.array([3 * P * W - 1, P * W, 2 * P * W])
     for r in range(W):
         local = local_seq_lens(lens, dcp_size=W, interleave_size=1, dcp_rank=r)
-        got = reads.page_table(kernels.create_mla_kv_page_table_for_dcp, rows, local, block_size=P, dcp_size=W, dcp_rank=r)
+        got = reads.page_table(kernels.create_mla_kv_page_table_for_dcp, rows, local, shape="v2p", block_size=P, dcp_size=W, dcp_rank=r)
         for row, pages, n in zip(rows, got, local):
             assert (pages == row[: -(-n // P)]).all(), (r, pages)
