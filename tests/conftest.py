@@ -32,7 +32,7 @@ def pytest_addoption(parser):
     # --dcpsim-shard K/N (the full matrix's shard) is the pytest plugin's (dcpsim.pytest_plugin)
 
 
-NETWORK_FIXTURES = frozenset({"vllm_source", "vllm_source_or_skip", "sglang_source"})
+NETWORK_FIXTURES = frozenset({"vllm_source", "vllm_source_or_skip", "sglang_source", "release_source"})
 """Fixtures that fetch an engine's wheel from the package index (once per machine)."""
 
 
@@ -86,6 +86,17 @@ def sglang_source() -> Path:
     path = fetch(SGLANG_REQUIREMENT)
     os.environ.pop("DCPSIM_SGLANG_SOURCE", None)
     return path
+
+
+@pytest.fixture(scope="session")
+def release_source():
+    """``release_source(engine, release)``: that release's source (``engine fetch ENGINE==RELEASE``:
+    cached in ``$DCPSIM_CACHE``, file-locked, so xdist workers fetch each once). Never skipped."""
+    from dcpsim.engine.loading.fetch import fetch
+
+    for var in ("DCPSIM_VLLM_SOURCE", "DCPSIM_SGLANG_SOURCE"):
+        os.environ.pop(var, None)
+    return lambda engine, release: fetch(f"{engine}=={release}")
 
 
 @pytest.fixture(scope="session")

@@ -81,3 +81,26 @@ def tree_document(engine: str, root, variant: str = "") -> dict:
     return dict(
         engine=engine, source=str(Path(root).resolve()), version=version, known_release=bindings.release is not None, decisions=rows
     )
+
+
+def release_matrix(engine: str, variant: str = "") -> list[list[str]]:
+    """The table as rows: a header (``release`` and each decision), then per release the name
+    of the shape each decision binds to there, or ``reference`` where the release lacks it (what
+    ``docs/engines.md`` shows; measured on each release's tree by tests/dist/test_engine_releases.py)."""
+    t = RELEASE_TABLES[engine]
+    table = t.tables[variant or next(iter(t.tables))]
+    rows = [["release", *(d.name for d in table)]]
+    for release in t.releases:
+        cells = []
+        for d in table:
+            shape = next((s.name for s in d.shapes if release in s.releases), None)
+            cells.append(shape or ("reference" if release in d.absent else "?"))
+        rows.append([release, *cells])
+    return rows
+
+
+def release_markdown(engine: str, variant: str = "") -> str:
+    rows = release_matrix(engine, variant)
+    lines = ["| " + " | ".join(f"`{c}`" if k else c for k, c in enumerate(rows[0])) + " |", "|" + " --- |" * len(rows[0])]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(lines)

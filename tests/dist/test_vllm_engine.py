@@ -6,9 +6,6 @@ ends clearly (exit 2 before any rank starts, exit 3 naming the rank and the func
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +13,7 @@ from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.registry import builtin_scenario_names
-from support.helpers import builtin, run
+from support.helpers import builtin, patched_copy, run
 
 pytestmark = pytest.mark.slow  # gloo worlds running an engine's kernels; the fast loop leaves them out
 
@@ -25,17 +22,6 @@ V2 = "vllm/v1/worker/gpu/block_table.py"
 V1 = "vllm/v1/worker/block_table.py"
 LENS = "vllm/v1/attention/backends/utils.py"
 SPECS = "vllm/v1/kv_cache_interface.py"
-
-
-def patched_copy(source: Path, dest: Path, rel: str, old: str, new: str) -> Path:
-    """A copy of the source tree (hard links) with ``old`` replaced by ``new`` in one file."""
-    shutil.copytree(source, dest, copy_function=os.link)
-    path = dest / rel
-    text = path.read_text(encoding="utf-8")
-    assert old in text, f"{rel} no longer contains the line to patch: {old!r}"
-    path.unlink()  # a hard link: write a file of its own
-    path.write_text(text.replace(old, new), encoding="utf-8")
-    return dest
 
 
 def vllm_run(capsys, source, *argv) -> tuple[int, dict]:

@@ -395,3 +395,17 @@ def without_timings(doc: dict) -> dict:
         if isinstance(out.get(role), dict):
             out[role] = without_timings(out[role])
     return out
+
+
+def patched_copy(source, dest, rel: str, old: str, new: str):
+    """A copy of the source tree (hard links) with ``old`` replaced by ``new`` in one file."""
+    import os
+    import shutil
+
+    shutil.copytree(source, dest, copy_function=os.link)
+    path = dest / rel
+    text = path.read_text(encoding="utf-8")
+    assert old in text, f"{rel} no longer contains the line to patch: {old!r}"
+    path.unlink()  # a hard link: write a file of its own
+    path.write_text(text.replace(old, new), encoding="utf-8")
+    return dest

@@ -1,0 +1,190 @@
+"""Every release dcpsim knows of each real engine, fetched and run (issue 28).
+
+Per release: the table binds every decision to a shape that lists the release (or says the
+release lacks it), and the sweep's scenarios give the reference engine's verdict, or the
+refusal the bound shapes predict; the known upstream bugs show exactly in the releases the
+README's table names (``FINDINGS``: measured by this test). Bugs planted in copies of the
+newest vLLM's slot-mapping kernel and local lengths each make dcpsim exit 1; a checkout-shaped
+copy of it (no dist-info, no ``_version.py``) binds by its code alone, and one whose code moved
+is one exit 2 listing each mismatch, or, with ``--engine-partial``, a run whose report names
+what the reference made.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import dcpsim
+from dcpsim.cli import main
+from dcpsim.engine.loading.bindings import bind
+from dcpsim.engine.sglang.releases import SGLANG_RELEASES, SGLANG_TABLE
+from dcpsim.engine.vllm.releases import VLLM_RELEASES, vllm_table
+from support.helpers import patched_copy
+
+SWEEP = {
+    "vllm": [("dsv3", dict(dcp=2)), ("llama-gqa", dict(dcp=4, attention=True)), ("dsv41-hybrid", dict(dcp=4))],
+    "sglang": [("dsv3", dict(dcp=2)), ("llama-gqa", dict(dcp=4, attention=True)), ("dsv41-hybrid", dict(dcp=4))],
+}
+"""The scenarios every release runs."""
+
+FINDINGS = {
+    ("vllm", "kv-events-full", ()): (VLLM_RELEASES[VLLM_RELEASES.index("0.26.0") :], "engine-error", "block_size % hash_block_size == 0"),
+    ("sglang", "mla-norope", (("dcp", 2),)): (SGLANG_RELEASES[SGLANG_RELEASES.index("0.5.20") :], "write-violation", ""),
+}
+"""(engine, built-in, run options) -> (the releases where dcpsim shows the upstream bug, its
+failure kind, words of its message); every other release passes (README, upstream bugs)."""
+
+TABLES = {"vllm": vllm_table("v2"), "sglang": SGLANG_TABLE}
+LABELS = {"vllm": "vLLM", "sglang": "SGLang"}
+RELEASES = [("vllm", r) for r in VLLM_RELEASES] + [("sglang", r) for r in SGLANG_RELEASES]
+
+
+@pytest.fixture(scope="module")
+def reference_verdicts():
+    """The reference engine's verdict (passed, failure kind) of each sweep scenario."""
+    cases = {(name, tuple(sorted(o.items()))) for runs in SWEEP.values() for name, o in runs}
+    out = {}
+    for name, options in sorted(cases):
+        report = dcpsim.run(name, **dict(options))
+        out[(name, options)] = (report.passed, report.failure and report.failure.kind)
+    return out
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("engine, release", RELEASES, ids=[f"{e}-{r}" for e, r in RELEASES])
+def test_every_decision_binds_to_a_shape_of_the_release(engine, release, release_source):
+    tree = release_source(engine, release)
+    bindings = bind(tree, TABLES[engine], release=release, label=LABELS[engine], flag=f"--{engine}-source")
+    for name, bound in bindings.bound.items():
+        decision = next(d for d in TABLES[engine] if d.name == name)
+        if bound.shape is None:
+            assert release in decision.absent, (name, bound.why)
+        else:
+            assert release in bound.shape.releases, (name, bound.shape.name, bound.shape.releases)
+    # the vLLM v1 runner's table too
+    if engine == "vllm":
+        v1 = bind(tree, vllm_table("v1"), release=release, label="vLLM", flag="--vllm-source")
+        assert v1.has("write_slots") or release in next(d for d in vllm_table("v1") if d.name == "write_slots").absent
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("engine, release", RELEASES, ids=[f"{e}-{r}" for e, r in RELEASES])
+def test_a_release_gives_the_reference_verdicts_and_its_known_bugs(engine, release, release_source, reference_verdicts):
+    tree = str(release_source(engine, release))
+    source = {f"{engine}_source": tree}
+    bindings = bind(tree, TABLES[engine], release=release, label=LABELS[engine], flag=f"--{engine}-source")
+    for name, options in SWEEP[engine]:
+        refused = _refusal(engine, name, bindings)
+        if refused:
+            with pytest.raises(dcpsim.ConfigError, match=refused):
+                dcpsim.run(name, engine=engine, **source, **options)
+            continue
+        report = dcpsim.run(name, engine=engine, **source, **options)
+        got = (report.passed, report.failure and report.failure.kind)
+        assert got == reference_verdicts[(name, tuple(sorted(options.items())))], (name, report.text())
+    for (bug_engine, name, options), (releases, kind, words) in FINDINGS.items():
+        if bug_engine != engine:
+            continue
+        report = dcpsim.run(name, engine=engine, **source, **dict(options))
+        if release in releases:
+            assert not report.passed and report.failure.kind == kind and words in report.failure.message, report.text()
+        else:
+            assert report.passed, report.text()
+
+
+def _refusal(engine: str, name: str, bindings) -> str | None:
+    """What the release's bound shapes say of a sweep scenario it cannot run (None: it runs)."""
+    if name != "dsv41-hybrid":
+        return None
+    if engine == "sglang":  # SGLang keeps no replicated sliding-window MLA group under DCP
+        return "cannot run this"
+    if bindings.shape("group_geometry") == "all-sharded":
+        return "has no dcp_sharded field"
+    return None
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "file, old, new",
+    [
+        ("vllm/v1/worker/gpu/block_table.py", "is_local = virtual_block_offsets // CP_INTERLEAVE % CP_SIZE == cp_rank",
+         "is_local = (virtual_block_offsets + 1) // CP_INTERLEAVE % CP_SIZE == cp_rank"),
+        ("vllm/v1/attention/backends/utils.py", "    remainder = seq_lens_tiled - base * dcp_size\n",
+         "    base = base + 1\n    remainder = seq_lens_tiled - (base - 1) * dcp_size\n"),
+    ],
+    ids=["slot-mapping", "local-lengths"],
+)  # fmt: skip
+def test_a_bug_planted_in_the_newest_vllm_fails_the_run(file, old, new, capsys, tmp_path, release_source):
+    copy = patched_copy(release_source("vllm", VLLM_RELEASES[-1]), tmp_path / "vllm-bug", file, old, new)
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(copy), "--attention"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def _checkout(tmp_path, tree, name="checkout"):
+    """A checkout-shaped copy of ``tree``: its ``vllm/`` alone, without ``_version.py`` (a tree
+    of its own per use: a process keeps the engines it built, by path)."""
+    root = tmp_path / name
+    shutil.copytree(tree / "vllm", root / "vllm", ignore=shutil.ignore_patterns("_version.py"))
+    return root
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_checkout_of_the_newest_release_binds_by_its_code(capsys, tmp_path, release_source):
+    newest = release_source("vllm", VLLM_RELEASES[-1])
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(_checkout(tmp_path, newest))]) == 0
+    capsys.readouterr()
+    root = _checkout(tmp_path, newest, "main")
+    utils = root / "vllm/v1/attention/backends/utils.py"
+    utils.write_text(utils.read_text().replace("def get_dcp_local_seq_lens(", "def get_dcp_local_lengths("))
+    kernel = root / "vllm/v1/worker/gpu/block_table.py"
+    kernel.write_text(kernel.read_text().replace("    dcp_sharded,  # [num_kv_cache_groups]", "    cp_sharded,  # [num_kv_cache_groups]"))
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "vLLM tree at" in err and "2 decision(s) in no known shape" in err, err
+    assert "write_slots: found vllm/v1/worker/gpu/block_table.py::_compute_slot_mappings_kernel is (" in err and "cp_sharded" in err
+    assert "local_seq_lens: found vllm/v1/attention/backends/utils.py has no get_dcp_local_seq_lens" in err
+    report = dcpsim.run("dsv3", dcp=2, engine="vllm", vllm_source=str(root), engine_partial=True)
+    assert report.passed
+    engine = report.to_dict()["engine"]
+    assert engine["partial"] == ["write_slots", "local_seq_lens"]
+    assert engine["decisions"]["write_slots"].startswith("reference (--engine-partial")
+    assert "--engine-partial: the reference makes write_slots, local_seq_lens" in report.text()
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_the_ci_recipe_runs_in_a_checkout_of_the_newest_release(tmp_path, release_source):
+    """examples/ci/engine-repo as an engine repository uses it: its test file in tests/dcpsim of a
+    checkout-shaped copy of the newest vLLM, pytest run there on ``--dcpsim-vllm-source .``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = _checkout(tmp_path, release_source("vllm", VLLM_RELEASES[-1]))
+    recipe = Path(__file__).resolve().parents[2] / "examples" / "ci" / "engine-repo" / "test_dcpsim.py"
+    (root / "tests" / "dcpsim").mkdir(parents=True)
+    shutil.copy(recipe, root / "tests" / "dcpsim" / "test_dcpsim.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DCPSIM_VLLM"))}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/dcpsim",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--dcpsim-engine",
+        "vllm",
+        "--dcpsim-vllm-source",
+        ".",
+    ]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1200, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "4 passed" in done.stdout, done.stdout[-2000:]
