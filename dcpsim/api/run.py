@@ -16,11 +16,10 @@ from pathlib import Path
 from dcpsim.api.report import Report
 from dcpsim.engine.choice import EngineChoice
 from dcpsim.errors import ConfigError
-from dcpsim.harness.job import Job
-from dcpsim.harness.launch import check_pd_options, launch_job, launch_pd, resolve_scenario, write_trace
+from dcpsim.harness.launch import JOB_KEYS, SCENARIO_KEYS, check_pd_options, launch_options, launch_pd, write_trace
 from dcpsim.harness.pd_report import PDReport
 from dcpsim.harness.world_options import WorldOptions
-from dcpsim.model.scenario import Scenario, ScenarioOverrides
+from dcpsim.model.scenario import Scenario
 from dcpsim.options import from_flat, keys
 
 ALIASES = {
@@ -31,8 +30,6 @@ ALIASES = {
 }
 """The short names ``dcpsim.run`` takes, as the flags' aliases (``--dcp``, ...)."""
 
-SCENARIO_KEYS = keys(ScenarioOverrides)
-JOB_KEYS = keys(Job)
 PD_KEYS = ("inject", "timeout", "deadline", *keys(EngineChoice))
 """The run options a P/D scenario (a ``[disaggregated]`` table) takes."""
 
@@ -63,15 +60,12 @@ def run(
         cp_kv_cache_interleave_size=interleave, block_size=block_size, seed=seed,
     )  # fmt: skip
     options = _options(given, dict(engine=engine, attention=attention, in_process=in_process), config)
-    overrides = from_flat(ScenarioOverrides, {k: v for k, v in options.items() if k in SCENARIO_KEYS})
-    resolved = resolve_scenario(scenario, overrides)
-    job_options = {k: v for k, v in options.items() if k in JOB_KEYS}
     notes: list[str] = []
-    if resolved.disaggregated is not None:
+    resolved, report, trace = launch_options(scenario, options, force=force, say=notes.append, on_wait=on_wait)
+    if report is None:  # a [disaggregated] table: a P/D world
+        job_options = {k: v for k, v in options.items() if k in JOB_KEYS}
         report = _run_pd(resolved, options, job_options, force=force, say=notes.append, on_wait=on_wait)
         return Report.of(report, tuple(notes))
-    job = Job.from_options(resolved, **job_options)
-    report, trace = launch_job(job, force=force, say=notes.append, on_wait=on_wait)
     if trace is not None:
         write_trace(trace, report, notes.append)
     return Report.of(report, tuple(notes))

@@ -2,7 +2,7 @@
 
 Each release is fetched (cached, file-locked: ``dcpsim.engine.loading.fetch``) and the scenario
 run under it as ``dcpsim run`` runs it (``dcpsim.api.run``), so each row is exactly the verdict
-``run --engine E --E-source TREE`` gives there: ``pass``, ``fail`` (the failure kind and the first
+``run --engine E --E-source TREE`` gives there (``run`` returns the checker's report): ``pass``, ``fail`` (the failure kind and the first
 bad position), ``refused`` (exit 2: the release cannot run the scenario, in its own words) or
 ``error`` (exit 3). The first release whose verdict differs from the one before it is where the
 behaviour changed.
@@ -79,6 +79,17 @@ class BisectReport:
         )
 
 
+def _verdict(release: str, f) -> ReleaseVerdict:
+    """A run's row: ``f`` its failure (the checker's ``Failure``), None for a pass."""
+    if f is None:
+        return ReleaseVerdict(release, "pass", 0)
+    kind = getattr(f.kind, "value", f.kind)
+    where = f"step {f.step}" + (f", request {f.request_id}" if f.request_id else "")
+    if f.index is not None:
+        where += f", {f.index_kind or 'position'} {f.index}"
+    return ReleaseVerdict(release, "fail", 1, kind=kind, where=where, message=(f.message or "")[:300])
+
+
 def release_range(engine: str, text: str) -> list[str]:
     """The known releases of ``engine`` from ``A`` to ``B`` (``A..B``, both included; ``A..`` to
     the newest, ``..B`` from the oldest); ``ConfigError`` naming an unknown release."""
@@ -109,16 +120,7 @@ def bisect(scenario, engine: str, releases: list[str], *, options: dict, fetch, 
             verdict = "refused" if exc.exit_code == 2 else "error"
             row = ReleaseVerdict(release, verdict, exc.exit_code, message=str(exc).splitlines()[0][:300])
         else:
-            f = report.failure
-            if f is None:
-                row = ReleaseVerdict(release, "pass", 0)
-            else:
-                where = (
-                    f"step {f.step}"
-                    + (f", request {f.request}" if f.request else "")
-                    + (f", {f.index_kind or 'position'} {f.first_bad_index}" if f.first_bad_index is not None else "")
-                )
-                row = ReleaseVerdict(release, "fail", 1, kind=f.kind, where=where, message=(f.message or "")[:300])
+            row = _verdict(release, report.failure)
         row = ReleaseVerdict(**{**asdict(row), "seconds": round(time.perf_counter() - start, 2)})
         rows.append(row)
         if on_release is not None:

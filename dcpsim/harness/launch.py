@@ -26,6 +26,7 @@ from dcpsim.harness.runner import run_jobs
 from dcpsim.harness.trace_file import Trace, check_trace_path
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.scenario import Scenario, ScenarioOverrides
+from dcpsim.options import from_flat, keys
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.pd import ROLES
 from dcpsim.verify.report import RunReport
@@ -114,6 +115,26 @@ def launch_job(job: Job, *, force: bool = False, say: Say = silent, on_wait=None
     report.wall_time_s = time.perf_counter() - start
     report.replay = replay_record(job)
     return report, trace
+
+
+def launch_options(
+    scenario: str | Path | Scenario, options: dict, *, force: bool = False, say: Say = silent, on_wait=None
+) -> tuple[Scenario, RunReport, Trace | None]:
+    """One run from run-option keys (``options``: the option tree's keys, as ``dcpsim.run`` and
+    ``engine bisect`` take them): the scenario with its overrides, its ``Job``, ``launch_job``.
+    A scenario with a ``[disaggregated]`` table comes back with no report (the caller runs it
+    as P/D)."""
+    overrides = from_flat(ScenarioOverrides, {k: v for k, v in options.items() if k in SCENARIO_KEYS})
+    resolved = resolve_scenario(scenario, overrides)
+    if resolved.disaggregated is not None:
+        return resolved, None, None
+    job = Job.from_options(resolved, **{k: v for k, v in options.items() if k in JOB_KEYS})
+    report, trace = launch_job(job, force=force, say=say, on_wait=on_wait)
+    return resolved, report, trace
+
+
+SCENARIO_KEYS = keys(ScenarioOverrides)
+JOB_KEYS = keys(Job)
 
 
 def write_trace(trace: Trace, report: RunReport, say: Say = silent) -> None:

@@ -25,7 +25,7 @@ def test_a_release_range_is_the_known_releases_between_both_ends():
 
 
 def _failure(kind):
-    return types.SimpleNamespace(kind=kind, step=3, request="r0", index_kind="position", first_bad_index=17, message="bad")
+    return types.SimpleNamespace(kind=kind, step=3, request_id="r0", index_kind="position", index=17, message="bad")
 
 
 def test_bisect_rows_and_the_first_change():
