@@ -44,6 +44,12 @@ def pytest_addoption(parser) -> None:
     group.addoption(
         "--dcpsim-sglang-source", metavar="DIR", help="--dcpsim-engine sglang: a directory holding sglang/ (a checkout's python/, a wheel)"
     )
+    group.addoption(
+        "--dcpsim-engine-partial",
+        action="store_true",
+        help="--dcpsim-engine vllm or sglang: where the tree holds a decision's code in no known shape (an engine's main "
+        "branch newer than the releases dcpsim knows), the reference makes exactly those decisions, named in each report",
+    )
     group.addoption("--dcpsim-in-process", action="store_true", help="run the ranks as threads of the test process (no gloo)")
     group.addoption(
         "--dcpsim-matrix",
@@ -66,7 +72,8 @@ def pytest_configure(config) -> None:
     config._dcpsim_options = None  # built on first use (the fixture), or here for an option of ours
     config._dcpsim_scenarios = None
     config._dcpsim_shard = None
-    given = [config.getoption(o) for o in ("dcpsim_in_process", "dcpsim_matrix", "dcpsim_shard", *(f"dcpsim_{s}" for s in SOURCES))]
+    options = ("dcpsim_in_process", "dcpsim_engine_partial", "dcpsim_matrix", "dcpsim_shard", *(f"dcpsim_{s}" for s in SOURCES))
+    given = [config.getoption(o) for o in options]
     if config.getoption("dcpsim_engine") == "reference" and all(v in (None, False) for v in given):
         return
     try:
@@ -84,6 +91,8 @@ def _options(config):
 
     given = dict(engine=config.getoption("dcpsim_engine"), in_process=config.getoption("dcpsim_in_process"))
     given.update({source: config.getoption(f"dcpsim_{source}") for source in SOURCES if config.getoption(f"dcpsim_{source}")})
+    if config.getoption("dcpsim_engine_partial"):
+        given["engine_partial"] = True
     try:
         return MatrixOptions.of(**given)
     except ConfigError as exc:
@@ -110,13 +119,15 @@ def _scenarios(text: str | None) -> list[str] | None:
 @pytest.fixture
 def dcpsim_run(request):
     """``dcpsim.run`` with the session's ``--dcpsim-engine``, ``--dcpsim-vllm-source``,
-    ``--dcpsim-sglang-source`` and ``--dcpsim-in-process``; a keyword given in the call wins, and
+    ``--dcpsim-sglang-source``, ``--dcpsim-engine-partial`` and ``--dcpsim-in-process``; a keyword given in the call wins, and
     a call that names its own ``engine`` takes none of the session's engine options."""
     from dcpsim.api import run
 
     options = request.config._dcpsim_options or _options(request.config)
     engine = dict(engine=options.engine.name)
     engine.update({source: getattr(options.engine, source) for source in SOURCES if getattr(options.engine, source)})
+    if options.engine.engine_partial:
+        engine["engine_partial"] = True
 
     def session_run(scenario, **kwargs):
         defaults = dict(in_process=options.world.in_process, **({} if "engine" in kwargs else engine))

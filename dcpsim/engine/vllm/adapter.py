@@ -48,6 +48,10 @@ from dcpsim.model.kinds import Storage
 __all__ = ["VLLM_MERGES", "VLLM_RELEASES", "VLLM_SCHEDULERS", "VllmCallError", "VllmEngine"]
 
 RUNNERS = ("v2", "v1")
+FULL_SCHEDULER_RELEASES = ("0.31.0", "0.32.0", "0.33.0")
+"""The releases whose v1 ``Scheduler`` dcpsim's stand-in ``VllmConfig`` (``sched_config``) covers,
+measured; elsewhere ``--vllm-scheduler full`` is exit 2 naming the attribute the stand-in lacks."""
+STAND_IN_GAP = "which dcpsim's stand-in does not set"
 
 
 class VllmEngine(ReferenceEngine):
@@ -176,6 +180,12 @@ class VllmEngine(ReferenceEngine):
         try:
             self.make_scheduler(scenario, self.geometries(scenario.layers, scenario.config))
         except EngineError as exc:
+            if STAND_IN_GAP in exc.message:  # dcpsim's stand-in config, not vLLM, is short of something
+                raise ConfigError(
+                    f"--vllm-scheduler {self.scheduler}: dcpsim's stand-in VllmConfig does not cover vLLM {self.version}'s "
+                    f"scheduler ({exc.function}, {exc.file}:{exc.line}: {exc.message}); it is known to run vLLM "
+                    f"{', '.join(FULL_SCHEDULER_RELEASES)}; use --vllm-scheduler manager"
+                ) from None
             raise ConfigError(
                 f"vLLM {self.version} refuses this configuration: {exc.function} ({exc.file}:{exc.line}): {exc.message}"
             ) from None
