@@ -127,10 +127,11 @@ def _start_forkserver_early(argv: list[str]) -> None:
     if not argv or argv[0] not in WORLD_COMMANDS or {"--in-process", "-h", "--help"} & set(argv):
         return
     preload = (RANK_PRELOAD,)
-    if {"vllm", "--engine=vllm", "sglang", "--engine=sglang"} & set(argv):  # as harness.runner preloads for it
+    real = ("vllm", "sglang", "vllm-ascend")
+    if {*real, *(f"--engine={e}" for e in real)} & set(argv):  # as harness.runner preloads for it
         preload += ("dcpsim.engine.loading.preload",)
         engine = engine_flags(argv)
-        if engine.get("name") in ("vllm", "sglang"):  # its source tree loaded once, in the forkserver
+        if engine.get("name") in real:  # its source tree loaded once, in the forkserver
             forkserver.ask([("dcpsim.engine.choice:build_choice", engine)])
     start_forkserver(preload)
 

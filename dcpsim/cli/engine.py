@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from dcpsim.campaigns.bisect import bisect, release_range
 from dcpsim.cli.flags import add_flags, flag_values
 from dcpsim.cli.options import add_engine_arguments, engine_choice
 from dcpsim.engine.choice import EngineChoice
-from dcpsim.engine.loading.fetch import PACKAGES, fetch
+from dcpsim.engine.loading.fetch import PACKAGES, fetch, pinned
 from dcpsim.engine.registry import engine_info
 from dcpsim.engine.release_tables import RELEASE_TABLES, table_document, tree_document
+from dcpsim.engine.vllm_ascend.releases import VLLM_OF
 from dcpsim.errors import EXIT_OK, ConfigError
 from dcpsim.harness.launch import launch_options
 from dcpsim.harness.world_options import WorldOptions
@@ -29,18 +31,19 @@ def add_arguments(p) -> None:
         "requirement",
         nargs="?",
         default=PACKAGES["vllm"],
-        help=f"{' or '.join(PACKAGES.values())} (default {PACKAGES['vllm']})",
+        help=f"{' or '.join(PACKAGES.values())} (default {PACKAGES['vllm']}); vllm-ascend also fetches the vLLM release it runs on",
     )
     f.add_argument("--dest", metavar="DIR", help="where to unpack (default $DCPSIM_CACHE or ~/.cache/dcpsim, /PACKAGE-VERSION)")
     r = sub.add_parser("releases", help="the releases each real engine is bound for, and which code a source tree holds per decision")
     r.add_argument("--engine", choices=sorted(RELEASE_TABLES), help="only this engine (default: every one)")
     r.add_argument("--vllm-source", metavar="DIR", help="bind this vLLM tree (a wheel, a checkout) and say what each decision binds to")
     r.add_argument("--sglang-source", metavar="DIR", help="bind this SGLang tree and say what each decision binds to")
+    r.add_argument("--vllm-ascend-source", metavar="DIR", help="bind this vllm-ascend tree (its own decisions) and say what each binds to")
     r.add_argument("--vllm-runner", default="v2", choices=("v2", "v1"), help="the model runner whose slot mapping to bind (default v2)")
     r.add_argument("--json", action="store_true", help="print one JSON document")
     b = sub.add_parser("bisect", help="run one scenario under every release of a real engine in a range and say where the verdict changes")
     b.add_argument("scenario", help="a scenario .toml file or the name of a built-in scenario")
-    b.add_argument("--engine", required=True, choices=sorted(RELEASE_TABLES), help="the engine whose releases to run")
+    b.add_argument("--engine", required=True, choices=("sglang", "vllm"), help="the engine whose releases to run")
     b.add_argument("--releases", default="..", metavar="A..B", help="the releases, both ends included (default every known one)")
     add_flags(b, ScenarioOverrides)
     add_flags(b, CheckOptions)
@@ -54,13 +57,18 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    if args.engine_command == "fetch":
-        print(fetch(args.requirement, args.dest))
-        return EXIT_OK
-    if args.engine_command == "releases":
-        return _releases(args)
-    if args.engine_command == "bisect":
-        return _bisect(args)
+    return {"fetch": _fetch, "releases": _releases, "bisect": _bisect, "info": _info}[args.engine_command](args)
+
+
+def _fetch(args) -> int:
+    core = core_requirement(args.requirement)  # checked before anything is downloaded
+    print(fetch(args.requirement, args.dest))
+    if core is not None:  # a plugin over vLLM: the release it runs on too, beside it
+        print(fetch(core, None if args.dest is None else Path(args.dest).parent / core.replace("==", "-")))
+    return EXIT_OK
+
+
+def _info(args) -> int:
     engine = engine_choice(args).build()  # resolves DCPSIM_VLLM_SOURCE and validates, as a run does
     info = engine_info(engine)
     tree = getattr(engine, "tree", None)
@@ -72,6 +80,8 @@ def run(args) -> int:
         print(json.dumps(info, indent=2))
         return EXIT_OK
     print(f"engine {info['name']}" + (f" {info['version']}" if info.get("version") else ""))
+    if info.get("core_version"):
+        print(f"  over vLLM {info['core_version']} (its core: --vllm-source)")
     if tree is not None:
         print(f"  source: {info['source']}")
         print(f"  loaded: {', '.join(info['loaded'])}")
@@ -87,8 +97,18 @@ def run(args) -> int:
     return EXIT_OK
 
 
+def core_requirement(requirement: str) -> str | None:
+    """The vLLM release a vllm-ascend requirement runs on (``vllm==0.23.0``), or None."""
+    package, _, version = pinned(requirement).partition("==")
+    if package != "vllm-ascend":
+        return None
+    if version not in VLLM_OF:
+        raise ConfigError(f"engine fetch: vllm-ascend {version} is not a release dcpsim knows ({', '.join(VLLM_OF)})")
+    return f"vllm=={VLLM_OF[version]}"
+
+
 def _releases(args) -> int:
-    trees = {e: getattr(args, f"{e}_source") for e in RELEASE_TABLES if getattr(args, f"{e}_source")}
+    trees = {e: getattr(args, f"{e.replace('-', '_')}_source") for e in RELEASE_TABLES if getattr(args, f"{e.replace('-', '_')}_source")}
     engines = [args.engine] if args.engine else sorted(trees) or sorted(RELEASE_TABLES)
     docs = []
     for engine in engines:

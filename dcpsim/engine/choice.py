@@ -23,9 +23,13 @@ from dcpsim.engine.vllm.loader import source_dir
 from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS
 from dcpsim.engine.vllm.merge_choice import VLLM_MERGES
 from dcpsim.engine.vllm.scheduler_choice import VLLM_SCHEDULERS
+from dcpsim.engine.vllm_ascend import loader as ascend_loader
 from dcpsim.errors import ConfigError
 from dcpsim.model.validate import check_int
 from dcpsim.options import option
+
+REAL_ENGINES = ("vllm", "sglang", "vllm-ascend")
+"""The engines whose own code a run loads from a source tree."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class EngineChoice:
     name: str = option(
         "reference",
         "reference (default), vllm (vLLM's own DCP code from --vllm-source), sglang (SGLang's, from "
-        "--sglang-source), or MODULE:ATTR for a plugin "
+        "--sglang-source), vllm-ascend (the NPU plugin's, from --vllm-ascend-source, over --vllm-source), or MODULE:ATTR for a plugin "
         "implementing dcpsim.engine.interface.Engine",
         key="engine",
         metavar="NAME",
@@ -76,6 +80,12 @@ class EngineChoice:
         "takes the scenario's sampled tokens); dcpsim: dcpsim's own scheduler (only vLLM's worker-side code runs)",
         choices=VLLM_SCHEDULERS,
     )
+    vllm_ascend_source: str | None = option(
+        None,
+        "--engine vllm-ascend: a directory holding vllm_ascend/ (an unpacked source archive, a checkout); default "
+        "$DCPSIM_VLLM_ASCEND_SOURCE. Its vLLM core comes from --vllm-source (the release the plugin runs on)",
+        metavar="DIR",
+    )
     sglang_source: str | None = option(
         None,
         "--engine sglang: a directory holding sglang/ (an unpacked wheel, a site-packages, a checkout); default $DCPSIM_SGLANG_SOURCE",
@@ -117,19 +127,28 @@ class EngineChoice:
         check_int("sglang_read_programs", self.sglang_read_programs, 0)
         if self.sglang_platform not in PLATFORMS:
             raise ConfigError(f"--sglang-platform must be one of {', '.join(PLATFORMS)}, got {self.sglang_platform!r}")
-        if self.engine_partial and self.name not in ("vllm", "sglang"):
-            raise ConfigError("--engine-partial is only used with --engine vllm or --engine sglang")
-        for engine in ("vllm", "sglang"):
-            if self.name != engine and self._options_set(engine):
-                raise ConfigError(f"--{engine}-* options are only used with --engine {engine}")
-        if self.name == "vllm":  # an absolute path, so that a replay finds the same tree
+        if self.engine_partial and self.name not in REAL_ENGINES:
+            raise ConfigError("--engine-partial is only used with --engine vllm, sglang or vllm-ascend")
+        for engine, users in (("vllm", ("vllm", "vllm-ascend")), ("sglang", ("sglang",)), ("vllm-ascend", ("vllm-ascend",))):
+            if self.name not in users and self._options_set(engine):
+                raise ConfigError(f"--{engine}-* options are only used with --engine {' or '.join(users)}")
+        self._resolve_sources()
+
+    def _resolve_sources(self) -> None:
+        """Each source tree the engine loads as an absolute path, so that a replay finds the same tree."""
+        if self.name in ("vllm", "vllm-ascend"):
             object.__setattr__(self, "vllm_source", os.path.abspath(source_dir(self.vllm_source)))
+        if self.name == "vllm-ascend":
+            object.__setattr__(self, "vllm_ascend_source", os.path.abspath(ascend_loader.source_dir(self.vllm_ascend_source)))
         if self.name == "sglang":
             object.__setattr__(self, "sglang_source", os.path.abspath(sglang_loader.source_dir(self.sglang_source)))
 
     def _options_set(self, engine: str) -> bool:
+        """Whether an option of ``engine`` (``vllm``: ``vllm_*`` but ``vllm_ascend_*``) is set."""
         defaults = EngineChoice.__dataclass_fields__
-        return any(getattr(self, f) != defaults[f].default for f in defaults if f.startswith(f"{engine}_"))
+        prefix = engine.replace("-", "_") + "_"
+        mine = [f for f in defaults if f.startswith(prefix) and not (engine == "vllm" and f.startswith("vllm_ascend_"))]
+        return any(getattr(self, f) != defaults[f].default for f in mine)
 
     @property
     def is_reference(self) -> bool:
@@ -171,6 +190,7 @@ class EngineChoice:
             vllm_attention_backend=self.vllm_attention_backend,
             vllm_merge_programs=self.vllm_merge_programs,
             sglang_source=self.sglang_source,
+            vllm_ascend_source=self.vllm_ascend_source,
             sglang_platform=self.sglang_platform,
             sglang_write_programs=self.sglang_write_programs,
             sglang_read_programs=self.sglang_read_programs,

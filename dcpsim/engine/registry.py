@@ -16,9 +16,10 @@ from dcpsim.engine.interface import ENGINE_DECISIONS, PCP_DECISIONS, Engine
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.sglang.adapter import SglangEngine
 from dcpsim.engine.vllm.adapter import VllmEngine
+from dcpsim.engine.vllm_ascend.adapter import VllmAscendEngine
 from dcpsim.errors import ConfigError
 
-BUILTIN_ENGINES = ("reference", "vllm", "sglang")
+BUILTIN_ENGINES = ("reference", "vllm", "sglang", "vllm-ascend")
 VLLM_RUNNERS = ("v2", "v1")
 
 _CACHE: dict[tuple, Engine] = {}
@@ -27,7 +28,7 @@ _CACHE: dict[tuple, Engine] = {}
 def _plugin(name: str) -> Engine:
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"--engine {name!r}: expected reference, vllm, sglang, or MODULE:ATTR for a plugin")
+        raise ConfigError(f"--engine {name!r}: expected reference, vllm, sglang, vllm-ascend, or MODULE:ATTR for a plugin")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -106,8 +107,13 @@ def build_engine(name: str = "reference", **options) -> Engine:
         return _CACHE[key]
     if name == "reference":
         engine: Engine = ReferenceEngine()
+    elif name == "vllm-ascend":
+        o = {k.removeprefix("vllm_"): v for k, v in options.items() if k.startswith("vllm_") and not k.startswith("vllm_ascend_")}
+        engine = VllmAscendEngine(
+            options.get("vllm_ascend_source"), o.pop("source", None), partial=bool(options.get("engine_partial", False)), **o
+        )
     elif name in ("vllm", "sglang"):
-        o = {k.removeprefix(f"{name}_"): v for k, v in options.items() if k.startswith(f"{name}_")}
+        o = {k.removeprefix(f"{name}_"): v for k, v in options.items() if k.startswith(f"{name}_") and not k.startswith("vllm_ascend_")}
         partial = bool(options.get("engine_partial", False))
         engine = (VllmEngine if name == "vllm" else SglangEngine)(o.pop("source", None), partial=partial, **o)
     else:
@@ -130,6 +136,11 @@ def engine_info(engine: Engine) -> dict:
     if bindings is not None:  # which code shape of the tree each decision is bound to
         info["bindings"] = bindings.describe(engine.name)
         info["partial"] = list(bindings.partial)
+    plugin = getattr(engine, "plugin_bindings", None)
+    if plugin is not None:  # a plugin engine over a core (vllm-ascend over vLLM): its own decisions' shapes
+        info["plugin_bindings"] = plugin.describe(engine.name)
+        info["partial"] = [*info.get("partial", []), *(f"plugin:{d}" for d in plugin.partial)]
+        info["core_version"] = getattr(engine, "vllm_version", None)
     scheduler_decisions = getattr(engine, "scheduler_decisions", None)
     if scheduler_decisions:  # each scheduler-side decision and the function that makes it
         info["scheduler_decisions"] = dict(scheduler_decisions)

@@ -16,6 +16,7 @@ from dcpsim.engine.loading.bindings import Bindings, Decision, bind
 from dcpsim.engine.loading.tree import SourceTree
 from dcpsim.engine.sglang.releases import SGLANG_RELEASES, SGLANG_TABLE
 from dcpsim.engine.vllm.releases import VLLM_RELEASES, vllm_table
+from dcpsim.engine.vllm_ascend.releases import ASCEND_RELEASES, ASCEND_TABLE
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class ReleaseTable:
 RELEASE_TABLES = {
     "vllm": ReleaseTable("vllm", "vLLM", VLLM_RELEASES, {"v2": vllm_table("v2"), "v1": vllm_table("v1")}),
     "sglang": ReleaseTable("sglang", "SGLang", SGLANG_RELEASES, {"": SGLANG_TABLE}),
+    "vllm-ascend": ReleaseTable("vllm-ascend", "vllm-ascend", ASCEND_RELEASES, {"": ASCEND_TABLE}),
 }
 
 
@@ -57,7 +59,7 @@ def tree_bindings(engine: str, root, variant: str = "") -> tuple[Bindings, str]:
     """``engine``'s table bound for the tree at ``root`` (``partial``: mismatches are listed,
     not raised), and the version the tree names (``unknown`` for a checkout)."""
     t = RELEASE_TABLES[engine]
-    tree = SourceTree(root, package=engine, label=t.label, flag=f"--{engine}-source")
+    tree = SourceTree(root, package=engine.replace("-", "_"), label=t.label, flag=f"--{engine}-source")
     version = tree.version
     release = version if version in t.releases else None
     table = t.tables[variant or next(iter(t.tables))]

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from dcpsim.collectives import Collectives
+from dcpsim.engine.choice import REAL_ENGINES
 from dcpsim.engine.loading import forkserver
 from dcpsim.harness.caller_main import check_plugins
 from dcpsim.harness.collectives import GlooCollectives, run_in_threads
@@ -122,7 +123,7 @@ def run_jobs(jobs: list[Job], *, on_job=None, on_wait=None, trace: Trace | None 
     else:
         check_plugins(j.engine.name for j in jobs)
         preload = (RANK_PRELOAD,)
-        if any(j.engine.name in ("vllm", "sglang") for j in jobs):  # import Triton once, in the forkserver
+        if any(j.engine.name in REAL_ENGINES for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.loading.preload",)
             forkserver.ask([choice.forkserver_build() for choice in dict.fromkeys(j.engine for j in jobs) if not choice.is_reference])
         per_rank = run_world(

@@ -70,7 +70,7 @@ def test_plugin_through_the_cli(run_json):
         ("dcpsim.engine.example_plugin:Nope", "has no attribute 'Nope'"),
         ("dcpsim.engine.example_plugin:PAD", "is not a dcpsim.engine.interface.Engine"),
         ("dcpsim.engine.interface:Engine", "does not implement attention_metadata, blocks_needed"),
-        ("justaname", "expected reference, vllm, sglang, or MODULE:ATTR"),
+        ("justaname", "expected reference, vllm, sglang, vllm-ascend, or MODULE:ATTR"),
     ],
 )
 def test_a_bad_plugin_is_exit_2_naming_it(capsys, spec, message):

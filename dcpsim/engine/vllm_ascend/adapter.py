@@ -1,0 +1,124 @@
+"""``VllmAscendEngine``: vllm-ascend's own DCP code (the Ascend NPU plugin) over the vLLM release
+it runs on.
+
+vllm-ascend's deciding code is plain torch over vLLM's core, so this engine is ``VllmEngine``
+on the vLLM tree the plugin runs on (``--vllm-source``: vLLM 0.23.0 for 0.23.0.post1; its KV cache
+manager, spec classes and combine wrappers decide as under ``--engine vllm``), with the plugin's
+decisions in their place, each bound to the plugin's code by its table
+(``dcpsim.engine.vllm_ascend.releases``):
+
+* ``write_slots`` of a sharded paged group: ``vllm_ascend/worker/block_table.py``
+  ``BlockTable._compute_pcp_dcp_slot_mapping`` on a stand-in block table holding what it reads
+  (one physical block per kernel block: dcpsim's rows hold pages), over every write of a step;
+  replicated, ring, record and state groups: as under ``--engine vllm``;
+* ``local_seq_lens`` (and the per-token ``query_local_bounds``): ``worker/pcp_utils.py``
+  ``PCPManager._get_cp_local_seq_lens`` (PCP = 1, this rank's column).
+
+An exception inside the plugin's code is a ``VllmCallError`` naming its function.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import torch
+
+from dcpsim.engine.loading.bindings import bind
+from dcpsim.engine.vllm.adapter import VllmEngine
+from dcpsim.engine.vllm.functions import call, lookup
+from dcpsim.engine.vllm_ascend.loader import AscendTree, source_dir
+from dcpsim.engine.vllm_ascend.releases import ASCEND_RELEASES, ASCEND_TABLE, VLLM_OF
+from dcpsim.errors import ConfigError
+from dcpsim.model.kinds import Storage
+from dcpsim.model.layout import PAD
+
+
+class VllmAscendEngine(VllmEngine):
+    name = "vllm-ascend"
+    description = (
+        "vllm-ascend's own DCP code (its slot mapping and local lengths) from a source tree, over the vLLM "
+        "release it runs on (that release's KV cache manager, spec classes and combine wrappers)"
+    )
+
+    def __init__(self, ascend_source: str | None = None, vllm_source: str | None = None, partial: bool = False, **vllm_options):
+        ascend_root = source_dir(ascend_source)
+        super().__init__(vllm_source, partial=partial, **vllm_options)
+        self.vllm_version = self.version
+        self.ascend = AscendTree(ascend_root, self.tree)
+        self.version = self.ascend.version
+        release = self.version if self.version in ASCEND_RELEASES else None
+        wanted = VLLM_OF.get(release or "")
+        if wanted and self.vllm_version not in (wanted, "unknown"):
+            raise ConfigError(
+                f"vllm-ascend {release} runs on vLLM {wanted}; --vllm-source {self.tree.root} holds vLLM {self.vllm_version} "
+                f"(get it with: python -m dcpsim engine fetch vllm=={wanted})"
+            )
+        self.plugin_bindings = bind(
+            self.ascend.root, ASCEND_TABLE, release=release, label="vllm-ascend", flag="--vllm-ascend-source", partial=partial
+        )
+        """The plugin's decisions bound to its tree (``releases.ASCEND_TABLE``)."""
+        mods = self.ascend.load(self.plugin_bindings.modules())
+        self._ascend = {}
+        for name, bound in self.plugin_bindings.bound.items():
+            if bound.shape is not None:
+                self._ascend[name] = lookup(self.tree, mods, bound.shape.module, bound.shape.qualname, bound.shape.args)
+        for name, bound in self.plugin_bindings.bound.items():
+            where = f"vllm-ascend {bound.shape.file}::{bound.shape.qualname}" if bound.shape else f"vLLM's ({bound.why})"
+            if name == "write_slots":
+                self.decisions[name] = f"{where} (sharded paged groups; the rest as --engine vllm: {self.decisions[name]})"
+            else:
+                self.decisions["local_seq_lens"] = self.decisions["query_local_bounds"] = where
+
+    # --- the write path -------------------------------------------------------------
+
+    def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
+        g = geometry
+        fn = self._ascend.get("write_slots")
+        if fn is None or not writes or not g.sharded or g.storage is not Storage.PAGED:
+            return super().step_write_slots(geometry, writes, block_rows, dcp_rank)
+        positions = [np.arange(w.start, w.stop, dtype=np.int64) for w in writes]
+        flat = ascend_slot_mapping(fn, g, positions, block_rows, dcp_rank)
+        cuts = np.cumsum([len(p) for p in positions])[:-1]
+        return list(zip(np.split(flat, cuts), positions))
+
+    # --- local lengths --------------------------------------------------------------
+
+    def local_seq_lens(self, geometry, seq_lens, dcp_rank):
+        fn = self._ascend.get("local_seq_lens")
+        lens = np.asarray(seq_lens, dtype=np.int64)
+        if fn is None or not geometry.sharded:
+            return super().local_seq_lens(geometry, seq_lens, dcp_rank)
+        what = "vllm_ascend.worker.pcp_utils.PCPManager._get_cp_local_seq_lens"
+        out = call(what, fn, None, torch.from_numpy(lens), 1, geometry.dcp_size, geometry.interleave_size)
+        return out[:, 0, dcp_rank].numpy().astype(np.int64)
+
+
+def ascend_slot_mapping(fn, g, positions: list[np.ndarray], block_rows, dcp_rank: int) -> np.ndarray:
+    """vllm-ascend's slot of every position of ``positions`` (one array per request, its block
+    row in ``block_rows``) on DCP rank ``dcp_rank`` (PCP = 1): ``PAD`` where another rank owns it."""
+    n = len(positions)
+    width = max(1, max(len(r) for r in block_rows))
+    table = torch.zeros((n, width), dtype=torch.int32)
+    for i, row in enumerate(block_rows):
+        table[i, : len(row)] = torch.as_tensor(np.asarray(row), dtype=torch.int32)
+    total = sum(len(p) for p in positions)
+    req = torch.from_numpy(np.repeat(np.arange(n, dtype=np.int64), [len(p) for p in positions]))
+    pos = torch.from_numpy(np.concatenate(positions)) if total else torch.zeros(0, dtype=torch.int64)
+    out = torch.full((max(total, 1),), PAD, dtype=torch.int64)
+    stand_in = types.SimpleNamespace(  # what _compute_pcp_dcp_slot_mapping reads of a BlockTable
+        dcp_world_size=g.dcp_size,
+        pcp_world_size=1,
+        dcp_rank=dcp_rank,
+        pcp_rank=0,
+        physical_block_size=g.states_per_page,
+        block_size=g.states_per_page,
+        blocks_per_phys_block=1,
+        cp_kv_cache_interleave_size=g.interleave_size,
+        max_num_blocks_per_req=width,
+        block_table=types.SimpleNamespace(cpu=table, gpu=table),
+        slot_mapping=types.SimpleNamespace(cpu=out, gpu=out),
+    )
+    call("vllm_ascend.worker.block_table.BlockTable._compute_pcp_dcp_slot_mapping", fn, stand_in, req, pos)
+    got = out[:total].numpy().astype(np.int64)
+    return np.where(got < 0, PAD, got)
