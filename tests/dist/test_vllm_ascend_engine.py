@@ -67,3 +67,15 @@ def test_the_plugin_over_another_vllm_release_is_exit_2(capsys, trees, release_s
     other = str(release_source("vllm", "0.33.0"))
     assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm-ascend", "--vllm-ascend-source", ascend, "--vllm-source", other]) == 2
     assert "vllm-ascend 0.23.0.post1 runs on vLLM 0.23.0" in capsys.readouterr().err
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_the_platform_interleave_rule_is_quoted(capsys, trees):
+    """vllm-ascend's platform overrides the interleave to the block size for sparse attention
+    under DCP: a run at another interleave is exit 2 quoting the platform's line."""
+    ascend, vllm = trees
+    argv = ["run", "dsv32-sparse", "--dcp", "2", "--engine", "vllm-ascend", "--vllm-ascend-source", ascend, "--vllm-source", vllm]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "vllm_ascend/platform.py:" in err and "Override cp_kv_cache_interleave_size to" in err and "--interleave 64" in err, err

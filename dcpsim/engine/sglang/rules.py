@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 
+from dcpsim.engine.loading.quote import quote
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.model.sparse import is_indexer
@@ -33,20 +34,6 @@ RECORDS_RULE = ("sglang/srt/arg_groups/model_overrides/deepseek_v2.py", "a poole
 INDEXER_RULE = ("sglang/srt/model_executor/pool_configurator.py", "The index-K buffer is replicated under DCP")
 POW2_RULE = ("sglang/kernels/ops/attention/dcp_kernels.py", '"N_ROUNDED": N,')
 DRAFT_RULE = ("sglang/srt/mem_cache/kv_cache_configurator.py", "A replicated draft indexes the allocator's virtual locs raw")
-
-
-def quote(tree, rule: tuple[str, str]) -> str:
-    """``file:line: the line`` of the first line of ``rule[0]`` (in ``tree``) holding ``rule[1]``."""
-    rel, marker = rule
-    path = tree.root / rel
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return f"{rel} (not in this tree)"
-    for n, line in enumerate(lines, 1):
-        if marker in line:
-            return f"{rel}:{n}: {line.strip()}"
-    return f"{rel} (no line holds {marker!r} in this version)"
 
 
 def _refuse(engine, what: str, rule) -> ConfigError:

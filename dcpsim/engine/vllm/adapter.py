@@ -182,12 +182,12 @@ class VllmEngine(ReferenceEngine):
         except EngineError as exc:
             if STAND_IN_GAP in exc.message:  # dcpsim's stand-in config, not vLLM, is short of something
                 raise ConfigError(
-                    f"--vllm-scheduler {self.scheduler}: dcpsim's stand-in VllmConfig does not cover vLLM {self.version}'s "
+                    f"--vllm-scheduler {self.scheduler}: dcpsim's stand-in VllmConfig does not cover vLLM {self.tree.version}'s "
                     f"scheduler ({exc.function}, {exc.file}:{exc.line}: {exc.message}); it is known to run vLLM "
                     f"{', '.join(FULL_SCHEDULER_RELEASES)}; use --vllm-scheduler manager"
                 ) from None
             raise ConfigError(
-                f"vLLM {self.version} refuses this configuration: {exc.function} ({exc.file}:{exc.line}): {exc.message}"
+                f"vLLM {self.tree.version} refuses this configuration: {exc.function} ({exc.file}:{exc.line}): {exc.message}"
             ) from None
 
     # --- sparse attention: vLLM's DCP filter of the top-k ids ---------------------------

@@ -27,6 +27,7 @@ import torch
 from dcpsim.engine.loading.bindings import bind
 from dcpsim.engine.vllm.adapter import VllmEngine
 from dcpsim.engine.vllm.functions import call, lookup
+from dcpsim.engine.vllm_ascend import platform_rules
 from dcpsim.engine.vllm_ascend.loader import AscendTree, source_dir
 from dcpsim.engine.vllm_ascend.releases import ASCEND_RELEASES, ASCEND_TABLE, VLLM_OF
 from dcpsim.errors import ConfigError
@@ -69,6 +70,11 @@ class VllmAscendEngine(VllmEngine):
                 self.decisions[name] = f"{where} (sharded paged groups; the rest as --engine vllm: {self.decisions[name]})"
             else:
                 self.decisions["local_seq_lens"] = self.decisions["query_local_bounds"] = where
+
+    def check_scenario(self, scenario) -> None:
+        """The platform's rules on the interleave (``platform_rules``), then vLLM's core's."""
+        platform_rules.check(self, scenario)
+        super().check_scenario(scenario)
 
     # --- the write path -------------------------------------------------------------
 
