@@ -188,3 +188,11 @@ def test_the_ci_recipe_runs_in_a_checkout_of_the_newest_release(tmp_path, releas
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1200, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "4 passed" in done.stdout, done.stdout[-2000:]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_runner_the_release_lacks_is_exit_2_in_its_words(capsys, release_source):
+    newest = str(release_source("vllm", VLLM_RELEASES[-1]))
+    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-runner", "v1", "--vllm-source", newest]) == 2
+    assert "--vllm-runner v1: vLLM 0.34.0 has no model runner v1 block table" in capsys.readouterr().err

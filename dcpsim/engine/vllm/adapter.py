@@ -83,6 +83,8 @@ class VllmEngine(ReferenceEngine):
         release = self.version if self.version in VLLM_RELEASES else None
         self.bindings = bind(self.tree.root, vllm_table(runner), release=release, label="vLLM", flag="--vllm-source", partial=partial)
         """Each decision's code shape in this tree (``releases.vllm_table``)."""
+        if runner == "v1" and not self.bindings.has("write_slots") and "write_slots" not in self.bindings.partial:
+            raise ConfigError(f"--vllm-runner v1: {self.bindings.why('write_slots')}")  # asked for by name: never the reference's
         if runs_vllm_core(scheduler) and not self.bindings.has("kv_cache_manager"):
             raise ConfigError(
                 f"--vllm-scheduler {scheduler} needs vLLM's KVCacheManager, which {self.bindings.why('kv_cache_manager')}; "
