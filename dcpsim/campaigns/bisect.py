@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from dcpsim.engine.loading.bindings import span
 from dcpsim.engine.release_tables import RELEASE_TABLES
 from dcpsim.errors import ConfigError, DcpsimError
 
@@ -101,10 +102,9 @@ def release_range(engine: str, text: str) -> list[str]:
     for r in (first, last):
         if r not in known:
             raise ConfigError(f"--releases: {r} is not a {RELEASE_TABLES[engine].label} release dcpsim knows ({', '.join(known)})")
-    lo, hi = known.index(first), known.index(last)
-    if lo > hi:
+    if known.index(first) > known.index(last):
         raise ConfigError(f"--releases: {first} comes after {last}")
-    return list(known[lo : hi + 1])
+    return list(span(known, first, last))
 
 
 def bisect(scenario, engine: str, releases: list[str], *, options: dict, fetch, run, on_release=None) -> BisectReport:

@@ -22,10 +22,12 @@ the tree holds: its file, its function, its leading parameters.
 from __future__ import annotations
 
 import ast
+import inspect
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.errors import ConfigError
 
 
@@ -185,6 +187,39 @@ def bind(root, table: tuple[Decision, ...], *, release: str | None, label: str, 
             tuple(mismatches),
         )
     return Bindings(release, bound, tuple(m.decision.name for m in mismatches), tuple(mismatches))
+
+
+def span(releases: tuple[str, ...], first: str, last: str | None = None) -> tuple[str, ...]:
+    """The releases of ``releases`` from ``first`` to ``last`` (default the newest), both included."""
+    return releases[releases.index(first) : releases.index(last or releases[-1]) + 1]
+
+
+def resolve(tree, mods: dict, shape: Shape, known: str):
+    """The object ``shape`` names in the loaded modules ``mods`` of ``tree`` (a loader's
+    ``SourceTree``), its leading parameters checked again on the code as loaded; a
+    ``ConfigError`` naming the file if it is missing there (a placeholder) or takes other
+    parameters. ``known``: the releases the engine knows, for the message."""
+    obj = mods[shape.module]
+    for part in shape.qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None or is_placeholder(obj):
+            raise ConfigError(_where(tree, shape, "is missing", known))
+    have = _arg_names(obj)
+    if have[: len(shape.args)] != shape.args:
+        raise ConfigError(_where(tree, shape, f"has the signature ({', '.join(have)}), expected ({', '.join(shape.args)})", known))
+    return obj
+
+
+def _arg_names(fn) -> tuple[str, ...]:
+    """A function's parameter names (a Triton kernel's: its Python function's)."""
+    names = getattr(fn, "arg_names", None)
+    if names is None:
+        names = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
+    return tuple(names)
+
+
+def _where(tree, shape: Shape, what: str, known: str) -> str:
+    return f"{tree.label} {tree.version} at {tree.root}: {shape.qualname} in {tree.root / shape.file} {what}; {known}"
 
 
 def probe(root: Path, shape: Shape) -> Found:

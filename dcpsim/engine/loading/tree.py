@@ -42,6 +42,23 @@ from dcpsim.errors import ConfigError
 _LOCK = threading.RLock()
 
 
+def source_dir(given: str | None, *, engine: str, package: str, fetch: str) -> str:
+    """The directory holding ``package/`` for ``--engine ENGINE``: ``given`` (its
+    ``--ENGINE-source``), else ``$DCPSIM_ENGINE_SOURCE``; a ``ConfigError`` naming the flag (and
+    ``engine fetch FETCH``) when neither is set, or naming the folder when it does not exist."""
+    flag = f"--{engine}-source"
+    env = f"DCPSIM_{engine.upper().replace('-', '_')}_SOURCE"
+    source = given or os.environ.get(env)
+    if not source:
+        raise ConfigError(
+            f"--engine {engine} needs {flag} DIR (or {env}): a directory holding {package}/; "
+            f"get one with: python -m dcpsim engine fetch {fetch}"
+        )
+    if not os.path.isdir(source):
+        raise ConfigError(f"{flag} {source}: no such directory")
+    return source
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, tree: SourceTree, real: set[str]):
         self.tree, self.real = tree, real

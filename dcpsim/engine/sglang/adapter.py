@@ -34,15 +34,13 @@ harness turns it into exit 3 naming the rank).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import numpy as np
 import torch
 
 from dcpsim.engine.interface import MergedBy
-from dcpsim.engine.loading.bindings import bind
+from dcpsim.engine.loading.bindings import bind, resolve
 from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK, evenly_spaced
-from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.sglang import mha_writes, reads, releases, rules
 from dcpsim.engine.sglang.loader import SourceTree, source_dir
@@ -122,7 +120,7 @@ class SglangEngine(ReferenceEngine):
         on_e, where = rules.base_e_backends(self.tree)
         self.lse_base = "e" if MERGE_BACKEND in on_e else "2"
         self.lse_base_source = f"{where}: is_mla_dcp_lse_base_on_e({MERGE_BACKEND!r}) is {MERGE_BACKEND in on_e}"
-        self._fn = {name: self._function(mods, name, decision) for name, decision in FUNCTIONS.items()}
+        self._fn = {name: self._function(mods, decision) for name, decision in FUNCTIONS.items()}
         lens = f"sglang {_file(LAYOUT_MODULE)}"
         rest = (
             f"::{TORCH_WRITE} on the rest"
@@ -170,21 +168,13 @@ class SglangEngine(ReferenceEngine):
             self.decisions["build_attention_metadata"] = "reference, with SGLang's local lengths"
         """Decision -> what makes it; every other decision is the reference engine's."""
 
-    def _function(self, mods, name: str, decision: str):
-        """SGLang's ``name`` as ``decision`` is bound, its signature checked again on the loaded
+    def _function(self, mods, decision: str):
+        """SGLang's function bound to ``decision``, its signature checked again on the loaded
         code; None where the reference makes the decision."""
         shape = self.bindings.bound[decision].shape
         if shape is None:
             return None
-        fn = getattr(mods[shape.module], name, None)
-        known = f"dcpsim knows SGLang {releases.SGLANG_RELEASES[0]}..{releases.NEWEST}"
-        where = f"SGLang {self.version} at {self.tree.root}: {name} in {self.tree.root / _file(shape.module)}"
-        if fn is None or is_placeholder(fn):
-            raise ConfigError(f"{where} is missing; {known}")
-        have = tuple(inspect.signature(getattr(fn, "fn", fn)).parameters)  # a Triton kernel: its Python function
-        if have[: len(shape.args)] != shape.args:
-            raise ConfigError(f"{where} has the signature ({', '.join(have)}), expected ({', '.join(shape.args)}); {known}")
-        return fn
+        return resolve(self.tree, mods, shape, f"dcpsim knows SGLang {releases.SGLANG_RELEASES[0]}..{releases.NEWEST}")
 
     def _call(self, name: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)``; a write runs with the tree importable (its dispatcher imports

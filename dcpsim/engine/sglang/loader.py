@@ -21,29 +21,19 @@ Every other ``sglang`` module they import is an automatic placeholder.
 
 from __future__ import annotations
 
-import os
 import threading
 import types
 
 from dcpsim.engine.loading import tree
 from dcpsim.engine.loading.placeholders import StubModule
 from dcpsim.engine.sglang.releases import NEWEST
-from dcpsim.errors import ConfigError
 
 DEFAULT_REQUIREMENT = f"sglang=={NEWEST}"
 
 
 def source_dir(sglang_source: str | None) -> str:
     """The directory holding ``sglang/``: ``sglang_source``, else ``$DCPSIM_SGLANG_SOURCE``."""
-    source = sglang_source or os.environ.get("DCPSIM_SGLANG_SOURCE")
-    if not source:
-        raise ConfigError(
-            "--engine sglang needs --sglang-source DIR (or DCPSIM_SGLANG_SOURCE): a directory holding "
-            f"sglang/; get one with: python -m dcpsim engine fetch {DEFAULT_REQUIREMENT}"
-        )
-    if not os.path.isdir(source):
-        raise ConfigError(f"--sglang-source {source}: no such directory")
-    return source
+    return tree.source_dir(sglang_source, engine="sglang", package="sglang", fetch=DEFAULT_REQUIREMENT)
 
 
 def _parallel(dcp_size: int = 1, dcp_rank: int = 0) -> types.SimpleNamespace:

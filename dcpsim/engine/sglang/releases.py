@@ -9,15 +9,15 @@ the bound shape's name only. Measured by probing every release's unpacked wheel
 
 from __future__ import annotations
 
-from dcpsim.engine.loading.bindings import Decision, Shape
+from dcpsim.engine.loading.bindings import Decision, Shape, span
 
 SGLANG_RELEASES = ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 """Every SGLang release dcpsim binds, oldest first; ``engine fetch sglang`` takes the newest."""
 NEWEST = SGLANG_RELEASES[-1]
 
 
-def since(first: str, last: str = NEWEST) -> tuple[str, ...]:
-    return SGLANG_RELEASES[SGLANG_RELEASES.index(first) : SGLANG_RELEASES.index(last) + 1]
+def since(first: str, last: str | None = None) -> tuple[str, ...]:
+    return span(SGLANG_RELEASES, first, last)
 
 
 LAYOUT = "sglang.srt.layers.dcp.layout"

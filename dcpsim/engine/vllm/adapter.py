@@ -27,13 +27,13 @@ from __future__ import annotations
 import numpy as np
 
 from dcpsim.engine.interface import EngineError
-from dcpsim.engine.loading.bindings import bind
+from dcpsim.engine.loading.bindings import bind, resolve
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.vllm import attention_metadata as metadata
 from dcpsim.engine.vllm import slot_mapping
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND, read_backend
 from dcpsim.engine.vllm.core import load_with_core
-from dcpsim.engine.vllm.functions import VllmCallError, lookup
+from dcpsim.engine.vllm.functions import KNOWN, VllmCallError
 from dcpsim.engine.vllm.loader import SourceTree, source_dir
 from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS, VllmCombine
 from dcpsim.engine.vllm.merge_choice import MERGE_HELPERS, VLLM_MERGES, merge_decision, merge_with_vllm
@@ -110,7 +110,7 @@ class VllmEngine(ReferenceEngine):
         bound = self.bindings.bound[decision].shape
         if bound is None:
             return None
-        return lookup(self.tree, mods, bound.module, bound.qualname, bound.args)
+        return resolve(self.tree, mods, bound, KNOWN)
 
     def _look_up(self, mods: dict, merge_programs: int) -> None:
         """vLLM's functions this engine calls, their signatures checked (exit 2 otherwise)."""
@@ -203,7 +203,7 @@ class VllmEngine(ReferenceEngine):
             return local
         if getattr(self, "_sparse_filter", None) is None:  # loaded on first use: dense models never need it
             mods = self.tree.load([*[m for m in MERGE_HELPERS if self.tree.exists(m)], shape.module])
-            self._sparse_filter = lookup(self.tree, mods, shape.module, shape.qualname, shape.args)
+            self._sparse_filter = resolve(self.tree, mods, shape, KNOWN)
         return filter_last_token(self._sparse_filter, geometry, selected, local, dcp_rank)
 
     # --- geometry through vLLM's spec classes ----------------------------------------

@@ -12,29 +12,19 @@ module they import is an automatic placeholder. Kernels run under Triton's inter
 from __future__ import annotations
 
 import logging
-import os
 import types
 
 from dcpsim.engine.loading import tree
 from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK, mend_interpreter_bools
 from dcpsim.engine.loading.placeholders import StubModule
 from dcpsim.engine.vllm.connector import CONNECTOR_PACKAGE, connector_package_stub
-from dcpsim.errors import ConfigError
 
 __all__ = ["INTERPRETER_LOCK", "STUBS", "SourceTree", "mend_interpreter_bools", "source_dir"]
 
 
 def source_dir(vllm_source: str | None) -> str:
     """The directory holding ``vllm/``: ``vllm_source``, else ``$DCPSIM_VLLM_SOURCE``."""
-    source = vllm_source or os.environ.get("DCPSIM_VLLM_SOURCE")
-    if not source:
-        raise ConfigError(
-            "--engine vllm needs --vllm-source DIR (or DCPSIM_VLLM_SOURCE): a directory holding "
-            "vllm/; get one with: python -m dcpsim engine fetch vllm"
-        )
-    if not os.path.isdir(source):
-        raise ConfigError(f"--vllm-source {source}: no such directory")
-    return source
+    return tree.source_dir(vllm_source, engine="vllm", package="vllm", fetch="vllm")
 
 
 class _Logger(logging.LoggerAdapter):

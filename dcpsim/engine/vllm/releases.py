@@ -11,16 +11,16 @@ The releases of each shape were measured by probing every release's unpacked whe
 
 from __future__ import annotations
 
-from dcpsim.engine.loading.bindings import Decision, Shape
+from dcpsim.engine.loading.bindings import Decision, Shape, span
 
 VLLM_RELEASES = ("0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 """Every vLLM release dcpsim binds, oldest first; ``engine fetch vllm`` takes the newest."""
 NEWEST = VLLM_RELEASES[-1]
 
 
-def since(first: str, last: str = NEWEST) -> tuple[str, ...]:
-    """The known releases from ``first`` to ``last``, both included."""
-    return VLLM_RELEASES[VLLM_RELEASES.index(first) : VLLM_RELEASES.index(last) + 1]
+def since(first: str, last: str | None = None) -> tuple[str, ...]:
+    """The known releases from ``first`` to ``last`` (default the newest), both included."""
+    return span(VLLM_RELEASES, first, last)
 
 
 _V2 = "vllm.v1.worker.gpu.block_table"

@@ -24,9 +24,9 @@ import types
 import numpy as np
 import torch
 
-from dcpsim.engine.loading.bindings import bind
+from dcpsim.engine.loading.bindings import bind, resolve
 from dcpsim.engine.vllm.adapter import VllmEngine
-from dcpsim.engine.vllm.functions import call, lookup
+from dcpsim.engine.vllm.functions import call
 from dcpsim.engine.vllm_ascend import platform_rules
 from dcpsim.engine.vllm_ascend.loader import AscendTree, source_dir
 from dcpsim.engine.vllm_ascend.releases import ASCEND_RELEASES, ASCEND_TABLE, VLLM_OF
@@ -63,7 +63,7 @@ class VllmAscendEngine(VllmEngine):
         self._ascend = {}
         for name, bound in self.plugin_bindings.bound.items():
             if bound.shape is not None:
-                self._ascend[name] = lookup(self.tree, mods, bound.shape.module, bound.shape.qualname, bound.shape.args)
+                self._ascend[name] = resolve(self.ascend, mods, bound.shape, f"dcpsim knows vllm-ascend {', '.join(ASCEND_RELEASES)}")
         for name, bound in self.plugin_bindings.bound.items():
             where = f"vllm-ascend {bound.shape.file}::{bound.shape.qualname}" if bound.shape else f"vLLM's ({bound.why})"
             if name == "write_slots":

@@ -9,26 +9,15 @@ module they import are placeholders, so nothing of the NPU runtime is needed.
 
 from __future__ import annotations
 
-import os
-
 from dcpsim.engine.loading import tree
 from dcpsim.engine.vllm_ascend.releases import NEWEST
-from dcpsim.errors import ConfigError
 
 ABSENT_THIRD_PARTY = ("torch_npu",)
 
 
 def source_dir(ascend_source: str | None) -> str:
     """The directory holding ``vllm_ascend/``: ``ascend_source``, else ``$DCPSIM_VLLM_ASCEND_SOURCE``."""
-    source = ascend_source or os.environ.get("DCPSIM_VLLM_ASCEND_SOURCE")
-    if not source:
-        raise ConfigError(
-            "--engine vllm-ascend needs --vllm-ascend-source DIR (or DCPSIM_VLLM_ASCEND_SOURCE): a directory holding "
-            f"vllm_ascend/; get one with: python -m dcpsim engine fetch vllm-ascend=={NEWEST}"
-        )
-    if not os.path.isdir(source):
-        raise ConfigError(f"--vllm-ascend-source {source}: no such directory")
-    return source
+    return tree.source_dir(ascend_source, engine="vllm-ascend", package="vllm_ascend", fetch=f"vllm-ascend=={NEWEST}")
 
 
 class AscendTree(tree.SourceTree):
