@@ -216,6 +216,24 @@ class Engine:
         checked for the gather, and its attention reads the context directly."""
         raise NotImplementedError
 
+    def spec_decode_mask(
+        self, geometry: GroupGeometry, context_lens: np.ndarray, query_lens: np.ndarray, dcp_rank: int
+    ) -> list[np.ndarray]:
+        """The verify attention mask of a speculative step's decode rows in a sharded group
+        (``dcpsim.model.plan.SpecDecodeMask``): for row ``i`` (``query_lens[i]`` tokens at
+        positions ``context_lens[i] + [0, q)``), a bool ``[q, n]`` array over this rank's
+        ``n = local_seq_lens(context + q)`` local keys, True where query token ``j`` may attend
+        local key ``l``. The default derives it from ``query_local_bounds`` (key ``l`` is
+        visible while ``l`` is below token ``j``'s bound): an engine whose kernel bounds each
+        token by its local length (vLLM, SGLang) sees exactly those keys; an engine that builds
+        an explicit mask (vllm-ascend) overrides this."""
+        out = []
+        for c, q in zip(np.asarray(context_lens, np.int64).tolist(), np.asarray(query_lens, np.int64).tolist()):
+            bounds = np.asarray(self.query_local_bounds(geometry, c, c + q, dcp_rank), dtype=np.int64)
+            n = int(np.asarray(self.local_seq_lens(geometry, np.array([c + q], np.int64), dcp_rank))[0])
+            out.append(np.arange(n, dtype=np.int64)[None, :] < bounds[:, None])
+        return out
+
     def draft_geometry(self, geometry: GroupGeometry) -> GroupGeometry:
         """The geometry the drafter's attention (MTP / EAGLE) runs with over a group that
         holds draft layers (``geometry.draft``): the draft model's own parallel config
@@ -347,6 +365,7 @@ ENGINE_DECISIONS = (
     "attention_metadata",
     "build_attention_metadata",
     "context_gather",
+    "spec_decode_mask",
     "draft_geometry",
     "indexer_local_rows",
     "select_topk",

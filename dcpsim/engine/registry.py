@@ -59,6 +59,7 @@ OPTIONAL_DECISIONS = (
     "make_scheduler",
     "check_scenario",
     "context_gather",
+    "spec_decode_mask",
     "merge_variant",
     *PCP_DECISIONS,
 )

@@ -189,6 +189,25 @@ class AttentionMetadata:
     )
 
 
+@dataclass(frozen=True)
+class SpecDecodeMask:
+    """The speculative-decode (verify) attention mask one rank builds for one sharded group in
+    one step: for each decode row (``1 <= q <= 1 + k`` query tokens at positions
+    ``context + [0, q)``), which of the rank's local keys each query token may see.
+
+    ``visible[i]`` is a bool ``[query_lens[i], n_i]`` array over the rank's local keys of the
+    whole context after the step (``n_i`` of them, in local order: local index ``l`` is the
+    rank's ``l``-th key by position), True where the token may attend the key. The checker
+    judges it against causality over positions (failure ``attention-mask``).
+    """
+
+    group: int
+    request_ids: tuple[str, ...]
+    context_lens: np.ndarray
+    query_lens: np.ndarray
+    visible: tuple[np.ndarray, ...]
+
+
 @dataclass
 class AttentionResult:
     """One (group, request) of a step's attention on one rank, as the engine reports it.

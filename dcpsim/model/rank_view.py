@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from dcpsim.model.plan import AttentionMetadata, ContextGather, WriteRecord
+from dcpsim.model.plan import AttentionMetadata, ContextGather, SpecDecodeMask, WriteRecord
 
 
 class RankView(Protocol):
@@ -63,3 +63,7 @@ class RankView(Protocol):
     def step_context_gathers(self) -> list[ContextGather] | None:
         """The last applied step's context gathers, one per group with a gather (copies);
         None when the engine makes no gather decision."""
+
+    def step_spec_decode_masks(self) -> list[SpecDecodeMask] | None:
+        """The last applied step's spec-decode masks, one per sharded paged group of a
+        speculative model with decode rows (copies); None when the engine builds none."""

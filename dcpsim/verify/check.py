@@ -38,6 +38,7 @@ from dcpsim.model.kv_entry import CONTENT, GROUP, INDEX, STEP, WRITER
 from dcpsim.model.plan import RequestView, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
+from dcpsim.verify.attention_mask import MaskJudge
 from dcpsim.verify.changes import ChangeTracker, expected_at
 from dcpsim.verify.context_gather import judge_gathers
 from dcpsim.verify.digest import as_int64s, multiset_digest, ordered_digests, run_digests
@@ -126,6 +127,7 @@ class Checker:
         self.guard = WriteGuard(self.rank, {s: g.name for s, g in zip(self.store_of, groups)})
         self._metadata_total = 0
         self._events_total = 0
+        self._mask_total = 0
         self.router = KVEventRouter(self.rank, groups) if groups and prefix_cacheable(groups) else None
         """The checker as a router reading the engine's KV events (prefix-cacheable models)."""
         self.metadata = (
@@ -141,6 +143,8 @@ class Checker:
             if config is not None
             else None
         )
+        self.masks = MaskJudge(self.rank, groups, self.store_of) if self.metadata is not None else None
+        """The spec-decode masks' judge (``verify.attention_mask``), beside the metadata's."""
         self._last_write: dict[int, tuple[int, int, int]] = {}
         """Each request's last write (start, stop, drafts): where its Mamba states went."""
         self._pending: list[_Pending] = []
@@ -157,6 +161,7 @@ class Checker:
         if self.metadata is not None:
             self.metadata.judge(plan, self.view.step_attention_metadata())
             judge_gathers(self.metadata, plan, self.view.step_context_gathers())
+            self.masks.judge(plan, self.view.step_spec_decode_masks())
         if self.router is not None:
             self.router.judge(plan)
         for w in plan.writes:
@@ -243,7 +248,8 @@ class Checker:
         tables = self._table_digests(views, table)
         meta_count = self.metadata.count if self.metadata is not None else 0
         event_count = self.router.count if self.router is not None else 0
-        header = np.concatenate([np.array([self.guard.count, meta_count, event_count, len(tables)], dtype=np.int64), tables])
+        mask_count = self.masks.count if self.masks is not None else 0
+        header = np.concatenate([np.array([self.guard.count, meta_count, event_count, mask_count, len(tables)], dtype=np.int64), tables])
         for g, view in items:  # as if it passes: a failure found later ends the run anyway
             self.changes.checked(g, self.groups[g], view)
         self._pending.append(_Pending(plan, items, local, np.concatenate([header, rows.reshape(-1)]), len(header)))
@@ -319,14 +325,15 @@ class Checker:
         violations, mismatches, event_errors = gathered[:, 0], gathered[:, 1], gathered[:, 2]
         per_item = gathered[:, h:].reshape(self.world, len(p.items), len(_ROW))
         self.verified_indices += int(per_item[:, :, COUNT].sum())
-        failure = self._step_failure(p, violations, gathered[:, 4:h], reads)
+        failure = self._step_failure(p, violations, gathered[:, 5:h], reads)
         if failure is None:
             failure = self._first_bad_item(p, per_item, reads)
         if failure is not None:
             return failure
         self._metadata_total = int(mismatches.sum())  # reported by metadata_verdict, last
         self._events_total = int(event_errors.sum())
-        if reads is None and (self._metadata_total or self._events_total):
+        self._mask_total = int(gathered[:, 3].sum())
+        if reads is None and (self._metadata_total or self._events_total or self._mask_total):
             return STALE
         return None
 
@@ -384,6 +391,15 @@ class Checker:
         total, self._metadata_total = self._metadata_total, 0
         if total:
             return self._metadata_failure(plan, total)
+        total, self._mask_total = self._mask_total, 0
+        if total:
+            return self._kept_failure(
+                plan,
+                total,
+                self.masks.kept,
+                FailureKind.ATTENTION_MASK,
+                f"{total} spec-decode mask row(s) differ from causality over positions",
+            )
         total, self._events_total = self._events_total, 0
         return self._events_failure(plan, total) if total else None
 

@@ -30,6 +30,9 @@ class FailureKind(enum.StrEnum):
     ATTENTION_METADATA = "attention-metadata"
     """A rank's attention metadata (lengths, query bounds, paged plan, table width,
     CUDA-graph padding) differs from what the scenario gives."""
+    ATTENTION_MASK = "attention-mask"
+    """A rank's spec-decode (verify) attention mask shows a query token a later key, or hides
+    a key at or before its position (``verify.attention_mask``)."""
     RANKS_DISAGREE = "ranks-disagree"
     SPARSE_SELECTION = "sparse-selection"
     """A rank's top-k selection of sparse attention (its keys for a query token) differs from

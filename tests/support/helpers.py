@@ -397,15 +397,18 @@ def without_timings(doc: dict) -> dict:
     return out
 
 
-def patched_copy(source, dest, rel: str, old: str, new: str):
-    """A copy of the source tree (hard links) with ``old`` replaced by ``new`` in one file."""
+def patched_copy(source, dest, rel: str, old: str, new: str, *more: tuple[str, str]):
+    """A copy of the source tree (hard links) with ``old`` replaced by ``new`` in one file (and
+    each further ``(old, new)`` pair of ``more`` after it)."""
     import os
     import shutil
 
     shutil.copytree(source, dest, copy_function=os.link)
     path = dest / rel
     text = path.read_text(encoding="utf-8")
-    assert old in text, f"{rel} no longer contains the line to patch: {old!r}"
+    for before, after in ((old, new), *more):
+        assert before in text, f"{rel} no longer contains the line to patch: {before!r}"
+        text = text.replace(before, after)
     path.unlink()  # a hard link: write a file of its own
-    path.write_text(text.replace(old, new), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
     return dest

@@ -249,3 +249,29 @@ class CudagraphStaleLocalLens(Fault):
             captured[key] = meta.dcp_local_seq_lens.copy()
             return meta
         return dataclasses.replace(meta, dcp_local_seq_lens=captured[key].copy())
+
+
+class SpecMaskInterleaveOne(Fault):
+    name = "spec-mask-interleave-one"
+    bug_class = (
+        "39. The spec-decode verify mask under DCP built as if position p lived on rank p % W "
+        "(interleave 1) (vllm-ascend 0.23.0.post1 generate_mtp_attention_mask_for_decode; fixed by vllm-ascend#11492, #11849)"
+    )
+    description = (
+        "a sharded group's verify mask lets query token j see local key l while l <= (c + j - r) // W, which counts "
+        "the rank's keys as if position p lived on rank p % W: with I > 1 a verify query sees later draft tokens "
+        "held on its rank and loses keys it must see"
+    )
+    scenarios = ("mtp-mask-interleave",)
+
+    def applies_to(self, geometries) -> bool:
+        return any(g.sharded and g.storage is Storage.PAGED and g.num_speculative_tokens for g in geometries)
+
+    def spec_decode_mask(self, geometry, context_lens, query_lens, dcp_rank):
+        W = geometry.dcp_size
+        out = []
+        for c, q in zip(np.asarray(context_lens).tolist(), np.asarray(query_lens).tolist()):
+            n = int(self.local_seq_lens(geometry, np.array([c + q], np.int64), dcp_rank)[0])
+            upper = (c + np.arange(q, dtype=np.int64) - dcp_rank) // W
+            out.append(np.arange(n, dtype=np.int64)[None, :] <= upper[:, None])
+        return out

@@ -39,6 +39,7 @@ from dcpsim.engine.faults.metadata import (
     MultiTokenLocalLens,
     PaddedSlotsNotReset,
     PlanPagesFromGlobalLen,
+    SpecMaskInterleaveOne,
 )
 from dcpsim.engine.faults.pcp import (
     DcpRankNotTransposed,
@@ -97,6 +98,7 @@ FAULTS: dict[str, Fault] = {
         EmptyShardLseFinite(),
         AllEmptyRowsMergeNan(),
         MergeVariantPerRank(),
+        SpecMaskInterleaveOne(),
     )
 }
 

@@ -147,6 +147,7 @@ class SglangEngine(ReferenceEngine):
             "query_local_bounds": f"{lens}::get_dcp_chain_spec_lens (per-token frontiers of a chain)"
             if self._fn["get_dcp_chain_spec_lens"]
             else f"reference ({self.bindings.why('query_local_bounds')})",
+            "spec_decode_mask": "its query bounds (query_local_bounds): SGLang's kernels bound each token by its local length",
             "merge_across_ranks": f"sglang {_file(MERGE_MODULE)}::{COMBINE} (alltoall: the combine of the received partial "
             f"states) and ::{CORRECT} (allgather: as cp_lse_ag_out_rs_mla calls it, srt/layers/dcp/comm.py), on at most "
             f"{MERGE_PROGRAMS} row x head programs of each merge (the reference merges the other rows), in base "

@@ -149,6 +149,7 @@ class VllmEngine(ReferenceEngine):
             ),
             "local_seq_lens": lens_text,
             "query_local_bounds": lens_text,
+            "spec_decode_mask": f"its query bounds ({lens_text}): vLLM's kernels bound each token by its local length",
             "kernel_block_table": self._said("kernel_block_table", f"vllm {table.module}.{table.qualname} (when Bk < B)" if table else ""),
             "merge_across_ranks": merge_decision(self.merge, self.backend, merge_programs, self._merge_modules())
             if self._combine is not None

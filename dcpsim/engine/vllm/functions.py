@@ -27,8 +27,15 @@ def where(tree: SourceTree, module: str, qualname: str, what: str) -> str:
 def call(what: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` (one kernel at a time in a process: ``INTERPRETER_LOCK``); an
     exception a ``VllmCallError`` naming ``what``."""
+    with INTERPRETER_LOCK:
+        return call_unlocked(what, fn, *args, **kwargs)
+
+
+def call_unlocked(what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` without the interpreter lock, for plain torch code that runs a
+    collective (ranks that are threads must all enter it, so none may hold the lock there); an
+    exception a ``VllmCallError`` naming ``what``."""
     try:
-        with INTERPRETER_LOCK:
-            return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
     except Exception as exc:  # reported with the function's name
         raise VllmCallError(f"vLLM {what} raised {type(exc).__name__}: {exc}") from exc

@@ -29,7 +29,8 @@ from dcpsim.engine.vllm.adapter import VllmEngine
 from dcpsim.engine.vllm.functions import call
 from dcpsim.engine.vllm_ascend import platform_rules
 from dcpsim.engine.vllm_ascend.loader import AscendTree, source_dir
-from dcpsim.engine.vllm_ascend.releases import ASCEND_RELEASES, ASCEND_TABLE, VLLM_OF
+from dcpsim.engine.vllm_ascend.merge import AscendMerge
+from dcpsim.engine.vllm_ascend.releases import ASCEND_RELEASES, ASCEND_TABLE, COMMON_CP, MERGE_DECISIONS, VLLM_OF
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import PAD
@@ -64,12 +65,27 @@ class VllmAscendEngine(VllmEngine):
         for name, bound in self.plugin_bindings.bound.items():
             if bound.shape is not None:
                 self._ascend[name] = resolve(self.ascend, mods, bound.shape, f"dcpsim knows vllm-ascend {', '.join(ASCEND_RELEASES)}")
+        self._merge = None
+        if all(name in self._ascend for name in MERGE_DECISIONS):
+            self._merge = AscendMerge(mods[COMMON_CP], *(self._ascend[name] for name in MERGE_DECISIONS))
         for name, bound in self.plugin_bindings.bound.items():
             where = f"vllm-ascend {bound.shape.file}::{bound.shape.qualname}" if bound.shape else f"vLLM's ({bound.why})"
+            if name in MERGE_DECISIONS:
+                continue
             if name == "write_slots":
                 self.decisions[name] = f"{where} (sharded paged groups; the rest as --engine vllm: {self.decisions[name]})"
-            else:
+            elif name == "local_seq_lens":
                 self.decisions["local_seq_lens"] = self.decisions["query_local_bounds"] = where
+            else:
+                self.decisions[name] = f"{where} (sharded paged groups)"
+
+        if self._merge is not None:
+            self.decisions["merge_across_ranks"] = (
+                f"vllm-ascend {COMMON_CP}._process_attn_out_lse (all-to-all over heads, over the rank's group) and "
+                "_npu_attention_update, whose torch_npu.npu_attention_update is the plugin's _update_out_and_lse; "
+                "every row of every merge, either --attention-merge (the plugin has one path)"
+            )
+        self.lse_base = "e"
 
     def check_scenario(self, scenario) -> None:
         """The platform's rules on the interleave (``platform_rules``), then vLLM's core's."""
@@ -98,6 +114,40 @@ class VllmAscendEngine(VllmEngine):
         what = "vllm_ascend.worker.pcp_utils.PCPManager._get_cp_local_seq_lens"
         out = call(what, fn, None, torch.from_numpy(lens), 1, geometry.dcp_size, geometry.interleave_size)
         return out[:, 0, dcp_rank].numpy().astype(np.int64)
+
+    # --- the merge across the DCP ranks -----------------------------------------------
+
+    def merge_across_ranks(self, out, lse, group, *, variant, base):
+        if self._merge is None or group.world_size == 1 or not out.shape[0]:
+            return super().merge_across_ranks(out, lse, group, variant=variant, base=base)
+        return self._merge.merge(out, lse, group, base)
+
+    # --- the spec-decode mask -------------------------------------------------------
+
+    def spec_decode_mask(self, geometry, context_lens, query_lens, dcp_rank):
+        fn = self._ascend.get("spec_decode_mask")
+        if fn is None or not geometry.sharded:
+            return super().spec_decode_mask(geometry, context_lens, query_lens, dcp_rank)
+        context, q = np.asarray(context_lens, np.int64), np.asarray(query_lens, np.int64)
+        n = len(q)
+        totals = context + q
+        keys = self.local_seq_lens(geometry, totals, dcp_rank)
+        # the plugin's buffer is max_model_len wide (True: masked); the attention reads a row's
+        # local keys, so the columns past its local length are not read
+        buffer = torch.zeros((n, int(q.max()), int(totals.max())), dtype=torch.bool)
+        stand_in = types.SimpleNamespace(  # what generate_mtp_attention_mask_for_decode reads of a PCPManager
+            pcp_world_rank=0,
+            pcp_world_size=1,
+            dcp_world_rank=dcp_rank,
+            dcp_world_size=geometry.dcp_size,
+            num_decode_reqs=n,
+            vllm_config=types.SimpleNamespace(parallel_config=types.SimpleNamespace(cp_kv_cache_interleave_size=geometry.interleave_size)),
+            dcp_mtp_attn_mask=types.SimpleNamespace(cpu=buffer, gpu=buffer, np=buffer.numpy()),
+        )
+        what = "vllm_ascend.worker.pcp_utils.PCPManager.generate_mtp_attention_mask_for_decode"
+        masked = call(what, fn, stand_in, context.tolist(), q.copy())
+        masked = torch.as_tensor(masked).numpy().astype(bool)
+        return [~masked[i, : q[i], : keys[i]] for i in range(n)]
 
 
 def ascend_slot_mapping(fn, g, positions: list[np.ndarray], block_rows, dcp_rank: int) -> np.ndarray:

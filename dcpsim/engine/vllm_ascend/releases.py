@@ -46,4 +46,38 @@ LOCAL_LENS = Decision(
 )
 """``PCPManager._get_cp_local_seq_lens``: every (PCP, DCP) rank's local length of each request."""
 
-ASCEND_TABLE = (SLOT_MAPPING, LOCAL_LENS)
+SPEC_DECODE_MASK = Decision(
+    "spec_decode_mask",
+    (
+        Shape(
+            "mtp-mask-for-decode",
+            PCP_UTILS,
+            "PCPManager.generate_mtp_attention_mask_for_decode",
+            ("self", "decode_num_computed_tokens", "decode_num_scheduled_tokens"),
+            ASCEND_RELEASES,
+        ),
+    ),
+)
+"""``PCPManager.generate_mtp_attention_mask_for_decode``: the verify mask of the decode rows of a
+speculative step under DCP/PCP (True: masked), over the rank's local keys."""
+
+COMMON_CP = "vllm_ascend.attention.context_parallel.common_cp"
+MERGE_EXCHANGE = Decision(
+    "merge_exchange",
+    (Shape("attn-out-lse-all-to-all", COMMON_CP, "_process_attn_out_lse", ("attn_output", "softmax_lse"), ASCEND_RELEASES),),
+)
+"""``_process_attn_out_lse``: a rank's ``[q, H, D + 1]`` partials, head slice ``i`` sent to DCP rank ``i``."""
+MERGE_UPDATE = Decision(
+    "merge_update",
+    (Shape("npu-attention-update", COMMON_CP, "_npu_attention_update", ("head_size", "attn_out_lse"), ASCEND_RELEASES),),
+)
+"""``_npu_attention_update``: every rank's partials of this rank's heads, combined (the NPU op)."""
+MERGE_COMBINE = Decision(
+    "merge_combine",
+    (Shape("update-out-and-lse", COMMON_CP, "_update_out_and_lse", ("out_list", "lse_list"), ASCEND_RELEASES),),
+)
+"""``_update_out_and_lse``: the plugin's plain-torch LSE combine, standing for ``torch_npu.npu_attention_update``."""
+MERGE_DECISIONS = ("merge_exchange", "merge_update", "merge_combine")
+"""The three pieces of ``merge_across_ranks``: the plugin merges only where its tree holds all three."""
+
+ASCEND_TABLE = (SLOT_MAPPING, LOCAL_LENS, SPEC_DECODE_MASK, MERGE_EXCHANGE, MERGE_UPDATE, MERGE_COMBINE)

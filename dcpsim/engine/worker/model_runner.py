@@ -22,7 +22,7 @@ from dcpsim.engine.worker.kv_store import KVStore
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.model.layout import PAD
-from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ContextGather, ReqWrite, StepPlan, WriteRecord
+from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ContextGather, ReqWrite, SpecDecodeMask, StepPlan, WriteRecord
 from dcpsim.model.vectors import kv_vectors
 
 ATTENTION_KV = (Storage.PAGED, Storage.RECORDS)
@@ -69,6 +69,10 @@ class ModelRunner:
         """The last applied step's context gathers, one per group whose prefill rows have a
         cached context (``Engine.context_gather``; empty for an engine without it)."""
         self.gathers_context = _implements(engine, "context_gather")
+        self.mask_log: list[SpecDecodeMask] = []
+        """The last applied step's spec-decode masks, one per sharded paged group of a speculative
+        model whose step has decode rows (``Engine.spec_decode_mask``)."""
+        self.builds_masks = _implements(engine, "spec_decode_mask") or _implements(engine, "query_local_bounds")
 
     def apply(self, plan: StepPlan, request_ids: dict[int, str], during_step=None) -> None:
         """Write the step. ``during_step(plan, runner)``, if given, runs after the writes with
@@ -77,6 +81,7 @@ class ModelRunner:
         self.write_log = []
         self.metadata_log = []
         self.gather_log = []
+        self.mask_log = []
         for geometry, table, store in zip(self.geometries, self.block_tables, self.stores):
             self._write_group(plan, geometry, table, store)
         if during_step is not None:
@@ -103,6 +108,8 @@ class ModelRunner:
             gather = self.engine.context_gather(geometry, list(plan.writes), rows, self.rank)
             if gather is not None:
                 self.gather_log.append(gather)
+        if self.builds_masks and geometry.sharded and geometry.storage is Storage.PAGED and geometry.num_speculative_tokens:
+            self._build_mask(plan, geometry)
         for write, (slots, index) in zip(plan.writes, mapped):
             self._write_request(plan.step, geometry, store, write, slots, index)
         if observer is not None:
@@ -122,6 +129,22 @@ class ModelRunner:
         self._build_metadata(plan, geometry, rows, store)
         if geometry.draft:
             self._build_metadata(plan, self.engine.draft_geometry(geometry), rows, store)
+
+    def _build_mask(self, plan: StepPlan, geometry: GroupGeometry) -> None:
+        """The engine's spec-decode mask of the step's decode rows (``1 <= q <= 1 + k`` tokens
+        past a context, not a prefill row) in a sharded paged group."""
+        q_max = 1 + geometry.num_speculative_tokens
+        rows = [w for w in plan.writes if not w.prefill and w.start > 0 and 1 <= len(w.contents) <= q_max]
+        if not rows:
+            return
+        context = np.array([w.start for w in rows], dtype=np.int64)
+        q_lens = np.array([len(w.contents) for w in rows], dtype=np.int64)
+        visible = self.engine.spec_decode_mask(geometry, context, q_lens, self.rank)
+        self.mask_log.append(
+            SpecDecodeMask(
+                geometry.group_id, tuple(w.request_id for w in rows), context, q_lens, tuple(np.asarray(v, bool) for v in visible)
+            )
+        )
 
     def _write_request(self, step: int, geometry: GroupGeometry, store: KVStore, write: ReqWrite, slots, index) -> None:
         """Log one request's writes in a group (``PAD``, another rank's, dropped) and store

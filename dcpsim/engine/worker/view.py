@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from dcpsim.engine.worker.model_runner import ModelRunner
-from dcpsim.model.plan import AttentionMetadata, ContextGather, WriteRecord
+from dcpsim.model.plan import AttentionMetadata, ContextGather, SpecDecodeMask, WriteRecord
 
 
 class WorkerView:
@@ -60,6 +60,14 @@ class WorkerView:
         if not self._runner.gathers_context:
             return None
         return [_with_copied_arrays(g) for g in self._runner.gather_log]
+
+    def step_spec_decode_masks(self) -> list[SpecDecodeMask] | None:
+        if not self._runner.builds_masks:
+            return None
+        return [
+            SpecDecodeMask(m.group, m.request_ids, m.context_lens.copy(), m.query_lens.copy(), tuple(v.copy() for v in m.visible))
+            for m in self._runner.mask_log
+        ]
 
     @property
     def kv_store_bytes(self) -> int:
