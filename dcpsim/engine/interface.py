@@ -34,6 +34,7 @@ from dcpsim.model import parallel
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import KVCacheGroupSpec
 from dcpsim.model.plan import AttentionMetadata, ContextGather, ReqWrite
+from dcpsim.model.prefix_hit import longest_prefix_hit
 from dcpsim.model.specs import KVCacheSpec
 
 
@@ -145,6 +146,18 @@ class Engine:
         """The position whose prefix fingerprint keys hash block ``block`` (0-based). A key
         must cover the whole block: a hit then never runs past the true common prefix."""
         raise NotImplementedError
+
+    def prefix_hit_tokens(self, geometries: list[GroupGeometry], cached_blocks: list[int], limit: int, eagle: bool) -> int:
+        """Tokens of a request's prefix-cache hit, given each group's leading run of cached
+        blocks (``cached_blocks[g]``, already within ``limit`` tokens, the request's known
+        tokens less one). With ``eagle`` (an EAGLE / MTP drafter, vLLM's ``use_eagle``) every
+        group gives up the last block of its run (the drafter recomputes it for its hidden
+        states). The default is the semantics: the longest multiple of ``prefix_hash_unit``
+        that every group's run covers, each cached block credited with
+        ``prefix_block_tokens``; an engine whose lookup has another shape (vLLM's hybrid
+        coordinator, one group after another with a margin) overrides it."""
+        runs = [max(0, n - 1) if eagle else n for n in cached_blocks]
+        return longest_prefix_hit(runs, [self.prefix_block_tokens(g) for g in geometries], self.prefix_hash_unit(geometries), limit)
 
     # --- the worker: the write path -------------------------------------------------
 
@@ -358,6 +371,7 @@ ENGINE_DECISIONS = (
     "prefix_hash_unit",
     "prefix_hash_block_size",
     "prefix_key_position",
+    "prefix_hit_tokens",
     "write_slots",
     "kernel_block_table",
     "local_seq_lens",

@@ -60,6 +60,7 @@ OPTIONAL_DECISIONS = (
     "check_scenario",
     "context_gather",
     "spec_decode_mask",
+    "prefix_hit_tokens",
     "merge_variant",
     *PCP_DECISIONS,
 )

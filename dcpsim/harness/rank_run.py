@@ -110,7 +110,8 @@ class RankRun:
         scenario = self.job.scenario
         self.view = WorkerView(self.runner)
         self.groups = expected_groups(scenario)
-        self.checker = Checker(self.groups, self.coll, self.view, self.request_ids, scenario.config, self.job.check)
+        prompts = {r.request_id: r.prompt_len for r in scenario.requests}
+        self.checker = Checker(self.groups, self.coll, self.view, self.request_ids, scenario.config, self.job.check, prompts)
         self.verifier = AttentionVerifier(self.job.attention, self.groups, self.coll, self.view) if self.attention_on else None
         # Exchange the checker's rows every ``exchange_every`` verified steps, not every step;
         # lockstep where collectives meet every step anyway (attention, paranoid, several DCP

@@ -9,6 +9,10 @@ from dcpsim.model.parallel import ParallelLayout, check_parallel_sizes, default_
 from dcpsim.model.validate import check_int
 
 KV_CACHE_REPORT_MODES = ("incremental", "full")
+SPECULATIVE_METHODS = ("ngram", "eagle", "mtp")
+"""vLLM's ``speculative_config.method`` values dcpsim tells apart: a drafter without a KV
+cache of its own (``ngram``), and the EAGLE-style drafters (``eagle``, ``mtp``) whose prefix-cache
+hits drop the last cached block (section 5 of the semantics)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,11 @@ class SimConfig:
     """vLLM's KV events report mode (a request's ``kv_cache_report_mode``): ``incremental``
     advertises each block once, when it is cached; ``full`` also advertises again the cached
     blocks a prefix-cache hit reuses, so a router learns them (vllm#50118 lives there)."""
+    speculative_method: str = "ngram"
+    """vLLM's ``speculative_config.method``: ``eagle`` and ``mtp`` drafters need the hidden
+    states of the last cached block, so a prefix-cache hit leaves one block of every KV-cache
+    group to recompute (vLLM's ``use_eagle``: the EAGLE drop); ``ngram`` (the default) keeps
+    every cached block. Only read with ``num_speculative_tokens > 0``."""
 
     def __post_init__(self) -> None:
         check_int("max_model_len", self.max_model_len, 1)
@@ -98,6 +107,8 @@ class SimConfig:
         check_parallel_sizes(self.prefill_context_parallel_size, self.tp_size, self.decode_context_parallel_size)
         if self.kv_cache_report_mode not in KV_CACHE_REPORT_MODES:
             raise ConfigError(f"kv_cache_report_mode must be one of {', '.join(KV_CACHE_REPORT_MODES)}, got {self.kv_cache_report_mode!r}")
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ConfigError(f"speculative_method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative_method!r}")
         for flag in ("enable_prefix_caching", "async_scheduling"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
@@ -119,6 +130,11 @@ class SimConfig:
                 f"cp_kv_cache_interleave_size ({I}) when decode_context_parallel_size > 1 "
                 "(the cache block size, as vLLM checks it)"
             )
+
+    @property
+    def eagle_drop(self) -> bool:
+        """Prefix-cache hits drop the last cached block of each group (an EAGLE / MTP drafter)."""
+        return self.num_speculative_tokens > 0 and self.speculative_method in ("eagle", "mtp")
 
     @property
     def tp_size(self) -> int:

@@ -47,11 +47,15 @@ from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
 from dcpsim.verify.options import CheckOptions
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
+from dcpsim.verify.prefix_hit import PrefixHitJudge, hits_judged
 from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.write_guard import WriteGuard
 
 _ROW = BAD, COUNT, ORDERED, MULTISET, LOCALS = range(5)
+_TABLES = 6
+"""Where the block-table digests start in a step's header: after the judges' counts (write guard,
+metadata, KV events, spec-decode masks, prefix hits) and the digests' count."""
 """Columns of a gathered row: entries unlike the expectation, entries read, then a sharded
 group's ``MULTISET`` digest of a full read's pairs (partial reads: 0), or a replicated
 group's ``ORDERED`` digest and ``LOCALS``, a digest of which local indices it re-read (0: all)."""
@@ -104,11 +108,13 @@ class Checker:
         request_ids: dict[int, str],
         config=None,
         options: CheckOptions = CheckOptions(),  # noqa: B008 - a frozen value
+        prompt_lens: dict[str, int] | None = None,
     ):
         """``config``: the scenario's ``SimConfig`` (the metadata check reads
         ``max_model_len`` and the CUDA-graph capture sizes of it; None: no metadata check).
         ``options``: ``--verify`` (``incremental`` or ``full``) and ``--paranoid`` (which
-        also reads in full)."""
+        also reads in full). ``prompt_lens``: each request's prompt length (the prefix-hit
+        judge's limit; None: no admission is judged beyond a re-admission's committed length)."""
         self.groups = groups
         self.coll = collectives
         self.view = view
@@ -128,6 +134,7 @@ class Checker:
         self._metadata_total = 0
         self._events_total = 0
         self._mask_total = 0
+        self._hit_total = 0
         self.router = KVEventRouter(self.rank, groups) if groups and prefix_cacheable(groups) else None
         """The checker as a router reading the engine's KV events (prefix-cacheable models)."""
         self.metadata = (
@@ -145,6 +152,8 @@ class Checker:
         )
         self.masks = MaskJudge(self.rank, groups, self.store_of) if self.metadata is not None else None
         """The spec-decode masks' judge (``verify.attention_mask``), beside the metadata's."""
+        self.hits = PrefixHitJudge(self.rank, groups, config.eagle_drop, prompt_lens or {}) if hits_judged(groups, config) else None
+        """The prefix-cache hit lengths' judge (``verify.prefix_hit``)."""
         self._last_write: dict[int, tuple[int, int, int]] = {}
         """Each request's last write (start, stop, drafts): where its Mamba states went."""
         self._pending: list[_Pending] = []
@@ -164,6 +173,8 @@ class Checker:
             self.masks.judge(plan, self.view.step_spec_decode_masks())
         if self.router is not None:
             self.router.judge(plan)
+        if self.hits is not None:
+            self.hits.judge(plan)
         for w in plan.writes:
             self._last_write[w.req_index] = (w.start, w.stop, w.num_drafts)
 
@@ -249,7 +260,9 @@ class Checker:
         meta_count = self.metadata.count if self.metadata is not None else 0
         event_count = self.router.count if self.router is not None else 0
         mask_count = self.masks.count if self.masks is not None else 0
-        header = np.concatenate([np.array([self.guard.count, meta_count, event_count, mask_count, len(tables)], dtype=np.int64), tables])
+        hit_count = self.hits.count if self.hits is not None else 0
+        counts = [self.guard.count, meta_count, event_count, mask_count, hit_count, len(tables)]
+        header = np.concatenate([np.array(counts, dtype=np.int64), tables])
         for g, view in items:  # as if it passes: a failure found later ends the run anyway
             self.changes.checked(g, self.groups[g], view)
         self._pending.append(_Pending(plan, items, local, np.concatenate([header, rows.reshape(-1)]), len(header)))
@@ -325,7 +338,7 @@ class Checker:
         violations, mismatches, event_errors = gathered[:, 0], gathered[:, 1], gathered[:, 2]
         per_item = gathered[:, h:].reshape(self.world, len(p.items), len(_ROW))
         self.verified_indices += int(per_item[:, :, COUNT].sum())
-        failure = self._step_failure(p, violations, gathered[:, 5:h], reads)
+        failure = self._step_failure(p, violations, gathered[:, _TABLES:h], reads)
         if failure is None:
             failure = self._first_bad_item(p, per_item, reads)
         if failure is not None:
@@ -333,7 +346,8 @@ class Checker:
         self._metadata_total = int(mismatches.sum())  # reported by metadata_verdict, last
         self._events_total = int(event_errors.sum())
         self._mask_total = int(gathered[:, 3].sum())
-        if reads is None and (self._metadata_total or self._events_total or self._mask_total):
+        self._hit_total = int(gathered[:, 4].sum())
+        if reads is None and (self._metadata_total or self._events_total or self._mask_total or self._hit_total):
             return STALE
         return None
 
@@ -399,6 +413,15 @@ class Checker:
                 self.masks.kept,
                 FailureKind.ATTENTION_MASK,
                 f"{total} spec-decode mask row(s) differ from causality over positions",
+            )
+        total, self._hit_total = self._hit_total, 0
+        if total:
+            return self._kept_failure(
+                plan,
+                total,
+                self.hits.kept,
+                FailureKind.PREFIX_HIT_SHORT,
+                f"{total} prefix-cache hit(s) shorter than the cache held (a lost hit: the tokens are recomputed, the KV is right)",
             )
         total, self._events_total = self._events_total, 0
         return self._events_failure(plan, total) if total else None

@@ -120,3 +120,38 @@ class PrefixHitGcdAligned(Fault):
 
     def prefix_hash_unit(self, geometries) -> int:
         return self.prefix_hash_block_size(geometries)
+
+
+class EagleMarginUnscaled(Fault):
+    name = "eagle-margin-unscaled"
+    bug_class = (
+        "40. the EAGLE margin of a hybrid prefix lookup not scaled by DCP: each later group looks up at most "
+        "one page (B tokens) past the hit so far instead of one block of its own span (B*W), then drops its "
+        "last block (vllm-ascend 0.23.0.post1 AscendHybridKVCacheCoordinator.find_longest_cache_hit, "
+        "patch/platform/patch_kv_cache_coordinator.py:306, 409)"
+    )
+    description = (
+        "with an EAGLE / MTP drafter and two or more KV-cache groups, the groups are looked up one after another; "
+        "each drops its last cached block, and a later group may look one margin past the hit so far so that its "
+        "drop lands on the same boundary. The margin is the group's page (B tokens) where its blocks span B*W: "
+        "under DCP the later group finds no block past the hit, drops one inside it, and the hit loses a whole "
+        "block (W = 4, B = 16, 640 tokens cached, a 700-token prompt: 512 tokens where 576 are right)"
+    )
+    scenarios = ("eagle-hybrid-hit",)
+
+    def applies_to(self, geometries) -> bool:
+        return len(geometries) > 1 and all(g.prefix_cacheable for g in geometries) and any(g.sharded and g.dcp_size > 1 for g in geometries)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return scenario.config.enable_prefix_caching and scenario.config.eagle_drop and self.applies_to(geometries)
+
+    def prefix_hit_tokens(self, geometries, cached_blocks, limit, eagle) -> int:
+        if not eagle or len(geometries) < 2:
+            return super().prefix_hit_tokens(geometries, cached_blocks, limit, eagle)
+        hit = limit
+        for g, blocks in zip(geometries, cached_blocks):
+            span = self.prefix_block_tokens(g)
+            reach = min(hit + g.block_size, limit)  # the margin: one page, not one block of the group's span
+            hit = max(0, min(blocks, reach // span) - 1) * span
+        unit = self.prefix_hash_unit(geometries)
+        return hit // unit * unit

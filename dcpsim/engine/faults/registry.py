@@ -50,7 +50,7 @@ from dcpsim.engine.faults.pcp import (
     PcpUniformDecodeSlots,
 )
 from dcpsim.engine.faults.pd import NixlInterleaveNotBlockSize, NixlOneSourceRank, NixlStrideByDcp, PDFault, ReshardIgnoresInterleave
-from dcpsim.engine.faults.prefix import CompressedHitDropsR, KvEventsHashUnitB, PrefixHashUnitB, PrefixHitGcdAligned
+from dcpsim.engine.faults.prefix import CompressedHitDropsR, EagleMarginUnscaled, KvEventsHashUnitB, PrefixHashUnitB, PrefixHitGcdAligned
 from dcpsim.engine.faults.sparse import SparseRowMaskedByEmptyShard, TopkTieOrder
 from dcpsim.errors import ConfigError
 
@@ -99,6 +99,7 @@ FAULTS: dict[str, Fault] = {
         AllEmptyRowsMergeNan(),
         MergeVariantPerRank(),
         SpecMaskInterleaveOne(),
+        EagleMarginUnscaled(),
     )
 }
 

@@ -7,7 +7,8 @@ at prefix_key_position(h))``. Each group finds its own run of cached blocks, and
 is the longest prefix every group holds (each cached block credited with
 ``Engine.prefix_block_tokens`` tokens), rounded down to the hit unit (the engine's
 ``prefix_hash_unit``, the LCM of the spans) and leaving at least one token to compute
-(``dcpsim.model.prefix_hit``). Every group then reuses the whole blocks the hit covers,
+(``dcpsim.model.prefix_hit``); with an EAGLE / MTP drafter each group's run gives up its last
+block first (``Engine.prefix_hit_tokens``). Every group then reuses the whole blocks the hit covers,
 the same block ids on every rank.
 
 Units of the LCM of the spans become findable (registered, and advertised as KV events)
@@ -22,12 +23,15 @@ from dcpsim.engine.interface import Engine
 from dcpsim.engine.scheduler.managers import GroupManager
 from dcpsim.engine.scheduler.request import Request
 from dcpsim.model.plan import KVEvent
-from dcpsim.model.prefix_hit import block_key_hash_block, blocks_in_hit, longest_prefix_hit
+from dcpsim.model.prefix_hit import block_key_hash_block, blocks_in_hit
 
 
 class PrefixCache:
-    def __init__(self, managers: list[GroupManager], engine: Engine):
+    def __init__(self, managers: list[GroupManager], engine: Engine, *, eagle: bool = False):
+        """``eagle``: the model's drafter is EAGLE-style (``SimConfig.eagle_drop``): a hit
+        leaves the last cached block of every group to recompute (``Engine.prefix_hit_tokens``)."""
         self.managers = managers
+        self.eagle = eagle
         self.engine = engine
         self.geometries = [m.geometry for m in managers]
         self.spans = [g.manager_block_size for g in self.geometries]
@@ -64,7 +68,7 @@ class PrefixCache:
         """Longest cached prefix (tokens) and its blocks per group."""
         limit = req.num_known - 1
         runs = [self.cached_run(req, g, limit) for g in range(len(self.managers))]
-        hit = longest_prefix_hit([len(r) for r in runs], self.block_tokens, self.hit_unit, limit)
+        hit = self.engine.prefix_hit_tokens(self.geometries, [len(r) for r in runs], limit, self.eagle)
         return hit, [run[: blocks_in_hit(hit, span)] for run, span in zip(runs, self.spans)]
 
     def computed_units(self, req: Request) -> int:

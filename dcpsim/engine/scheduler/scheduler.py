@@ -133,7 +133,7 @@ class Scheduler:
         self.managers = [make_manager(g, self.block_pool_class(n), self.engine) for g, n in zip(self.geometries, self.pool_sizes)]
         self._check_fits()
         use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in self.geometries)
-        self.prefix_cache = self.prefix_cache_class(self.managers, self.engine) if use_prefix else None
+        self.prefix_cache = self.prefix_cache_class(self.managers, self.engine, eagle=self.config.eagle_drop) if use_prefix else None
 
     def _check_fits(self) -> None:
         for req in self.requests:

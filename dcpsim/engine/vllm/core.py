@@ -11,6 +11,7 @@ naming vLLM's function, file and line (``engine_error``).
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import traceback
 from pathlib import Path
@@ -22,6 +23,7 @@ MANAGER_MODULE = "vllm.v1.core.kv_cache_manager"
 UTILS_MODULE = "vllm.v1.core.kv_cache_utils"
 SINGLE_TYPE_MODULE = "vllm.v1.core.single_type_kv_cache_manager"
 SPECS_MODULE = "vllm.v1.kv_cache_interface"
+COORDINATOR_MODULE = "vllm.v1.core.kv_cache_coordinator"
 REQUEST_MODULE = "vllm.v1.request"
 HASHING_MODULE = "vllm.utils.hashing"
 CORE_MODULES = (
@@ -41,7 +43,7 @@ CORE_MODULES = (
     "vllm.v1.core.kv_cache_metrics",
     "vllm.v1.core.block_pool",
     SINGLE_TYPE_MODULE,
-    "vllm.v1.core.kv_cache_coordinator",
+    COORDINATOR_MODULE,
     MANAGER_MODULE,
 )
 """The modules of ``vllm/`` that run for real (the rest are stubs), where the tree has them."""
@@ -106,11 +108,15 @@ class VllmCore:
         self.scheduler_module = mods.get(SCHEDULER_MODULE)
         """vLLM's v1 scheduler module (``--vllm-scheduler full``), else None."""
         self.outputs = mods.get(OUTPUTS_MODULE)
+        self.around = contextlib.nullcontext
+        """The context every call runs in: a plugin whose code in the core imports lazily
+        (vllm-ascend's managers) makes its trees importable there."""
 
     def call(self, what: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)``, an exception inside vLLM's code an ``EngineError``."""
         try:
-            return fn(*args, **kwargs)
+            with self.around():
+                return fn(*args, **kwargs)
         except Exception as exc:  # vLLM's code refused or crashed: the engine's failure
             raise engine_error(exc, self.tree, what) from exc
 

@@ -9,8 +9,9 @@ has is carried over under vLLM's name (``max_num_batched_tokens``, ``max_num_seq
 vLLM 0.33.0's default (``watermark`` 0.0, ``policy`` fcfs, ``scheduler_reserve_full_isl``
 true) or switches off a feature dcpsim has no model of (multimodal inputs, LoRA, KV
 connectors, pipeline parallelism, metrics). The drafter is one that needs no extra slots
-and no lookahead (vLLM's ngram: ``max_num_new_slots_for_drafting`` 0, not EAGLE), as
-dcpsim's drafts are written only at the positions they are verified at.
+and no lookahead (``max_num_new_slots_for_drafting`` 0), as dcpsim's drafts are written only at
+the positions they are verified at; with ``speculative_method`` ``eagle`` or ``mtp`` it is EAGLE
+for the prefix cache (``use_eagle_block_drop``: a hit drops its last block).
 
 A field vLLM reads that is not here raises ``AttributeError`` naming it, so a newer vLLM
 that reads more ends in an engine error saying which field, not in a silent default.
@@ -35,16 +36,17 @@ class Fields:
 
 
 class _Drafter(Fields):
-    """vLLM's ``SpeculativeConfig`` of a drafter without extra slots or lookahead."""
+    """vLLM's ``SpeculativeConfig`` of a drafter without extra slots or lookahead; an EAGLE /
+    MTP one (``SimConfig.eagle_drop``) has its prefix-cache hits drop their last block."""
 
     def use_eagle(self) -> bool:
-        return False
+        return self.eagle_drop
 
     def use_eagle_block_drop(self) -> bool:
-        return False
+        return self.eagle_drop
 
     def needs_eagle_block_drop(self) -> bool:
-        return False
+        return self.eagle_drop
 
 
 def scheduler_vllm_config(config: SimConfig, block_size: int, num_gpu_blocks: int) -> Fields:
@@ -59,6 +61,7 @@ def scheduler_vllm_config(config: SimConfig, block_size: int, num_gpu_blocks: in
             num_speculative_tokens_per_batch_size=None,
             max_num_new_slots_for_drafting=0,
             disable_eagle_block_drop=False,
+            eagle_drop=config.eagle_drop,
         )
     return Fields(
         "vllm_config",

@@ -103,6 +103,7 @@ class VllmScheduler(Scheduler):
             hash_block_size=self.hash_block_size,
             **budget,
             enable_caching=config.enable_prefix_caching,
+            use_eagle=config.eagle_drop,
             enable_kv_cache_events=True,
             dcp_world_size=config.decode_context_parallel_size,
         )
@@ -114,7 +115,7 @@ class VllmScheduler(Scheduler):
         block_size = c.block_size or min(attention, default=self.geometries[0].block_size)
         return types.SimpleNamespace(
             cache_config=types.SimpleNamespace(
-                block_size=block_size, prefix_match_unit=None, enable_prefix_caching=c.enable_prefix_caching
+                block_size=block_size, prefix_match_unit=None, hash_block_size=None, enable_prefix_caching=c.enable_prefix_caching
             ),
             parallel_config=types.SimpleNamespace(
                 decode_context_parallel_size=c.decode_context_parallel_size,
@@ -252,6 +253,8 @@ class VllmScheduler(Scheduler):
         for h in event.block_hashes:
             stop = ends.get(bytes(h))
             if stop is None:
+                stop = self._merged_end(ends, bytes(h))
+            if stop is None:
                 raise EngineError(
                     what=f"{MANAGER}.take_events",
                     function="vllm.v1.core.block_pool.BlockPool",
@@ -262,6 +265,17 @@ class VllmScheduler(Scheduler):
             start = stop - int(event.block_size)
             out.append(KVEvent(req.request_id, start, stop, int(req.fingerprints[stop - 1]), group=event.group_idx))
         return out
+
+    def _merged_end(self, ends: dict[bytes, int], h: bytes) -> int | None:
+        """Where a block hash made of consecutive hash blocks ends (vLLM's
+        ``BlockHashListWithBlockSize`` concatenates them for a group whose block spans several
+        hash blocks: vllm-ascend's hash block is the GCD of the pages, unscaled by DCP), or None."""
+        width = len(next(iter(ends), b""))
+        if not width or len(h) <= width or len(h) % width:
+            return None
+        parts = [ends.get(h[i : i + width]) for i in range(0, len(h), width)]
+        chained = all(p is not None for p in parts) and all(b - a == self.hash_block_size for a, b in zip(parts, parts[1:]))
+        return parts[-1] if chained else None
 
     def _index_hashes(self, req: Request, vreq) -> None:
         """Where each of the request's block hashes ends (hash blocks of ``hash_block_size``)."""

@@ -21,6 +21,7 @@ SCHEDULER_SIDE = {
     "num_released_blocks": f"{_MANAGER}.allocate_slots (remove_skipped_blocks)",
     "prefix_block_tokens": f"{_MANAGER}.get_computed_blocks (find_longest_cache_hit)",
     "prefix_hash_unit": f"{_MANAGER}.get_computed_blocks (find_longest_cache_hit)",
+    "prefix_hit_tokens": f"{_MANAGER}.get_computed_blocks (its coordinator's find_longest_cache_hit; use_eagle: the EAGLE drop)",
     "prefix_hash_block_size": "vllm vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes",
     "prefix_key_position": "vllm vllm.v1.core.kv_cache_utils.get_request_block_hasher (vLLM's block hashes)",
 }

@@ -26,11 +26,21 @@ import torch
 
 from dcpsim.engine.loading.bindings import bind, resolve
 from dcpsim.engine.vllm.adapter import VllmEngine
+from dcpsim.engine.vllm.core import COORDINATOR_MODULE, MANAGER_MODULE
 from dcpsim.engine.vllm.functions import call
 from dcpsim.engine.vllm_ascend import platform_rules
 from dcpsim.engine.vllm_ascend.loader import AscendTree, source_dir
 from dcpsim.engine.vllm_ascend.merge import AscendMerge
-from dcpsim.engine.vllm_ascend.releases import ASCEND_RELEASES, ASCEND_TABLE, COMMON_CP, MERGE_DECISIONS, VLLM_OF
+from dcpsim.engine.vllm_ascend.releases import (
+    ASCEND_RELEASES,
+    ASCEND_TABLE,
+    COMMON_CP,
+    COORDINATOR_SUPPORT,
+    MERGE_DECISIONS,
+    PATCH_COORDINATOR,
+    SCHEDULER_DECISIONS,
+    VLLM_OF,
+)
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import PAD
@@ -60,7 +70,11 @@ class VllmAscendEngine(VllmEngine):
             self.ascend.root, ASCEND_TABLE, release=release, label="vllm-ascend", flag="--vllm-ascend-source", partial=partial
         )
         """The plugin's decisions bound to its tree (``releases.ASCEND_TABLE``)."""
-        mods = self.ascend.load(self.plugin_bindings.modules())
+        names = self.plugin_bindings.modules()
+        if self.plugin_bindings.bound["kv_cache_coordinator"].shape is not None:
+            at = names.index(PATCH_COORDINATOR)
+            names[at:at] = COORDINATOR_SUPPORT  # what its coordinator builds
+        mods = self.ascend.load(names)
         self._ascend = {}
         for name, bound in self.plugin_bindings.bound.items():
             if bound.shape is not None:
@@ -68,9 +82,10 @@ class VllmAscendEngine(VllmEngine):
         self._merge = None
         if all(name in self._ascend for name in MERGE_DECISIONS):
             self._merge = AscendMerge(mods[COMMON_CP], *(self._ascend[name] for name in MERGE_DECISIONS))
+        self._install_scheduler_side()
         for name, bound in self.plugin_bindings.bound.items():
             where = f"vllm-ascend {bound.shape.file}::{bound.shape.qualname}" if bound.shape else f"vLLM's ({bound.why})"
-            if name in MERGE_DECISIONS:
+            if name in MERGE_DECISIONS or name in SCHEDULER_DECISIONS:
                 continue
             if name == "write_slots":
                 self.decisions[name] = f"{where} (sharded paged groups; the rest as --engine vllm: {self.decisions[name]})"
@@ -86,6 +101,38 @@ class VllmAscendEngine(VllmEngine):
                 "every row of every merge, either --attention-merge (the plugin has one path)"
             )
         self.lse_base = "e"
+
+    def _install_scheduler_side(self) -> None:
+        """The plugin's coordinator and block sizes in this engine's vLLM core, as its patch
+        modules install them (set here by name, whatever the patch itself does at import): vLLM's
+        ``KVCacheManager`` builds its coordinator through the plugin's ``get_kv_cache_coordinator``,
+        and the scheduler's block sizes come from the plugin's ``resolve_kv_cache_block_sizes``."""
+        if self.core is None:  # --vllm-scheduler dcpsim: dcpsim's scheduler, no KV cache manager
+            return
+        coordinator, sizes = (self._ascend.get(name) for name in SCHEDULER_DECISIONS)
+        if coordinator is not None:
+            self.core.around = self.ascend.importable  # its managers import vLLM's registry lazily
+            self.core.modules[MANAGER_MODULE].get_kv_cache_coordinator = coordinator
+            if COORDINATOR_MODULE in self.core.modules:
+                self.core.modules[COORDINATOR_MODULE].get_kv_cache_coordinator = coordinator
+        if sizes is not None:
+            self.core.utils.resolve_kv_cache_block_sizes = sizes
+        said = []
+        for name in SCHEDULER_DECISIONS:
+            bound = self.plugin_bindings.bound[name]
+            said.append(f"vllm-ascend {bound.shape.file}::{bound.shape.qualname}" if bound.shape else f"vLLM's ({bound.why})")
+        self.scheduler_decisions = {
+            **self.scheduler_decisions,
+            "coordinator (prefix-cache hits of several groups)": said[0],
+            "block sizes (scheduler, hash)": said[1],
+        }
+        if coordinator is not None:
+            self.decisions["prefix_hit_tokens"] = (
+                f"{said[0]} (AscendHybridKVCacheCoordinator.find_longest_cache_hit for several groups with caching on; "
+                f"else {self.decisions['prefix_hit_tokens']})"
+            )
+        if sizes is not None:
+            self.decisions["prefix_hash_block_size"] = said[1]
 
     def check_scenario(self, scenario) -> None:
         """The platform's rules on the interleave (``platform_rules``), then vLLM's core's."""

@@ -9,6 +9,8 @@ module they import are placeholders, so nothing of the NPU runtime is needed.
 
 from __future__ import annotations
 
+import contextlib
+
 from dcpsim.engine.loading import tree
 from dcpsim.engine.vllm_ascend.releases import NEWEST
 
@@ -32,3 +34,9 @@ class AscendTree(tree.SourceTree):
     def load(self, names, warm=None):
         with self.vllm_tree.importable():
             return super().load(names, warm=warm)
+
+    @contextlib.contextmanager
+    def importable(self):
+        """Both trees importable: the plugin's code imports from each at call time."""
+        with self.vllm_tree.importable(), super().importable():
+            yield

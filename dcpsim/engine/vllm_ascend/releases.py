@@ -80,4 +80,40 @@ MERGE_COMBINE = Decision(
 MERGE_DECISIONS = ("merge_exchange", "merge_update", "merge_combine")
 """The three pieces of ``merge_across_ranks``: the plugin merges only where its tree holds all three."""
 
-ASCEND_TABLE = (SLOT_MAPPING, LOCAL_LENS, SPEC_DECODE_MASK, MERGE_EXCHANGE, MERGE_UPDATE, MERGE_COMBINE)
+PATCH_COORDINATOR = "vllm_ascend.patch.platform.patch_kv_cache_coordinator"
+PATCH_UTILS = "vllm_ascend.patch.platform.patch_kv_cache_utils"
+COORDINATOR_SUPPORT = ("vllm_ascend.core.kv_cache_interface", "vllm_ascend.core.single_type_kv_cache_manager")
+"""What the plugin's coordinator builds and tests against (loaded with it): its spec classes
+(``AscendMLAAttentionSpec``) and its per-spec managers (``get_manager_for_kv_cache_spec``)."""
+COORDINATOR = Decision(
+    "kv_cache_coordinator",
+    (
+        Shape(
+            "ascend-get-kv-cache-coordinator",
+            PATCH_COORDINATOR,
+            "get_kv_cache_coordinator",
+            ("kv_cache_config", "max_model_len", "max_num_batched_tokens", "use_eagle", "enable_caching"),
+            ASCEND_RELEASES,
+        ),
+    ),
+)
+"""``get_kv_cache_coordinator`` of the plugin's patch: vLLM's ``KVCacheManager`` builds its
+coordinator through it (``AscendHybridKVCacheCoordinator`` for several groups with caching on,
+over the plugin's per-spec managers; vLLM's own otherwise)."""
+BLOCK_SIZES = Decision(
+    "kv_cache_block_sizes",
+    (
+        Shape(
+            "ascend-resolve-block-sizes",
+            PATCH_UTILS,
+            "_ascend_resolve_kv_cache_block_sizes",
+            ("kv_cache_config", "vllm_config"),
+            ASCEND_RELEASES,
+        ),
+    ),
+)
+"""The plugin's ``resolve_kv_cache_block_sizes``: several groups under DCP/PCP schedule at
+``lcm(B) * dcp * pcp`` and hash at ``gcd(B)`` (vLLM 0.23.0's own refuses them)."""
+SCHEDULER_DECISIONS = ("kv_cache_coordinator", "kv_cache_block_sizes")
+
+ASCEND_TABLE = (SLOT_MAPPING, LOCAL_LENS, SPEC_DECODE_MASK, MERGE_EXCHANGE, MERGE_UPDATE, MERGE_COMBINE, COORDINATOR, BLOCK_SIZES)

@@ -112,6 +112,7 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
     assert set(why) == {
         "compressed-hit-drops-r",
         "spec-mask-interleave-one",
+        "eagle-margin-unscaled",
         "replicated-scaled-by-w",
         "merge-drops-dcp-replicated",
         "replicated-owner-only",
@@ -252,8 +253,17 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     each other, where a GCD-aligned hit shows): each is detected wherever it runs, and every
     baseline passes. The sparse-attention faults run on dsv32-sparse only, left out here for
     its cost (``test_sparse_faults.py`` catches them): they are not applicable. mtp-mask-interleave
-    (verify rows across interleave boundaries at I = 128) is where the spec-decode mask fault shows."""
-    names = SMALL + ["qwen3-next-hybrid", "dsv3-mtp", "compressed-prefix", "glm-pcp2-dcp2", "prefix-ragged-spans", "mtp-mask-interleave"]
+    (verify rows across interleave boundaries at I = 128) is where the spec-decode mask fault shows,
+    eagle-hybrid-hit (an EAGLE prefix hit over two sharded groups) the hybrid lookup's margin."""
+    names = SMALL + [
+        "qwen3-next-hybrid",
+        "dsv3-mtp",
+        "compressed-prefix",
+        "glm-pcp2-dcp2",
+        "prefix-ragged-spans",
+        "mtp-mask-interleave",
+        "eagle-hybrid-hit",
+    ]
     args = ["selftest", "--in-process", "--json", "--timeout", "10"] + [a for s in names for a in ("--scenario", s)]
     code = main(args)
     doc = json.loads(capsys.readouterr().out)

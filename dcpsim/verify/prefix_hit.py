@@ -1,0 +1,173 @@
+"""The checker's judgement of prefix-cache hit lengths: no admission may take a shorter hit than
+the cache held for it (failure ``prefix-hit-short``, a lost hit, not wrong data).
+
+From the plans alone (the block tables of every step and each request's true fingerprints) the
+checker keeps, per block id, which prefix each group's block holds whole: a request that has
+committed every position of its ``k``-th block of a group (``span`` tokens: the group's manager
+block size, ``B * W`` sharded) leaves in it the prefix ending at position ``(k + 1) * span - 1``,
+keyed by that position's fingerprint (fingerprints chain the whole prefix). The block keeps it
+after its holder finishes or is preempted, until the id turns up in any group's table at an index
+that is to hold other content: then it was handed out again (vLLM's one block pool evicts it
+there). The write checks have judged that the stores hold exactly that content, so nothing here
+reads the stores again.
+
+When a request is admitted at step ``s`` (not loaded by a KV connector), the blocks findable for
+it are those keyed before the step, less those handed out in the step (its tables). Each group's
+cached run is its leading blocks of the request's prompt found so, at most ``limit // span`` of
+them (``limit``: the request's known tokens less one, taken as its prompt, or what it had
+committed before a preemption), counted in whole hit units (the LCM ``U`` of the spans: what every
+engine registers at least). With an EAGLE / MTP drafter each group then gives up its last block.
+The longest hit the semantics allow is the shortest run, rounded down to ``U``: a hit below it is
+``prefix-hit-short``. This is a lower bound: an engine may find more (vLLM registers blocks when
+they are scheduled, and the EAGLE lookahead block), never less.
+
+Judged only where every group keeps full prefixes (full attention and MLA, paged or records), with
+prefix caching on, one PCP rank and no async scheduling (whose registration lags a step). A block
+id handed out in one group counts as evicted in every group (vLLM's one pool) until a step's tables
+hold one id in two groups at once, which only pools of their own per group allow (dcpsim's); from
+then on an id handed out in a group is gone from that group only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcpsim.model.plan import EventKind, StepPlan
+from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.kv_events import prefix_cacheable
+
+MAX_KEPT = 20
+_NONE = object()
+
+
+@dataclass(frozen=True)
+class HitShort:
+    rank: int
+    step: int
+    request_id: str
+    hit: int
+    longest: int
+    cached: tuple[int, ...]
+    """Tokens of each group's cached run (whole units, before the EAGLE drop)."""
+    eagle: bool
+
+    unit: int = 0
+
+    def __str__(self) -> str:
+        runs = ", ".join(str(t) for t in self.cached)
+        drop = ", less its last block for the EAGLE drafter" if self.eagle else ""
+        return (
+            f"step {self.step} request {self.request_id}: a prefix-cache hit of {self.hit} tokens where the cache allows "
+            f"{self.longest} (each group's cached run: {runs} tokens{drop}; hits in units of {self.unit}): "
+            f"{self.longest - self.hit} tokens recomputed"
+        )
+
+
+class PrefixHitJudge:
+    """Judges every admission's prefix-cache hit against the cache's content (rank 0 only: the
+    plans are every rank's)."""
+
+    def __init__(self, rank: int, groups: list[ExpectedGroup], eagle: bool, prompt_lens: dict[str, int]):
+        self.rank = rank
+        self.spans = [g.manager_block_size for g in groups]
+        self.unit = math.lcm(*self.spans)
+        self.eagle = eagle
+        self.prompt_lens = prompt_lens
+        self.holds: dict[int, dict[int, int]] = {}
+        """Block id -> {group: the fingerprint keying the prefix its block holds whole}."""
+        self.shared_pool = True
+        """Whether the groups may share one pool of block ids (vLLM's): until one step's tables
+        hold an id in two groups at once, a block handed out in one group is gone from all."""
+        self.committed: dict[str, int] = {}
+        """Each request's committed length at its last view (the limit of a re-admission)."""
+        self.count = 0
+        self.checks = 0
+        """Admissions whose hit was judged."""
+        self.kept: list[HitShort] = []
+
+    def _key(self, fingerprints: np.ndarray, g: int, k: int) -> int | None:
+        end = (k + 1) * self.spans[g]
+        return int(fingerprints[end - 1]) if end <= len(fingerprints) else None
+
+    def judge(self, plan: StepPlan) -> None:
+        views = {v.req_index: v for v in plan.views}
+        self._hand_out(plan, views)
+        if self.rank == 0:
+            by_id = {v.request_id: v for v in plan.views}
+            for e in plan.events:
+                if e.kind is EventKind.ADMITTED and not e.loaded and e.request_id in by_id:
+                    self._judge_admission(plan, e.request_id, e.prefix_hit, by_id[e.request_id].fingerprints)
+        self._commit(plan, views)
+
+    def _hand_out(self, plan: StepPlan, views) -> None:
+        """Blocks the step's tables place at an index to hold other content than they keep:
+        handed out again, so their prefixes are gone (in every group while the pool may be
+        shared, else in that group)."""
+        if self.shared_pool and len(plan.rows_before) > 1:
+            seen = [{int(b) for row in rows.values() for b in np.asarray(row).tolist() if b} for rows in plan.rows_before]
+            self.shared_pool = not any(seen[i] & seen[j] for i in range(len(seen)) for j in range(i + 1, len(seen)))
+        for g, rows in enumerate(plan.rows_before):
+            for ri, row in rows.items():
+                view = views.get(ri)
+                if view is None:
+                    continue
+                for k, b in enumerate(np.asarray(row).tolist()):
+                    held = self.holds.get(b)
+                    if b and held and held.get(g, _NONE) != self._key(view.fingerprints, g, k):
+                        if self.shared_pool:
+                            del self.holds[b]
+                        else:
+                            held.pop(g, None)
+
+    def _commit(self, plan: StepPlan, views) -> None:
+        """The blocks whose every position their holder has committed now keep its prefix."""
+        for g, rows in enumerate(plan.rows_before):
+            span = self.spans[g]
+            for ri, row in rows.items():
+                view = views.get(ri)
+                if view is None:
+                    continue
+                for k, b in enumerate(np.asarray(row)[: view.num_committed // span].tolist()):
+                    if b:
+                        self.holds.setdefault(b, {})[g] = self._key(view.fingerprints, g, k)
+        self.committed.update((v.request_id, v.num_committed) for v in plan.views)
+
+    def longest_hit(self, fingerprints: np.ndarray, limit: int) -> tuple[int, tuple[int, ...]]:
+        """The longest hit the cache allows a prompt of ``fingerprints`` within ``limit``
+        tokens, and each group's cached run (tokens, whole units)."""
+        found = [set() for _ in self.spans]
+        for held in self.holds.values():
+            for g, key in held.items():
+                found[g].add(key)
+        runs = []
+        for g, span in enumerate(self.spans):
+            n = 0
+            while n < limit // span and self._key(fingerprints, g, n) in found[g]:
+                n += 1
+            runs.append(n * span // self.unit * self.unit)
+        kept = [max(0, t - span) if self.eagle and t else t for t, span in zip(runs, self.spans)]
+        return min(kept) // self.unit * self.unit if kept else 0, tuple(runs)
+
+    def _judge_admission(self, plan: StepPlan, request_id: str, hit: int, fingerprints: np.ndarray) -> None:
+        limit = max(self.prompt_lens.get(request_id, 0), self.committed.get(request_id, 0)) - 1
+        self.checks += 1
+        longest, runs = self.longest_hit(fingerprints, limit)
+        if hit < longest:
+            self.count += 1
+            if len(self.kept) < MAX_KEPT:
+                self.kept.append(HitShort(self.rank, plan.step, request_id, hit, longest, runs, self.eagle, self.unit))
+
+
+def hits_judged(groups: list[ExpectedGroup], config) -> bool:
+    """Whether the run's hits can be judged (the module's conditions)."""
+    return (
+        bool(groups)
+        and config is not None
+        and config.enable_prefix_caching
+        and prefix_cacheable(groups)
+        and config.prefill_context_parallel_size == 1
+        and not config.async_scheduling
+    )
