@@ -3,7 +3,7 @@ an engine's repository with dcpsim installed needs no conftest (docs/api.md).
 
 - fixture ``dcpsim_run``: ``dcpsim.run`` with the session's engine options applied
   (``--dcpsim-engine NAME``, ``--dcpsim-vllm-source DIR``, ``--dcpsim-sglang-source DIR``,
-  ``--dcpsim-in-process``);
+  ``--dcpsim-vllm-ascend-source DIR``, ``--dcpsim-in-process``);
 - ``--dcpsim-matrix [SCENARIO,...]``: the session is the correctness matrix, one test item per
   cell (its id as ``dcpsim matrix`` prints it; default every built-in), the other tests
   deselected; ``--dcpsim-shard K/N`` keeps shard K of N (the cells of ``dcpsim matrix --shard
@@ -28,8 +28,9 @@ import pytest
 from dcpsim.campaigns.shard import parse_shard
 from dcpsim.errors import CheckFailed, ConfigError, HarnessError
 
-SOURCES = ("vllm_source", "sglang_source")
-"""The engines' source-tree options, ``--dcpsim-vllm-source`` and ``--dcpsim-sglang-source``."""
+SOURCES = ("vllm_source", "sglang_source", "vllm_ascend_source")
+"""The engines' source-tree options, ``--dcpsim-vllm-source``, ``--dcpsim-sglang-source`` and
+``--dcpsim-vllm-ascend-source``."""
 
 
 def pytest_addoption(parser) -> None:
@@ -38,11 +39,16 @@ def pytest_addoption(parser) -> None:
         "--dcpsim-engine",
         metavar="NAME",
         default="reference",
-        help="the engine under test of dcpsim_run and --dcpsim-matrix: reference (default), vllm, sglang, or MODULE:ATTR",
+        help="the engine under test of dcpsim_run and --dcpsim-matrix: reference (default), vllm, sglang, vllm-ascend, or MODULE:ATTR",
     )
     group.addoption("--dcpsim-vllm-source", metavar="DIR", help="--dcpsim-engine vllm: a directory holding vllm/ (a checkout, a wheel)")
     group.addoption(
         "--dcpsim-sglang-source", metavar="DIR", help="--dcpsim-engine sglang: a directory holding sglang/ (a checkout's python/, a wheel)"
+    )
+    group.addoption(
+        "--dcpsim-vllm-ascend-source",
+        metavar="DIR",
+        help="--dcpsim-engine vllm-ascend: a directory holding vllm_ascend/ (with --dcpsim-vllm-source, the vLLM it runs on)",
     )
     group.addoption(
         "--dcpsim-engine-partial",
@@ -118,8 +124,8 @@ def _scenarios(text: str | None) -> list[str] | None:
 
 @pytest.fixture
 def dcpsim_run(request):
-    """``dcpsim.run`` with the session's ``--dcpsim-engine``, ``--dcpsim-vllm-source``,
-    ``--dcpsim-sglang-source``, ``--dcpsim-engine-partial`` and ``--dcpsim-in-process``; a keyword given in the call wins, and
+    """``dcpsim.run`` with the session's ``--dcpsim-engine``, its source options (``SOURCES``),
+    ``--dcpsim-engine-partial`` and ``--dcpsim-in-process``; a keyword given in the call wins, and
     a call that names its own ``engine`` takes none of the session's engine options."""
     from dcpsim.api import run
 

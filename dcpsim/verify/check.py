@@ -421,7 +421,7 @@ class Checker:
                 total,
                 self.hits.kept,
                 FailureKind.PREFIX_HIT_SHORT,
-                f"{total} prefix-cache hit(s) shorter than the cache held (a lost hit: the tokens are recomputed, the KV is right)",
+                f"{total} prefix-cache hit(s) shorter than the cache allows (a lost hit: the tokens are recomputed, the KV is right)",
             )
         total, self._events_total = self._events_total, 0
         return self._events_failure(plan, total) if total else None

@@ -1,5 +1,5 @@
 """The checker's judgement of prefix-cache hit lengths: no admission may take a shorter hit than
-the cache held for it (failure ``prefix-hit-short``, a lost hit, not wrong data).
+the cache allows (failure ``prefix-hit-short``, a lost hit, not wrong data).
 
 From the plans alone (the block tables of every step and each request's true fingerprints) the
 checker keeps, per block id, which prefix each group's block holds whole: a request that has

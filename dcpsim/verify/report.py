@@ -34,7 +34,7 @@ class FailureKind(enum.StrEnum):
     """A rank's spec-decode (verify) attention mask shows a query token a later key, or hides
     a key at or before its position (``verify.attention_mask``)."""
     PREFIX_HIT_SHORT = "prefix-hit-short"
-    """An admission took a shorter prefix-cache hit than the cache held for it (a lost hit:
+    """An admission took a shorter prefix-cache hit than the cache allows (a lost hit:
     its tokens are recomputed, the KV is right; ``verify.prefix_hit``)."""
     RANKS_DISAGREE = "ranks-disagree"
     SPARSE_SELECTION = "sparse-selection"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import threading
 import traceback
 from pathlib import Path
 
@@ -61,6 +62,7 @@ SCHEDULER_MODULES = (
     SCHEDULER_MODULE,
 )
 """With ``--vllm-scheduler full``, vLLM's v1 ``Scheduler`` and what it runs besides the core."""
+_NONE_HASH_LOCK = threading.Lock()
 HASH_ALGO = "sha256"
 """vLLM 0.33.0's default ``cache_config.prefix_caching_hash_algo``."""
 
@@ -111,6 +113,17 @@ class VllmCore:
         self.around = contextlib.nullcontext
         """The context every call runs in: a plugin whose code in the core imports lazily
         (vllm-ascend's managers) makes its trees importable there."""
+
+    def init_none_hash(self) -> None:
+        """vLLM's ``init_none_hash``, once per loaded core. It draws the root of every block
+        hash chain at random (``os.urandom`` without ``PYTHONHASHSEED``) into a module global:
+        drawn again by each rank's scheduler, ranks that are threads of one process (sharing
+        the module) would hash one request's blocks under two roots and find different
+        prefix hits, so their schedules would part."""
+        with _NONE_HASH_LOCK:
+            if not getattr(self.utils, "_dcpsim_none_hash", False):
+                self.utils.init_none_hash(self.hash_fn)
+                self.utils._dcpsim_none_hash = True
 
     def call(self, what: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)``, an exception inside vLLM's code an ``EngineError``."""

@@ -72,7 +72,7 @@ class VllmScheduler(Scheduler):
         self.block_size, self.hash_block_size = core.call(
             "resolve_kv_cache_block_sizes", core.utils.resolve_kv_cache_block_sizes, kv_cache_config, self._vllm_config(groups)
         )
-        core.utils.init_none_hash(core.hash_fn)
+        core.init_none_hash()
         self.hasher = core.utils.get_request_block_hasher(self.hash_block_size, core.hash_fn)
         self.kv_manager = self._make_kv_manager(kv_cache_config)
         self.managers = []

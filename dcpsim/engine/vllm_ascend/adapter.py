@@ -19,12 +19,14 @@ An exception inside the plugin's code is a ``VllmCallError`` naming its function
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
 import torch
 
 from dcpsim.engine.loading.bindings import bind, resolve
+from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK
 from dcpsim.engine.vllm.adapter import VllmEngine
 from dcpsim.engine.vllm.core import COORDINATOR_MODULE, MANAGER_MODULE
 from dcpsim.engine.vllm.functions import call
@@ -111,7 +113,7 @@ class VllmAscendEngine(VllmEngine):
             return
         coordinator, sizes = (self._ascend.get(name) for name in SCHEDULER_DECISIONS)
         if coordinator is not None:
-            self.core.around = self.ascend.importable  # its managers import vLLM's registry lazily
+            self.core.around = self._importable  # its managers import vLLM's registry lazily
             self.core.modules[MANAGER_MODULE].get_kv_cache_coordinator = coordinator
             if COORDINATOR_MODULE in self.core.modules:
                 self.core.modules[COORDINATOR_MODULE].get_kv_cache_coordinator = coordinator
@@ -133,6 +135,14 @@ class VllmAscendEngine(VllmEngine):
             )
         if sizes is not None:
             self.decisions["prefix_hash_block_size"] = said[1]
+
+    @contextlib.contextmanager
+    def _importable(self):
+        """Both trees importable for one call into the plugin's scheduler side. Importability
+        swaps the process's modules, so ranks that are threads take turns (the interpreter lock:
+        a manager call runs no collective and no kernel of its own)."""
+        with INTERPRETER_LOCK, self.ascend.importable():
+            yield
 
     def check_scenario(self, scenario) -> None:
         """The platform's rules on the interleave (``platform_rules``), then vLLM's core's."""
