@@ -405,24 +405,20 @@ class Checker:
         total, self._metadata_total = self._metadata_total, 0
         if total:
             return self._metadata_failure(plan, total)
-        total, self._mask_total = self._mask_total, 0
-        if total:
-            return self._kept_failure(
-                plan,
-                total,
-                self.masks.kept,
-                FailureKind.ATTENTION_MASK,
-                f"{total} spec-decode mask row(s) differ from causality over positions",
-            )
-        total, self._hit_total = self._hit_total, 0
-        if total:
-            return self._kept_failure(
-                plan,
-                total,
-                self.hits.kept,
+        kept_judges = (
+            ("_mask_total", self.masks, FailureKind.ATTENTION_MASK, "spec-decode mask row(s) differ from causality over positions"),
+            (
+                "_hit_total",
+                self.hits,
                 FailureKind.PREFIX_HIT_SHORT,
-                f"{total} prefix-cache hit(s) shorter than the cache allows (a lost hit: the tokens are recomputed, the KV is right)",
-            )
+                "prefix-cache hit(s) shorter than the cache allows (a lost hit: the tokens are recomputed, the KV is right)",
+            ),
+        )
+        for attr, judge, kind, what in kept_judges:
+            total = getattr(self, attr)
+            setattr(self, attr, 0)
+            if total:
+                return self._kept_failure(plan, total, judge.kept, kind, f"{total} {what}")
         total, self._events_total = self._events_total, 0
         return self._events_failure(plan, total) if total else None
 
