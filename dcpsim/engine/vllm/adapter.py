@@ -177,8 +177,11 @@ class VllmEngine(ReferenceEngine):
     def check_scenario(self, scenario) -> None:
         """Build the run's scheduler once, in the parent: a configuration vLLM refuses (an
         assertion or error of its KV cache manager, or of its v1 Scheduler under ``full``) is
-        exit 2 quoting vLLM's own words."""
+        exit 2 quoting vLLM's own words. Under ``--vllm-scheduler dcpsim`` only the group
+        geometries are built: a spec class that refuses the scenario is exit 2 here, not a
+        rank's error."""
         if self.core is None:
+            self.geometries(scenario.layers, scenario.config)
             return
         try:
             self.make_scheduler(scenario, self.geometries(scenario.layers, scenario.config))

@@ -47,7 +47,8 @@ def vllm_spec(tree, specs: types.ModuleType, spec):
         for f in dataclasses.fields(spec)
         if f.name in names and f.name not in ("dtype", "dtypes", "mamba_type", "dcp_replicated")
     }
-    if not any(f.name in ("dcp_sharded", "dcp_replicated") for f in dataclasses.fields(cls)) and getattr(spec, "dcp_replicated", False):
+    no_flag = not any(f.name in ("dcp_sharded", "dcp_replicated") for f in dataclasses.fields(cls))
+    if no_flag and getattr(spec, "dcp_replicated", False) and not isinstance(spec, MambaSpec):  # no release shards a state
         raise ConfigError(
             f"vLLM {tree.version} at {tree.root}: {SPECS_MODULE}.{cls.__name__} has no dcp_sharded field: that release "
             f"shards every attention group under DCP, so a {type(spec).__name__} marked dcp_replicated cannot run there "
