@@ -110,9 +110,10 @@ class VllmCore:
         self.scheduler_module = mods.get(SCHEDULER_MODULE)
         """vLLM's v1 scheduler module (``--vllm-scheduler full``), else None."""
         self.outputs = mods.get(OUTPUTS_MODULE)
-        self.around = contextlib.nullcontext
-        """The context every call runs in: a plugin whose code in the core imports lazily
-        (vllm-ascend's managers) makes its trees importable there."""
+        self.around: dict[str, object] = {}
+        """The context a call of that name runs in (a context-manager factory; none: no
+        context): a plugin whose code in the core imports lazily there (vllm-ascend's managers,
+        built with the ``KVCacheManager``) makes its trees importable for that call only."""
 
     def init_none_hash(self) -> None:
         """vLLM's ``init_none_hash``, once per loaded core. It draws the root of every block
@@ -128,7 +129,7 @@ class VllmCore:
     def call(self, what: str, fn, *args, **kwargs):
         """``fn(*args, **kwargs)``, an exception inside vLLM's code an ``EngineError``."""
         try:
-            with self.around():
+            with self.around.get(what, contextlib.nullcontext)():
                 return fn(*args, **kwargs)
         except Exception as exc:  # vLLM's code refused or crashed: the engine's failure
             raise engine_error(exc, self.tree, what) from exc

@@ -113,7 +113,7 @@ class VllmAscendEngine(VllmEngine):
             return
         coordinator, sizes = (self._ascend.get(name) for name in SCHEDULER_DECISIONS)
         if coordinator is not None:
-            self.core.around = self._importable  # its managers import vLLM's registry lazily
+            self.core.around["KVCacheManager"] = self._importable  # its managers, built then, import lazily
             self.core.modules[MANAGER_MODULE].get_kv_cache_coordinator = coordinator
             if COORDINATOR_MODULE in self.core.modules:
                 self.core.modules[COORDINATOR_MODULE].get_kv_cache_coordinator = coordinator
@@ -138,9 +138,11 @@ class VllmAscendEngine(VllmEngine):
 
     @contextlib.contextmanager
     def _importable(self):
-        """Both trees importable for one call into the plugin's scheduler side. Importability
-        swaps the process's modules, so ranks that are threads take turns (the interpreter lock:
-        a manager call runs no collective and no kernel of its own)."""
+        """Both trees importable while vLLM's ``KVCacheManager`` builds the plugin's coordinator,
+        whose ``get_manager_for_kv_cache_spec`` imports vLLM's spec registry and the plugin's
+        spec classes at call time (nothing the manager calls later does: one swap per scheduler,
+        not one per call). Importability swaps the process's modules, so ranks that are threads
+        take turns (the interpreter lock: the construction runs no collective and no kernel)."""
         with INTERPRETER_LOCK, self.ascend.importable():
             yield
 
