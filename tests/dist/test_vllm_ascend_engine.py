@@ -6,7 +6,7 @@ slot mapping, local lengths, spec-decode mask and merge give the reference's ver
 planted in a copy of the slot mapping, the local lengths or the merge makes the run exit 1; the
 plugin over another vLLM release is exit 2. Every built-in the plugin runs gets the reference's
 verdict at W = 2 and 4, with and without the attention check (``eagle-hybrid-hit`` fails as bug
-class 40, the plugin's hybrid coordinator); the rest exit 2 quoting the rule of vllm-ascend or of
+class 40, the plugin's hybrid coordinator, and passes with the margin fix planted); the rest exit 2 quoting the rule of vllm-ascend or of
 vLLM 0.23.0 that refuses them."""
 
 from __future__ import annotations
@@ -254,3 +254,27 @@ def test_builtins_get_the_reference_verdicts_or_the_plugins_reason(W, attention,
             if attention:  # every row of every merge by the plugin's all-to-all and combine
                 merged = got.attention_merged_by.get(MERGED_BY, {})
                 assert got.attention_checks > 0 and merged.get("rows") == merged.get("of") == got.attention_query_tokens > 0, merged
+
+
+COORDINATOR = "vllm_ascend/patch/platform/patch_kv_cache_coordinator.py"
+MARGIN_FIX = (
+    "_max_length = min(curr_hit_length + spec.block_size, max_cache_hit_length)",
+    "_max_length = min(curr_hit_length + effective_block_size, max_cache_hit_length)",
+)
+"""The EAGLE margin in the group's own block, ``effective_block_size`` (``B * W``), in both lookups
+of ``AscendHybridKVCacheCoordinator`` (what vLLM's own coordinator takes)."""
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("W, right, short", [(4, 576, 512), (2, 608, 576)], ids=["W4", "W2"])
+def test_the_releases_hybrid_eagle_hit_is_short_and_the_fix_passes(W, right, short, trees, tmp_path):
+    ascend, vllm = trees
+    report = dcpsim.run("eagle-hybrid-hit", dcp=W, engine="vllm-ascend", vllm_ascend_source=ascend, vllm_source=vllm)
+    assert not report.passed and report.failure.kind == "prefix-hit-short", report.text()
+    assert f"request reader: a prefix-cache hit of {short} tokens where the cache allows {right}" in report.text(), report.text()
+    decisions = report.to_dict()["engine"]["decisions"]
+    assert "patch_kv_cache_coordinator.py::get_kv_cache_coordinator" in decisions["prefix_hit_tokens"], decisions
+    fixed = patched_copy(ascend, tmp_path / "fixed-margin", COORDINATOR, *MARGIN_FIX)
+    good = dcpsim.run("eagle-hybrid-hit", dcp=W, engine="vllm-ascend", vllm_ascend_source=str(fixed), vllm_source=vllm)
+    assert good.passed and good.to_dict()["schedule"]["prefix_hit_tokens"] == right, good.text()
