@@ -278,3 +278,32 @@ def test_the_releases_hybrid_eagle_hit_is_short_and_the_fix_passes(W, right, sho
     fixed = patched_copy(ascend, tmp_path / "fixed-margin", COORDINATOR, *MARGIN_FIX)
     good = dcpsim.run("eagle-hybrid-hit", dcp=W, engine="vllm-ascend", vllm_ascend_source=str(fixed), vllm_source=vllm)
     assert good.passed and good.to_dict()["schedule"]["prefix_hit_tokens"] == right, good.text()
+
+
+SFA = "vllm_ascend/attention/context_parallel/sfa_cp.py"
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", [False, True], ids=["release-with-mask-fix", "remap-off-by-one"])
+def test_sparse_attention_reads_the_keys_of_the_plugins_remap(planted, trees, fixed_mask, tmp_path):
+    """dsv32-sparse at I = B = 64 (the platform's rule for sparse attention) with the attention
+    check: the selection's local keys are the plugin's _remap_sparse_indices (compacted to the
+    front); on the release with the verify-mask fix planted (bug class 39 would end the run at
+    step 6 first) it passes; an off-by-one planted in the remap's local offset is an attention
+    failure at step 0."""
+    source = fixed_mask
+    if planted:
+        old = "            remapped_indices_fp32 = remapped_indices_fp32 * interleave_size + local_offsets\n"
+        source = str(patched_copy(fixed_mask, tmp_path / "remap-bug", SFA, old, old.replace("local_offsets\n", "local_offsets + 1\n")))
+    _, vllm = trees
+    report = dcpsim.run(
+        "dsv32-sparse", dcp=2, interleave=64, attention=True, engine="vllm-ascend", vllm_ascend_source=source, vllm_source=vllm
+    )
+    assert report.to_dict()["engine"]["decisions"]["sparse_local_keys"].startswith(
+        f"vllm-ascend {SFA}::AscendSFADCPImpl._remap_sparse_indices"
+    )
+    if planted:
+        assert not report.passed and report.failure.kind == "attention-mismatch" and report.failure.step == 0, report.text()
+    else:
+        assert report.passed, report.text()

@@ -93,6 +93,8 @@ class VllmAscendEngine(VllmEngine):
                 self.decisions[name] = f"{where} (sharded paged groups; the rest as --engine vllm: {self.decisions[name]})"
             elif name == "local_seq_lens":
                 self.decisions["local_seq_lens"] = self.decisions["query_local_bounds"] = where
+            elif name == "sparse_local_keys":
+                self.decisions[name] = f"{where} (sharded sparse groups: every id of every query token, compacted to the front)"
             else:
                 self.decisions[name] = f"{where} (sharded paged groups)"
 
@@ -180,6 +182,25 @@ class VllmAscendEngine(VllmEngine):
         if self._merge is None or group.world_size == 1 or not out.shape[0]:
             return super().merge_across_ranks(out, lse, group, variant=variant, base=base)
         return self._merge.merge(out, lse, group, base)
+
+    # --- sparse attention: the top-k ids on this rank --------------------------------
+
+    def sparse_local_keys(self, geometry, selected, dcp_rank):
+        fn = self._ascend.get("sparse_local_keys")
+        selected = np.asarray(selected, dtype=np.int64)
+        if fn is None or not geometry.sharded or geometry.dcp_size == 1 or not selected.size:
+            return super().sparse_local_keys(geometry, selected, dcp_rank)
+        k = selected.shape[1]
+        stand_in = types.SimpleNamespace(  # what _remap_sparse_indices reads of an AscendSFADCPImpl
+            dcp_size=geometry.dcp_size,
+            dcp_rank=dcp_rank,
+            _dcp_interleave_size=geometry.interleave_size,
+            _dcp_index_topk=max(k, geometry.spec.index_topk),
+            _remap_order=torch.arange(max(k, geometry.spec.index_topk), dtype=torch.float32),
+            _remap_invalid_index=torch.tensor(-1.0),
+        )
+        what = "vllm_ascend.attention.context_parallel.sfa_cp.AscendSFADCPImpl._remap_sparse_indices"
+        return call(what, fn, stand_in, torch.from_numpy(selected)).numpy().astype(np.int64)
 
     # --- the spec-decode mask -------------------------------------------------------
 

@@ -116,4 +116,22 @@ BLOCK_SIZES = Decision(
 ``lcm(B) * dcp * pcp`` and hash at ``gcd(B)`` (vLLM 0.23.0's own refuses them)."""
 SCHEDULER_DECISIONS = ("kv_cache_coordinator", "kv_cache_block_sizes")
 
-ASCEND_TABLE = (SLOT_MAPPING, LOCAL_LENS, SPEC_DECODE_MASK, MERGE_EXCHANGE, MERGE_UPDATE, MERGE_COMBINE, COORDINATOR, BLOCK_SIZES)
+SFA_CP = "vllm_ascend.attention.context_parallel.sfa_cp"
+SPARSE_REMAP = Decision(
+    "sparse_local_keys",
+    (Shape("sfa-remap-sparse-indices", SFA_CP, "AscendSFADCPImpl._remap_sparse_indices", ("self", "topk_indices"), ASCEND_RELEASES),),
+)
+"""``AscendSFADCPImpl._remap_sparse_indices``: the global top-k ids of sparse attention mapped to
+this rank's local keys (float32 arithmetic), compacted to the front in top-k order, -1 after."""
+
+ASCEND_TABLE = (
+    SLOT_MAPPING,
+    LOCAL_LENS,
+    SPEC_DECODE_MASK,
+    MERGE_EXCHANGE,
+    MERGE_UPDATE,
+    MERGE_COMBINE,
+    COORDINATOR,
+    BLOCK_SIZES,
+    SPARSE_REMAP,
+)
