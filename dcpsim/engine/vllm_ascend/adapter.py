@@ -104,7 +104,8 @@ class VllmAscendEngine(VllmEngine):
                 "_npu_attention_update, whose torch_npu.npu_attention_update is the plugin's _update_out_and_lse; "
                 "every row of every merge, either --attention-merge (the plugin has one path)"
             )
-        self.lse_base = "e"
+            self.lse_base = "e"  # the plugin's NPU attention and its combine work in natural logs
+            self.decisions["shard_lse"] = "reference, in base e (the plugin's merge combines natural-log LSEs)"
 
     def _install_scheduler_side(self) -> None:
         """The plugin's coordinator and block sizes in this engine's vLLM core, as its patch
