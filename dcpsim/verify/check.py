@@ -53,12 +53,12 @@ from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.write_guard import WriteGuard
 
 _ROW = BAD, COUNT, ORDERED, MULTISET, LOCALS = range(5)
-_TABLES = 6
-"""Where the block-table digests start in a step's header: after the judges' counts (write guard,
-metadata, KV events, spec-decode masks, prefix hits) and the digests' count."""
 """Columns of a gathered row: entries unlike the expectation, entries read, then a sharded
 group's ``MULTISET`` digest of a full read's pairs (partial reads: 0), or a replicated
 group's ``ORDERED`` digest and ``LOCALS``, a digest of which local indices it re-read (0: all)."""
+_TABLES = 6
+"""Where the block-table digests start in a step's header: after the judges' counts (write guard,
+metadata, KV events, spec-decode masks, prefix hits) and the digests' count."""
 
 _WHAT = {
     FailureKind.WRONG_CONTENT: "a rank does not hold the right entry where attention reads it",

@@ -38,11 +38,7 @@ class PrefixCache:
         """Tokens one block-table entry of each group covers."""
         self.unit = math.lcm(*self.spans)
         """Tokens of a registration unit: a unit becomes findable whole, in every group."""
-        self.hit_unit = engine.prefix_hash_unit(self.geometries)
-        """Tokens a hit is a whole number of (the engine's; the registration unit when right)."""
         self.hash_block = engine.prefix_hash_block_size(self.geometries)
-        self.block_tokens = [engine.prefix_block_tokens(g) for g in self.geometries]
-        """Tokens the engine credits one cached block of each group with."""
         self._registered: dict[int, int] = {}
         self.events: list[KVEvent] = []
         """The KV events of the units registered since the scheduler last took them."""
