@@ -325,6 +325,14 @@ class Engine:
         ``MergedBy`` as a fourth element."""
         raise NotImplementedError
 
+    def merge_path(self, geometry):
+        """The ``merge_across_ranks`` that merges the rows of this sharded group: by default
+        this engine's. An engine whose own merge serves only some attention backends returns
+        another for the rest (vllm-ascend merges its MLA and GQA decode, not compressed
+        records or sparse attention). The harness merges each path's rows in one call per
+        step, the paths in the order their groups first appear, the same on every rank."""
+        return self.merge_across_ranks
+
     # --- prefill context parallelism (PCP x TP x DCP) ------------------------------------
     # Defaults: vLLM 0.33.0's rules (dcpsim.model.parallel), so an engine that knows
     # nothing of PCP runs it the vLLM way.

@@ -62,6 +62,7 @@ OPTIONAL_DECISIONS = (
     "spec_decode_mask",
     "prefix_hit_tokens",
     "merge_variant",
+    "merge_path",
     *PCP_DECISIONS,
 )
 """Interface methods an engine may leave to the base class (defaults, or not checked)."""

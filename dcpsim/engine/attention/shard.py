@@ -5,7 +5,8 @@ attention of every written request's query tokens over its own store: the engine
 ``attention_metadata`` says which slots to read and with which mask; ``attend`` does the
 math in float32. Sharded groups (the engine's geometry says which) report their LSE
 through ``Engine.shard_lse`` and are merged across ranks in one collective call per step
-(``Engine.merge_across_ranks``, heads padded to a multiple of ``W``); replicated groups
+and merge path (``Engine.merge_path``, by default ``Engine.merge_across_ranks``; heads padded
+to a multiple of ``W``); replicated groups
 run as ``W == 1``, each rank computing its own slice of heads (its tensor-parallel heads)
 over its whole replica. A prefill whose cached context the engine gathers in chunks
 (``Engine.context_gather``) reads that context through the gather
@@ -66,6 +67,7 @@ class ShardAttention:
         self.merged_by: dict[str, list[int]] = {}
         """Code -> [merges, rows it merged, rows of those merges], from the engine's ``MergedBy``."""
         self._items: list[_Local] = []
+        self._geometries: list = []
         self.sparse = SparseIndexer(engine, config.head_dim, collectives)
 
     def compute(self, plan: StepPlan, runner, queries: dict[tuple[int, int], np.ndarray]) -> None:
@@ -100,6 +102,7 @@ class ShardAttention:
                 out = self.engine.shard_output(out, empty)
             items.append(_Local(g, w, rows, merged, h0, out, lse, visible, selection))
         self._items = items + self._padding(runner)
+        self._geometries = runner.geometries
 
     def _padding(self, runner) -> list[_Local]:
         """With ``padded_rows``: the padding rows of a step padded to a CUDA-graph size, one
@@ -124,9 +127,12 @@ class ShardAttention:
         """Merge the sharded items across ranks; every item's result, in compute order."""
         items, self._items = self._items, []
         results = [self._result(it, it.out, it.lse, it.head0) for it in items]
-        merged = [k for k, it in enumerate(items) if it.merged]
-        if merged:
-            for k, (o, lse, h0) in zip(merged, self._merge(step, [items[k] for k in merged])):
+        paths: dict = {}  # the engine's merge path of each merged item, in order of first appearance
+        for k, it in enumerate(items):
+            if it.merged:
+                paths.setdefault(self.engine.merge_path(self._geometries[it.group]), []).append(k)
+        for merge, merged in paths.items():
+            for k, (o, lse, h0) in zip(merged, self._merge(step, merge, [items[k] for k in merged])):
                 results[k] = self._result(items[k], o, lse, h0)
         return results
 
@@ -149,7 +155,7 @@ class ShardAttention:
             raise MergeVariantsDiffer(step, variant, every)
         return chosen
 
-    def _merge(self, step: int, items: list[_Local]):
+    def _merge(self, step: int, merge, items: list[_Local]):
         """Per merged item: (output, lse, first head) of the slice this rank holds."""
         H, W = self.cfg.heads, self.world
         hs = math.ceil(H / W)
@@ -161,7 +167,7 @@ class ShardAttention:
             lse = torch.cat([lse, lse.new_full((lse.shape[0], pad), float("-inf"))], dim=1)
         variant = self._agreed_variant(step)
         self.merges[variant] += 1
-        o, l, c, *by = self.engine.merge_across_ranks(out, lse, self.coll, variant=variant, base=self.cfg.base)
+        o, l, c, *by = merge(out, lse, self.coll, variant=variant, base=self.cfg.base)
         if by:
             self.merged_by.setdefault(by[0].code, [0, 0, 0])
             tally = self.merged_by[by[0].code]

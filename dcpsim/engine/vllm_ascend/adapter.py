@@ -46,6 +46,7 @@ from dcpsim.engine.vllm_ascend.releases import (
 from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Storage
 from dcpsim.model.layout import PAD
+from dcpsim.model.sparse import sparse_topk
 
 
 class VllmAscendEngine(VllmEngine):
@@ -102,7 +103,8 @@ class VllmAscendEngine(VllmEngine):
             self.decisions["merge_across_ranks"] = (
                 f"vllm-ascend {COMMON_CP}._process_attn_out_lse (all-to-all over heads, over the rank's group) and "
                 "_npu_attention_update, whose torch_npu.npu_attention_update is the plugin's _update_out_and_lse; "
-                "every row of every merge, either --attention-merge (the plugin has one path)"
+                "every row of its MLA and GQA groups (paged, dense), either --attention-merge (the plugin has one path); "
+                "sparse and compressed groups, which it does not merge across ranks, by vLLM's path"
             )
             self.lse_base = "e"  # the plugin's NPU attention and its combine work in natural logs
             self.decisions["shard_lse"] = "reference, in base e (the plugin's merge combines natural-log LSEs)"
@@ -183,6 +185,16 @@ class VllmAscendEngine(VllmEngine):
         if self._merge is None or group.world_size == 1 or not out.shape[0]:
             return super().merge_across_ranks(out, lse, group, variant=variant, base=base)
         return self._merge.merge(out, lse, group, base)
+
+    def merge_path(self, geometry):
+        """The plugin's merge for the groups its MLA and GQA decode merge (``mla_cp.py``,
+        ``attention_cp.py``: paged, dense); vLLM's path for the rest. Its sparse attention
+        all-gathers the selected keys instead (``sfa_cp.py``), and it has no DCP merge of
+        compressed records: a row no rank holds a key of (a compressed group's first
+        ``R - 1`` queries) never reaches its combine, which would make NaN of it."""
+        if geometry.storage is Storage.PAGED and not sparse_topk(geometry.group_spec):
+            return self.merge_across_ranks
+        return super().merge_across_ranks
 
     # --- sparse attention: the top-k ids on this rank --------------------------------
 
