@@ -5,9 +5,9 @@ requests run which positions, and the block-table rows the step ran with) and th
 checker's own geometry: global lengths are where the writes end; a sharded group's local
 length counts the rank's runs of ``I`` indices below the length (run ``k`` is rank
 ``k % W``'s), one query token at a time for the bounds; the paged plan lists the kernel
-pages those local keys fill, read off the block-table row; the block-table width is the
-full context in the group's shard count, widened to 128 tokens. Nothing here calls the
-engine's layout math.
+pages those local keys fill, read off the block-table row; the worker's block-table rows
+hold at least the longest context in the group's shard count, and the builder expects
+exactly the worker's width. Nothing here calls the engine's layout math.
 
 CUDA-graph padding: a uniform decode step (every request runs ``1 + k`` tokens) of at most
 ``max_cudagraph_capture_size`` tokens is padded to the smallest captured size that is a
@@ -17,7 +17,6 @@ whose tokens map to no slot (a dummy token that writes is caught by the write gu
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,8 +27,6 @@ from dcpsim.verify.geometry import ExpectedGroup
 
 MAX_KEPT = 20
 _NONE = np.zeros(0, np.int64)
-TOKEN_ALIGNMENT = 128
-"""Block-table rows span a multiple of 128 tokens (vLLM 0.33.0's ``get_block_table_width``)."""
 
 
 def owned_below(length: np.ndarray, rank: int, group: ExpectedGroup) -> np.ndarray:
@@ -48,13 +45,14 @@ def owned_below(length: np.ndarray, rank: int, group: ExpectedGroup) -> np.ndarr
 
 
 def expected_width(group: ExpectedGroup, max_model_len: int) -> int:
-    """Kernel-block entries of a row: the context in the group's shard count, widened."""
+    """The fewest kernel-block entries a row can have: the longest context in the group's
+    shard count (``cdiv(max_model_len, B * W)`` pages sharded, ``cdiv(max_model_len, B)``
+    replicated), in kernel blocks; a ring's one. Wider is allowed (vLLM 0.33.0 rounds rows up
+    to 128 tokens, vllm-ascend does not); the builder must expect exactly the worker's width."""
     if group.storage is Storage.RING:
         return 1
     shards = group.dcp_size if group.sharded else 1
     entries = -(-max_model_len // (group.block_size * shards))
-    unit = TOKEN_ALIGNMENT // math.gcd(TOKEN_ALIGNMENT, group.block_size)
-    entries = -(-entries // unit) * unit
     return entries * (group.page_states // kernel_states(group))
 
 
@@ -229,6 +227,10 @@ class MetadataJudge:
             store = self.store_of[g]
             self._blocks_held(plan, group, plan.rows_before[store], spans.stops.tolist())
             want = expected_metadata(group, plan, plan.rows_before[store], self.rank, self.max_model_len, self.capture_sizes, spans)
+            least = want["block_table_width"]
+            worker = None if self.table_width is None else self.table_width(store) * (group.page_states // kernel_states(group))
+            if worker is not None and worker < least:
+                self.add(plan, group, "block table width (worker)", None, f">= {least}", show(worker))
             # the drafter reads the same cache: the same lengths, plan and width as the target
             for model in ("target", "draft") if group.draft else ("target",):
                 meta = by_group.get((store, model))
@@ -237,10 +239,16 @@ class MetadataJudge:
                     self.add(plan, group, f"{model} metadata", None, "built", "missing")
                     continue
                 self._compare(plan, group, meta, want, model)
-            if self.table_width is not None:
-                have = self.table_width(store) * (group.page_states // kernel_states(group))
-                if have != want["block_table_width"]:
-                    self.add(plan, group, "block table width (worker)", None, show(want["block_table_width"]), show(have))
+                self._width(plan, group, meta.block_table_width, least, worker, model)
+
+    def _width(self, plan, group: ExpectedGroup, have: int, least: int, worker: int | None, model: str) -> None:
+        """The builder's width: exactly the worker's (two consumers of one table, vllm#50302),
+        or at least the longest context where the worker's is not known."""
+        name = "block_table_width" if model == "target" else f"{model} block_table_width"
+        if worker is not None and have != worker:
+            self.add(plan, group, name, None, f"{worker} (the worker's)", show(have))
+        elif worker is None and have < least:
+            self.add(plan, group, name, None, f">= {least}", show(have))
 
     def _blocks_held(self, plan, group: ExpectedGroup, rows: dict, stops: list[int]) -> None:
         """A running request holds exactly the block-table entries its tokens fill: one per
@@ -258,9 +266,8 @@ class MetadataJudge:
         if tuple(meta.request_ids) != want["request_ids"]:
             self.add(plan, group, f"{who}request_ids", None, show(want["request_ids"]), show(tuple(meta.request_ids)))
             return
-        for name in ("block_table_width", "num_dummy_requests"):
-            if getattr(meta, name) != want[name]:
-                self.add(plan, group, f"{who}{name}", None, show(want[name]), show(getattr(meta, name)))
+        if meta.num_dummy_requests != want["num_dummy_requests"]:
+            self.add(plan, group, f"{who}num_dummy_requests", None, show(want["num_dummy_requests"]), show(meta.num_dummy_requests))
         per_request = ("seq_lens", "dcp_local_seq_lens", "kv_last_page_len")
         for name in (*per_request, "query_start_loc", "query_local_bounds", "kv_indptr", "kv_indices", "padded_slot_mapping"):
             have, expect = getattr(meta, name), want[name]
