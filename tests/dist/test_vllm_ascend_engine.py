@@ -49,6 +49,7 @@ def test_the_plugin_gives_the_reference_verdict(name, options, trees):
     assert decisions["write_slots"].startswith("vllm-ascend vllm_ascend/worker/block_table.py::BlockTable._compute_pcp_dcp_slot_mapping")
     assert decisions["local_seq_lens"] == "vllm-ascend vllm_ascend/worker/pcp_utils.py::PCPManager._get_cp_local_seq_lens"
     assert decisions["spec_decode_mask"].startswith("vllm-ascend vllm_ascend/worker/pcp_utils.py::PCPManager.generate_mtp_attention_mask")
+    assert "width: vllm-ascend vllm_ascend/worker/block_table.py::MultiGroupBlockTable.__init__" in decisions["group_geometry"]
     if options.get("attention"):  # every merge is the plugin's: its all-to-all and combine, over the rank's group
         assert decisions["merge_across_ranks"].startswith(
             "vllm-ascend vllm_ascend.attention.context_parallel.common_cp._process_attn_out_lse"
@@ -67,15 +68,20 @@ def test_the_plugin_gives_the_reference_verdict(name, options, trees):
          "        base = base + 1\n        remainder = seq_lens_tiled - (base - 1) * total_world_size\n"),
         ("vllm_ascend/attention/context_parallel/common_cp.py", "    x = x.permute(0, 2, 1, 3, 4).contiguous()\n",
          "    x = x.contiguous()\n"),
+        ("vllm_ascend/worker/block_table.py", "cdiv(max_model_len, block_size * total_cp_world_size)",
+         "cdiv(max_model_len, block_size * total_cp_world_size * 2)"),
     ],
-    ids=["slot-mapping", "local-lengths", "merge"],
+    ids=["slot-mapping", "local-lengths", "merge", "table-width"],
 )  # fmt: skip
 def test_a_bug_planted_in_the_plugin_fails_the_run(file, old, new, capsys, tmp_path, trees):
     ascend, vllm = trees
     copy = patched_copy(ascend, tmp_path / "ascend-bug", file, old, new)
     argv = ["run", "dsv3", "--dcp", "2", "--attention", "--engine", "vllm-ascend", "--vllm-ascend-source", str(copy), "--vllm-source", vllm]
     assert main(argv) == 1
-    assert "FAIL" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FAIL" in out
+    if "total_cp_world_size * 2" in new:  # rows of half the entries: the worker's table is judged at step 0
+        assert "block table width (worker) is 16, expected >= 32" in out, out
 
 
 @pytest.mark.dist

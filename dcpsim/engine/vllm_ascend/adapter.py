@@ -20,6 +20,7 @@ An exception inside the plugin's code is a ``VllmCallError`` naming its function
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import types
 
 import numpy as np
@@ -29,15 +30,17 @@ from dcpsim.engine.loading.bindings import bind, resolve
 from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK
 from dcpsim.engine.vllm.adapter import VllmEngine
 from dcpsim.engine.vllm.core import COORDINATOR_MODULE, MANAGER_MODULE
-from dcpsim.engine.vllm.functions import call
+from dcpsim.engine.vllm.functions import call, call_unlocked
 from dcpsim.engine.vllm_ascend import platform_rules
 from dcpsim.engine.vllm_ascend.loader import AscendTree, source_dir
 from dcpsim.engine.vllm_ascend.merge import AscendMerge
 from dcpsim.engine.vllm_ascend.releases import (
     ASCEND_RELEASES,
     ASCEND_TABLE,
+    BLOCK_TABLE,
     COMMON_CP,
     COORDINATOR_SUPPORT,
+    CP_UTILS,
     MERGE_DECISIONS,
     PATCH_COORDINATOR,
     SCHEDULER_DECISIONS,
@@ -77,7 +80,10 @@ class VllmAscendEngine(VllmEngine):
         if self.plugin_bindings.bound["kv_cache_coordinator"].shape is not None:
             at = names.index(PATCH_COORDINATOR)
             names[at:at] = COORDINATOR_SUPPORT  # what its coordinator builds
+        if self.plugin_bindings.bound["block_table_width"].shape is not None:
+            self._cp_utils = self.tree.load([CP_UTILS])[CP_UTILS]  # the table's get_total_cp_world_size, vLLM's own
         mods = self.ascend.load(names)
+        self._block_table_module = mods.get(BLOCK_TABLE)
         self._ascend = {}
         for name, bound in self.plugin_bindings.bound.items():
             if bound.shape is not None:
@@ -86,6 +92,10 @@ class VllmAscendEngine(VllmEngine):
         if all(name in self._ascend for name in MERGE_DECISIONS):
             self._merge = AscendMerge(mods[COMMON_CP], *(self._ascend[name] for name in MERGE_DECISIONS))
         self._install_scheduler_side()
+        self._say_who_decides()
+
+    def _say_who_decides(self) -> None:
+        """``engine info``'s line for each decision the plugin's table binds."""
         for name, bound in self.plugin_bindings.bound.items():
             where = f"vllm-ascend {bound.shape.file}::{bound.shape.qualname}" if bound.shape else f"vLLM's ({bound.why})"
             if name in MERGE_DECISIONS or name in SCHEDULER_DECISIONS:
@@ -94,6 +104,12 @@ class VllmAscendEngine(VllmEngine):
                 self.decisions[name] = f"{where} (sharded paged groups; the rest as --engine vllm: {self.decisions[name]})"
             elif name == "local_seq_lens":
                 self.decisions["local_seq_lens"] = self.decisions["query_local_bounds"] = where
+            elif name == "block_table_width":
+                spec_classes = self.decisions["group_geometry"].split("; width: ")[0]
+                self.decisions["group_geometry"] = (
+                    f"{spec_classes}; width: {where} (BlockTable.max_num_blocks_per_req of paged and compressed groups; "
+                    "rings and Mamba states as --engine vllm); validation: reference"
+                )
             elif name == "sparse_local_keys":
                 self.decisions[name] = f"{where} (sharded sparse groups: every id of every query token, compacted to the front)"
             else:
@@ -155,6 +171,46 @@ class VllmAscendEngine(VllmEngine):
         """The platform's rules on the interleave (``platform_rules``), then vLLM's core's."""
         platform_rules.check(self, scenario)
         super().check_scenario(scenario)
+
+    # --- the geometry: the worker's block-table rows ----------------------------------
+
+    def group_geometry(self, group_id, group, config):
+        g = super().group_geometry(group_id, group, config)
+        if "block_table_width" not in self._ascend or g.storage not in (Storage.PAGED, Storage.RECORDS):
+            return g  # rings and Mamba states: vLLM's rows
+        return dataclasses.replace(g, block_table_width=self._plugin_row_width(g, config))
+
+    def _plugin_row_width(self, g, config) -> int:
+        """``BlockTable.max_num_blocks_per_req`` of the plugin's ``MultiGroupBlockTable`` built for
+        this one group (one request, on the CPU), its DCP group ``W`` ranks wide (PCP = 1). The
+        table's block size is the group's states per page; a compressed group is a
+        ``UniformTypeKVCacheSpecs`` of a spec with the group's ratio (what the plugin reads)."""
+        W = config.decode_context_parallel_size
+        spec = self.vllm_spec(g.spec)
+        if g.storage is Storage.RECORDS and g.tokens_per_state > 1:
+            uniform = self._block_table_module.UniformTypeKVCacheSpecs
+            spec = object.__new__(uniform)  # only its kv_cache_specs is read
+            object.__setattr__(spec, "kv_cache_specs", {g.layer_names[0]: types.SimpleNamespace(compress_ratio=g.tokens_per_state)})
+        dcp = types.SimpleNamespace(world_size=W, rank_in_group=0)
+        pcp = types.SimpleNamespace(world_size=1, rank_in_group=0)
+        with INTERPRETER_LOCK:  # module globals: thread ranks take turns
+            for module in (self._block_table_module, self._cp_utils):
+                module.get_dcp_group, module.get_pcp_group = (lambda: dcp), (lambda: pcp)
+            table = call_unlocked(  # under the lock already (not reentrant)
+                f"{BLOCK_TABLE}.MultiGroupBlockTable",
+                self._block_table_module.MultiGroupBlockTable,  # whose __init__ the table bound
+                max_num_reqs=1,
+                max_model_len=config.max_model_len,
+                max_num_batched_tokens=1,
+                pin_memory=False,
+                device=torch.device("cpu"),
+                block_sizes=[g.states_per_page],
+                num_speculative_tokens=g.num_speculative_tokens,
+                kernel_sizes=None,
+                cp_kv_cache_interleave_size=g.interleave_size,
+                kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec)],
+            )
+        return int(table.block_tables[0].max_num_blocks_per_req)
 
     # --- the write path -------------------------------------------------------------
 

@@ -32,6 +32,24 @@ SLOT_MAPPING = Decision(
 """``BlockTable._compute_pcp_dcp_slot_mapping``: the slot of each position on this rank
 (PCP x DCP, ``rank = pcp_rank * dcp + dcp_rank``), -1 elsewhere, in plain torch."""
 
+TABLE_WIDTH = Decision(
+    "block_table_width",
+    (
+        Shape(
+            "multi-group-block-table",
+            BLOCK_TABLE,
+            "MultiGroupBlockTable.__init__",
+            ("self", "max_num_reqs", "max_model_len", "max_num_batched_tokens", "pin_memory", "device", "block_sizes"),
+            ASCEND_RELEASES,
+        ),
+    ),
+)
+"""``MultiGroupBlockTable``: each group's ``BlockTable.max_num_blocks_per_req``, the entries of a
+worker row (``cdiv(max_model_len, B * pcp * dcp)``; a compressed group's divided by its ratio, a
+Mamba group's times ``pcp * dcp``; never aligned to 128 tokens)."""
+CP_UTILS = "vllm.v1.worker.cp_utils"
+"""vLLM's module whose ``get_total_cp_world_size`` the table's width reads (loaded from the vLLM tree)."""
+
 LOCAL_LENS = Decision(
     "local_seq_lens",
     (
@@ -126,6 +144,7 @@ this rank's local keys (float32 arithmetic), compacted to the front in top-k ord
 
 ASCEND_TABLE = (
     SLOT_MAPPING,
+    TABLE_WIDTH,
     LOCAL_LENS,
     SPEC_DECODE_MASK,
     MERGE_EXCHANGE,
