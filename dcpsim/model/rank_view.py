@@ -28,6 +28,12 @@ class RankView(Protocol):
     def block_table_row(self, group: int, req_index: int) -> np.ndarray:
         """A copy of the request's block-table row in that group (0 = null block)."""
 
+    def step_read_rows(self, group: int) -> dict[int, np.ndarray]:
+        """Request -> a copy of its row in that group as the last step's attention read it,
+        for each row that changed since the read (the manager's releases after the step, a
+        finished request's row dropped; an empty row for one the step did not have). A row
+        not listed is still the one the step read (``block_table_row``)."""
+
     def block_table_width(self, group: int) -> int:
         """Entries per row of the group's block table (its capacity, not a row's length)."""
 

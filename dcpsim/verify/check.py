@@ -50,15 +50,18 @@ from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner
 from dcpsim.verify.prefix_hit import PrefixHitJudge, hits_judged
 from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
+from dcpsim.verify.retention import RetentionJudge
 from dcpsim.verify.write_guard import WriteGuard
 
 _ROW = BAD, COUNT, ORDERED, MULTISET, LOCALS = range(5)
 """Columns of a gathered row: entries unlike the expectation, entries read, then a sharded
 group's ``MULTISET`` digest of a full read's pairs (partial reads: 0), or a replicated
 group's ``ORDERED`` digest and ``LOCALS``, a digest of which local indices it re-read (0: all)."""
-_TABLES = 6
+_TABLES = 7
 """Where the block-table digests start in a step's header: after the judges' counts (write guard,
-metadata, KV events, spec-decode masks, prefix hits) and the digests' count."""
+metadata, KV events, spec-decode masks, prefix hits, keys missing at read) and the digests' count."""
+_RETAINED = 5
+"""The header's column of the retention judge's count (keys the step's queries read but missing)."""
 
 _WHAT = {
     FailureKind.WRONG_CONTENT: "a rank does not hold the right entry where attention reads it",
@@ -131,6 +134,8 @@ class Checker:
         """The engine's store holding each expected group (found by its first layer)."""
         self.changes = ChangeTracker(view, self.store_of)
         self.guard = WriteGuard(self.rank, {s: g.name for s, g in zip(self.store_of, groups)})
+        self.retention = RetentionJudge(self.rank, groups, self.store_of, request_ids)
+        """Judges every step's context keys where its attention reads them (``verify.retention``)."""
         self._metadata_total = 0
         self._events_total = 0
         self._mask_total = 0
@@ -167,6 +172,7 @@ class Checker:
         writes = self.view.step_writes()
         shapes = {w.group: self.view.store_shape(w.group) for w in writes}
         self.guard.judge(plan, writes, shapes)
+        self.retention.judge(plan, self.view)
         if self.metadata is not None:
             self.metadata.judge(plan, self.view.step_attention_metadata())
             judge_gathers(self.metadata, plan, self.view.step_context_gathers())
@@ -261,7 +267,7 @@ class Checker:
         event_count = self.router.count if self.router is not None else 0
         mask_count = self.masks.count if self.masks is not None else 0
         hit_count = self.hits.count if self.hits is not None else 0
-        counts = [self.guard.count, meta_count, event_count, mask_count, hit_count, len(tables)]
+        counts = [self.guard.count, meta_count, event_count, mask_count, hit_count, self.retention.count, len(tables)]
         header = np.concatenate([np.array(counts, dtype=np.int64), tables])
         for g, view in items:  # as if it passes: a failure found later ends the run anyway
             self.changes.checked(g, self.groups[g], view)
@@ -338,7 +344,7 @@ class Checker:
         violations, mismatches, event_errors = gathered[:, 0], gathered[:, 1], gathered[:, 2]
         per_item = gathered[:, h:].reshape(self.world, len(p.items), len(_ROW))
         self.verified_indices += int(per_item[:, :, COUNT].sum())
-        failure = self._step_failure(p, violations, gathered[:, _TABLES:h], reads)
+        failure = self._step_failure(p, violations, gathered[:, _TABLES:h], reads, gathered[:, _RETAINED])
         if failure is None:
             failure = self._first_bad_item(p, per_item, reads)
         if failure is not None:
@@ -351,9 +357,10 @@ class Checker:
             return STALE
         return None
 
-    def _step_failure(self, p: _Pending, violations: np.ndarray, table_digests: np.ndarray, reads) -> Failure | None:
+    def _step_failure(self, p: _Pending, violations: np.ndarray, table_digests: np.ndarray, reads, missing: np.ndarray) -> Failure | None:
         """What fails before any item is judged: the paranoid reassembly (lockstep only),
-        a write violation on any rank, block tables that differ across the ranks; or None."""
+        a write violation on any rank, block tables that differ across the ranks, a key a
+        step's query read that its rank no longer held (``missing``: every rank's count); or None."""
         if self.paranoid and reads is not None:  # paranoid runs in lockstep (harness.rank)
             failure = self._paranoid(p.plan, p.items, reads)
             if failure:
@@ -362,6 +369,8 @@ class Checker:
             return self._violation_failure(p.plan, int(violations.sum())) if reads is not None else STALE
         if (table_digests != table_digests[0]).any():
             return self._table_failure(p.plan) if reads is not None else STALE
+        if missing.any():
+            return self._retention_failure(p.plan, int(missing.sum())) if reads is not None else STALE
         return None
 
     def _first_bad_item(self, p: _Pending, per_item: np.ndarray, reads) -> Failure | None:
@@ -541,6 +550,29 @@ class Checker:
             self.metadata.kept,
             FailureKind.ATTENTION_METADATA,
             f"{total} attention-metadata field(s) differ from what the scenario gives",
+        )
+
+    def _retention_failure(self, plan, total: int) -> Failure:
+        """The keys the ranks' step queries read but no longer held (``verify.retention``),
+        the earliest step's first; gathered from every rank's judge."""
+        gathered = self.coll.all_gather_object(self.retention.kept)
+        kept = sorted((m for per_rank in gathered for m in per_rank), key=lambda m: (m.step, m.rank))
+        first = kept[0] if kept else None
+        return Failure(
+            kind=FailureKind.RETENTION_AT_READ,
+            step=first.step if first else plan.step,
+            message=f"{plural(total, 'key')} (over the ranks) a step's queries read, not held by its owner when the step ran",
+            group=first.group if first else None,
+            request_id=first.request_id if first else None,
+            index_kind=first.index_kind if first else "position",
+            index=first.key if first else None,
+            expected_owner=first.owner if first else None,
+            expected_slot=first.slot if first else None,
+            expected_content=first.content if first else None,
+            further_bad=max(0, total - 1),
+            query_position=first.query_position if first else None,
+            details=[str(m) for m in kept[:10]] + ([f"... and {len(kept) - 10} more"] if len(kept) > 10 else []),
+            block_table=list(first.row) if first else None,
         )
 
     def _first_row(self, plan, group_name: str, request_id: str) -> list[int] | None:

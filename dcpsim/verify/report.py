@@ -36,6 +36,9 @@ class FailureKind(enum.StrEnum):
     PREFIX_HIT_SHORT = "prefix-hit-short"
     """An admission took a shorter prefix-cache hit than the cache allows (a lost hit:
     its tokens are recomputed, the KV is right; ``verify.prefix_hit``)."""
+    RETENTION_AT_READ = "retention-at-read"
+    """A key a step's query read (its window, its chunk, its context) was no longer held by the
+    rank that owns it when the step ran (``verify.retention``)."""
     RANKS_DISAGREE = "ranks-disagree"
     SPARSE_SELECTION = "sparse-selection"
     """A rank's top-k selection of sparse attention (its keys for a query token) differs from

@@ -46,6 +46,10 @@ class BlockTable:
         self._synced: dict[int, np.ndarray] = {}
         """Request -> the read-only array its row was last set from (``sync``): handed the same
         one again (the scheduler shares a snapshot while a row does not change), the row holds it."""
+        self._read_rows: dict[int, np.ndarray] = {}
+        """Request -> its row as the step's attention read it, kept for the rows that changed
+        since the read (``mark_read``); the others still hold it."""
+        self._keep_read = False
 
     @property
     def width(self) -> int:
@@ -56,6 +60,11 @@ class BlockTable:
         if len(block_ids) > self.width:
             raise BlockTableOverflow(self.group, request_id, len(block_ids), self.width)
         row = self._row_of.get(req)
+        if self._keep_read and req not in self._read_rows:
+            if row is None:
+                self._read_rows[req] = np.zeros(0, dtype=np.int64)
+            elif not (len(block_ids) == self.num_blocks[row] and (self.table[row, : len(block_ids)] == block_ids).all()):
+                self._read_rows[req] = self.row(req).copy()
         if row is None:
             row = self._free_rows.pop()
             self._row_of[req] = row
@@ -79,6 +88,8 @@ class BlockTable:
 
     def remove_row(self, req: int) -> None:
         self._synced.pop(req, None)
+        if self._keep_read and req not in self._read_rows:
+            self._read_rows[req] = self.row(req).copy()
         row = self._row_of.pop(req)
         self.table[row, : self.num_blocks[row]] = 0  # past num_blocks a row is null already (set_row)
         self._changed[req] = ALL_COLUMNS
@@ -96,6 +107,20 @@ class BlockTable:
             self.set_row(req, request_ids.get(req, str(req)), ids)
             if isinstance(ids, np.ndarray) and not ids.flags.writeable and ids.base is None:  # owns its data: never changes
                 synced[req] = ids
+
+    def mark_read(self, reading: bool) -> None:
+        """``True``: the table now holds the rows the step's attention reads; from here on
+        each row's first change keeps a copy of it as read (``read_rows``), until the next
+        ``mark_read(False)`` (the next step's sync). Costs one copy per changed row."""
+        self._keep_read = reading
+        if reading:
+            self._read_rows = {}
+
+    def read_rows(self) -> dict[int, np.ndarray]:
+        """Request -> its row as the last step read it, for the rows that changed since
+        (released, cut off, removed; empty for a row the step did not have): the other rows
+        are as read."""
+        return self._read_rows
 
     def padded_row(self, req: int, entries: int) -> np.ndarray:
         """The request's row as a kernel reads it: null (0) past the blocks it holds,

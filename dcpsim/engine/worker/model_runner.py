@@ -77,7 +77,11 @@ class ModelRunner:
     def apply(self, plan: StepPlan, request_ids: dict[int, str], during_step=None) -> None:
         """Write the step. ``during_step(plan, runner)``, if given, runs after the writes with
         the block tables the step ran with (before releases): the step's attention."""
+        for table in self.block_tables:
+            table.mark_read(False)
         self._sync_tables(plan.rows_before, request_ids)
+        for table in self.block_tables:  # the rows the step reads: each one's first change keeps it
+            table.mark_read(True)
         self.write_log = []
         self.metadata_log = []
         self.gather_log = []

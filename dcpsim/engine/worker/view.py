@@ -26,6 +26,9 @@ class WorkerView:
     def block_table_row(self, group: int, req_index: int) -> np.ndarray:
         return self._runner.block_tables[group].row(req_index).copy()
 
+    def step_read_rows(self, group: int) -> dict[int, np.ndarray]:
+        return {req: row.copy() for req, row in self._runner.block_tables[group].read_rows().items()}
+
     def block_table_width(self, group: int) -> int:
         return int(self._runner.block_tables[group].table.shape[1])
 
