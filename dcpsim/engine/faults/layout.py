@@ -51,7 +51,7 @@ class KernelVirtualBlock(Fault):
 
 class ReplicatedScaledByW(Fault):
     name = "replicated-scaled-by-w"
-    bug_class = "5. a replicated state (Mamba, sliding window) scaled by W as if sharded"
+    bug_class = "5. a replicated state (Mamba, sliding window) scaled by W as if sharded (vllm#50493)"
     description = (
         "replicated groups get block tables of cdiv(max_model_len, B*W) entries, as if sharded: "
         "narrower than the attention-metadata builder expects, and a request longer than "

@@ -1,8 +1,9 @@
 """Attention-metadata faults: local lengths, query bounds, the paged plan, block-table widths and
-CUDA-graph padding, as the metadata builder hands them to the kernel (bug classes 3, 11-15, 28 and 29).
+CUDA-graph padding, as the metadata builder hands them to the kernel (bug classes 3, 11-15, 28, 29,
+42 and 45).
 
-Two of them keep a buffer across steps, as a CUDA graph's persistent inputs do: the engine
-is a fresh instance on every rank's run (``Job.build_engine``), and the buffers are kept
+Three of them keep state across steps, as a CUDA graph's persistent inputs or a running count do:
+the engine is a fresh instance on every rank's run (``Job.build_engine``), and the state is kept
 per (DCP rank, group, model)."""
 
 from __future__ import annotations
@@ -121,6 +122,28 @@ class GlobalSeqLensOverwritten(_ShardedMetadataFault):
 
     def corrupt(self, geometry, meta, block_rows):
         return dataclasses.replace(meta, seq_lens=meta.dcp_local_seq_lens.copy())
+
+
+class PageTableTranslatedTwice(_ShardedMetadataFault):
+    name = "page-table-translated-twice"
+    bug_class = "45. a DCP page table translated from virtual to physical twice (sglang#33325)"
+    description = (
+        "the paged plan of a sharded group looks each of the rank's pages up in the block table and then looks "
+        "the physical block id up again as if it were a virtual page index (entries past the row read the null "
+        "block), so the kernel reads pages of other positions or of other requests"
+    )
+
+    def corrupt(self, geometry, meta, block_rows):
+        if not len(meta.kv_indices):
+            return meta
+        rows = [np.asarray(r, np.int64) for r in block_rows] + [np.zeros(0, np.int64)] * meta.num_dummy_requests
+        indices = meta.kv_indices.copy()
+        for i, row in enumerate(rows):
+            table = self.kernel_block_table(geometry, row) if len(row) else np.zeros(0, np.int64)
+            piece = indices[meta.kv_indptr[i] : meta.kv_indptr[i + 1]]
+            inside = piece < len(table)
+            piece[:] = np.where(inside, table[np.where(inside, piece, 0)] if len(table) else 0, 0)
+        return dataclasses.replace(meta, kv_indices=indices)
 
 
 class LocalLensPlusOne(Fault):
@@ -275,3 +298,42 @@ class SpecMaskInterleaveOne(Fault):
             upper = (c + np.arange(q, dtype=np.int64) - dcp_rank) // W
             out.append(np.arange(n, dtype=np.int64)[None, :] <= upper[:, None])
         return out
+
+
+class VerifyLocalLensMinusRejected(Fault):
+    name = "verify-local-lens-minus-rejected"
+    bug_class = (
+        "42. after a verify, each rank's local lengths corrected by subtracting the rejected drafts instead of being "
+        "re-derived from the corrected global length (vllm#50391, vllm#54278, vllm#24322)"
+    )
+    description = (
+        "a sharded group's builder keeps each request's DCP local length as a running count: after a speculative "
+        "step it subtracts the number of rejected drafts from every rank's local length, although each rank held "
+        "only its share of them, instead of taking local(H, r) of the corrected global length H; the next step's "
+        "local lengths and per-token bounds, local(H + j + 1, r), come out short on the ranks that held fewer"
+    )
+    configs = ({"decode_context_parallel_size": 2},)
+
+    def __init__(self) -> None:
+        self._running: dict[tuple, tuple[int, int, int]] = {}
+        """(DCP rank, group, model, request) -> (global length after its last step, its drafts, the
+        local length the builder kept)."""
+
+    def applies_to(self, geometries) -> bool:
+        return any(g.sharded and g.storage is Storage.PAGED and g.num_speculative_tokens for g in geometries)
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
+        if not geometry.sharded or geometry.storage is not Storage.PAGED:
+            return meta
+        local, bounds = meta.dcp_local_seq_lens.copy(), meta.query_local_bounds.copy()
+        for i, w in enumerate(writes):
+            key = (dcp_rank, geometry.group_id, geometry.model, w.request_id)
+            kept = self._running.get(key)
+            if kept is not None and 0 <= kept[0] - w.start <= kept[1]:  # the drafts of its last step, less the accepted
+                right = int(self.local_seq_lens(geometry, np.array([w.start], np.int64), dcp_rank)[0])
+                shift = max(0, kept[2] - (kept[0] - w.start)) - right
+                local[i] += shift
+                bounds[meta.query_start_loc[i] : meta.query_start_loc[i + 1]] += shift
+            self._running[key] = (w.stop, w.num_drafts, int(local[i]))
+        return dataclasses.replace(meta, dcp_local_seq_lens=local, query_local_bounds=bounds)

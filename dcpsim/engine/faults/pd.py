@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from dcpsim.engine.connector import NixlConnector, ReshardingConnector
 from dcpsim.engine.faults.base import Fault
-from dcpsim.model.connector import block_matches, token_routes
+from dcpsim.model.arith import cdiv
+from dcpsim.model.connector import Route, block_matches, rank_global_blocks, token_routes
 
 
 class PDFault:
@@ -109,3 +112,36 @@ class ReshardIgnoresInterleave(PDFault):
 
     def connector(self, kind):
         return _IgnoresDecodeInterleave()
+
+
+class _PullsWholeSource(NixlConnector):
+    def routes(self, num_tokens, src, dst):
+        B = dst.block_size
+        num_blocks = cdiv(num_tokens, B)
+        routes = []
+        for d in range(dst.cp_size):
+            p = d % src.cp_size  # the one prefill rank decode rank d reads when N_src divides N_dst
+            theirs = rank_global_blocks(src, p, num_blocks)
+            # the source's blocks in its own order, paired with d's local blocks (the shorter list wins),
+            # not only those global blocks d owns
+            for j, g in enumerate(theirs[: len(rank_global_blocks(dst, d, num_blocks))].tolist()):
+                offsets = np.arange(min(B, num_tokens - g * B), dtype=np.int64)
+                routes.append(Route(p, d, j * B + offsets, j * B + offsets))
+        return routes
+
+
+class NixlPullsOutsideIntersection(PDFault):
+    name = "nixl-pulls-outside-intersection"
+    bug_class = (
+        "P/D 5. a decode rank pulls blocks outside the ownership intersection: the source rank's blocks in its "
+        "order, not only the global blocks both sides own (vllm#53205, ROCm/ATOM#1994)"
+    )
+    description = (
+        "with fewer prefill ranks than decode ranks (pd-dsv3: 2 -> 4), decode rank d reads its prefill rank "
+        "p = d % N_src and pairs p's local blocks 0, 1, ... (global p, p + N_src, ...) with its own local blocks, "
+        "where its local block j must hold global block d + j * N_dst: from its second block on it holds "
+        "positions another decode rank owns"
+    )
+
+    def connector(self, kind):
+        return _PullsWholeSource()

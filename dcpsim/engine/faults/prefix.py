@@ -1,5 +1,5 @@
-"""Prefix-cache faults: hash units, advertised KV events and compressed hit lengths
-(bug classes 1, 21, 23 and 32)."""
+"""Prefix-cache faults: hash units, advertised KV events, compressed hit lengths and the EAGLE
+drop (bug classes 1, 21, 23, 32, 40 and 41)."""
 
 from __future__ import annotations
 
@@ -155,3 +155,32 @@ class EagleMarginUnscaled(Fault):
             hit = max(0, min(blocks, reach // span) - 1) * span
         unit = self.prefix_hash_unit(geometries)
         return hit // unit * unit
+
+
+class EagleDropUnscaled(Fault):
+    name = "eagle-drop-unscaled"
+    bug_class = (
+        "41. the EAGLE last-block drop of a prefix hit not scaled by DCP: the hit gives up B tokens (one page) "
+        "instead of one manager block of B*W (vllm#50438, vllm#50897, vllm-ascend#13750)"
+    )
+    description = (
+        "with an EAGLE / MTP drafter, the hit found in whole blocks gives up the spec's page (B tokens, B*R for a "
+        "compressed cache) instead of one block of B*W: under DCP the hit ends inside the last reused block, which "
+        "the group cannot reuse (whole blocks only), so the positions between its start and the hit are never "
+        "computed (W = 4, B = 16, 640 tokens cached: a hit of 624 over 9 blocks of 64, where 576 are right)"
+    )
+    scenarios = ("eagle-hybrid-hit",)
+    configs = ({}, {"decode_context_parallel_size": 2})
+
+    def applies_to(self, geometries) -> bool:
+        """Where a block spans more than its page: a sharded group over more than one rank."""
+        return all(g.prefix_cacheable for g in geometries) and any(g.sharded and g.dcp_size > 1 for g in geometries)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return scenario.config.enable_prefix_caching and scenario.config.eagle_drop and self.applies_to(geometries)
+
+    def prefix_hit_tokens(self, geometries, cached_blocks, limit, eagle) -> int:
+        if not eagle:
+            return super().prefix_hit_tokens(geometries, cached_blocks, limit, eagle)
+        whole = super().prefix_hit_tokens(geometries, cached_blocks, limit, False)
+        return max(0, whole - max(g.block_size for g in geometries))  # one page, not one block of B*W

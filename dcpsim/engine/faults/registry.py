@@ -38,8 +38,10 @@ from dcpsim.engine.faults.metadata import (
     LocalLensPlusOne,
     MultiTokenLocalLens,
     PaddedSlotsNotReset,
+    PageTableTranslatedTwice,
     PlanPagesFromGlobalLen,
     SpecMaskInterleaveOne,
+    VerifyLocalLensMinusRejected,
 )
 from dcpsim.engine.faults.pcp import (
     DcpRankNotTransposed,
@@ -49,9 +51,24 @@ from dcpsim.engine.faults.pcp import (
     PcpSpecRegularMask,
     PcpUniformDecodeSlots,
 )
-from dcpsim.engine.faults.pd import NixlInterleaveNotBlockSize, NixlOneSourceRank, NixlStrideByDcp, PDFault, ReshardIgnoresInterleave
-from dcpsim.engine.faults.prefix import CompressedHitDropsR, EagleMarginUnscaled, KvEventsHashUnitB, PrefixHashUnitB, PrefixHitGcdAligned
-from dcpsim.engine.faults.sparse import SparseRowMaskedByEmptyShard, TopkTieOrder
+from dcpsim.engine.faults.pd import (
+    NixlInterleaveNotBlockSize,
+    NixlOneSourceRank,
+    NixlPullsOutsideIntersection,
+    NixlStrideByDcp,
+    PDFault,
+    ReshardIgnoresInterleave,
+)
+from dcpsim.engine.faults.prefix import (
+    CompressedHitDropsR,
+    EagleDropUnscaled,
+    EagleMarginUnscaled,
+    KvEventsHashUnitB,
+    PrefixHashUnitB,
+    PrefixHitGcdAligned,
+)
+from dcpsim.engine.faults.retention import SlidingWindowReleaseOneEarly
+from dcpsim.engine.faults.sparse import SparseRowMaskedByEmptyShard, TopkLocalInterleaveOne, TopkTieOrder
 from dcpsim.errors import ConfigError
 
 FAULTS: dict[str, Fault] = {
@@ -100,6 +117,11 @@ FAULTS: dict[str, Fault] = {
         MergeVariantPerRank(),
         SpecMaskInterleaveOne(),
         EagleMarginUnscaled(),
+        EagleDropUnscaled(),
+        VerifyLocalLensMinusRejected(),
+        TopkLocalInterleaveOne(),
+        PageTableTranslatedTwice(),
+        SlidingWindowReleaseOneEarly(),
     )
 }
 
@@ -114,7 +136,15 @@ def get_fault(name: str | None) -> Fault:
 
 
 PD_FAULTS: dict[str, PDFault] = {
-    f.name: f for f in (PDFault(), NixlStrideByDcp(), NixlInterleaveNotBlockSize(), ReshardIgnoresInterleave(), NixlOneSourceRank())
+    f.name: f
+    for f in (
+        PDFault(),
+        NixlStrideByDcp(),
+        NixlInterleaveNotBlockSize(),
+        ReshardIgnoresInterleave(),
+        NixlOneSourceRank(),
+        NixlPullsOutsideIntersection(),
+    )
 }
 
 

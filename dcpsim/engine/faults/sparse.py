@@ -1,5 +1,5 @@
 """Sparse-attention faults (DSA, semantics section 14): how the ranks pick each query token's
-top-k keys (bug classes 33 and 34)."""
+top-k keys and find them in their shards (bug classes 33, 34 and 43)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,35 @@ class SparseRowMaskedByEmptyShard(Fault):
     def select_topk(self, scores, topk, local_counts, dcp_rank):
         chosen = super().select_topk(scores, topk, local_counts, dcp_rank)
         return np.where((np.asarray(local_counts) == 0)[:, None], -1, chosen)
+
+
+class TopkLocalInterleaveOne(Fault):
+    name = "topk-local-interleave-one"
+    bug_class = (
+        "43. sparse attention's global top-k ids localized with the I = 1 formula: owner g % W at local offset "
+        "g // W instead of (g // I) % W at round_down(g // W, I) + g % I (ROCm/ATOM#2008)"
+    )
+    description = (
+        "each rank keeps the selected positions g with g % W == r and reads them at local index g // W, the token "
+        "interleave's rule: with I > 1 a rank attends over keys it does not hold (other positions' rows, or rows "
+        "past its shard) and drops selected keys it holds, so the merged output is not attention over the selection"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 16},)
+    scenarios = ("dsv32-sparse",)
+
+    def applies_to(self, geometries) -> bool:
+        return has_sparse_attention(geometries)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Where some sparse group is sharded with I > 1 (at I = 1 the two rules agree)."""
+        return self.applies_to(geometries) and any(
+            sparse_topk(g.group_spec) and g.sharded and g.dcp_size > 1 and g.interleave_size > 1 for g in geometries
+        )
+
+    def sparse_local_keys(self, geometry, selected, dcp_rank):
+        t = np.asarray(selected, dtype=np.int64)
+        if not geometry.sharded:
+            return t
+        W = geometry.dcp_size
+        return np.where((t >= 0) & (t % W == dcp_rank), t // W, -1)

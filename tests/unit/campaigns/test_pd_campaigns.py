@@ -51,7 +51,9 @@ def test_every_pd_fault_names_a_public_report_or_its_bug():
         "nixl-interleave-not-block-size",
         "reshard-ignores-interleave",
         "nixl-one-source-rank",
+        "nixl-pulls-outside-intersection",
     }
+    assert "vllm#53205" in get_pd_fault("nixl-pulls-outside-intersection").bug_class
     assert "vllm#57389" in get_pd_fault("nixl-one-source-rank").bug_class
     assert "vllm#38433" in get_pd_fault("nixl-stride-by-dcp").bug_class
     assert "pegaflow#428" in get_pd_fault("nixl-stride-by-dcp").bug_class

@@ -117,6 +117,7 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
         "merge-drops-dcp-replicated",
         "replicated-owner-only",
         "sliding-window-early-release",
+        "sliding-window-release-one-early",
         "ring-rejected-overwrite",
         "draft-drops-dcp",
         "draft-indptr-global",
@@ -131,6 +132,8 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
         "prefix-hit-gcd-aligned",
         "topk-tie-order",
         "sparse-row-masked-by-empty-shard",
+        "eagle-drop-unscaled",
+        "topk-local-interleave-one",
     }
     assert why["topk-tie-order"] == "not on dsv3 (applies on: dsv32-sparse)"
     assert why["pcp-gather-rank-local"] == "not on dsv3 (applies on: glm-pcp2-dcp2)"
@@ -252,7 +255,8 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     cache), glm-pcp2-dcp2 (the PCP faults) and prefix-ragged-spans (spans that do not divide
     each other, where a GCD-aligned hit shows): each is detected wherever it runs, and every
     baseline passes. The sparse-attention faults run on dsv32-sparse only, left out here for
-    its cost (``test_sparse_faults.py`` catches them): they are not applicable. mtp-mask-interleave
+    its cost (``test_sparse_faults.py`` and ``test_eagle_verify_topk_faults.py`` catch them): they
+    are not applicable. mtp-mask-interleave
     (verify rows across interleave boundaries at I = 128) is where the spec-decode mask fault shows,
     eagle-hybrid-hit (an EAGLE prefix hit over two sharded groups) the hybrid lookup's margin."""
     names = SMALL + [
@@ -270,7 +274,7 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     assert code == 0, doc["summary"]
     assert set(doc["faults"]) == set(FAULTS) - {BASELINE}
     sparse = {name for name, fault in FAULTS.items() if fault.scenarios == ("dsv32-sparse",)}
-    assert sparse == {"topk-tie-order", "sparse-row-masked-by-empty-shard"}
+    assert sparse == {"topk-tie-order", "sparse-row-masked-by-empty-shard", "topk-local-interleave-one"}
     assert {doc["faults"][name] for name in sparse} == {NOT_APPLICABLE}
     assert {outcome for name, outcome in doc["faults"].items() if name not in sparse} == {DETECTED}
     faults = [r for r in doc["rows"] if r["fault"] != BASELINE and r["fault"] not in sparse]
