@@ -169,6 +169,7 @@ def test_the_releases_verify_mask_fails_at_an_interleave_and_the_fix_passes(name
 
 
 REFUSED = {
+    "glm-pcp2-dcp2": 'vllm/config/parallel.py:489: f"tp_size={self.tensor_parallel_size} must be divisible by"',
     "dsv32-sparse": 'vllm_ascend/platform.py:759: f"Override cp_kv_cache_interleave_size to {cache_config.block_size}."',
     "pd-dsv3": 'vllm_ascend/platform.py:751: "needs to be equal if use pcp or dcp > 1 in P/D disaggregate and kv pool scenario."',
     "dsv41-hybrid": "vllm.v1.kv_cache_interface.SlidingWindowMLASpec has no dcp_sharded field",
@@ -181,15 +182,9 @@ REFUSED = {
 """Built-ins the plugin cannot run as the scenario says at the sweep's interleave (I = 1), with the
 words of the rule: vllm-ascend's platform (sparse attention under DCP runs at I = B, a P/D run
 asserts I = B), or vLLM 0.23.0's spec classes, which have no field to keep a group whole under DCP
-(vllm-ascend's own specs have none either): a group the scenario replicates would be sharded."""
-UNJUDGED = {
-    "glm-pcp2-dcp2": "UnitaryKVCacheCoordinator's hash_block_size assertion: the manager is built without pcp_world_size",
-}
-"""Built-ins dcpsim refuses today for a reason that is not the plugin's (a dcpsim gap, not kept as a
-rule): ``glm-pcp2-dcp2`` trips an assertion vLLM's own scheduler, which passes ``pcp_world_size``,
-never reaches (vLLM 0.23.0 refuses it earlier, ``vllm/config/parallel.py:487``: TP must be divisible
-by DCP, a rule dcpsim checks as vLLM 0.33.0 words it). Its refusal is taken as it comes; once it
-runs, the sweep judges it like the rest."""
+(vllm-ascend's own specs have none either): a group the scenario replicates would be sharded; or
+vLLM 0.23.0's ``ParallelConfig``, which wants TP divisible by DCP whatever PCP is (a DCP group
+spanning the PCP axis, ``glm-pcp2-dcp2``)."""
 KNOWN_BUGS = {"eagle-hybrid-hit": "prefix-hit-short"}
 """Built-ins whose failure under the plugin is a known upstream bug: name -> failure kind, under
 the default ``--vllm-scheduler manager`` (the bug is the plugin's hybrid coordinator, bug class
@@ -226,8 +221,8 @@ def test_builtins_get_the_reference_verdicts_or_the_plugins_reason(W, attention,
             names.append(name)
         except ConfigError as exc:
             refused[name] = str(exc)
-    assert set(UNJUDGED) <= set(builtins) and set(KNOWN_BUGS) <= set(names), (names, refused)
-    assert {n: m for n, m in refused.items() if n not in UNJUDGED}.keys() == REFUSED.keys(), refused
+    assert set(KNOWN_BUGS) <= set(names), (names, refused)
+    assert refused.keys() == REFUSED.keys(), refused
     for name, fragment in REFUSED.items():
         message = refused[name]
         assert message.startswith((f"vllm-ascend {NEWEST} ", f"vLLM {VLLM_OF[NEWEST]} ")) and fragment in message, message

@@ -30,7 +30,7 @@ from dcpsim.engine.interface import EngineError
 from dcpsim.engine.loading.bindings import bind, resolve
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.vllm import attention_metadata as metadata
-from dcpsim.engine.vllm import slot_mapping
+from dcpsim.engine.vllm import parallel_rules, slot_mapping
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND, read_backend
 from dcpsim.engine.vllm.core import load_with_core
 from dcpsim.engine.vllm.functions import KNOWN, VllmCallError
@@ -179,7 +179,9 @@ class VllmEngine(ReferenceEngine):
         assertion or error of its KV cache manager, or of its v1 Scheduler under ``full``) is
         exit 2 quoting vLLM's own words. Under ``--vllm-scheduler dcpsim`` only the group
         geometries are built: a spec class that refuses the scenario is exit 2 here, not a
-        rank's error."""
+        rank's error. Parallel sizes the tree's ``ParallelConfig`` refuses come first
+        (``parallel_rules``)."""
+        parallel_rules.check(self, scenario)
         if self.core is None:
             self.geometries(scenario.layers, scenario.config)
             return
