@@ -6,10 +6,12 @@ checker keeps, per block id, which prefix each group's block holds whole: a requ
 committed every position of its ``k``-th block of a group (``span`` tokens: the group's manager
 block size, ``B * W`` sharded) leaves in it the prefix ending at position ``(k + 1) * span - 1``,
 keyed by that position's fingerprint (fingerprints chain the whole prefix). The block keeps it
-after its holder finishes or is preempted, until the id turns up in any group's table at an index
-that is to hold other content: then it was handed out again (vLLM's one block pool evicts it
-there). The write checks have judged that the stores hold exactly that content, so nothing here
-reads the stores again.
+after its holder finishes or is preempted, until the id is handed out again (vLLM's one block pool
+evicts it there): it turns up in any group's table at an index that is to hold other content, or
+as a fresh entry of a row (one the request's row did not have at that index the step before, and
+not among the blocks an admission's hit reuses), even one its new holder fills with the same
+content (two requests computing one prefix: the block is rewritten, not found). The write checks
+have judged that the stores hold exactly that content, so nothing here reads the stores again.
 
 When a request is admitted at step ``s`` (not loaded by a KV connector), the blocks findable for
 it are those keyed before the step, less those handed out in the step (its tables). Each group's
@@ -81,6 +83,8 @@ class PrefixHitJudge:
         self.shared_pool = True
         """Whether the groups may share one pool of block ids (vLLM's): until one step's tables
         hold an id in two groups at once, a block handed out in one group is gone from all."""
+        self.rows: dict[tuple[int, int], np.ndarray] = {}
+        """(group, request index) -> the request's row the step before (to tell fresh entries)."""
         self.committed: dict[str, int] = {}
         """Each request's committed length at its last view (the limit of a re-admission)."""
         self.count = 0
@@ -109,14 +113,21 @@ class PrefixHitJudge:
         if self.shared_pool and len(plan.rows_before) > 1:
             seen = [{int(b) for row in rows.values() for b in np.asarray(row).tolist() if b} for rows in plan.rows_before]
             self.shared_pool = not any(seen[i] & seen[j] for i in range(len(seen)) for j in range(i + 1, len(seen)))
+        hits = {e.request_id: e.prefix_hit for e in plan.events if e.kind is EventKind.ADMITTED}
+        before, self.rows = self.rows, {}
         for g, rows in enumerate(plan.rows_before):
             for ri, row in rows.items():
+                self.rows[(g, ri)] = row = np.asarray(row)
                 view = views.get(ri)
                 if view is None:
                     continue
-                for k, b in enumerate(np.asarray(row).tolist()):
+                admitted = view.request_id in hits
+                last = () if admitted else before.get((g, ri), ()).tolist()
+                reused = hits.get(view.request_id, 0) // self.spans[g]  # the hit's blocks: found, not handed out
+                for k, b in enumerate(row.tolist()):
                     held = self.holds.get(b)
-                    if b and held and held.get(g, _NONE) != self._key(view.fingerprints, g, k):
+                    fresh = k >= reused and (k >= len(last) or last[k] != b)
+                    if b and held and (fresh or held.get(g, _NONE) != self._key(view.fingerprints, g, k)):
                         if self.shared_pool:
                             del self.holds[b]
                         else:

@@ -44,7 +44,7 @@ class KeepKeyOnReuse(BlockPool):
 
 
 class StaleIndexEntry(BlockPool):
-    def uncache(self, key):
+    def uncache(self, key, block):
         pass
 
 
@@ -82,9 +82,9 @@ class _RecordingPool(BlockPool):
         self.evicted: set = set()
         self.asked_again = False
 
-    def uncache(self, key):
+    def uncache(self, key, block):
         self.evicted.add(key)
-        super().uncache(key)
+        super().uncache(key, block)
 
     def lookup(self, key):
         self.asked_again |= key in self.evicted

@@ -2,7 +2,10 @@
 
 Block 0 is the reserved null block: never handed out, never written. Freed
 blocks go to the tail of an LRU free queue; a cached (prefix) block stays
-findable until it is handed out again.
+findable until it is handed out again. Several blocks may hold one key (two
+requests computed the same prefix before either found it cached, as vLLM's
+``BlockHashToBlockMap`` keeps them): a lookup finds the first still cached, so
+handing one out leaves the key findable through the others.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ class BlockPool:
         self.num_blocks = num_blocks
         self._ref = [0] * (num_blocks + 1)
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks + 1))
-        self._by_key: dict[object, int] = {}
+        self._by_key: dict[object, dict[int, None]] = {}
+        """Key -> the blocks holding it, in the order they were cached."""
         self._key_of: dict[int, object] = {}
         self._ever_used = [False] * (num_blocks + 1)
         self.num_reused = 0
@@ -51,11 +55,15 @@ class BlockPool:
         decides when a freed block's key is dropped."""
         key = self._key_of.pop(block, None)
         if key is not None:
-            self.uncache(key)
+            self.uncache(key, block)
 
-    def uncache(self, key: object) -> None:
-        """Remove ``key`` from the cache index: its prefix is no longer found."""
-        del self._by_key[key]
+    def uncache(self, key: object, block: int) -> None:
+        """Remove ``block`` from the blocks holding ``key``: with no other, its prefix is no
+        longer found."""
+        holders = self._by_key[key]
+        del holders[block]
+        if not holders:
+            del self._by_key[key]
 
     def touch(self, blocks: list[int]) -> None:
         """Take another reference (a prefix-cache hit)."""
@@ -75,10 +83,11 @@ class BlockPool:
                 self._free[b] = None
 
     def cache(self, key: object, block: int) -> None:
-        if key in self._by_key or block in self._key_of:
+        if block in self._key_of:
             return
-        self._by_key[key] = block
+        self._by_key.setdefault(key, {})[block] = None
         self._key_of[block] = key
 
     def lookup(self, key: object) -> int | None:
-        return self._by_key.get(key)
+        holders = self._by_key.get(key)
+        return next(iter(holders)) if holders else None
