@@ -1,6 +1,6 @@
 """Benchmark: how often the fuzz strategy draws each situation (``campaigns.fuzz.SITUATIONS``):
 prefills that gather a cached context, contexts gathered in several pieces, preemptions, CUDA-graph
-padded decode steps, and padded steps after a preemption. Draws scenarios as ``fuzz`` does and
+padded decode steps, padded steps after a preemption, and prefix hits of an EAGLE drafter's run. Draws scenarios as ``fuzz`` does and
 schedules them with the reference engine (runs nothing).
 
     python benchmarks/bench_fuzz_situations.py [--examples N] [--seed S]

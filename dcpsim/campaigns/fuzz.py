@@ -25,6 +25,7 @@ reruns it on a real gloo world.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -90,6 +91,11 @@ def _layers(family: str, B: int, k: int) -> dict:
     }
 
 
+def _longer_prefix(request: RequestSpec, tokens: int) -> RequestSpec:
+    """``request`` with ``tokens`` more of its shared prefix (and of its prompt)."""
+    return dataclasses.replace(request, prompt_len=request.prompt_len + tokens, shared_prefix_len=request.shared_prefix_len + tokens)
+
+
 def scenarios(max_requests: int = 5):
     """A Hypothesis strategy of valid scenarios (``ConfigError`` ones are filtered out)."""
     _require_hypothesis()
@@ -152,6 +158,14 @@ def scenarios(max_requests: int = 5):
             kernel_block_size=bk,
             enable_prefix_caching=revisit or draw(st.booleans()),
         )
+        seed = draw(st.integers(0, 2**16))
+        if k and draw(st.booleans()):  # drawn last, so the draws above stay what they were
+            # an EAGLE drafter drops the hit's last block: a revisited prefix one unit longer keeps a hit
+            config = dataclasses.replace(config, speculative_method="eagle")
+            if revisit:
+                requests = [_longer_prefix(r, unit) if r.shared_prefix_len else r for r in requests]
+                config = dataclasses.replace(config, max_model_len=config.max_model_len + unit)
+                pool_tokens += unit
         return Scenario(
             name=f"fuzz-{family}",
             description=f"random schedule ({family} layout)",
@@ -159,7 +173,7 @@ def scenarios(max_requests: int = 5):
             layers=_layers(family, B, k),
             config=config,
             requests=tuple(requests),
-            seed=draw(st.integers(0, 2**16)),
+            seed=seed,
             kv_cache_tokens=pool_tokens,
         )
 
@@ -170,7 +184,8 @@ def situations(scenario: Scenario) -> set[str]:
     """What a drawn scenario exercises, from the reference schedule: ``gather`` (a prefill over
     a cached context gathers it), ``gather-split`` (a context gathered in more than one piece),
     ``preemption``, ``padded`` (a uniform decode step padded to a CUDA-graph size) and
-    ``padded-after-preemption`` (such a step after a preemption). Measured over many draws by
+    ``padded-after-preemption`` (such a step after a preemption) and ``eagle-hit`` (a prefix-cache
+    hit of an EAGLE drafter's run, which drops the hit's last block). Measured over many draws by
     ``tests/unit/campaigns/test_fuzz_situations.py`` and ``benchmarks/bench_fuzz_situations.py``."""
     engine = ReferenceEngine()
     geometries = engine.geometries(scenario.layers, scenario.config)
@@ -178,6 +193,8 @@ def situations(scenario: Scenario) -> set[str]:
     for plan in Scheduler(scenario, engine, geometries).plans():
         if any(e.kind is EventKind.PREEMPTED for e in plan.events):
             found.add("preemption")
+        if scenario.config.eagle_drop and any(e.kind is EventKind.ADMITTED and e.prefix_hit for e in plan.events):
+            found.add("eagle-hit")
         q_lens = np.array([w.stop - w.start for w in plan.writes], np.int64)
         for g in geometries:
             rows = [plan.rows_before[g.group_id].get(w.req_index, np.zeros(0, np.int64)) for w in plan.writes]
@@ -193,7 +210,7 @@ def situations(scenario: Scenario) -> set[str]:
     return found
 
 
-SITUATIONS = ("gather", "gather-split", "preemption", "padded", "padded-after-preemption")
+SITUATIONS = ("gather", "gather-split", "preemption", "padded", "padded-after-preemption", "eagle-hit")
 
 
 def situation_fractions(examples: int, seed: int = 0) -> dict[str, float]:
