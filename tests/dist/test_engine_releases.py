@@ -98,6 +98,9 @@ def test_a_release_gives_the_reference_verdicts_and_its_known_bugs(engine, relea
         if release in PCP_BLIND:
             with pytest.raises(dcpsim.ConfigError, match=r"vllm/config/parallel.py:\d+: .*must be divisible by"):
                 dcpsim.run("glm-pcp2-dcp2", engine=engine, **source)
+            # TP 2: admissible, but these releases shard the KV over PCP x DCP, which dcpsim does not model
+            with pytest.raises(dcpsim.ConfigError, match=r"scheduler.py:\d+: pcp_world_size=self.pcp_world_size"):
+                dcpsim.run("glm-pcp2-dcp2", engine=engine, tp=2, **source)
         else:
             assert dcpsim.run("glm-pcp2-dcp2", engine=engine, **source).passed
 

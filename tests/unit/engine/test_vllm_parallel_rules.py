@@ -51,3 +51,26 @@ def test_a_dcp_group_spanning_the_pcp_axis_is_refused_by_a_pcp_blind_tree_quotin
 def test_a_pcp_aware_tree_and_sizes_without_pcp_pass(tmp_path):
     parallel_rules.check(_engine(tmp_path / "new", NEW), builtin("glm-pcp2-dcp2", 2))
     parallel_rules.check(_engine(tmp_path / "old", OLD), builtin("dsv3", 2))  # TP 2, DCP 2: divisible
+
+
+def _with_scheduler(tmp_path, body: str, pcp_size: str):
+    engine = _engine(tmp_path, body)
+    sched = tmp_path / "vllm" / "v1" / "core" / "sched"
+    sched.mkdir(parents=True)
+    call = f"        self.kv_cache_manager = KVCacheManager(\n            pcp_world_size={pcp_size},\n        )\n"
+    (sched / "scheduler.py").write_text(call)
+    return engine
+
+
+def test_a_tree_whose_scheduler_shards_over_pcp_is_refused_with_pcp(tmp_path):
+    # vLLM 0.23.0..0.25.1 hand the manager the PCP size (KV over PCP x DCP); dcpsim models 0.26.0's
+    engine = _with_scheduler(tmp_path, NEW, "self.pcp_world_size")
+    with pytest.raises(ConfigError, match=r"scheduler.py:2: pcp_world_size=self.pcp_world_size,\); dcpsim models PCP"):
+        parallel_rules.check(engine, builtin("glm-pcp2-dcp2", 2))
+    parallel_rules.check(engine, builtin("dsv3", 2))  # no PCP: the same layout
+    parallel_rules.check(_with_scheduler(tmp_path / "later", NEW, "1"), builtin("glm-pcp2-dcp2", 2))
+
+
+def test_the_start_up_refusal_comes_before_the_layout_gap(tmp_path):
+    with pytest.raises(ConfigError, match="must be divisible by"):
+        parallel_rules.check(_with_scheduler(tmp_path, OLD, "self.pcp_world_size"), builtin("glm-pcp2-dcp2", 2))
