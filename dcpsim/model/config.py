@@ -62,6 +62,16 @@ class SimConfig:
     tensor_parallel_size: int | None = None
     """vLLM's TP size; the world is ``prefill_context_parallel_size * tensor_parallel_size``
     processes. None: ``default_tensor_parallel_size`` (the DCP size without PCP)."""
+    num_attention_heads: int | None = None
+    """The model's query heads (HF ``num_attention_heads``), before TP splits them. With
+    ``num_key_value_heads``: the head layout of its GQA/MHA layers is checked under DCP
+    (``dcpsim.model.heads``); None: not stated, not checked."""
+    num_key_value_heads: int | None = None
+    """The model's KV heads (HF ``num_key_value_heads``), before TP splits or replicates them."""
+    draft_num_attention_heads: int | None = None
+    """The draft model's query heads (its own head layout is checked as the target's)."""
+    draft_num_key_value_heads: int | None = None
+    """The draft model's KV heads."""
     chunked_prefill_workspace_size: int | None = None
     """Rows of the workspace an MLA prefill gathers its cached context into, chunk by chunk
     (``dcpsim.model.context_gather``). None: vLLM 0.33.0's rule,
@@ -105,6 +115,7 @@ class SimConfig:
         if self.tensor_parallel_size is not None:
             check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         check_parallel_sizes(self.prefill_context_parallel_size, self.tp_size, self.decode_context_parallel_size)
+        self._check_heads()
         if self.kv_cache_report_mode not in KV_CACHE_REPORT_MODES:
             raise ConfigError(f"kv_cache_report_mode must be one of {', '.join(KV_CACHE_REPORT_MODES)}, got {self.kv_cache_report_mode!r}")
         if self.speculative_method not in SPECULATIVE_METHODS:
@@ -118,6 +129,16 @@ class SimConfig:
                 f"(num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}), "
                 f"got {self.max_num_batched_tokens}"
             )
+
+    def _check_heads(self) -> None:
+        """The head counts, the target's and the draft's: positive, given in pairs."""
+        for prefix in ("", "draft_"):
+            heads, kv = getattr(self, f"{prefix}num_attention_heads"), getattr(self, f"{prefix}num_key_value_heads")
+            for name, value in ((f"{prefix}num_attention_heads", heads), (f"{prefix}num_key_value_heads", kv)):
+                if value is not None:
+                    check_int(name, value, 1)
+            if (heads is None) != (kv is None):
+                raise ConfigError(f"{prefix}num_attention_heads and {prefix}num_key_value_heads are given together or not at all")
 
     def _check_interleave_fits_block_size(self) -> None:
         """vLLM 0.33.0: with ``decode_context_parallel_size > 1`` the cache block size must be

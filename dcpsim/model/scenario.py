@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from dcpsim.errors import ConfigError
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import check_draft_layout, group_layer_specs
+from dcpsim.model.heads import check_head_layouts
 from dcpsim.model.sparse import check_sparse_layout
 from dcpsim.model.specs import MAMBA_CACHE_MODES, CircularBufferSpec, KVCacheSpec, MambaSpec
 from dcpsim.options import option
@@ -87,6 +88,7 @@ class Scenario:
         if self.config.draft_layers:  # a draft at W = 1 needs a replicated cache
             check_draft_layout(group_layer_specs(self.layers), self.config)
         check_sparse_layout(self.layers)  # sparse layers need their indexer group
+        check_head_layouts(self.layers, self.config)  # gathered queries find their KV heads
         if not self.requests:
             raise ConfigError(f"scenario {self.name!r}: needs at least one request")
         ids = [r.request_id for r in self.requests]
