@@ -83,8 +83,8 @@ def run_case(fault_name: str, kind: str, *, world: WorldOptions | None = None, o
         row.outcome = FALSE_POSITIVE if fault_name == BASELINE else DETECTED
         failure = report.failure
         row.kind = failure.kind
-        which = "prefill" if report.prefill.failure else "decode"
-        row.report = f"{which} instance: {failure.lines()[0]}"
+        which = "prefill" if report.prefill.failure else "kv transfer" if report.transfer_failure else "decode"
+        row.report = f"{which}{'' if which == 'kv transfer' else ' instance'}: {failure.lines()[0]}"
     return row
 
 

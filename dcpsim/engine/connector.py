@@ -13,9 +13,18 @@
   is dcpsim's scheduler with it.
 * ``write_loaded``: a decode rank writes the received entries at the slots its own block
   table gives for their local indices, before the step that admitted the request runs.
+* ``KVConnector.notices``: the completion each decode rank is notified of, per prompt (every
+  decode rank, one that owns none of it too), with the entries it received and those on its final
+  page (P/D class 7, sglang#32837).
+* ``PrefillBlocks``: a prefill rank's blocks of finished prompts, held for the decode ranks'
+  pulls and freed by ``PrefillRelease`` (after the last pull the transfer plan expects of a
+  block; a block nobody pulls when the transfer ends): each block freed exactly once, and
+  never pulled once freed (P/D class 6, vllm-ascend#5224).
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 
@@ -32,6 +41,21 @@ class KVConnector:
 
     def routes(self, num_tokens: int, src: InstanceLayout, dst: InstanceLayout) -> list[Route]:
         raise NotImplementedError
+
+    def notices(self, routes: list[Route], dst: InstanceLayout) -> dict[int, tuple[int, int]]:
+        """The completion of a prompt's transfer each decode rank is notified of: decode rank ->
+        (entries it received, entries on its final page of ``B``). Every decode rank gets one, a
+        rank that owns none of the prompt too (0, 0): it waits for it as the others do
+        (sglang#32837; P/D class 7)."""
+        got = Counter()
+        for route in routes:
+            got[route.dst_rank] += len(route.dst_local)
+        return {d: (got[d], final_page_entries(got[d], dst.block_size)) for d in range(dst.cp_size)}
+
+
+def final_page_entries(entries: int, block_size: int) -> int:
+    """Entries on the last of the pages ``entries`` local entries fill (0: none)."""
+    return entries - (-(-entries // block_size) - 1) * block_size if entries else 0
 
 
 class NixlConnector(KVConnector):
@@ -109,3 +133,73 @@ def write_loaded(plan: StepPlan, runner: ModelRunner, received: dict) -> int:
             store.write(slots, rows)
             count += len(slots)
     return count
+
+
+class PrefillRelease:
+    """When a prefill rank frees a finished prompt's block: once the decode ranks have made
+    every pull of it the transfer plan expects (``expected``, the routes that read it), and a
+    block no route reads (past the prompt, or on a rank whose shard another rank serves) when
+    the transfer ends (``pulls == expected == 0``)."""
+
+    def frees(self, pulls: int, expected: int) -> bool:
+        return pulls == expected
+
+
+class PrefillBlocks:
+    """One prefill rank's blocks of finished prompts during the transfer: ``pages[req][group]``
+    (``read_pages``), ``rows[req][group]`` their block ids, ``page_sizes[group]`` the entries a
+    block holds. ``expect`` counts the pulls of each block the routes make; ``pull`` serves one
+    route (a freed block reads as EMPTY: the prefill instance may have handed it to another
+    request) and frees what ``release`` says; ``finish`` frees the blocks nobody pulled and
+    returns what went wrong, naming the rank and the block."""
+
+    def __init__(self, rank: int, pages: dict, rows: dict, page_sizes: list[int], names: dict, release: PrefillRelease):
+        self.rank, self.pages, self.rows, self.page_sizes, self.names, self.release = rank, pages, rows, page_sizes, names, release
+        held = [(i, g, b) for i, by_g in pages.items() for g, p in by_g.items() for b in range(len(p) // page_sizes[g])]
+        self.expected: Counter = Counter(dict.fromkeys(held, 0))
+        """(request, group, block) -> the pulls the routes make of it (0: freed when the transfer ends)."""
+        self.pulls: Counter = Counter()
+        self.frees: Counter = Counter()
+        self.read_freed: list[tuple] = []
+
+    def _blocks(self, req: int, group: int, local: np.ndarray) -> list[int]:
+        n = len(self.pages.get(req, {}).get(group, ()))
+        if not n:  # not read (the prefill run stopped before the prompt finished): nothing held
+            return []
+        local = np.asarray(local, np.int64)
+        return np.unique(local[(local >= 0) & (local < n)] // self.page_sizes[group]).tolist()
+
+    def expect(self, req: int, group: int, local: np.ndarray) -> None:
+        for b in self._blocks(req, group, local):
+            self.expected[(req, group, b)] += 1
+
+    def pull(self, req: int, group: int, local: np.ndarray, empty: np.ndarray) -> np.ndarray:
+        local = np.asarray(local, np.int64)
+        entries = gather_entries(self.pages.get(req, {}).get(group, empty), local)
+        for b in self._blocks(req, group, local):
+            key = (req, group, b)
+            if self.frees[key]:
+                entries[local // self.page_sizes[group] == b] = EMPTY
+                self.read_freed.append(key)
+            self.pulls[key] += 1
+            if self.release.frees(self.pulls[key], self.expected[key]):
+                self.frees[key] += 1
+        return entries
+
+    def finish(self) -> list[str]:
+        for key, n in self.expected.items():
+            if n == 0 and self.release.frees(0, 0):
+                self.frees[key] += 1
+        problems = []
+        for key in dict.fromkeys(self.read_freed):
+            problems.append(f"{self._name(key)} pulled after it was freed ({self.pulls[key]} of {self.expected[key]} pulls)")
+        for key in self.expected:
+            if self.frees[key] != 1:
+                problems.append(f"{self._name(key)} freed {self.frees[key]} times, expected once")
+        return problems
+
+    def _name(self, key) -> str:
+        req, group, b = key
+        row = self.rows.get(req, {}).get(group, ())
+        block_id = int(row[b]) if b < len(row) else -1
+        return f"prefill rank {self.rank}: request {self.names.get(req, req)} group {group} block {b} (id {block_id})"

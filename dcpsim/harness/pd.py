@@ -20,7 +20,11 @@ engine for an instance replaces it), its scheduler the engine's (``Engine.make_s
    tensor of the entries its routes move (``KVConnector.routes``), sent with ``isend``.
    A route's prefill rank is a shard of the connector layout (``instance_layout``): the
    prefill instance's first DCP group serves the KV (``shard_ranks``; with PCP and several
-   DCP groups the others are replicas, and with ``W = 1`` rank 0 alone serves it).
+   DCP groups the others are replicas, and with ``W = 1`` rank 0 alone serves it). Each
+   route is a pull of the prefill blocks it reads, which the rank holds until their last
+   expected pull (``engine.connector.PrefillBlocks``); the first serving rank then notifies
+   every decode rank of each prompt's completion (``KVConnector.notices``), which the decode
+   rank judges from its own layout (``judge_notices``).
 3. The decode instance admits each request with its prompt's KV loaded (all but the last
    prompt token computed; its engine's scheduler is given the connector, ``PromptLoads``,
    so under ``--engine vllm`` vLLM's KV cache manager allocates them), writes the received entries at the slots its own block table
@@ -38,7 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dcpsim.engine.connector import PROMPT_LOADS, gather_entries, read_pages, write_loaded
+from dcpsim.engine.connector import PROMPT_LOADS, PrefillBlocks, PrefillRelease, final_page_entries, read_pages, write_loaded
 from dcpsim.engine.loading import forkserver
 from dcpsim.engine.scheduler.request import Status
 from dcpsim.harness.caller_main import check_plugins
@@ -53,7 +57,7 @@ from dcpsim.harness.runner import merge_rank_reports
 from dcpsim.harness.world import run_world
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.kv_entry import FIELDS
-from dcpsim.scenarios.pd import ROLES, shard_ranks
+from dcpsim.scenarios.pd import ROLES, instance_layout, shard_ranks
 
 WORLD = WorldOptions()
 
@@ -68,6 +72,10 @@ class PrefillInstance:
 
     def __init__(self):
         self.pages: dict[int, dict[int, np.ndarray]] = {}
+        self.rows: dict[int, dict[int, np.ndarray]] = {}
+        """request -> group -> the block ids its pages were read through."""
+        self.names: dict[int, str] = {}
+        self.page_sizes: list[int] = []
 
     def before_write(self, plan, runner) -> None:
         pass
@@ -75,11 +83,11 @@ class PrefillInstance:
     def after_step(self, plan, runner, scheduler) -> None:
         for req in scheduler.requests:
             if req.status is Status.FINISHED and req.index not in self.pages:
-                self.pages[req.index] = {
-                    g: read_pages(runner, g, plan.rows_after[g][req.index])
-                    for g in range(len(runner.stores))
-                    if req.index in plan.rows_after[g]
-                }
+                held = [g for g in range(len(runner.stores)) if req.index in plan.rows_after[g]]
+                self.rows[req.index] = {g: np.asarray(plan.rows_after[g][req.index], np.int64) for g in held}
+                self.pages[req.index] = {g: read_pages(runner, g, self.rows[req.index][g]) for g in held}
+                self.names[req.index] = req.spec.request_id
+        self.page_sizes = [store.states_per_page for store in runner.stores]
 
 
 class DecodeInstance:
@@ -100,20 +108,24 @@ class DecodeInstance:
         pass
 
 
-def _send_prompts(pairs, pages, rank: int, prefill_size: int, shards: list[int]) -> int:
-    """``rank``'s routes (``shards``: the instance rank of each source shard)."""
+def _send_prompts(pairs, blocks: PrefillBlocks, rank: int, prefill_size: int, shards: list[int]) -> tuple[int, list[str]]:
+    """``rank``'s routes (``shards``: the instance rank of each source shard), each a pull of the
+    blocks it reads (``blocks``: held until their last pull); the entries sent and what went wrong
+    with the blocks' release."""
+    mine = [(d, items) for (p, d), items in sorted(pairs.items()) if shards[p] == rank]
+    for _, items in mine:
+        for i, g, route in items:
+            blocks.expect(i, g, route.src_local)
     handles, sent = [], 0
-    for (p, d), items in sorted(pairs.items()):
-        if shards[p] != rank:
-            continue
-        empty = np.zeros((0, len(FIELDS)), np.int64)
-        chunks = [gather_entries(pages.get(i, {}).get(g, empty), route.src_local) for i, g, route in items]
+    empty = np.zeros((0, len(FIELDS)), np.int64)
+    for d, items in mine:
+        chunks = [blocks.pull(i, g, route.src_local, empty) for i, g, route in items]
         tensor = torch.from_numpy(np.concatenate(chunks))
         handles.append(dist.isend(tensor, dst=prefill_size + d))
         sent += len(tensor)
     for h in handles:
         h.wait()
-    return sent
+    return sent, blocks.finish()
 
 
 def _receive_prompts(pairs, rank: int, shards: list[int]) -> dict:
@@ -140,6 +152,43 @@ def _receive_prompts(pairs, rank: int, shards: list[int]) -> dict:
     }
 
 
+NOTICE_TAG = 1
+"""The tag of the completion notices (``KVConnector.notices``), apart from the entries."""
+
+
+def _send_notices(notices: np.ndarray, prefill_size: int) -> None:
+    """The prefill instance's leader tells every decode rank the completion of each prompt."""
+    handles = [dist.isend(torch.from_numpy(notices[d].copy()), dst=prefill_size + d, tag=NOTICE_TAG) for d in range(len(notices))]
+    for h in handles:
+        h.wait()
+
+
+def _receive_notices(num_requests: int, leader: int) -> np.ndarray:
+    buf = torch.empty((num_requests, 2), dtype=torch.int64)
+    dist.irecv(buf, src=leader, tag=NOTICE_TAG).wait()
+    return buf.numpy()
+
+
+def judge_notices(scenario, rank: int, notices: np.ndarray) -> list[str]:
+    """What is wrong with the completions decode rank ``rank`` was notified of (``[request, 2]``,
+    -1: none), judged from the decode instance's layout alone: every prompt needs one, with the
+    entries the rank owns of it and those on its final page, a rank owning none of it too."""
+    layout = instance_layout(scenario, "decode")
+    problems = []
+    for i, req in enumerate(scenario.requests):
+        owned = len(layout.positions_on(rank, req.prompt_len))
+        want = (owned, final_page_entries(owned, layout.block_size))
+        got = tuple(int(v) for v in notices[i])
+        if got[0] < 0:
+            problems.append(f"decode rank {rank}: request {req.request_id} never notified of its transfer (it owns {owned} of its entries)")
+        elif got != want:
+            problems.append(
+                f"decode rank {rank}: request {req.request_id} notified of {got[0]} entries, {got[1]} on the final page; "
+                f"it owns {want[0]}, {want[1]} on the final page"
+            )
+    return problems
+
+
 def pd_rank(job: PDJob, rank: int, world: GlooCollectives, progress: Progress = NO_PROGRESS):
     """One rank of either instance of ``job``; ``world``: the default world's collectives
     (world ranks past ``job.world_size`` only take part in making the groups, which every
@@ -156,12 +205,17 @@ def pd_rank(job: PDJob, rank: int, world: GlooCollectives, progress: Progress = 
         instance = PrefillInstance()
         report = run_rank(job.instance_job("prefill"), instances, engine=fault.engine("prefill"), instance=instance, progress=progress)
         progress.set(report.steps, "kv transfer (send)")
-        sent = _send_prompts(pairs, instance.pages, rank, prefill_size, shards)
-        return "prefill", report, sent
+        release = fault.release() or PrefillRelease()
+        blocks = PrefillBlocks(rank, instance.pages, instance.rows, instance.page_sizes, instance.names, release)
+        sent, problems = _send_prompts(pairs, blocks, rank, prefill_size, shards)
+        if rank == shards[0]:
+            _send_notices(job.notices(), prefill_size)
+        return "prefill", report, sent, problems
     progress.set(None, "kv transfer (receive)")
     instance = DecodeInstance(_receive_prompts(pairs, rank - prefill_size, shards))
+    notices = _receive_notices(len(job.scenario.requests), shards[0])
     report = run_rank(job.instance_job("decode"), instances, engine=fault.engine("decode"), instance=instance, progress=progress)
-    return "decode", report, instance.written
+    return "decode", report, instance.written, judge_notices(job.scenario, rank - prefill_size, notices)
 
 
 def pd_world(jobs: list[PDJob], rank: int, world_size: int) -> list:
@@ -218,6 +272,8 @@ def run_pd_batch(jobs: list[PDJob], *, world: WorldOptions = WORLD, on_wait=None
                 decode=merge_rank_reports([r[1] for r in by_role["decode"]]),
                 entries_sent=sum(r[2] for r in by_role["prefill"]),
                 entries_written=sum(r[2] for r in by_role["decode"]),
+                block_release=[line for r in by_role["prefill"] for line in r[3]],
+                notices=[line for r in by_role["decode"] for line in r[3]],
                 inject=job.inject,
                 wall_time_s=seconds,
                 layouts=layouts,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from dcpsim.engine.choice import EngineChoice
 from dcpsim.engine.connector import CONNECTORS, LoadedScheduler
 from dcpsim.engine.faults import PDFault, get_pd_fault
@@ -76,6 +78,17 @@ class PDJob:
 
     def connector(self):
         return self.fault().connector(self.scenario.disaggregated.kv_connector) or CONNECTORS[self.scenario.disaggregated.kv_connector]()
+
+    def notices(self) -> np.ndarray:
+        """``[decode rank, request, 2]``: the completion the connector notifies each decode rank of,
+        per prompt (entries received, entries on the final page; -1: never notified)."""
+        src, dst = instance_layout(self.scenario, "prefill"), instance_layout(self.scenario, "decode")
+        connector = self.connector()
+        out = np.full((dst.cp_size, len(self.scenario.requests), 2), -1, np.int64)
+        for i, req in enumerate(self.scenario.requests):
+            for d, notice in connector.notices(connector.routes(req.prompt_len, src, dst), dst).items():
+                out[d, i] = notice
+        return out
 
     def pairs(self) -> dict[tuple[int, int], list]:
         """(prefill rank, decode rank) -> [(request index, group, Route)], in one order for both sides."""

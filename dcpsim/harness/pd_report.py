@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from dcpsim.report_file import SCHEMA_VERSION
-from dcpsim.verify.report import RunReport
+from dcpsim.verify.report import Failure, FailureKind, RunReport
 
 
 @dataclass
@@ -20,14 +20,32 @@ class PDReport:
     inject: str | None = None
     wall_time_s: float = 0.0
     layouts: dict = field(default_factory=dict)
+    block_release: list[str] = field(default_factory=list)
+    """What went wrong with the prefill ranks' release of the prompts' blocks during the transfer
+    (``engine.connector.PrefillBlocks``): a block pulled after it was freed, or not freed exactly once."""
+    notices: list[str] = field(default_factory=list)
+    """What is wrong with the completions the decode ranks were notified of (``harness.pd.judge_notices``):
+    a prompt a rank was never notified of, or with the wrong entry counts."""
 
     @property
     def passed(self) -> bool:
-        return self.prefill.passed and self.decode.passed
+        return self.prefill.passed and not self.block_release and not self.notices and self.decode.passed
+
+    @property
+    def transfer_failure(self) -> Failure | None:
+        for kind, problems, what in (
+            (FailureKind.PD_BLOCK_RELEASE, self.block_release, "prefill block release"),
+            (FailureKind.PD_NOTIFICATION, self.notices, "completion notice"),
+        ):
+            if problems:
+                first, *rest = problems
+                message = f"{len(problems)} {what} problem(s) in the kv transfer: {first}"
+                return Failure(kind=kind, step=self.prefill.steps, message=message, details=rest[:10])
+        return None
 
     @property
     def failure(self):
-        return self.prefill.failure or self.decode.failure
+        return self.prefill.failure or self.transfer_failure or self.decode.failure
 
     def to_dict(self) -> dict:
         return dict(
@@ -39,6 +57,8 @@ class PDReport:
             layouts=self.layouts,
             entries_sent=self.entries_sent,
             entries_written=self.entries_written,
+            block_release=self.block_release,
+            notices=self.notices,
             wall_time_s=round(self.wall_time_s, 3),
             prefill=json.loads(self.prefill.to_json()),
             decode=json.loads(self.decode.to_json()),
@@ -57,6 +77,7 @@ class PDReport:
             f"P/D {self.scenario} via {self.kv_connector}: {lay}",
             f"prefill instance: {self.prefill.text()}",
             f"kv transfer: {self.entries_sent} entries sent, {self.entries_written} written on the decode ranks",
+            *(f"kv transfer: {line}" for line in (self.block_release + self.notices)[:10]),
             f"decode instance: {self.decode.text()}",
             "P/D PASSED" if self.passed else "P/D FAILED",
         ]

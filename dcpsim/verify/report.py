@@ -43,6 +43,12 @@ class FailureKind(enum.StrEnum):
     SPARSE_SELECTION = "sparse-selection"
     """A rank's top-k selection of sparse attention (its keys for a query token) differs from
     the other ranks' or from the one the scenario gives (semantics section 14)."""
+    PD_BLOCK_RELEASE = "pd-block-release"
+    """P/D: a prefill rank freed a finished prompt's block before a decode rank's pull of it, or not
+    exactly once (``engine.connector.PrefillBlocks``)."""
+    PD_NOTIFICATION = "pd-notification"
+    """P/D: a decode rank was never notified of a prompt's transfer, or of the wrong entry counts
+    (``harness.pd.judge_notices``)."""
     ENGINE_ERROR = "engine-error"
     """The engine under test raised on a valid input (its scheduler refused or crashed at a
     step every rank reached alike)."""

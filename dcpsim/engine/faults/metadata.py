@@ -1,6 +1,6 @@
 """Attention-metadata faults: local lengths, query bounds, the paged plan, block-table widths and
 CUDA-graph padding, as the metadata builder hands them to the kernel (bug classes 3, 11-15, 28, 29,
-42 and 45).
+42, 45 and 46).
 
 Three of them keep state across steps, as a CUDA graph's persistent inputs or a running count do:
 the engine is a fresh instance on every rank's run (``Job.build_engine``), and the state is kept
@@ -144,6 +144,63 @@ class PageTableTranslatedTwice(_ShardedMetadataFault):
             inside = piece < len(table)
             piece[:] = np.where(inside, table[np.where(inside, piece, 0)] if len(table) else 0, 0)
         return dataclasses.replace(meta, kv_indices=indices)
+
+
+def empty_row_before_another(scenario, geometries) -> bool:
+    """Whether some step of the (reference) schedule has, on some DCP rank of a sharded
+    group, a request with no local keys followed in batch order by one with some: the
+    rows a builder that drops empty rows would shift."""
+    engine = ReferenceEngine()
+    sharded = [g for g in geometries if g.sharded and g.storage in (Storage.PAGED, Storage.RECORDS)]
+    if not sharded:
+        return False
+    for plan in Scheduler(scenario, engine, geometries).plans():
+        for g in sharded:
+            R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
+            seq = np.array([w.stop // R for w in plan.writes], np.int64)
+            for r in range(g.dcp_size):
+                local = engine.local_seq_lens(g, seq, r)
+                empty = np.flatnonzero(local == 0)
+                if len(empty) and (local[empty[0] :] > 0).any():
+                    return True
+    return False
+
+
+class ZeroLocalRowsCompacted(_ShardedMetadataFault):
+    name = "zero-local-rows-compacted"
+    bug_class = (
+        "46. rows with no local keys dropped from a rank's per-row metadata, shifting the later rows (ROCm/ATOM#2057, vllm-ascend#11807)"
+    )
+    description = (
+        "a sharded group's builder compacts its per-row arrays (dcp_local_seq_lens, kv_indptr, kv_last_page_len) "
+        "over the requests that hold keys on the rank, while request_ids, seq_lens and query_start_loc keep every "
+        "row: the request after an empty one gets the next request's local length and pages, the last rows zeros"
+    )
+    # a request owns no keys on rank r while L <= r * I: W = 4, I = 16 on many-short (prompts of 40 tokens
+    # beside longer ones); with --attention, the config whose baselines selftest already runs
+    configs = ({"decode_context_parallel_size": 4, "cp_kv_cache_interleave_size": 16, "attention": True},)
+    scenarios = ("many-short",)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return empty_row_before_another(scenario, geometries)
+
+    def corrupt(self, geometry, meta, block_rows):
+        keep = meta.dcp_local_seq_lens > 0
+        if keep.all() or not keep.any():
+            return meta
+
+        def compacted(values):
+            out = np.zeros_like(values)
+            out[: int(keep.sum())] = values[keep]
+            return out
+
+        pages = compacted(np.diff(meta.kv_indptr))
+        return dataclasses.replace(
+            meta,
+            dcp_local_seq_lens=compacted(meta.dcp_local_seq_lens),
+            kv_indptr=np.concatenate([np.zeros(1, np.int64), pages.cumsum()]),
+            kv_last_page_len=compacted(meta.kv_last_page_len),
+        )
 
 
 class LocalLensPlusOne(Fault):

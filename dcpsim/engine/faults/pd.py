@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from dcpsim.engine.connector import NixlConnector, ReshardingConnector
+from dcpsim.engine.connector import NixlConnector, PrefillRelease, ReshardingConnector
 from dcpsim.engine.faults.base import Fault
 from dcpsim.model.arith import cdiv
 from dcpsim.model.connector import Route, block_matches, rank_global_blocks, token_routes
@@ -32,6 +32,11 @@ class PDFault:
         return None
 
     def engine(self, role: str):
+        return None
+
+    def release(self):
+        """When a prefill rank frees a prompt's block during the transfer (None: the correct
+        ``PrefillRelease``, after the last pull the plan expects)."""
         return None
 
 
@@ -145,3 +150,44 @@ class NixlPullsOutsideIntersection(PDFault):
 
     def connector(self, kind):
         return _PullsWholeSource()
+
+
+class _FreesAtFirstPull(PrefillRelease):
+    def frees(self, pulls, expected):
+        return pulls == min(1, expected)
+
+
+class PrefillFreesPerPull(PDFault):
+    name = "prefill-frees-per-pull"
+    bug_class = (
+        "P/D 6. a prefill rank frees a prompt's block at a decode rank's pull instead of after the last pull "
+        "the transfer expects (vllm-ascend#5224)"
+    )
+    description = (
+        "each prefill block must be freed exactly once, after its last expected pull (a block nobody pulls when "
+        "the transfer ends); this one is freed at its first pull, so a second decode rank that pulls it reads a "
+        "freed block: through the re-sharding connector (prefill I = 1, decode I = 16) every prefill block holds "
+        "positions of several decode ranks"
+    )
+    kv_connector = "resharding"
+
+    def release(self):
+        return _FreesAtFirstPull()
+
+
+class _NotifiesReceiversOnly(NixlConnector):
+    def notices(self, routes, dst):
+        return {d: notice for d, notice in super().notices(routes, dst).items() if notice[0] > 0}
+
+
+class NixlSkipsEmptyRankNotice(PDFault):
+    name = "nixl-skips-empty-rank-notice"
+    bug_class = "P/D 7. a decode rank that owns none of a prompt is never notified of its transfer's completion (sglang#32837)"
+    description = (
+        "the connector notifies only the decode ranks that received entries of a prompt: on pd-dsv3 (decode W = 4, "
+        "B = 64) the 90-token prompt 'short' fills two blocks, so decode ranks 2 and 3 own none of it and wait for a "
+        "completion that never comes"
+    )
+
+    def connector(self, kind):
+        return _NotifiesReceiversOnly()

@@ -42,6 +42,7 @@ from dcpsim.engine.faults.metadata import (
     PlanPagesFromGlobalLen,
     SpecMaskInterleaveOne,
     VerifyLocalLensMinusRejected,
+    ZeroLocalRowsCompacted,
 )
 from dcpsim.engine.faults.pcp import (
     DcpRankNotTransposed,
@@ -55,8 +56,10 @@ from dcpsim.engine.faults.pd import (
     NixlInterleaveNotBlockSize,
     NixlOneSourceRank,
     NixlPullsOutsideIntersection,
+    NixlSkipsEmptyRankNotice,
     NixlStrideByDcp,
     PDFault,
+    PrefillFreesPerPull,
     ReshardIgnoresInterleave,
 )
 from dcpsim.engine.faults.prefix import (
@@ -122,6 +125,7 @@ FAULTS: dict[str, Fault] = {
         TopkLocalInterleaveOne(),
         PageTableTranslatedTwice(),
         SlidingWindowReleaseOneEarly(),
+        ZeroLocalRowsCompacted(),
     )
 }
 
@@ -144,6 +148,8 @@ PD_FAULTS: dict[str, PDFault] = {
         ReshardIgnoresInterleave(),
         NixlOneSourceRank(),
         NixlPullsOutsideIntersection(),
+        PrefillFreesPerPull(),
+        NixlSkipsEmptyRankNotice(),
     )
 }
 

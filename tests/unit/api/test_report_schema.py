@@ -31,6 +31,23 @@ def test_the_schema_is_a_valid_json_schema_of_the_current_version():
     assert schema()["$defs"]["schema_version"]["const"] == SCHEMA_VERSION
 
 
+def test_the_schema_names_every_failure_kind():
+    from dcpsim.verify.report import FailureKind
+
+    def enums(node):
+        if isinstance(node, dict):
+            if "engine-error" in node.get("enum", ()):
+                yield node["enum"]
+            for value in node.values():
+                yield from enums(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from enums(value)
+
+    found = list(enums(schema()))
+    assert found and all(set(e) == {k.value for k in FailureKind} for e in found), found
+
+
 @pytest.mark.slow
 def test_run_and_replay_reports_follow_the_schema(run_json, tmp_path):
     docs = []

@@ -52,6 +52,8 @@ def test_every_pd_fault_names_a_public_report_or_its_bug():
         "reshard-ignores-interleave",
         "nixl-one-source-rank",
         "nixl-pulls-outside-intersection",
+        "prefill-frees-per-pull",
+        "nixl-skips-empty-rank-notice",
     }
     assert "vllm#53205" in get_pd_fault("nixl-pulls-outside-intersection").bug_class
     assert "vllm#57389" in get_pd_fault("nixl-one-source-rank").bug_class
