@@ -80,6 +80,12 @@ class EngineChoice:
         "takes the scenario's sampled tokens); dcpsim: dcpsim's own scheduler (only vLLM's worker-side code runs)",
         choices=VLLM_SCHEDULERS,
     )
+    vllm_allow_chunked_local_hybrid: bool = option(
+        False,
+        "--engine vllm: run vLLM as with VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1: a model with chunked "
+        "local attention keeps the hybrid KV cache manager (vLLM's default, read from its VllmConfig, turns it off; "
+        "it stays off beside an EAGLE-style drafter)",
+    )
     vllm_ascend_source: str | None = option(
         None,
         "--engine vllm-ascend: a directory holding vllm_ascend/ (an unpacked source archive, a checkout); default "
@@ -189,6 +195,7 @@ class EngineChoice:
             vllm_scheduler=self.vllm_scheduler,
             vllm_attention_backend=self.vllm_attention_backend,
             vllm_merge_programs=self.vllm_merge_programs,
+            vllm_allow_chunked_local_hybrid=self.vllm_allow_chunked_local_hybrid,
             sglang_source=self.sglang_source,
             vllm_ascend_source=self.vllm_ascend_source,
             sglang_platform=self.sglang_platform,

@@ -125,10 +125,11 @@ def build_engine(name: str = "reference", **options) -> Engine:
     return engine
 
 
-def engine_info(engine: Engine) -> dict:
+def engine_info(engine: Engine, scenario=None) -> dict:
     """What a report says of the engine: its name, version and who makes each decision
     (the engine's own ``decisions``, else ``reference`` for a decision it inherits from the
-    reference engine, else its class)."""
+    reference engine, else its class). With ``scenario``, an engine that says which KV cache
+    manager layout it picks for it (``manager_layout``) says so among its scheduler decisions."""
     own = getattr(engine, "decisions", {})
     decisions = {}
     for name in ENGINE_DECISIONS:
@@ -147,4 +148,10 @@ def engine_info(engine: Engine) -> dict:
     scheduler_decisions = getattr(engine, "scheduler_decisions", None)
     if scheduler_decisions:  # each scheduler-side decision and the function that makes it
         info["scheduler_decisions"] = dict(scheduler_decisions)
+        layout = getattr(engine, "manager_layout", None)
+        if scenario is not None and layout is not None and "manager layout" in scheduler_decisions:
+            try:
+                info["scheduler_decisions"]["manager layout"] = layout(scenario).describe()
+            except ConfigError as exc:  # a scenario the engine refused before it ran: keep the rule's words
+                info["scheduler_decisions"]["manager layout"] += f" (this scenario: {exc})"
     return info

@@ -109,6 +109,6 @@ def rank_report(run: RankRun, failure: Failure | None) -> RunReport:
         schedule=run.scheduler.summary,
         failure=failure,
         ranks=[rank_figures(run, bytes_sent)],
-        engine=dict(engine_info(run.engine), groups=engine_groups(run)),
+        engine=dict(engine_info(run.engine, run.job.scenario), groups=engine_groups(run)),
         **attention,
     )

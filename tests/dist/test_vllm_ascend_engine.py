@@ -178,6 +178,7 @@ REFUSED = {
     "llama-draft": "vllm.v1.kv_cache_interface.FullAttentionSpec has no dcp_sharded field",  # the replicated draft
     "llama4-chunked": "vllm.v1.kv_cache_interface.ChunkedLocalAttentionSpec has no dcp_sharded field",
     "llama4-scout": "vllm.v1.kv_cache_interface.ChunkedLocalAttentionSpec has no dcp_sharded field",
+    "llama4-chunked-prefix": "vllm.v1.kv_cache_interface.ChunkedLocalAttentionSpec has no dcp_sharded field",
 }
 """Built-ins the plugin cannot run as the scenario says at the sweep's interleave (I = 1), with the
 words of the rule: vllm-ascend's platform (sparse attention under DCP runs at I = B, a P/D run

@@ -20,6 +20,7 @@ from support.helpers import builtin, run
 pytestmark = pytest.mark.slow  # gloo worlds running an engine's kernels; the fast loop leaves them out
 
 UPSTREAM_BUG = "kv-events-full"
+CHUNKED_PREFIX_BUG = "llama4-chunked-prefix"  # vLLM asserts at its first prefix lookup under DCP (test_vllm_hybrid_layout)
 """Fails under vLLM 0.33.0 at W > 1 by design: it reproduces vllm#50118 (tested below)."""
 MANAGER = "vllm/v1/core/kv_cache_manager.py"
 POOL = "vllm/v1/core/block_pool.py"
@@ -36,7 +37,7 @@ DRIVER = {"manager": "KVCacheManager in dcpsim's step loop", "full": "Scheduler.
 @pytest.mark.parametrize("mode", ["manager", "full"])
 @pytest.mark.parametrize("W", [1, 2, 4])
 def test_builtins_get_the_reference_verdicts_with_vllms_scheduler(vllm_source, W, mode):
-    names = [n for n in builtin_scenario_names() if not (n == UPSTREAM_BUG and W > 1)]
+    names = [n for n in builtin_scenario_names() if not (n in (UPSTREAM_BUG, CHUNKED_PREFIX_BUG) and W > 1)]
     scenarios = [builtin(name, W) for name in names]
     by_world: dict[int, list[int]] = {}
     for k, sc in enumerate(scenarios):

@@ -24,6 +24,8 @@ exception raised inside vLLM's code is a ``VllmCallError`` naming the function
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from dcpsim.engine.interface import EngineError
@@ -32,8 +34,9 @@ from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.vllm import attention_metadata as metadata
 from dcpsim.engine.vllm import parallel_rules, slot_mapping
 from dcpsim.engine.vllm.backends import DEFAULT_BACKEND, read_backend
-from dcpsim.engine.vllm.core import load_with_core
+from dcpsim.engine.vllm.core import engine_error, load_with_core
 from dcpsim.engine.vllm.functions import KNOWN, VllmCallError
+from dcpsim.engine.vllm.hybrid_layout import ENV, FLAG, Layout, has_chunk, manager_on, read_rule
 from dcpsim.engine.vllm.loader import SourceTree, source_dir
 from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS, VllmCombine
 from dcpsim.engine.vllm.merge_choice import MERGE_HELPERS, VLLM_MERGES, merge_decision, merge_with_vllm
@@ -70,7 +73,10 @@ class VllmEngine(ReferenceEngine):
         attention_backend: str = DEFAULT_BACKEND,
         merge_programs: int = DEFAULT_PROGRAMS,
         partial: bool = False,
+        allow_chunked_local_hybrid: bool = False,
     ):
+        """``allow_chunked_local_hybrid``: run as vLLM runs with
+        ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1`` (``hybrid_layout``)."""
         if runner not in RUNNERS:
             raise ConfigError(f"--vllm-runner must be v1 or v2, got {runner!r}")
         if scheduler not in VLLM_SCHEDULERS:
@@ -78,6 +84,7 @@ class VllmEngine(ReferenceEngine):
         if merge not in VLLM_MERGES:
             raise ConfigError(f"--vllm-merge must be one of {', '.join(VLLM_MERGES)}, got {merge!r}")
         self.runner, self.merge, self.scheduler = runner, merge, scheduler
+        self.allow_chunked_local_hybrid = bool(allow_chunked_local_hybrid)
         self.tree = SourceTree(source_dir(vllm_source))
         self.version = self.tree.version
         release = self.version if self.version in VLLM_RELEASES else None
@@ -94,7 +101,9 @@ class VllmEngine(ReferenceEngine):
         self.lse_base = self.backend.lse_base
         helpers = [*(RUNNER_MODULES[runner] if self.bindings.has("write_slots") else ()), *SPEC_HELPERS, *MERGE_HELPERS]
         names = [*[m for m in helpers if self.tree.exists(m)], *self.bindings.modules(), SPECS_MODULE]
-        names = list(dict.fromkeys(n for n in names if n != "vllm.v1.core.kv_cache_manager"))
+        rule_module = self.bindings.bound["hybrid_manager_rule"].shape
+        skip = ("vllm.v1.core.kv_cache_manager", rule_module.module if rule_module else "")  # the rule is read, not run
+        names = list(dict.fromkeys(n for n in names if n not in skip))
         self.core = None
         if runs_vllm_core(scheduler):
             mods, self.core = load_with_core(self.tree, names, scheduler=scheduler == "full")
@@ -126,6 +135,8 @@ class VllmEngine(ReferenceEngine):
         self._kernel_table = self._function(mods, "kernel_block_table")
         self._local_lens = self._function(mods, "local_seq_lens")
         self._table_width = self._function(mods, "block_table_width")
+        self._unify = self._function(mods, "kv_cache_layout")
+        self._rule = read_rule(str(self.tree.root)) if b.has("hybrid_manager_rule") else None
 
     def _said(self, decision: str, text: str) -> str:
         """``text`` where the tree holds ``decision``, else the reference and why."""
@@ -159,10 +170,62 @@ class VllmEngine(ReferenceEngine):
         decisions.update(SPARSE_DECISIONS)
         if not b.has("sparse_local_keys"):
             decisions["sparse_local_keys"] = f"reference ({b.why('sparse_local_keys')})"
-        sides, self.scheduler_decisions = scheduler_sides(self.scheduler)
+        sides, scheduler_decisions = scheduler_sides(self.scheduler)
+        self.scheduler_decisions = {**scheduler_decisions, "manager layout": self._layout_rule()} if scheduler_decisions else {}
         """Each scheduler-side decision -> the vLLM function (and file) that makes it."""
         decisions.update(sides)
         return decisions
+
+    # --- the manager layout vLLM picks (hybrid or unified) ------------------------------
+
+    def _layout_rule(self) -> str:
+        """What decides the manager layout, as ``engine info`` says it (no scenario)."""
+        r, unify = self._rule, self.bindings.bound["kv_cache_layout"].shape
+        if r is None:
+            return f"vLLM's hybrid KV cache manager ({self.version}'s VllmConfig.__post_init__ has no rule for chunked local attention)"
+        env = f"on ({FLAG} sets {ENV}=1)" if self.allow_chunked_local_hybrid else f"off unless {ENV}=1 (line {r.env_line}; {FLAG})"
+        drafter = f", off beside an EAGLE-style drafter (line {r.drafter_line})" if r.drafter else ""
+        off = (
+            f"; with it off, vllm {unify.module}.{unify.qualname} decides which layers are stored as full attention "
+            "(a scenario it changes is exit 2: dcpsim does not run that layout)"
+            if unify
+            else ""
+        )
+        return (
+            f"vllm vllm.config.vllm.VllmConfig.__post_init__ ({r.where()}): for a model with chunked local attention the "
+            f"hybrid KV cache manager is {env}{drafter}{off}; else the hybrid KV cache manager"
+        )
+
+    def manager_layout(self, scenario) -> Layout:
+        """The KV cache manager layout vLLM picks for ``scenario``: its hybrid manager, or, with
+        it off, what ``unify_hybrid_kv_cache_specs`` makes of the layers' specs (``hybrid_layout``).
+        A ``ConfigError`` where that function refuses them (vLLM's words)."""
+        on, why = manager_on(
+            self._rule,
+            self.version,
+            chunk=has_chunk(scenario.layers),
+            eagle=scenario.config.eagle_drop,
+            allow=self.allow_chunked_local_hybrid,
+        )
+        if on or self._unify is None:
+            return Layout(True, why)
+        specs = {name: self.vllm_spec(spec) for name, spec in scenario.layers.items()}
+        before = dict(specs)
+        quiet = logging.getLogger(self._unify.__module__)  # its warning that the manager is off: the report says it
+        was, quiet.disabled = quiet.disabled, True
+        try:
+            self._unify(specs)
+        except Exception as exc:  # vLLM refuses the layers at start-up
+            err = engine_error(exc, self.tree, "unify_hybrid_kv_cache_specs")
+            raise ConfigError(
+                f"vLLM {self.version} refuses this configuration (its hybrid KV cache manager {why}): {err.function} "
+                f"({err.file}:{err.line}): {err.message}"
+            ) from None
+        finally:
+            quiet.disabled = was
+        promoted = tuple(n for n in specs if specs[n] != before[n])
+        into = ", ".join(sorted({f"{type(specs[n]).__name__}(block_size={specs[n].block_size})" for n in promoted}))
+        return Layout(False, why, promoted, into)
 
     def _merge_modules(self) -> dict:
         return {v: self.bindings.bound[f"merge_{v}"].shape.module for v in ("allgather", "alltoall")}
@@ -182,6 +245,18 @@ class VllmEngine(ReferenceEngine):
         rank's error. Parallel sizes the tree's ``ParallelConfig`` refuses come first
         (``parallel_rules``)."""
         parallel_rules.check(self, scenario)
+        layout = self.manager_layout(scenario)
+        if layout.promoted:
+            unify = self.bindings.bound["kv_cache_layout"].shape
+            line = self._unify.__code__.co_firstlineno
+            raise ConfigError(
+                f"vLLM {self.version} runs this model without its hybrid KV cache manager ({layout.why}), and its "
+                f"{unify.qualname} ({unify.file}:{line}, called by get_kv_cache_groups) then stores the layers "
+                f"{', '.join(layout.promoted)} as {layout.into}: "
+                "dcpsim does not run that unified layout (its groups and checker keep each layer's own kind); "
+                f"{FLAG} runs vLLM as with {ENV}=1, on the hybrid manager"
+                + (" (not beside an EAGLE-style drafter, where vLLM turns it off regardless)" if scenario.config.eagle_drop else "")
+            )
         if self.core is None:
             self.geometries(scenario.layers, scenario.config)
             return

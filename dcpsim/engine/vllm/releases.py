@@ -222,7 +222,40 @@ KV_MANAGER = Decision(
 """vLLM's ``KVCacheManager`` (the scheduler side): what its token budget is called."""
 
 
+HYBRID_RULE = Decision(
+    "hybrid_manager_rule",
+    (Shape("post-init", "vllm.config.vllm", "VllmConfig.__post_init__", ("self",), VLLM_RELEASES),),
+)
+"""Where vLLM decides whether its hybrid KV cache manager runs: ``VllmConfig.__post_init__`` turns it
+off for a model with an ``attention_chunk_size`` (always beside an EAGLE-style drafter, else unless
+``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1``). Read with ``ast``, never imported
+(``dcpsim.engine.vllm.hybrid_layout.read_rule`` finds the rule's lines inside it)."""
+
+KV_LAYOUT = Decision(
+    "kv_cache_layout",
+    (
+        Shape("planning", "vllm.v1.core.kv_cache_planning", "unify_hybrid_kv_cache_specs", ("kv_cache_spec",), since("0.33.0")),
+        Shape("utils", "vllm.v1.core.kv_cache_utils", "unify_hybrid_kv_cache_specs", ("kv_cache_spec",), since("0.23.0", "0.32.0")),
+    ),
+)
+"""What the layers' specs become with the hybrid manager off (``get_kv_cache_groups`` calls it):
+local-attention specs promoted to full attention where a full-attention layer is beside them
+(from 0.31.0 sharded and replicated layers apart)."""
+
+
 def vllm_table(runner: str) -> tuple[Decision, ...]:
     """The decisions of ``--engine vllm`` with model runner ``runner`` (``v2`` or ``v1``)."""
     write = WRITE_V2 if runner == "v2" else WRITE_V1
-    return (write, LOCAL_LENS, KERNEL_TABLE, TABLE_WIDTH, SPEC_CLASSES, MERGE_ALLGATHER, MERGE_ALLTOALL, SPARSE_FILTER, KV_MANAGER)
+    return (
+        write,
+        LOCAL_LENS,
+        KERNEL_TABLE,
+        TABLE_WIDTH,
+        SPEC_CLASSES,
+        MERGE_ALLGATHER,
+        MERGE_ALLTOALL,
+        SPARSE_FILTER,
+        KV_MANAGER,
+        HYBRID_RULE,
+        KV_LAYOUT,
+    )
