@@ -43,7 +43,7 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
     faults = [r for r in rows if r[0] != "(baseline)"]
     baselines = [r for r in rows if r[0] == "(baseline)"]
     # every registered fault has rows, and every fault row says detected, with the report's first line
-    # (a P/D row says which instance failed)
+    # (a P/D row says which instance failed, or that the transfer between them did)
     assert {r[0] for r in faults} == (set(FAULTS) | set(PD_FAULTS)) - {"none"}
     for r in faults:
         assert r[3] == "detected", r
@@ -52,7 +52,7 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
                 "[collective-hang] RankFailureError: collective hang in a world of 2 ranks: rank 0 skipped a collective"
             ), r
             continue
-        assert re.match(r"\[[a-z-]+\] ((prefill|decode) instance: )?FAIL at step \d+: ", r[4]), r
+        assert re.match(r"\[[a-z-]+\] ((prefill|decode) instance: |kv transfer: )?FAIL at step \d+: ", r[4]), r
     stride = [r for r in faults if r[0] == "nixl-stride-by-dcp"]  # a real run on a PCP prefill
     assert len(stride) == 1 and "PCP=2" in stride[0][2] and stride[0][4].startswith("[wrong-content] decode instance: ")
     pd_baselines = [r for r in baselines if r[2].startswith(("nixl ", "resharding "))]

@@ -101,7 +101,7 @@ PLANTED = [
         "            num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens,",
         "            num_computed_tokens - self.sliding_window + 17 - self.extra_retained_tokens,",
         "gpt-oss-hybrid",
-        "wrong-content",
+        "retention-at-read",  # the step's own queries read the released keys (wrong-content after the step, before that judge)
         id="window-release",
     ),
     pytest.param(  # one slot too few: the step's last token has no block
