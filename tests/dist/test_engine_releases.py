@@ -94,20 +94,17 @@ def test_a_release_gives_the_reference_verdicts_and_its_known_bugs(engine, relea
             assert not report.passed and report.failure.kind == kind and words in report.failure.message, report.text()
         else:
             assert report.passed, report.text()
-    if engine == "vllm":  # a DCP group spanning the PCP axis (TP 1, PCP 2, DCP 2): refused where TP % DCP is checked alone
-        if release in PCP_BLIND:
-            with pytest.raises(dcpsim.ConfigError, match=r"vllm/config/parallel.py:\d+: .*must be divisible by"):
-                dcpsim.run("glm-pcp2-dcp2", engine=engine, **source)
-            # TP 2: admissible, but these releases shard the KV over PCP x DCP, which dcpsim does not model
-            with pytest.raises(dcpsim.ConfigError, match=r"scheduler.py:\d+: pcp_world_size=self.pcp_world_size"):
-                dcpsim.run("glm-pcp2-dcp2", engine=engine, tp=2, **source)
-        else:
-            assert dcpsim.run("glm-pcp2-dcp2", engine=engine, **source).passed
+    if engine == "vllm":  # PCP 2: releases that shard over PCP x DCP run it as their PCP 2, DCP 1
+        assert dcpsim.run("glm-pcp2-dcp2", engine=engine, **source).passed
+        if release in PCP_BLIND:  # DCP over the whole grid: their shards are PCP-major, dcpsim's TP-major
+            with pytest.raises(dcpsim.ConfigError, match=r"scheduler.py:\d+: pcp_world_size=self.pcp_world_size.*PCP-major"):
+                dcpsim.run("glm-pcp2-dcp2", engine=engine, tp=2, dcp=4, **source)
 
 
 PCP_BLIND = ("0.23.0", "0.24.0", "0.25.1")
 """vLLM releases whose ``ParallelConfig`` requires TP divisible by DCP whatever PCP is (read off
-their ``vllm/config/parallel.py``: no ``pcp == 1`` branch before the error)."""
+their ``vllm/config/parallel.py``: no ``pcp == 1`` branch before the error) and whose scheduler
+shards the KV cache over PCP x DCP (``engine.vllm.parallel_rules``)."""
 
 
 def _refusal(engine: str, name: str, bindings) -> str | None:

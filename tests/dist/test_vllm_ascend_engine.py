@@ -11,6 +11,8 @@ vLLM 0.23.0 that refuses them."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import dcpsim
@@ -169,7 +171,6 @@ def test_the_releases_verify_mask_fails_at_an_interleave_and_the_fix_passes(name
 
 
 REFUSED = {
-    "glm-pcp2-dcp2": 'vllm/config/parallel.py:489: f"tp_size={self.tensor_parallel_size} must be divisible by"',
     "dsv32-sparse": 'vllm_ascend/platform.py:759: f"Override cp_kv_cache_interleave_size to {cache_config.block_size}."',
     "pd-dsv3": 'vllm_ascend/platform.py:751: "needs to be equal if use pcp or dcp > 1 in P/D disaggregate and kv pool scenario."',
     "dsv41-hybrid": "vllm.v1.kv_cache_interface.SlidingWindowMLASpec has no dcp_sharded field",
@@ -184,8 +185,10 @@ REFUSED = {
 words of the rule: vllm-ascend's platform (sparse attention under DCP runs at I = B, a P/D run
 asserts I = B), or vLLM 0.23.0's spec classes, which have no field to keep a group whole under DCP
 (vllm-ascend's own specs have none either): a group the scenario replicates would be sharded; or
-vLLM 0.23.0's ``ParallelConfig``, which wants TP divisible by DCP whatever PCP is (a DCP group
-spanning the PCP axis, ``glm-pcp2-dcp2``)."""
+``glm-pcp2-dcp2`` runs at W = 2 (the plugin's PCP 2, DCP 1: its shards over PCP x DCP are then
+dcpsim's); at W = 4 (TP 2) its shards would be ordered PCP-major (``REFUSED_AT``)."""
+REFUSED_AT = {4: {"glm-pcp2-dcp2": "are ordered PCP-major (shard pcp_rank * 2 + dcp_rank)"}}
+"""Built-ins refused at one W only: W -> name -> the words of the rule."""
 KNOWN_BUGS = {"eagle-hybrid-hit": "prefix-hit-short"}
 """Built-ins whose failure under the plugin is a known upstream bug: name -> failure kind, under
 the default ``--vllm-scheduler manager`` (the bug is the plugin's hybrid coordinator, bug class
@@ -223,8 +226,9 @@ def test_builtins_get_the_reference_verdicts_or_the_plugins_reason(W, attention,
         except ConfigError as exc:
             refused[name] = str(exc)
     assert set(KNOWN_BUGS) <= set(names), (names, refused)
-    assert refused.keys() == REFUSED.keys(), refused
-    for name, fragment in REFUSED.items():
+    expected = {**REFUSED, **REFUSED_AT.get(W, {})}
+    assert refused.keys() == expected.keys(), refused
+    for name, fragment in expected.items():
         message = refused[name]
         assert message.startswith((f"vllm-ascend {NEWEST} ", f"vLLM {VLLM_OF[NEWEST]} ")) and fragment in message, message
     scenarios = [builtin(name, W) for name in names]
@@ -303,3 +307,36 @@ def test_sparse_attention_reads_the_keys_of_the_plugins_remap(planted, trees, fi
         assert not report.passed and report.failure.kind == "attention-mismatch" and report.failure.step == 0, report.text()
     else:
         assert report.passed, report.text()
+
+
+SPLIT_BUG = (
+    "tail_start_loc = positions_start_loc + (2 * self.pcp_world_size - rank - 1) * pcp_chunk_sizes",
+    "tail_start_loc = positions_start_loc + (2 * self.pcp_world_size - rank - 2) * pcp_chunk_sizes",
+)
+"""A tail chunk one place early in ``update_tokens_for_pcp``: rank 1 recomputes its own head chunk,
+and the last chunk of every split row is computed by no rank."""
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", [False, True], ids=["release", "tail-chunk-one-early"])
+def test_a_pcp_run_splits_rows_by_the_plugins_dualchunkswap(planted, trees, tmp_path):
+    """``glm-pcp2-dcp2`` (TP 1, PCP 2, DCP spanning it: the plugin's PCP 2, DCP 1) on gloo: the
+    rows are split, gathered and restored by the plugin's ``update_tokens_for_pcp`` and
+    ``classify_decode_request_mask``, the slots, local lengths and widths are the plugin's over
+    its PCP x DCP sizes, and the merge is its PCP all-gather and combine. A tail chunk planted one
+    place early makes the run fail on wrong content."""
+    ascend, vllm = trees
+    if planted:
+        ascend = str(patched_copy(ascend, tmp_path / "ascend-bug", "vllm_ascend/worker/pcp_utils.py", *SPLIT_BUG))
+    report = dcpsim.run("glm-pcp2-dcp2", engine="vllm-ascend", vllm_ascend_source=ascend, vllm_source=vllm, attention=not planted)
+    decisions = report.to_dict()["engine"]["decisions"]
+    assert decisions["pcp_chunks"].startswith("vllm-ascend vllm_ascend/worker/pcp_utils.py::PCPManager.update_tokens_for_pcp")
+    assert decisions["pcp_replicated"].startswith("vllm-ascend vllm_ascend/worker/pcp_utils.py::PCPManager.classify_decode_request_mask")
+    if planted:
+        assert not report.passed and report.failure.kind == "wrong-content", report.text()
+        return
+    text = report.text()
+    assert report.passed and "attention checks matched the full-context reference" in text, text
+    merged = re.search(re.escape(MERGED_BY) + r" \d+ merges, (\d+) of (\d+) rows", text)
+    assert merged and merged.group(1) == merged.group(2) != "0", text

@@ -296,7 +296,13 @@ class VllmEngine(ReferenceEngine):
     def group_geometry(self, group_id, group, config):
         g = super().group_geometry(group_id, group, config)  # validation, storage, retention
         return vllm_geometry(
-            g, self.vllm_spec(group.representative), group, config, self._table_width, self.bindings.bound["block_table_width"].shape
+            g,
+            self.vllm_spec(group.representative),
+            group,
+            config,
+            self._table_width,
+            self.bindings.bound["block_table_width"].shape,
+            parallel_rules.release_sizes(self.tree, config),
         )
 
     # --- the write path -------------------------------------------------------------

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 
 from dcpsim.engine.scheduler.request import Request, Status
-from dcpsim.engine.vllm import runner_output
+from dcpsim.engine.vllm import parallel_rules, runner_output
 from dcpsim.engine.vllm.connector import SchedulerConnector
 from dcpsim.engine.vllm.sched_config import NoGrammar, scheduler_vllm_config
 from dcpsim.engine.vllm.scheduler import VllmScheduler
@@ -69,7 +69,9 @@ class VllmFullScheduler(VllmScheduler):
         self._by_id: dict[str, Request] = {r.request_id: r for r in self.requests}
         self._rows_seen: dict[tuple[int, int], set[int]] = {}
         attention_block = self._vllm_config(()).cache_config.block_size
-        vllm_config = scheduler_vllm_config(config, attention_block, kv_cache_config.num_blocks)
+        vllm_config = scheduler_vllm_config(
+            config, attention_block, kv_cache_config.num_blocks, parallel_rules.release_sizes(self.vllm_engine.tree, config)
+        )
         self.vllm = core.call(
             SCHEDULER,
             core.scheduler_module.Scheduler,

@@ -49,9 +49,10 @@ class _Drafter(Fields):
         return self.eagle_drop
 
 
-def scheduler_vllm_config(config: SimConfig, block_size: int, num_gpu_blocks: int) -> Fields:
+def scheduler_vllm_config(config: SimConfig, block_size: int, num_gpu_blocks: int, cp_sizes: tuple[int, int]) -> Fields:
     """The stand-in ``VllmConfig`` of ``config`` (``block_size``: the attention block size
-    vLLM's ``cache_config`` holds; ``num_gpu_blocks``: the shared pool's blocks)."""
+    vLLM's ``cache_config`` holds; ``num_gpu_blocks``: the shared pool's blocks; ``cp_sizes``:
+    its DCP and PCP sizes as the tree states the scenario's layout, ``parallel_rules.release_sizes``)."""
     k = config.num_speculative_tokens
     drafter = None
     if k:
@@ -102,8 +103,8 @@ def scheduler_vllm_config(config: SimConfig, block_size: int, num_gpu_blocks: in
         ),
         parallel_config=Fields(
             "vllm_config.parallel_config",
-            decode_context_parallel_size=config.decode_context_parallel_size,
-            prefill_context_parallel_size=config.prefill_context_parallel_size,
+            decode_context_parallel_size=cp_sizes[0],
+            prefill_context_parallel_size=cp_sizes[1],
             data_parallel_index=0,
             data_parallel_size=1,
             pipeline_parallel_size=1,

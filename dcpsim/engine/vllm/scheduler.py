@@ -37,6 +37,7 @@ import numpy as np
 from dcpsim.engine.interface import EngineError
 from dcpsim.engine.scheduler.request import Request
 from dcpsim.engine.scheduler.scheduler import Scheduler, pool_sizes
+from dcpsim.engine.vllm import parallel_rules
 from dcpsim.engine.vllm.core import SamplingParams, VllmCore
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import KVEvent, ReqWrite, ScheduleEvent
@@ -105,12 +106,19 @@ class VllmScheduler(Scheduler):
             enable_caching=config.enable_prefix_caching,
             use_eagle=config.eagle_drop,
             enable_kv_cache_events=True,
-            dcp_world_size=config.decode_context_parallel_size,
+            **self._cp_world_sizes(),
         )
+
+    def _cp_world_sizes(self) -> dict:
+        """The manager's CP sizes as the tree's scheduler hands them (``parallel_rules.release_sizes``):
+        ``pcp_world_size`` only where the tree shards over PCP (and the scenario has PCP)."""
+        dcp, pcp = parallel_rules.release_sizes(self.vllm_engine.tree, self.config)
+        return dict(dcp_world_size=dcp, **({"pcp_world_size": pcp} if pcp > 1 and dcp < self.config.decode_context_parallel_size else {}))
 
     def _vllm_config(self, groups) -> types.SimpleNamespace:
         """What ``resolve_kv_cache_block_sizes`` reads of a ``VllmConfig``."""
         c = self.config
+        dcp, pcp = parallel_rules.release_sizes(self.vllm_engine.tree, c)
         attention = [g.block_size for g in self.geometries if g.storage in (Storage.PAGED, Storage.RECORDS)]
         block_size = c.block_size or min(attention, default=self.geometries[0].block_size)
         return types.SimpleNamespace(
@@ -118,8 +126,8 @@ class VllmScheduler(Scheduler):
                 block_size=block_size, prefix_match_unit=None, hash_block_size=None, enable_prefix_caching=c.enable_prefix_caching
             ),
             parallel_config=types.SimpleNamespace(
-                decode_context_parallel_size=c.decode_context_parallel_size,
-                prefill_context_parallel_size=c.prefill_context_parallel_size,  # read before 0.26.0
+                decode_context_parallel_size=dcp,
+                prefill_context_parallel_size=pcp,  # read before 0.26.0
             ),
             kv_transfer_config=None,
         )

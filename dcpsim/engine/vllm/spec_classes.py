@@ -72,7 +72,7 @@ def vllm_spec(tree, specs: types.ModuleType, spec):
         ) from None
 
 
-def vllm_geometry(g, vspec, group, config, table_width, width_shape):
+def vllm_geometry(g, vspec, group, config, table_width, width_shape, cp_sizes):
     """The reference's geometry ``g`` (validation, storage, retention) with what vLLM's spec
     ``vspec`` says of the group; ``table_width``: vLLM's ``get_block_table_width`` (of the
     ``Shape`` ``width_shape``), or None where the tree has none (rows ``max_num_blocks_per_req``
@@ -87,8 +87,8 @@ def vllm_geometry(g, vspec, group, config, table_width, width_shape):
     sharded = sharded and config.decode_context_parallel_size > 1 and g.storage is not Storage.RING
     vllm_config = types.SimpleNamespace(  # what the spec methods read of a VllmConfig
         parallel_config=types.SimpleNamespace(
-            decode_context_parallel_size=config.decode_context_parallel_size,
-            prefill_context_parallel_size=config.prefill_context_parallel_size,  # read before 0.26.0
+            decode_context_parallel_size=cp_sizes[0],  # as the tree states the layout (parallel_rules.release_sizes)
+            prefill_context_parallel_size=cp_sizes[1],  # read before 0.26.0
         ),
         model_config=types.SimpleNamespace(max_model_len=config.max_model_len),
         cache_config=types.SimpleNamespace(mamba_cache_mode=getattr(group.representative, "mamba_cache_mode", "none")),

@@ -12,7 +12,15 @@ decisions in their place, each bound to the plugin's code by its table
   (one physical block per kernel block: dcpsim's rows hold pages), over every write of a step;
   replicated, ring, record and state groups: as under ``--engine vllm``;
 * ``local_seq_lens`` (and the per-token ``query_local_bounds``): ``worker/pcp_utils.py``
-  ``PCPManager._get_cp_local_seq_lens`` (PCP = 1, this rank's column).
+  ``PCPManager._get_cp_local_seq_lens`` (this rank's (PCP, DCP) column);
+* the PCP split of a prefill row (``pcp_replicated``, ``pcp_chunks``, ``pcp_restore_offsets``):
+  ``PCPManager.classify_decode_request_mask`` and ``update_tokens_for_pcp`` (DualChunkSwap).
+
+The plugin's vLLM 0.23.0 shards the KV cache over PCP x DCP, shard ``pcp_rank * dcp + dcp_rank``
+(``engine.vllm.parallel_rules``): a scenario with PCP runs where that is dcpsim's layout, ``W == P``,
+i.e. the plugin's PCP ``P`` with DCP 1. Every plugin call is handed those sizes and this rank's
+``(pcp_rank, dcp_rank)`` in them (``_cp``): dcpsim's DCP rank ``k`` of ``W`` is the plugin's
+``(k // dcp, k % dcp)``.
 
 An exception inside the plugin's code is a ``VllmCallError`` naming its function.
 """
@@ -28,6 +36,7 @@ import torch
 
 from dcpsim.engine.loading.bindings import bind, resolve
 from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK
+from dcpsim.engine.vllm import parallel_rules
 from dcpsim.engine.vllm.adapter import VllmEngine
 from dcpsim.engine.vllm.core import COORDINATOR_MODULE, MANAGER_MODULE
 from dcpsim.engine.vllm.functions import call, call_unlocked
@@ -43,6 +52,7 @@ from dcpsim.engine.vllm_ascend.releases import (
     CP_UTILS,
     MERGE_DECISIONS,
     PATCH_COORDINATOR,
+    PCP_UTILS,
     SCHEDULER_DECISIONS,
     VLLM_OF,
 )
@@ -84,6 +94,12 @@ class VllmAscendEngine(VllmEngine):
             self._cp_utils = self.tree.load([CP_UTILS])[CP_UTILS]  # the table's get_total_cp_world_size, vLLM's own
         mods = self.ascend.load(names)
         self._block_table_module = mods.get(BLOCK_TABLE)
+        self._pcp_manager = getattr(mods.get(PCP_UTILS), "PCPManager", None)
+        self._release_cp = (1, 1)
+        """The plugin's ``(dcp, pcp)`` sizes of the run's layout (``parallel_rules.release_sizes``), set with its geometry."""
+        self._decode_threshold = 1
+        """``1 + num_speculative_tokens``: the most tokens of a row PCP leaves whole."""
+        self._splits: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._ascend = {}
         for name, bound in self.plugin_bindings.bound.items():
             if bound.shape is not None:
@@ -110,6 +126,11 @@ class VllmAscendEngine(VllmEngine):
                     f"{spec_classes}; width: {where} (BlockTable.max_num_blocks_per_req of paged and compressed groups; "
                     "rings and Mamba states as --engine vllm); validation: reference"
                 )
+            elif name == "pcp_split":
+                for decision in ("pcp_chunks", "pcp_restore_offsets"):
+                    self.decisions[decision] = f"{where} (a split row's chunks and the restore index of its gather)"
+            elif name == "pcp_decode_rows":
+                self.decisions["pcp_replicated"] = f"{where} (a decode row is left whole; every other row is split)"
             elif name == "sparse_local_keys":
                 self.decisions[name] = f"{where} (sharded sparse groups: every id of every query token, compacted to the front)"
             else:
@@ -175,6 +196,8 @@ class VllmAscendEngine(VllmEngine):
     # --- the geometry: the worker's block-table rows ----------------------------------
 
     def group_geometry(self, group_id, group, config):
+        self._release_cp = parallel_rules.release_sizes(self.tree, config)
+        self._decode_threshold = 1 + config.num_speculative_tokens
         g = super().group_geometry(group_id, group, config)
         if "block_table_width" not in self._ascend or g.storage not in (Storage.PAGED, Storage.RECORDS):
             return g  # rings and Mamba states: vLLM's rows
@@ -182,17 +205,17 @@ class VllmAscendEngine(VllmEngine):
 
     def _plugin_row_width(self, g, config) -> int:
         """``BlockTable.max_num_blocks_per_req`` of the plugin's ``MultiGroupBlockTable`` built for
-        this one group (one request, on the CPU), its DCP group ``W`` ranks wide (PCP = 1). The
+        this one group (one request, on the CPU), over the plugin's PCP x DCP sizes of ``W``. The
         table's block size is the group's states per page; a compressed group is a
         ``UniformTypeKVCacheSpecs`` of a spec with the group's ratio (what the plugin reads)."""
-        W = config.decode_context_parallel_size
+        dcp_size, pcp_size = self._release_cp
         spec = self.vllm_spec(g.spec)
         if g.storage is Storage.RECORDS and g.tokens_per_state > 1:
             uniform = self._block_table_module.UniformTypeKVCacheSpecs
             spec = object.__new__(uniform)  # only its kv_cache_specs is read
             object.__setattr__(spec, "kv_cache_specs", {g.layer_names[0]: types.SimpleNamespace(compress_ratio=g.tokens_per_state)})
-        dcp = types.SimpleNamespace(world_size=W, rank_in_group=0)
-        pcp = types.SimpleNamespace(world_size=1, rank_in_group=0)
+        dcp = types.SimpleNamespace(world_size=dcp_size, rank_in_group=0)
+        pcp = types.SimpleNamespace(world_size=pcp_size, rank_in_group=0)
         with INTERPRETER_LOCK:  # module globals: thread ranks take turns
             for module in (self._block_table_module, self._cp_utils):
                 module.get_dcp_group, module.get_pcp_group = (lambda: dcp), (lambda: pcp)
@@ -220,7 +243,7 @@ class VllmAscendEngine(VllmEngine):
         if fn is None or not writes or not g.sharded or g.storage is not Storage.PAGED:
             return super().step_write_slots(geometry, writes, block_rows, dcp_rank)
         positions = [np.arange(w.start, w.stop, dtype=np.int64) for w in writes]
-        flat = ascend_slot_mapping(fn, g, positions, block_rows, dcp_rank)
+        flat = ascend_slot_mapping(fn, g, positions, block_rows, self._cp(g, dcp_rank))
         cuts = np.cumsum([len(p) for p in positions])[:-1]
         return list(zip(np.split(flat, cuts), positions))
 
@@ -232,15 +255,84 @@ class VllmAscendEngine(VllmEngine):
         if fn is None or not geometry.sharded:
             return super().local_seq_lens(geometry, seq_lens, dcp_rank)
         what = "vllm_ascend.worker.pcp_utils.PCPManager._get_cp_local_seq_lens"
-        out = call(what, fn, None, torch.from_numpy(lens), 1, geometry.dcp_size, geometry.interleave_size)
-        return out[:, 0, dcp_rank].numpy().astype(np.int64)
+        dcp_size, pcp_size, dcp_at, pcp_at = self._cp(geometry, dcp_rank)
+        out = call(what, fn, None, torch.from_numpy(lens), pcp_size, dcp_size, geometry.interleave_size)
+        return out[:, pcp_at, dcp_at].numpy().astype(np.int64)
+
+    def _cp(self, geometry, dcp_rank: int) -> tuple[int, int, int, int]:
+        """``(dcp_size, pcp_size, dcp_rank, pcp_rank)`` in the plugin's terms of this sharded
+        group's rank ``dcp_rank`` of ``W``: its PCP x DCP sizes of the run (PCP only where
+        ``W == P``, ``parallel_rules``), shard ``pcp_rank * dcp + dcp_rank``."""
+        dcp_size, pcp_size = self._release_cp
+        if dcp_size * pcp_size != geometry.dcp_size:  # a group of another width (a draft, W = 1)
+            dcp_size, pcp_size = geometry.dcp_size, 1
+        return dcp_size, pcp_size, dcp_rank % dcp_size, dcp_rank // dcp_size
+
+    # --- prefill context parallelism: the split of a row ---------------------------------
+
+    def pcp_replicated(self, query_len, prefill, pcp, dcp):
+        fn = self._ascend.get("pcp_decode_rows")
+        if fn is None or pcp == 1:
+            return super().pcp_replicated(query_len, prefill, pcp, dcp)
+        stand_in = types.SimpleNamespace(pd_decode_recompute_scheduler_enabled=False)  # what the mask reads of a PCPManager
+        computed = np.array([0 if prefill else 1])  # a prefill row: its prompt not done; a decode: context, prompt done
+        what = "vllm_ascend.worker.pcp_utils.PCPManager.classify_decode_request_mask"
+        decode = call(what, fn, stand_in, np.array([query_len]), computed, computed, self._decode_threshold)
+        return bool(np.asarray(decode)[0])
+
+    def pcp_chunks(self, query_len, pcp, pcp_rank):
+        if "pcp_split" not in self._ascend:
+            return super().pcp_chunks(query_len, pcp, pcp_rank)
+        positions, real = self._pcp_split(query_len, pcp, pcp_rank)[:2]
+        mine = positions[real[positions]]
+        if not mine.size:
+            return []
+        cuts = np.flatnonzero(np.diff(mine) != 1) + 1
+        return [(int(run[0]), len(run)) for run in np.split(mine, cuts)]
+
+    def pcp_restore_offsets(self, query_len, pcp):
+        if "pcp_split" not in self._ascend:
+            return super().pcp_restore_offsets(query_len, pcp)
+        _, real, restore = self._pcp_split(query_len, pcp, 0)
+        targets = np.empty(len(restore), np.int64)
+        targets[restore] = np.arange(len(restore))  # restore[j]: the gathered row the plugin puts at position j
+        computed = np.concatenate([p for r in range(pcp) for p in [self._pcp_split(query_len, pcp, r)[0]]])
+        return targets[real[computed]]  # the rows of real tokens, as pcp_chunks hands them to the gather
+
+    def _pcp_split(self, query_len: int, pcp: int, pcp_rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The plugin's split of one prefill row of ``query_len`` tokens over ``pcp`` ranks, as
+        PCP rank ``pcp_rank`` runs ``update_tokens_for_pcp``: the positions (in the row padded to
+        a multiple of ``2 * pcp``) it computes, which positions are real tokens (the unpad mask),
+        and the restore index of the all-gather (position ``j`` takes the gathered row
+        ``restore[j]``). Pure in its arguments: computed once each."""
+        key = (query_len, pcp, pcp_rank)
+        if key not in self._splits:
+            padded = -(-query_len // (2 * pcp)) * 2 * pcp
+            stand_in = types.SimpleNamespace(  # what update_tokens_for_pcp reads and writes of a PCPManager
+                pcp_world_size=pcp,
+                pcp_world_rank=pcp_rank,
+                num_reqs=1,
+                num_decode_reqs=0,
+                num_decode_tokens=0,
+                num_pcp_pads_cpu=np.zeros(1, np.int64),
+                pcp_unpad_mask_cpu=np.ones(padded, bool),
+                pcp_allgather_restore_idx=types.SimpleNamespace(np=np.zeros(padded, np.int64), copy_to_gpu=lambda n: None),
+                pcp_tokens=np.zeros(1, np.int32),
+                pcp_use_hybrid_attn=False,
+            )
+            stand_in._get_cumsum_and_arange = types.MethodType(self._pcp_manager._get_cumsum_and_arange, stand_in)
+            what = "vllm_ascend.worker.pcp_utils.PCPManager.update_tokens_for_pcp"
+            _, positions = call(what, self._ascend["pcp_split"], stand_in, np.array([query_len], np.int32), np.arange(padded + 1))
+            restore = stand_in.pcp_allgather_restore_idx.np[:padded].copy()
+            self._splits[key] = (np.asarray(positions, np.int64), stand_in.pcp_unpad_mask_cpu[:padded].copy(), restore)
+        return self._splits[key]
 
     # --- the merge across the DCP ranks -----------------------------------------------
 
     def merge_across_ranks(self, out, lse, group, *, variant, base):
         if self._merge is None or group.world_size == 1 or not out.shape[0]:
             return super().merge_across_ranks(out, lse, group, variant=variant, base=base)
-        return self._merge.merge(out, lse, group, base)
+        return self._merge.merge(out, lse, group, base, pcp=self._release_cp[1])
 
     def merge_path(self, geometry):
         """The plugin's merge for the groups its MLA and GQA decode merge (``mla_cp.py``,
@@ -284,11 +376,12 @@ class VllmAscendEngine(VllmEngine):
         # the plugin's buffer is max_model_len wide (True: masked); the attention reads a row's
         # local keys, so the columns past its local length are not read
         buffer = torch.zeros((n, int(q.max()), int(totals.max())), dtype=torch.bool)
+        dcp_size, pcp_size, dcp_at, pcp_at = self._cp(geometry, dcp_rank)
         stand_in = types.SimpleNamespace(  # what generate_mtp_attention_mask_for_decode reads of a PCPManager
-            pcp_world_rank=0,
-            pcp_world_size=1,
-            dcp_world_rank=dcp_rank,
-            dcp_world_size=geometry.dcp_size,
+            pcp_world_rank=pcp_at,
+            pcp_world_size=pcp_size,
+            dcp_world_rank=dcp_at,
+            dcp_world_size=dcp_size,
             num_decode_reqs=n,
             vllm_config=types.SimpleNamespace(parallel_config=types.SimpleNamespace(cp_kv_cache_interleave_size=geometry.interleave_size)),
             dcp_mtp_attn_mask=types.SimpleNamespace(cpu=buffer, gpu=buffer, np=buffer.numpy()),
@@ -299,9 +392,11 @@ class VllmAscendEngine(VllmEngine):
         return [~masked[i, : q[i], : keys[i]] for i in range(n)]
 
 
-def ascend_slot_mapping(fn, g, positions: list[np.ndarray], block_rows, dcp_rank: int) -> np.ndarray:
+def ascend_slot_mapping(fn, g, positions: list[np.ndarray], block_rows, cp: tuple[int, int, int, int]) -> np.ndarray:
     """vllm-ascend's slot of every position of ``positions`` (one array per request, its block
-    row in ``block_rows``) on DCP rank ``dcp_rank`` (PCP = 1): ``PAD`` where another rank owns it."""
+    row in ``block_rows``) on the rank ``cp`` (``(dcp_size, pcp_size, dcp_rank, pcp_rank)``, the
+    plugin's): ``PAD`` where another rank owns it."""
+    dcp_size, pcp_size, dcp_rank, pcp_rank = cp
     n = len(positions)
     width = max(1, max(len(r) for r in block_rows))
     table = torch.zeros((n, width), dtype=torch.int32)
@@ -312,10 +407,10 @@ def ascend_slot_mapping(fn, g, positions: list[np.ndarray], block_rows, dcp_rank
     pos = torch.from_numpy(np.concatenate(positions)) if total else torch.zeros(0, dtype=torch.int64)
     out = torch.full((max(total, 1),), PAD, dtype=torch.int64)
     stand_in = types.SimpleNamespace(  # what _compute_pcp_dcp_slot_mapping reads of a BlockTable
-        dcp_world_size=g.dcp_size,
-        pcp_world_size=1,
+        dcp_world_size=dcp_size,
+        pcp_world_size=pcp_size,
         dcp_rank=dcp_rank,
-        pcp_rank=0,
+        pcp_rank=pcp_rank,
         physical_block_size=g.states_per_page,
         block_size=g.states_per_page,
         blocks_per_phys_block=1,

@@ -79,6 +79,36 @@ SPEC_DECODE_MASK = Decision(
 """``PCPManager.generate_mtp_attention_mask_for_decode``: the verify mask of the decode rows of a
 speculative step under DCP/PCP (True: masked), over the rank's local keys."""
 
+PCP_SPLIT = Decision(
+    "pcp_split",
+    (
+        Shape(
+            "update-tokens-for-pcp",
+            PCP_UTILS,
+            "PCPManager.update_tokens_for_pcp",
+            ("self", "num_scheduled_tokens", "arange_np"),
+            ASCEND_RELEASES,
+        ),
+    ),
+)
+"""``PCPManager.update_tokens_for_pcp``: a prefill row padded to a multiple of ``2 * pcp`` and cut
+into ``2 * pcp`` chunks, PCP rank ``r`` computing chunks ``r`` and ``2 * pcp - 1 - r`` (DualChunkSwap),
+with the index that restores the all-gathered chunks to query order and the mask of real tokens."""
+PCP_DECODE_ROWS = Decision(
+    "pcp_decode_rows",
+    (
+        Shape(
+            "classify-decode-request-mask",
+            PCP_UTILS,
+            "PCPManager.classify_decode_request_mask",
+            ("self", "num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens", "decode_threshold"),
+            ASCEND_RELEASES,
+        ),
+    ),
+)
+"""``PCPManager.classify_decode_request_mask``: the rows PCP does not split (a decode: context, at
+most ``1 + num_speculative_tokens`` tokens, the prompt done); every other row is split, however short."""
+
 COMMON_CP = "vllm_ascend.attention.context_parallel.common_cp"
 MERGE_EXCHANGE = Decision(
     "merge_exchange",
@@ -147,6 +177,8 @@ ASCEND_TABLE = (
     TABLE_WIDTH,
     LOCAL_LENS,
     SPEC_DECODE_MASK,
+    PCP_SPLIT,
+    PCP_DECODE_ROWS,
     MERGE_EXCHANGE,
     MERGE_UPDATE,
     MERGE_COMBINE,

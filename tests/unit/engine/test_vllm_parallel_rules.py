@@ -62,15 +62,22 @@ def _with_scheduler(tmp_path, body: str, pcp_size: str):
     return engine
 
 
-def test_a_tree_whose_scheduler_shards_over_pcp_is_refused_with_pcp(tmp_path):
-    # vLLM 0.23.0..0.25.1 hand the manager the PCP size (KV over PCP x DCP); dcpsim models 0.26.0's
+def test_a_tree_whose_scheduler_shards_over_pcp_runs_the_layout_it_shares_and_refuses_the_rest(tmp_path):
+    # vLLM 0.23.0..0.25.1 hand the manager the PCP size (KV over PCP x DCP, shard pcp_rank * dcp + dcp_rank)
     engine = _with_scheduler(tmp_path, NEW, "self.pcp_world_size")
-    with pytest.raises(ConfigError, match=r"scheduler.py:2: pcp_world_size=self.pcp_world_size,\); dcpsim models PCP"):
-        parallel_rules.check(engine, builtin("glm-pcp2-dcp2", 2))
+    spanning = builtin("glm-pcp2-dcp2", 2)  # DCP over the PCP axis: the release's PCP 2, DCP 1
+    parallel_rules.check(engine, spanning)
+    assert parallel_rules.release_sizes(engine.tree, spanning.config) == (1, 2)
+    with pytest.raises(ConfigError, match=r"scheduler.py:2: pcp_world_size=self.pcp_world_size,\).*no replicated PCP"):
+        parallel_rules.check(engine, builtin("glm-pcp2-dcp2", 1))
+    with pytest.raises(ConfigError, match=r"not decode_context_parallel_size=4: .*PCP-major \(shard pcp_rank \* 2 \+ dcp_rank\)"):
+        parallel_rules.check(engine, builtin("glm-pcp2-dcp2", 4, tensor_parallel_size=2))
     parallel_rules.check(engine, builtin("dsv3", 2))  # no PCP: the same layout
-    parallel_rules.check(_with_scheduler(tmp_path / "later", NEW, "1"), builtin("glm-pcp2-dcp2", 2))
+    assert parallel_rules.release_sizes(engine.tree, builtin("dsv3", 2).config) == (2, 1)
+    later = _with_scheduler(tmp_path / "later", NEW, "1")
+    assert parallel_rules.release_sizes(later.tree, spanning.config) == (2, 2)
 
 
-def test_the_start_up_refusal_comes_before_the_layout_gap(tmp_path):
-    with pytest.raises(ConfigError, match="must be divisible by"):
-        parallel_rules.check(_with_scheduler(tmp_path, OLD, "self.pcp_world_size"), builtin("glm-pcp2-dcp2", 2))
+def test_a_pcp_blind_tree_judges_the_sizes_it_is_handed(tmp_path):
+    # stated as the older release states it (PCP 2, DCP 1), TP 1 is divisible: no start-up refusal
+    parallel_rules.check(_with_scheduler(tmp_path, OLD, "self.pcp_world_size"), builtin("glm-pcp2-dcp2", 2))
