@@ -7,7 +7,9 @@ The workload of issue 12: one request whose prompt of ``--context`` tokens is pr
 rings, sharded compressed caches) or ``scout`` (the ``llama4-scout`` built-in: chunked
 local attention in three of four layers, sharded global attention in the fourth).
 
-Prints the wall time of the world, checks, verified indices and each rank's peak RSS.
+Prints the wall time of the world, checks, verified indices, each rank's peak RSS and CPU,
+issue 29's goal where the workload has one (dsv41 at 1M, scout at 10,485,496, W = 8), and a
+``row:`` of the per-commit table in ``benchmarks/README.md`` (the commit, ``+`` for a changed tree).
 ``--profile`` also prints the top functions of rank 0 (cProfile; the ranks do the same work). Run:
 
     python benchmarks/bench_verify.py --layout dsv41 --context 1048576 [--verify full] [--attention]
@@ -35,6 +37,8 @@ from dcpsim.model.scenario import RequestSpec  # noqa: E402
 from dcpsim.scenarios.load import load_scenario  # noqa: E402
 
 BUILTIN = Path(__file__).resolve().parents[1] / "dcpsim" / "scenarios" / "builtin"
+GOALS = {("dsv41", 1 << 20, 8): (2.5, None), ("scout", 10485496, 8): (30.0, 1024)}
+"""Issue 29's goals, (world seconds, MiB a rank), by (layout, context, W)."""
 LAYOUTS = {"dsv41": BUILTIN / "dsv41-hybrid.toml", "scout": BUILTIN / "llama4-scout.toml"}
 SCOUT_MAX_MODEL_LEN = 10485760
 """Llama-4-Scout's ``max_position_embeddings`` (its config.json; see llama4-scout.toml)."""
@@ -165,9 +169,37 @@ def main() -> None:
         f"  wall time {wall:.2f} s (this process, end to end: {time.perf_counter() - T0:.2f} s); "
         f"peak RSS per rank: max {rss:.0f} MiB ({per_rank})"
     )
-    if all("cpu_seconds" in r for r in report.ranks):
-        cpu = [r["cpu_seconds"] for r in report.ranks]
+    cpu = [r["cpu_seconds"] for r in report.ranks] if all("cpu_seconds" in r for r in report.ranks) else []
+    if cpu:
         print(f"  CPU per rank: max {max(cpu):.2f} s, total {sum(cpu):.2f} s over {os.cpu_count()} CPUs")
+    goal = GOALS.get((args.layout, args.context, args.dcp)) if not args.attention and args.verify == "incremental" else None
+    if goal is not None:
+        seconds, mib = goal
+        said = f"  goal (issue 29): <= {seconds:g} s of world time: {'met' if wall <= seconds else 'missed'} ({wall:.2f} s)"
+        if mib is not None:
+            said += f"; <= {mib:,} MiB a rank: {'met' if rss <= mib else 'missed'} ({rss:,.0f} MiB)"
+        print(said)
+    # one row of benchmarks/README.md's table per commit (the CPU's total over the cores is what
+    # the world time comes to on an idle machine, since the ranks outnumber the cores)
+    cpus = os.cpu_count() or 1
+    cpu_text = f"{max(cpu):.2f} s / {sum(cpu):.1f} s ({sum(cpu) / cpus:.1f} s over {cpus})" if cpu else "?"
+    print(
+        f"  row: | {commit()} | {args.layout}, {args.context:,}, W = {args.dcp} | {wall:.2f} s | {cpu_text} | {rss:,.0f} MiB | "
+        f"{load:.1f} | {'pass' if report.passed else 'FAIL'} |"
+    )
+
+
+def commit() -> str:
+    """The checkout's short commit, ``+`` when its tree has changes (``?`` outside git)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 if __name__ == "__main__":

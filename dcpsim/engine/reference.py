@@ -8,6 +8,7 @@ decision; the checker never calls it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -19,7 +20,7 @@ from dcpsim.engine.interface import Engine
 from dcpsim.errors import ConfigError
 from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
-from dcpsim.model.context_gather import local_gather, plan_chunks
+from dcpsim.model.context_gather import ContextSlots, local_gather, local_gathers, plan_chunk_arrays
 from dcpsim.model.grouping import KVCacheGroupSpec, check_groups_for_dcp, group_layer_specs
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import (
@@ -314,25 +315,83 @@ class ReferenceEngine(Engine):
         prefills = [i for i, w in enumerate(writes) if w.stop - w.start > 1 + g.num_speculative_tokens]
         contexts = [writes[i].start for i in prefills]
         W = g.dcp_size if g.sharded else 1
-        entries = plan_chunks(
+        chunks, reqs, starts, lengths = plan_chunk_arrays(
             contexts, workspace=g.chunked_prefill_workspace_size, block_size=g.block_size, dcp_size=W, interleave_size=g.interleave_size
         )
-        if not entries:
-            return None
-        fields: dict[str, list] = {k: [] for k in ("chunks", "starts", "seq_lens", "local_starts", "local_seq_lens", "slots")}
-        for chunk, k, start, length in entries:
-            local_start, local_len = self.gather_local(g, contexts[k], start, length, dcp_rank)
-            row = np.asarray(block_rows[prefills[k]], dtype=np.int64)
-            for name, value in zip(fields, (chunk, start, length, local_start, local_len)):
-                fields[name].append(value)
-            fields["slots"].append(self._read_slots(g, row, np.arange(local_start, local_start + local_len, dtype=np.int64)))
-        arrays = {k: np.asarray(v, dtype=np.int64) for k, v in fields.items() if k != "slots"}
+        if any(_overridden(self, name) for name in ("gather_local", "_read_slots", "kernel_block_table")):
+            return self._context_gather_each(g, writes, block_rows, dcp_rank, prefills, contexts, (chunks, reqs, starts, lengths))
+        kept = self._context_slots().step(g.group_id, dcp_rank)
+        try:
+            if not len(chunks):
+                return None
+            ctx = np.asarray(contexts, dtype=np.int64)[reqs]
+            local_starts, local_lens = local_gathers(ctx, starts, lengths, dcp_size=W, interleave_size=g.interleave_size, dcp_rank=dcp_rank)
+            slots = self._gathered_slots(g, writes, block_rows, prefills, reqs, local_starts, local_lens, kept)
+        finally:
+            kept.close()
         return ContextGather(
             group=g.group_id,
             workspace_size=g.chunked_prefill_workspace_size,
-            request_ids=tuple(writes[prefills[k]].request_id for _, k, _, _ in entries),
+            request_ids=tuple(writes[prefills[k]].request_id for k in reqs.tolist()),
+            chunks=chunks,
+            starts=starts,
+            seq_lens=lengths,
+            local_starts=local_starts,
+            local_seq_lens=local_lens,
+            slots=slots,
+        )
+
+    def _context_slots(self) -> ContextSlots:
+        """This engine's kept gather slots (``model.context_gather.ContextSlots``), made on first use."""
+        kept = self.__dict__.get("_kept_context_slots")
+        return kept if kept is not None else self.__dict__.setdefault("_kept_context_slots", ContextSlots())
+
+    def _gathered_slots(self, g, writes, block_rows, prefills, reqs, local_starts, local_lens, kept) -> np.ndarray:
+        """The slots of every entry's local rows, entry after entry: each request's from its
+        kept slots (only the keys its context added are mapped), a view when they are one run."""
+        page, bk = g.states_per_page, g.kernel_block_size or g.states_per_page
+        ends = local_starts + local_lens
+        bounds = np.flatnonzero(np.diff(reqs)) + 1
+        read = functools.partial(self._read_slots, g)
+        pieces = []
+        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(reqs)]):
+            i = prefills[int(reqs[lo])]
+            row = np.asarray(block_rows[i], dtype=np.int64)
+            s, e = local_starts[lo:hi].tolist(), ends[lo:hi].tolist()
+            buffer = kept.slots(writes[i].request_id, row, max(e), page, (page, bk), read)
+            if buffer is None:  # keys past the row (PAD): mapped as they are, not kept
+                pieces.extend(self._read_slots(g, row, np.arange(a, b, dtype=np.int64)) for a, b in zip(s, e))
+            elif s[1:] == e[:-1]:  # the request's entries are one run of its local keys
+                pieces.append(buffer[s[0] : e[-1]])
+            else:
+                pieces.extend(buffer[a:b] for a, b in zip(s, e))
+        slots = pieces[0] if len(pieces) == 1 else np.concatenate(pieces).astype(np.int64, copy=False)
+        slots.flags.writeable = False  # a view of the kept slots: nobody writes through it
+        return slots
+
+    def _context_gather_each(self, g, writes, block_rows, dcp_rank, prefills, contexts, plan) -> ContextGather | None:
+        """``context_gather`` entry by entry, through this engine's ``gather_local`` and slot
+        reads (a fault's, an adapter's)."""
+        chunks, reqs, starts, lengths = plan
+        if not len(chunks):
+            return None
+        fields: dict[str, list] = {k: [] for k in ("local_starts", "local_seq_lens", "slots")}
+        for k, start, length in zip(reqs.tolist(), starts.tolist(), lengths.tolist()):
+            local_start, local_len = self.gather_local(g, contexts[k], start, length, dcp_rank)
+            row = np.asarray(block_rows[prefills[k]], dtype=np.int64)
+            fields["local_starts"].append(local_start)
+            fields["local_seq_lens"].append(local_len)
+            fields["slots"].append(self._read_slots(g, row, np.arange(local_start, local_start + local_len, dtype=np.int64)))
+        return ContextGather(
+            group=g.group_id,
+            workspace_size=g.chunked_prefill_workspace_size,
+            request_ids=tuple(writes[prefills[k]].request_id for k in reqs.tolist()),
+            chunks=chunks,
+            starts=starts,
+            seq_lens=lengths,
+            local_starts=np.asarray(fields["local_starts"], dtype=np.int64),
+            local_seq_lens=np.asarray(fields["local_seq_lens"], dtype=np.int64),
             slots=np.concatenate(fields["slots"]).astype(np.int64),
-            **arrays,
         )
 
     def gather_local(self, g: GroupGeometry, context: int, start: int, length: int, dcp_rank: int) -> tuple[int, int]:

@@ -52,7 +52,49 @@ def _rows(group: ExpectedGroup, tokens: int) -> int:
 
 
 def expected_entries(group: ExpectedGroup, contexts: list[int], workspace: int) -> list[tuple[int, int, int, int]]:
-    """``(chunk, row, start, length)`` of every entry; ``row`` indexes ``contexts``."""
+    """``(chunk, row, start, length)`` of every entry; ``row`` indexes ``contexts``.
+
+    Request by request, not chunk by chunk: a row's context goes, in order, into what is left
+    of the open chunk (whole, or the longest split that room takes), then into fresh chunks
+    of ``whole`` tokens while the rest needs more rows than a chunk has, then its rest opens
+    the chunk the next row packs into; an empty context closes an open chunk. Splits are
+    whole multiples of the alignment, so a split's rows are its tokens over ``W``. The same
+    entries as ``expected_entries_walked``, which it falls back to when a chunk cannot take
+    one alignment."""
+    W = _ranks(group)
+    step = group.block_size if W == 1 else math.lcm(group.block_size, W * group.interleave_size)
+    budget, biggest = workspace // W, workspace - workspace % step
+    whole = min(biggest, budget * W // step * step)  # a fresh chunk's split of a longer context
+    if whole <= 0:
+        return expected_entries_walked(group, contexts, workspace)
+    most = budget if W == 1 else budget // group.interleave_size * W * group.interleave_size  # the longest rest a chunk takes
+    entries: list[tuple[int, int, int, int]] = []
+    chunk, room = 0, budget
+    for i, c in enumerate(contexts):
+        if not c:
+            chunk, room = chunk + (room < budget), budget
+            continue
+        if _rows(group, c) <= room:
+            entries.append((chunk, i, 0, c))
+            room -= _rows(group, c)
+            continue
+        start = max(0, min(whole, (c - 1) // step * step, room * W // step * step))
+        if start:
+            entries.append((chunk, i, 0, start))
+        chunk += 1 if start or room < budget else 0
+        rest = c - start
+        if rest > most:
+            pieces = (rest - most + whole - 1) // whole
+            entries.extend((chunk + j, i, start + j * whole, whole) for j in range(pieces))
+            chunk, start, rest = chunk + pieces, start + pieces * whole, rest - pieces * whole
+        entries.append((chunk, i, start, rest))
+        room = budget - _rows(group, rest)
+    return entries
+
+
+def expected_entries_walked(group: ExpectedGroup, contexts: list[int], workspace: int) -> list[tuple[int, int, int, int]]:
+    """``expected_entries`` from scratch: chunk after chunk, each split walked down one
+    alignment at a time."""
     W = _ranks(group)
     step = group.block_size if W == 1 else math.lcm(group.block_size, W * group.interleave_size)
     budget, biggest = workspace // W, workspace - workspace % step
@@ -79,31 +121,104 @@ def expected_entries(group: ExpectedGroup, contexts: list[int], workspace: int) 
     return entries
 
 
-def expected_gather(group: ExpectedGroup, plan: StepPlan, rows: dict, rank: int, workspace: int) -> dict | None:
-    """Every field of the rank's gather of this group in this step (None: no gather)."""
+def expected_gather(group: ExpectedGroup, plan: StepPlan, rows: dict, rank: int, workspace: int, kept: dict | None = None) -> dict | None:
+    """Every field of the rank's gather of this group in this step (None: no gather).
+    ``kept``: request id -> the slots of its local keys kept from the group's earlier steps
+    (``MetadataJudge.gather_slots`` of the group's store), updated to this step's requests
+    (None: every slot derived again). ``every_slot``: every entry's slots, in order."""
     prefills = [w for w in plan.writes if w.stop - w.start > 1 + group.num_speculative_tokens]
     contexts = [w.start for w in prefills]
     entries = expected_entries(group, contexts, workspace)
     if not entries:
+        if kept is not None:
+            kept.clear()
         return None
+    chunks, which, starts, lengths = (np.array(column, dtype=np.int64) for column in zip(*entries))
+    ends = np.minimum(starts + lengths, np.array(contexts, dtype=np.int64)[which])
+    lo, hi = owned_below(starts, rank, group), owned_below(ends, rank, group)
+    if kept is None:
+        req_rows = [np.asarray(rows.get(prefills[i].req_index, np.zeros(0, np.int64)), dtype=np.int64) for i in which.tolist()]
+        slots = [_slots(group, row, np.arange(a, b, dtype=np.int64)) for row, a, b in zip(req_rows, lo.tolist(), hi.tolist())]
+        every = np.concatenate(slots) if slots else np.zeros(0, np.int64)
+    else:
+        # runs of entries of one request whose local keys follow on: (request, first key, past the last)
+        cut = np.flatnonzero((which[1:] != which[:-1]) | (lo[1:] != hi[:-1])) + 1
+        firsts, lasts = np.r_[0, cut], np.r_[cut, len(which)] - 1
+        runs = list(zip(which[firsts].tolist(), lo[firsts].tolist(), hi[lasts].tolist()))
+        now: dict = {}
+        slots, every = _kept_slots(group, prefills, rows, runs, lo, hi, which, kept, now)
+        kept.clear()
+        kept.update(now)
+    return dict(
+        request_ids=tuple(prefills[i].request_id for i in which.tolist()),
+        chunks=chunks,
+        starts=starts,
+        seq_lens=lengths,
+        local_starts=lo,
+        local_seq_lens=hi - lo,
+        slots=slots,
+        every_slot=every,
+        workspace_size=workspace,
+    )
+
+
+def _slots(group: ExpectedGroup, row: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The slots of local keys through a block-table row (-1 past it)."""
     kernel = kernel_states(group)
     per_block = group.page_states // kernel
-    out = {k: [] for k in ("request_ids", "chunks", "starts", "seq_lens", "local_starts", "local_seq_lens", "slots")}
-    for chunk, i, start, n in entries:
-        w = prefills[i]
-        end = min(start + n, contexts[i])
-        lo, hi = owned_below(np.array([start, end]), rank, group)
-        keys = np.arange(lo, hi, dtype=np.int64)
-        row = np.asarray(rows.get(w.req_index, np.zeros(0, np.int64)), dtype=np.int64)
-        page, offset = keys // kernel, keys % kernel
-        entry = page // per_block
-        inside = entry < len(row)
-        slots = np.full(len(keys), -1, np.int64)
-        slots[inside] = (row[entry[inside]] * per_block + page[inside] % per_block) * kernel + offset[inside]
-        for name, value in zip(out, (w.request_id, chunk, start, n, int(lo), int(hi - lo), slots)):
-            out[name].append(value)
-    expected = {k: np.asarray(v, dtype=np.int64) for k, v in out.items() if k not in ("request_ids", "slots")}
-    return dict(expected, request_ids=tuple(out["request_ids"]), slots=out["slots"], workspace_size=workspace)
+    page, offset = keys // kernel, keys % kernel
+    entry = page // per_block
+    inside = entry < len(row)
+    slots = np.full(len(keys), -1, np.int64)
+    slots[inside] = (row[entry[inside]] * per_block + page[inside] % per_block) * kernel + offset[inside]
+    return slots
+
+
+class _Kept:
+    """One request's slots of its local keys ``[0, count)`` (``values``, never rewritten
+    below ``count``), through ``row``, the request's row when they were derived."""
+
+    def __init__(self, row: np.ndarray, size: int):
+        self.row, self.values, self.count = row, np.empty(size, np.int64), 0
+
+
+def _kept_slots(group, prefills, rows, runs, lo, hi, which, kept: dict, now: dict):
+    """Each entry's slots from the request's kept ones, adding only the local keys past them;
+    and every slot of the step (one view when a single request's entries follow on)."""
+    need: dict[int, int] = {}
+    for i, _, b in runs:
+        need[i] = max(need.get(i, 0), b)
+    values = {i: _request_slots(group, prefills[i], rows, n, kept, now) for i, n in need.items()}
+    slots = [values[i][a:b] for i, a, b in zip(which.tolist(), lo.tolist(), hi.tolist())]
+    if len(runs) == 1:
+        every = values[runs[0][0]][runs[0][1] : runs[0][2]]
+    else:
+        every = np.concatenate([values[i][a:b] for i, a, b in runs])
+    return slots, every
+
+
+def _request_slots(group, w, rows, need: int, kept: dict, now: dict) -> np.ndarray:
+    """An array whose first ``need`` values are the slots of the request's local keys
+    ``[0, need)``: the kept ones while the row still holds them, the rest derived and kept."""
+    per_entry = group.page_states
+    row = np.asarray(rows.get(w.req_index, np.zeros(0, np.int64)), dtype=np.int64)
+    if need > len(row) * per_entry:  # keys past the row read -1: derived each time, not kept
+        return _slots(group, row, np.arange(need, dtype=np.int64))
+    mine = kept.get(w.request_id)
+    if mine is not None:
+        held = -(-mine.count // per_entry)  # the row entries the known keys sit in
+        if len(row) < held or not np.array_equal(row[:held], mine.row[:held]):
+            mine = None  # a new row under the known keys (preempted, replaced): derive them again
+    if mine is None or need > mine.values.size:  # a new array: the views of the old one stay as they are
+        grown = _Kept(row.copy(), need * 9 // 8 + 1)  # room to grow by an eighth before the next copy
+        if mine is not None:
+            grown.values[: mine.count], grown.count = mine.values[: mine.count], mine.count
+        mine = grown
+    if need > mine.count:
+        mine.values[mine.count : need] = _slots(group, row, np.arange(mine.count, need, dtype=np.int64))
+        mine.count, mine.row = need, row.copy()
+    now[w.request_id] = mine
+    return mine.values
 
 
 def judge_gathers(judge: MetadataJudge, plan: StepPlan, gathers) -> None:
@@ -116,7 +231,8 @@ def judge_gathers(judge: MetadataJudge, plan: StepPlan, gathers) -> None:
         if not gathered_group(group):
             continue
         store = judge.store_of[g]
-        want = expected_gather(group, plan, plan.rows_before[store], judge.rank, expected_workspace(group, judge.config))
+        kept = judge.gather_slots.setdefault(store, {})
+        want = expected_gather(group, plan, plan.rows_before[store], judge.rank, expected_workspace(group, judge.config), kept)
         have = by_group.get(store)
         if want is None and have is None:
             continue
@@ -142,6 +258,9 @@ def _compare_gather(judge: MetadataJudge, plan, group, have, want: dict) -> None
             field = f"context gather chunk {int(want['chunks'][k])} {name}"
             judge.add(plan, group, field, want["request_ids"][k], str(int(expect[k])), str(int(got[k])))
             return
+    every = np.asarray(have.slots)
+    if every.shape == want["every_slot"].shape and np.array_equal(every, want["every_slot"]):
+        return  # every entry's slots at once (the entries' lengths are the expected ones)
     for k, slots in enumerate(want["slots"]):
         got = have.slots_of(k)
         if not np.array_equal(got, slots):

@@ -214,6 +214,9 @@ class MetadataJudge:
         self.checks = 0
         self.gather_checks = 0
         """(group, step) context gathers judged (``verify.context_gather``), apart from ``checks``."""
+        self.gather_slots: dict[int, dict] = {}
+        """Store -> the context gather's expected slots of each request, kept across steps
+        (``verify.context_gather``: a step derives only the keys its context adds)."""
         self.kept: list[MetadataMismatch] = []
 
     def judge(self, plan: StepPlan, metas: list[AttentionMetadata] | None) -> None:

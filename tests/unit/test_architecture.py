@@ -145,10 +145,14 @@ def test_import_rule(side):
 
 
 def test_the_checker_layout_math_is_its_own():
-    """The checker reads no fast layout math (it has its own naive geometry)."""
+    """The checker reads no fast layout math (it has its own naive geometry), nor the
+    engine's context gather (its plan and its kept slots: ``verify.context_gather`` derives
+    and keeps its own)."""
     for name, path in TREE.items():
         if name.startswith("dcpsim.verify"):
-            assert "dcpsim.model.layout" not in module_imports(path, name), name
+            imported = module_imports(path, name)
+            assert "dcpsim.model.layout" not in imported, name
+            assert "dcpsim.model.context_gather" not in imported, name
 
 
 def _write(root: Path, rel: str, text: str) -> None:
