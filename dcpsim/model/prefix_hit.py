@@ -7,12 +7,38 @@ sharded group, ``B`` for a replicated one, where a compressed cache's ``B`` coun
 found by the hash of its last hash block. Each group finds its own run of cached blocks; a
 hit is the longest prefix every group holds, rounded down to the LCM of the spans (so it
 ends on a block boundary of every group) and short of the request's last known token.
+
+With an EAGLE / MTP drafter the groups the drafter's layers live in (the EAGLE groups) first give
+up the last block of their run, so that the drafter recomputes it; the other groups keep theirs
+(vLLM's ``KVCacheCoordinator``: ``eagle_group_ids``, the groups whose ``is_eagle_group`` is set
+because they hold a draft layer, or every group when none does).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+
+def eagle_groups(draft: Sequence[bool], eagle: bool) -> tuple[bool, ...]:
+    """Which groups take the EAGLE last-block drop: none without an EAGLE-style drafter
+    (``eagle``), else the groups holding a draft layer (``draft[g]``), or every group when
+    no group holds one (the drafter's layers are not in the model: vLLM's fallback)."""
+    if not eagle:
+        return (False,) * len(draft)
+    if any(draft):
+        return tuple(bool(d) for d in draft)
+    return (True,) * len(draft)
+
+
+def per_group(eagle: bool | Sequence[bool], groups: int) -> tuple[bool, ...]:
+    """``eagle`` as one flag per group: a single flag stands for every group."""
+    if isinstance(eagle, bool):
+        return (eagle,) * groups
+    flags = tuple(bool(e) for e in eagle)
+    if len(flags) != groups:
+        raise ValueError(f"{len(flags)} EAGLE flags for {groups} groups")
+    return flags
 
 
 def hash_block_tokens(spans: Sequence[int]) -> int:

@@ -13,15 +13,21 @@ not among the blocks an admission's hit reuses), even one its new holder fills w
 content (two requests computing one prefix: the block is rewritten, not found). The write checks
 have judged that the stores hold exactly that content, so nothing here reads the stores again.
 
+Only the blocks of a holder's whole hit units count (the LCM ``U`` of the spans: what every engine
+registers at least, a unit once its every position is committed), so a group of a smaller span
+keeps the blocks of a unit past the prefix another request shares with it, and those a limit cuts.
+
 When a request is admitted at step ``s`` (not loaded by a KV connector), the blocks findable for
 it are those keyed before the step, less those handed out in the step (its tables). Each group's
 cached run is its leading blocks of the request's prompt found so, at most ``limit // span`` of
 them (``limit``: the request's known tokens less one, taken as its prompt, or what it had
-committed before a preemption), counted in whole hit units (the LCM ``U`` of the spans: what every
-engine registers at least). With an EAGLE / MTP drafter each group then gives up its last block.
-The longest hit the semantics allow is the shortest run, rounded down to ``U``: a hit below it is
-``prefix-hit-short``. This is a lower bound: an engine may find more (vLLM registers blocks when
-they are scheduled, and the EAGLE lookahead block), never less.
+committed before a preemption), in whole blocks (not rounded to ``U`` before the drop: rounding
+there would hide a drop in the wrong group). With an EAGLE / MTP drafter each EAGLE group (one
+holding a layer of the draft model, ``SimConfig.draft_layers``; every group when none does) then
+gives up its last block; the other groups keep theirs. The longest hit the semantics allow is the
+shortest run, rounded down to ``U``: a hit below it is ``prefix-hit-short``. This is a lower bound:
+an engine may find more (vLLM registers blocks when they are scheduled, and the EAGLE lookahead
+block), never less.
 
 Judged only where every group keeps full prefixes (full attention and MLA, paged or records), with
 prefix caching on, one PCP rank and no async scheduling (whose registration lags a step). A block
@@ -53,14 +59,20 @@ class HitShort:
     hit: int
     longest: int
     cached: tuple[int, ...]
-    """Tokens of each group's cached run (whole units, before the EAGLE drop)."""
-    eagle: bool
+    """Tokens of each group's cached run (whole blocks of whole units, before the EAGLE drop)."""
+    eagle: tuple[bool, ...]
+    """Which groups give up their last block for the EAGLE drafter."""
 
     unit: int = 0
 
     def __str__(self) -> str:
         runs = ", ".join(str(t) for t in self.cached)
-        drop = ", less its last block for the EAGLE drafter" if self.eagle else ""
+        drop = ""
+        if all(self.eagle):
+            drop = ", less its last block for the EAGLE drafter"
+        elif any(self.eagle):
+            which = ", ".join(str(g) for g, e in enumerate(self.eagle) if e)
+            drop = f", less its last block in the EAGLE groups (group {which}: the drafter's layers) only"
         return (
             f"step {self.step} request {self.request_id}: a prefix-cache hit of {self.hit} tokens where the cache allows "
             f"{self.longest} (each group's cached run: {runs} tokens{drop}; hits in units of {self.unit}): "
@@ -76,7 +88,10 @@ class PrefixHitJudge:
         self.rank = rank
         self.spans = [g.manager_block_size for g in groups]
         self.unit = math.lcm(*self.spans)
-        self.eagle = eagle
+        drafts = [g.draft for g in groups]
+        self.eagle = tuple(eagle and (d or not any(drafts)) for d in drafts)
+        """Which groups drop their last block: with an EAGLE / MTP drafter, those holding a draft
+        layer, or every group when none does."""
         self.prompt_lens = prompt_lens
         self.holds: dict[int, dict[int, int]] = {}
         """Block id -> {group: the fingerprint keying the prefix its block holds whole}."""
@@ -141,14 +156,15 @@ class PrefixHitJudge:
                 view = views.get(ri)
                 if view is None:
                     continue
-                for k, b in enumerate(np.asarray(row)[: view.num_committed // span].tolist()):
+                whole = view.num_committed // self.unit * self.unit  # whole units only: what is registered
+                for k, b in enumerate(np.asarray(row)[: whole // span].tolist()):
                     if b:
                         self.holds.setdefault(b, {})[g] = self._key(view.fingerprints, g, k)
         self.committed.update((v.request_id, v.num_committed) for v in plan.views)
 
     def longest_hit(self, fingerprints: np.ndarray, limit: int) -> tuple[int, tuple[int, ...]]:
         """The longest hit the cache allows a prompt of ``fingerprints`` within ``limit``
-        tokens, and each group's cached run (tokens, whole units)."""
+        tokens, and each group's cached run (tokens, whole blocks)."""
         found = [set() for _ in self.spans]
         for held in self.holds.values():
             for g, key in held.items():
@@ -158,8 +174,8 @@ class PrefixHitJudge:
             n = 0
             while n < limit // span and self._key(fingerprints, g, n) in found[g]:
                 n += 1
-            runs.append(n * span // self.unit * self.unit)
-        kept = [max(0, t - span) if self.eagle and t else t for t, span in zip(runs, self.spans)]
+            runs.append(n * span)
+        kept = [max(0, t - span) if drop and t else t for t, span, drop in zip(runs, self.spans, self.eagle)]
         return min(kept) // self.unit * self.unit if kept else 0, tuple(runs)
 
     def _judge_admission(self, plan: StepPlan, request_id: str, hit: int, fingerprints: np.ndarray) -> None:

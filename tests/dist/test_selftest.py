@@ -61,7 +61,7 @@ def test_selftest_detects_every_fault_on_real_gloo_worlds():
     by_fault = {}
     for r in faults:
         by_fault.setdefault(r[0], set()).add((r[1], r[2]))
-    assert by_fault["merge-drops-dcp-replicated"] == {("llama-draft", "W=2 I=1")}
+    assert by_fault["merge-drops-dcp-replicated"] == {("eagle-draft-hit", "W=4 I=1"), ("llama-draft", "W=2 I=1")}
     assert {("dsv41-hybrid", "W=4 I=1"), ("llama-draft", "W=4 I=1")} <= by_fault["replicated-scaled-by-w"]
     # not llama-draft: its replicated draft keeps the hash block (the GCD) at B, where hashing per B is right
     assert {("dsv3", "W=2 I=1 B=16"), ("prefix-sharing", "W=2 I=1 B=16")} <= by_fault["prefix-hash-unit-B"]

@@ -1,5 +1,5 @@
 """Prefix-cache faults: hash units, advertised KV events, compressed hit lengths and the EAGLE
-drop (bug classes 1, 21, 23, 32, 40 and 41)."""
+drop (bug classes 1, 21, 23, 32, 40, 41 and 47)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 from dcpsim.engine.faults.base import Fault
 from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.model.kinds import Storage
+from dcpsim.model.prefix_hit import per_group
 
 
 class PrefixHashUnitB(Fault):
@@ -146,11 +147,15 @@ class EagleMarginUnscaled(Fault):
         return scenario.config.enable_prefix_caching and scenario.config.eagle_drop and self.applies_to(geometries)
 
     def prefix_hit_tokens(self, geometries, cached_blocks, limit, eagle) -> int:
-        if not eagle or len(geometries) < 2:
+        drops = per_group(eagle, len(geometries))
+        if not any(drops) or len(geometries) < 2:
             return super().prefix_hit_tokens(geometries, cached_blocks, limit, eagle)
         hit = limit
-        for g, blocks in zip(geometries, cached_blocks):
+        for g, blocks, drop in zip(geometries, cached_blocks, drops):
             span = self.prefix_block_tokens(g)
+            if not drop:  # a group the drafter does not use: no margin, no drop
+                hit = min(blocks, hit // span) * span
+                continue
             reach = min(hit + g.block_size, limit)  # the margin: one page, not one block of the group's span
             hit = max(0, min(blocks, reach // span) - 1) * span
         unit = self.prefix_hash_unit(geometries)
@@ -180,7 +185,37 @@ class EagleDropUnscaled(Fault):
         return scenario.config.enable_prefix_caching and scenario.config.eagle_drop and self.applies_to(geometries)
 
     def prefix_hit_tokens(self, geometries, cached_blocks, limit, eagle) -> int:
-        if not eagle:
+        drops = per_group(eagle, len(geometries))
+        if not any(drops):
             return super().prefix_hit_tokens(geometries, cached_blocks, limit, eagle)
         whole = super().prefix_hit_tokens(geometries, cached_blocks, limit, False)
-        return max(0, whole - max(g.block_size for g in geometries))  # one page, not one block of B*W
+        return max(0, whole - max(g.block_size for g, drop in zip(geometries, drops) if drop))  # one page, not B*W
+
+
+class EagleDropEveryGroup(Fault):
+    name = "eagle-drop-every-group"
+    bug_class = (
+        "47. the EAGLE last-block drop of a prefix hit applied to every KV-cache group, not only to the groups "
+        "the drafter's layers use (local-inference-lab/vllm#466: a valid 13,824-token hit became 12,288)"
+    )
+    description = (
+        "with an EAGLE / MTP drafter whose layers live in some KV-cache groups (the EAGLE groups), every group "
+        "gives up the last block of its cached run, the target's too: where a target group's run binds the hit "
+        "(its blocks span more than the draft group's, which caches a block past it) the hit loses a whole unit "
+        "(eagle-draft-hit, W = 4: 576 tokens where 640 are right)"
+    )
+    scenarios = ("eagle-draft-hit",)
+    """The drafter's replicated layer (span B) in a group of its own beside the sharded target (B*W), a
+    prompt whose limit cuts the target's last unit where the draft group still caches a block."""
+
+    def applies_to(self, geometries) -> bool:
+        """Where a group holding a draft layer sits beside one that holds none."""
+        drafts = {g.draft for g in geometries}
+        return all(g.prefix_cacheable for g in geometries) and drafts == {True, False}
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return scenario.config.enable_prefix_caching and scenario.config.eagle_drop and self.applies_to(geometries)
+
+    def prefix_hit_tokens(self, geometries, cached_blocks, limit, eagle) -> int:
+        drops = per_group(eagle, len(geometries))
+        return super().prefix_hit_tokens(geometries, cached_blocks, limit, [any(drops)] * len(drops))

@@ -7,8 +7,9 @@ at prefix_key_position(h))``. Each group finds its own run of cached blocks, and
 is the longest prefix every group holds (each cached block credited with
 ``Engine.prefix_block_tokens`` tokens), rounded down to the hit unit (the engine's
 ``prefix_hash_unit``, the LCM of the spans) and leaving at least one token to compute
-(``dcpsim.model.prefix_hit``); with an EAGLE / MTP drafter each group's run gives up its last
-block first (``Engine.prefix_hit_tokens``). Every group then reuses the whole blocks the hit covers,
+(``dcpsim.model.prefix_hit``); with an EAGLE / MTP drafter each EAGLE group's run (a group
+holding a draft layer; every group when none does) gives up its last block first
+(``Engine.prefix_hit_tokens``). Every group then reuses the whole blocks the hit covers,
 the same block ids on every rank.
 
 Units of the LCM of the spans become findable (registered, and advertised as KV events)
@@ -18,20 +19,22 @@ whole, once every position of the unit is written (the scheduler's own bookkeepi
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.scheduler.managers import GroupManager
 from dcpsim.engine.scheduler.request import Request
 from dcpsim.model.plan import KVEvent
-from dcpsim.model.prefix_hit import block_key_hash_block, blocks_in_hit
+from dcpsim.model.prefix_hit import block_key_hash_block, blocks_in_hit, per_group
 
 
 class PrefixCache:
-    def __init__(self, managers: list[GroupManager], engine: Engine, *, eagle: bool = False):
-        """``eagle``: the model's drafter is EAGLE-style (``SimConfig.eagle_drop``): a hit
-        leaves the last cached block of every group to recompute (``Engine.prefix_hit_tokens``)."""
+    def __init__(self, managers: list[GroupManager], engine: Engine, *, eagle: bool | Sequence[bool] = False):
+        """``eagle``: which groups are EAGLE groups (``model.prefix_hit.eagle_groups``; one bool
+        for every group): a hit leaves the last cached block of each of them to recompute
+        (``Engine.prefix_hit_tokens``)."""
         self.managers = managers
-        self.eagle = eagle
+        self.eagle = per_group(eagle, len(managers))
         self.engine = engine
         self.geometries = [m.geometry for m in managers]
         self.spans = [g.manager_block_size for g in self.geometries]

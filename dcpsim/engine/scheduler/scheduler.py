@@ -36,6 +36,7 @@ from dcpsim.model.config import SimConfig
 from dcpsim.model.content import random_tokens, stable_seed
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import EventKind, KVEvent, PreemptReason, RequestView, ReqWrite, ScheduleEvent, StepPlan
+from dcpsim.model.prefix_hit import eagle_groups
 from dcpsim.model.scenario import Scenario
 from dcpsim.plural import plural
 
@@ -133,7 +134,8 @@ class Scheduler:
         self.managers = [make_manager(g, self.block_pool_class(n), self.engine) for g, n in zip(self.geometries, self.pool_sizes)]
         self._check_fits()
         use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in self.geometries)
-        self.prefix_cache = self.prefix_cache_class(self.managers, self.engine, eagle=self.config.eagle_drop) if use_prefix else None
+        eagle = eagle_groups([g.draft for g in self.geometries], self.config.eagle_drop)
+        self.prefix_cache = self.prefix_cache_class(self.managers, self.engine, eagle=eagle) if use_prefix else None
 
     def _check_fits(self) -> None:
         for req in self.requests:

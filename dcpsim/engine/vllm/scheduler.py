@@ -37,7 +37,7 @@ import numpy as np
 from dcpsim.engine.interface import EngineError
 from dcpsim.engine.scheduler.request import Request
 from dcpsim.engine.scheduler.scheduler import Scheduler, pool_sizes
-from dcpsim.engine.vllm import parallel_rules
+from dcpsim.engine.vllm import eagle_groups, parallel_rules
 from dcpsim.engine.vllm.core import SamplingParams, VllmCore
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import KVEvent, ReqWrite, ScheduleEvent
@@ -66,6 +66,7 @@ class VllmScheduler(Scheduler):
         core = self.core
         groups = self.engine.kv_cache_groups(self.scenario.layers)
         vgroups = [core.specs.KVCacheGroupSpec(list(g.layer_names), self.vllm_engine.vllm_spec(g.representative)) for g in groups]
+        eagle_groups.mark(self.vllm_engine.tree, vgroups, groups, self.config)  # the drafter's groups, as the tree flags them
         shared = sum(pool_sizes(self.scenario, self.engine, self.geometries))
         self.pool_sizes = [shared] * len(self.geometries)
         """vLLM's one pool, shared by every group: each group's store holds all its blocks."""
