@@ -21,10 +21,12 @@ import os
 import resource
 from dataclasses import dataclass
 
+from dcpsim.engine.attention.heads import has_kv_heads
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import pool_sizes
 from dcpsim.errors import ConfigError
 from dcpsim.model.arith import cdiv
+from dcpsim.model.heads import kv_heads
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.model.scenario import Scenario
@@ -144,8 +146,10 @@ def estimate(
     pools = pool_sizes(scenario, engine, geometries)
     store = table = 0
     requests = scenario.requests
+    held = 1 if config.num_key_value_heads is None else len(kv_heads(0, config.tp_size, config.num_key_value_heads))
     for g, blocks in zip(geometries, pools):
-        per_state = ENTRY_BYTES + (4 * attention_width if g.storage not in (Storage.RING, Storage.STATE) else 0)
+        vectors = attention_width * (held if held > 1 and has_kv_heads(g) else 1)  # one K/V vector per KV head held
+        per_state = ENTRY_BYTES + (4 * vectors if g.storage not in (Storage.RING, Storage.STATE) else 0)
         store += (blocks + 1) * g.states_per_page * per_state
         table += len(requests) * g.block_table_width * 8
     k = config.num_speculative_tokens

@@ -15,6 +15,8 @@ no process group.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dcpsim.errors import ConfigError
 from dcpsim.model.parallel import ParallelLayout
 from dcpsim.model.specs import AttentionSpec, CircularBufferSpec, MLAAttentionSpec, SlidingWindowMLASpec
@@ -33,6 +35,33 @@ def kv_heads(tp_rank: int, tp: int, num_kv_heads: int) -> range:
         return range(tp_rank * per, (tp_rank + 1) * per)
     head = tp_rank // (tp // num_kv_heads)
     return range(head, head + 1)
+
+
+@dataclass(frozen=True)
+class RankHeads:
+    """One rank's heads in a GQA/MHA layer's decode under DCP (``Engine.attention_heads``):
+    the query heads it attends after the DCP all-gather of queries, the KV heads it holds, and
+    which of them each gathered query head reads."""
+
+    query_heads: tuple[int, ...]
+    """The gathered query heads (global indices) in gather order: each DCP-group member's TP
+    query heads, member after member (a group spanning the PCP axis gathers one TP rank's
+    heads once per member)."""
+    kv_heads: tuple[int, ...]
+    """The KV heads (global indices) the rank holds, in the order its cache stores them."""
+    kv_index: tuple[int, ...]
+    """Per gathered query head: the index into ``kv_heads`` of the KV head it reads."""
+
+
+def rank_heads(layout: ParallelLayout, rank: int, num_heads: int, num_kv_heads: int) -> RankHeads:
+    """The heads of world rank ``rank`` (the module docstring's rule): its DCP group's
+    gathered query heads, its TP KV heads, and query head ``h`` reading KV head
+    ``h // (H / kv)``. The layout must be admissible (``check_dcp_heads``)."""
+    members = next(m for m in layout.dcp_groups() if rank in m)
+    gathered = tuple(h for m in members for h in query_heads(layout.coords(m).tp_rank, layout.tp, num_heads))
+    held = tuple(kv_heads(layout.coords(rank).tp_rank, layout.tp, num_kv_heads))
+    group_size = num_heads // num_kv_heads
+    return RankHeads(gathered, held, tuple(held.index(h // group_size) for h in gathered))
 
 
 def check_tp_heads(num_heads: int, num_kv_heads: int, tp: int, what: str = "") -> None:

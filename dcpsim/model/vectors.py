@@ -22,6 +22,7 @@ _GROUP_SALT = np.uint64(0x8CB92BA72F3D8DD7)
 _ELEM_STEP = np.uint64(0x9E3779B97F4A7C15)
 _QUERY_SALT = np.uint64(0x5851F42D4C957F2D)
 _POS_MUL = np.uint64(0xD1342543DE82EF95)
+_HEAD_MUL = np.uint64(0xA0761D6478BD642F)
 _REQ_MUL = np.uint64(0xC6A4A7935BD1E995)
 _HALF_RANGE = np.float32(math.sqrt(3.0))
 
@@ -44,10 +45,15 @@ def uniform_rows(seeds: np.ndarray, width: int) -> np.ndarray:
 _BLOCK = 1 << 14  # rows hashed at a time: bounds the uint64 temporaries of long contexts
 
 
-def kv_vectors(group_id: int, contents, width: int) -> np.ndarray:
-    """K and V (concatenated, ``[n, width]`` float32) of entries with ``contents`` in a group."""
+def kv_vectors(group_id: int, contents, width: int, kv_head: int | None = None) -> np.ndarray:
+    """K and V (concatenated, ``[n, width]`` float32) of entries with ``contents`` in a group;
+    with ``kv_head``, of that KV head (its global index, semantics section 12 "Heads"): each KV
+    head of a token carries its own vectors, so a query read against another head differs.
+    ``None``: the group's single KV head (an MLA latent, or a scenario that states no heads)."""
     with np.errstate(over="ignore"):
         salt = np.uint64(group_id + 1) * _GROUP_SALT
+        if kv_head is not None:
+            salt = mix64(np.asarray([salt ^ (np.uint64(kv_head + 1) * _HEAD_MUL)], dtype=np.uint64))[0]
         seeds = mix64(_u64(contents) ^ salt)
     if len(seeds) <= _BLOCK:
         return uniform_rows(seeds, width)

@@ -26,6 +26,7 @@ from dcpsim.model.plan import AttentionResult, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.model.vectors import kv_vectors, query_vectors
 from dcpsim.plural import plural
+from dcpsim.verify.attention_heads import expected_heads
 from dcpsim.verify.attention_reference import (
     KEY_BLOCK,
     block_mask,
@@ -50,13 +51,20 @@ HEAD_CODE = 1 << 16
 
 
 class AttentionVerifier:
-    def __init__(self, config: AttentionConfig, groups: list[ExpectedGroup], collectives, view: RankView):
+    def __init__(
+        self, config: AttentionConfig, groups: list[ExpectedGroup], collectives, view: RankView, *, scenario_config=None, world_rank=0
+    ):
+        """``scenario_config`` (the scenario's ``SimConfig``) and ``world_rank``: the heads of a
+        scenario that states them (``verify.attention_heads``); without, one KV head a group."""
         self.cfg = config
         self.coll = collectives
         self.rank, self.world = collectives.rank, collectives.world_size
         attended = [g for g in groups if g.storage not in (Storage.RING, Storage.STATE) and not g.indexer]
         self.groups = {view.group_of_layer(g.layer_names[0]): g for g in attended}
         """The engine's store of each attention group -> the checker's geometry of it."""
+        heads = expected_heads(scenario_config, world_rank) if scenario_config is not None else None
+        self.heads = {store: heads for store, g in self.groups.items() if heads is not None and g.gqa}
+        """Store -> the gathered query heads and the KV head each reads, for the groups with KV heads."""
         indexer = next((g for g in groups if g.indexer), None)
         topk_of = {store: g.index_topk for store, g in self.groups.items() if g.index_topk}
         self.sparse = None
@@ -100,27 +108,43 @@ class AttentionVerifier:
         rank owns) holding the request's committed contents. Full attention and records read
         from key 0: cached per request (views); a window or chunk reads only its last keys:
         computed."""
-        dk = self.cfg.head_dim
+        dk, m = self.cfg.head_dim, self._kv_heads(store)
 
         def vectors(a: int, b: int) -> np.ndarray:
             emit = emit_positions(group, np.arange(a, b, dtype=np.int64))
-            return kv_vectors(store, view.fingerprints[emit], self.cfg.kv_width)
+            return self._kv(store, view.fingerprints[emit])
 
         if group.retention in (Retention.WINDOW, Retention.CHUNK) and group.storage is not Storage.RECORDS:
             kv = torch.from_numpy(vectors(lo, hi))
-            return kv[:, :dk], kv[:, dk:]
+            return kv[:, : m * dk], kv[:, m * dk :]
         key = (store, view.req_index)
         cache = self._true_kv.get(key)
         if cache is None:
             capacity = keys_before(group, len(view.fingerprints))
-            cache = self._true_kv[key] = _History(capacity, dk, self.cfg.value_dim, self.rank, self.world)
+            cache = self._true_kv[key] = _History(capacity, m * dk, m * self.cfg.value_dim, self.rank, self.world)
         return cache.keys(lo, hi, vectors)
+
+    def _kv_heads(self, store: int) -> int:
+        """KV heads the reference reads in a group: those the gathered queries use, else 1."""
+        heads = self.heads.get(store)
+        return 1 if heads is None else len(np.unique(heads.kv_heads))
+
+    def _kv(self, store: int, contents) -> np.ndarray:
+        """K then V of entries with ``contents``: ``[n, dk + dv]`` for a group's single KV head;
+        with KV heads, the K of each KV head the gathered queries use (ascending), then their Vs."""
+        heads = self.heads.get(store)
+        if heads is None:
+            return kv_vectors(store, contents, self.cfg.kv_width)
+        dk = self.cfg.head_dim
+        kvs = [kv_vectors(store, contents, self.cfg.kv_width, int(h)) for h in np.unique(heads.kv_heads)]
+        return np.concatenate([kv[:, :dk] for kv in kvs] + [kv[:, dk:] for kv in kvs], axis=1)
 
     def _partial_reference(self, res: AttentionResult, view):
         """Every head's attention (natural LSE) over the key blocks of the context this rank
         owns: block ``b`` (keys ``[b * KEY_BLOCK, (b + 1) * KEY_BLOCK)``) belongs to rank
         ``b % W``. The ranks' partials are merged in ``_references``."""
         w, cfg, dk = res.write, self.cfg, self.cfg.head_dim
+        m = self._kv_heads(res.group)
         group = self.groups[res.group]
         positions = w.start + np.asarray(res.rows, dtype=np.int64)
         lo, hi = key_range(group, positions)
@@ -135,16 +159,20 @@ class AttentionVerifier:
                         k, v = self._history(res.group, view, group, b0, b1)
                     else:  # written by the step: what it wrote
                         emit = emit_positions(group, np.arange(b0, b1, dtype=np.int64))
-                        kv = torch.from_numpy(kv_vectors(res.group, w.contents[emit - w.start], cfg.kv_width))
-                        k, v = kv[:, :dk], kv[:, dk:]
+                        kv = torch.from_numpy(self._kv(res.group, w.contents[emit - w.start]))
+                        k, v = kv[:, : m * dk], kv[:, m * dk :]
                     mask = block_mask(group, b0, b1, positions)
                     blocks.append((k, v, None if mask is None else torch.from_numpy(mask)))
                 b0 = b1
         if not blocks:
-            blocks.append((torch.zeros((0, dk)), torch.zeros((0, cfg.value_dim)), None))
+            blocks.append((torch.zeros((0, m * dk)), torch.zeros((0, m * cfg.value_dim)), None))
         # the queries come from plan data (request, position, content), as the engine's do
-        query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows], cfg.heads, dk))
-        return blocked_reference_attention(query, blocks, scale=cfg.softmax_scale)
+        heads = self.heads.get(res.group)
+        if heads is None:
+            query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows], cfg.heads, dk))
+            return blocked_reference_attention(query, blocks, scale=cfg.softmax_scale)
+        every = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows], heads.num_heads, dk))
+        return kv_head_reference(every[:, heads.query_heads], heads.kv_heads, blocks, dk, cfg.value_dim, cfg.softmax_scale)
 
     def _references(self, results: list[AttentionResult], views, selected: dict | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The reference ``(O, lse)`` of each result's heads: the ranks' partials over the
@@ -332,6 +360,19 @@ class AttentionVerifier:
         for key in [key for key in self._true_kv if key[1] not in live]:
             del self._true_kv[key]
         self._seen &= live
+
+
+def kv_head_reference(query: torch.Tensor, kv_of: np.ndarray, blocks, dk: int, dv: int, scale: float):
+    """``blocked_reference_attention`` of query heads ``query [nq, n, dk]`` whose head ``i``
+    reads KV head ``kv_of[i]``, over ``blocks`` of keys holding the K (then the V) of each KV
+    head ``kv_of`` names, in ascending order: ``k [n_b, m * dk]``, ``v [n_b, m * dv]``. Natural LSE."""
+    nq, n = query.shape[0], query.shape[1]
+    out, lse = torch.zeros((nq, n, dv), dtype=torch.float64), torch.full((nq, n), float("-inf"), dtype=torch.float64)
+    for j, head in enumerate(np.unique(kv_of)):
+        which = torch.from_numpy(np.nonzero(kv_of == head)[0])
+        sub = [(k[:, j * dk : (j + 1) * dk], v[:, j * dv : (j + 1) * dv], mask) for k, v, mask in blocks]
+        out[:, which], lse[:, which] = blocked_reference_attention(query[:, which], sub, scale=scale)
+    return out, lse
 
 
 HISTORY_FLOAT64_BYTES = 1 << 28

@@ -18,6 +18,7 @@ from dcpsim.model.grouping import group_layer_specs
 from dcpsim.model.kinds import Retention, Storage, records_per_state, retention_of, storage_of
 from dcpsim.model.sparse import is_indexer, sparse_topk
 from dcpsim.model.specs import is_dcp_sharded_spec
+from dcpsim.verify.attention_heads import gqa_spec
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class ExpectedGroup:
     """The indexer's K cache of sparse attention: scored, never attended."""
     """A Mamba state group: ``none`` (the state blocks are the row's first entries) or
     ``align`` (the row is indexed by position, ``block_size`` tokens an entry)."""
+    gqa: bool = False
+    """GQA/MHA attention layers of the target model (paged, not MLA): with the scenario's heads
+    stated, one K/V vector per KV head (``verify.attention_heads``)."""
 
     @property
     def page_states(self) -> int:
@@ -93,6 +97,7 @@ def expected_groups(scenario) -> list[ExpectedGroup]:
                 mamba_cache_mode=getattr(spec, "mamba_cache_mode", ""),
                 index_topk=sparse_topk(group.kv_cache_spec),
                 indexer=is_indexer(group.kv_cache_spec),
+                gqa=gqa_spec(spec, storage) and not any(n in cfg.draft_layers for n in group.layer_names),
             )
         )
     return out

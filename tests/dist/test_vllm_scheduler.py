@@ -14,8 +14,7 @@ from test_vllm_engine import patched_copy, vllm_run
 from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
-from dcpsim.scenarios.registry import builtin_scenario_names
-from support.helpers import builtin, run
+from support.helpers import builtin, builtin_names_at, run
 
 pytestmark = pytest.mark.slow  # gloo worlds running an engine's kernels; the fast loop leaves them out
 
@@ -37,7 +36,7 @@ DRIVER = {"manager": "KVCacheManager in dcpsim's step loop", "full": "Scheduler.
 @pytest.mark.parametrize("mode", ["manager", "full"])
 @pytest.mark.parametrize("W", [1, 2, 4])
 def test_builtins_get_the_reference_verdicts_with_vllms_scheduler(vllm_source, W, mode):
-    names = [n for n in builtin_scenario_names() if not (n in (UPSTREAM_BUG, CHUNKED_PREFIX_BUG) and W > 1)]
+    names = [n for n in builtin_names_at(W) if not (n in (UPSTREAM_BUG, CHUNKED_PREFIX_BUG) and W > 1)]
     scenarios = [builtin(name, W) for name in names]
     by_world: dict[int, list[int]] = {}
     for k, sc in enumerate(scenarios):

@@ -10,6 +10,7 @@ from dcpsim.cli import main
 from dcpsim.engine.faults import FAULTS
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.engine.scheduler.scheduler import Scheduler
+from dcpsim.errors import ConfigError
 from dcpsim.harness.collectives import run_in_threads
 from dcpsim.harness.dry_run import dry_run
 from dcpsim.harness.job import Job
@@ -17,6 +18,7 @@ from dcpsim.harness.rank_run import run_rank
 from dcpsim.harness.runner import merge_rank_reports
 from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
+from dcpsim.scenarios.registry import builtin_scenario_names
 
 WRITE_PATH_FAULTS = [name for name, fault in FAULTS.items() if name != "none" and not fault.needs.get("attention")]
 """The registered faults that show without the attention check (scheduler and write path)."""
@@ -25,6 +27,21 @@ WRITE_PATH_FAULTS = [name for name, fault in FAULTS.items() if name != "none" an
 def builtin(name: str, W: int, I: int = 1, **overrides):
     """A built-in scenario at ``W`` ranks and interleave ``I`` (plus ``with_overrides``)."""
     return load_scenario(name).with_overrides(ScenarioOverrides(decode_context_parallel_size=W, cp_kv_cache_interleave_size=I, **overrides))
+
+
+def builtin_names_at(W: int) -> list[str]:
+    """The built-ins that can run at ``W``: every one but those whose stated head layout the head
+    rule refuses there (``gqa-pcp2-heads`` at W = 4 and 8; semantics section 12, "Heads")."""
+    names = []
+    for name in builtin_scenario_names():
+        try:
+            builtin(name, W)
+        except ConfigError as exc:
+            if "KV heads do not follow its queries" not in str(exc):
+                raise
+            continue
+        names.append(name)
+    return names
 
 
 def geometries(scenario, engine=None):

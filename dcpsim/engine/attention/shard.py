@@ -24,6 +24,7 @@ import torch
 
 from dcpsim.engine.attention.compute import attend
 from dcpsim.engine.attention.gathered import gathered_keys
+from dcpsim.engine.attention.heads import GroupHeads
 from dcpsim.engine.attention.sparse import SparseIndexer
 from dcpsim.engine.interface import Engine
 from dcpsim.model.attention_config import AttentionConfig
@@ -55,14 +56,13 @@ class _Local:
 
 
 class ShardAttention:
-    def __init__(self, engine, config: AttentionConfig, collectives):
+    def __init__(self, engine, config: AttentionConfig, collectives, heads: dict[int, GroupHeads] | None = None):
         self.engine = engine
         self.cfg = config
         self.coll = collectives
         self.rank, self.world = collectives.rank, collectives.world_size
-        hs = math.ceil(config.heads / self.world)
-        self.own_heads = (min(self.rank * hs, config.heads), min((self.rank + 1) * hs, config.heads))
-        """This rank's slice of heads: what it computes of a replicated group."""
+        self.heads = heads or {}
+        """Group id -> this rank's heads, for the groups with several KV heads (``attention.heads``)."""
         self.merges = {"allgather": 0, "alltoall": 0}
         self.merged_by: dict[str, list[int]] = {}
         """Code -> [merges, rows it merged, rows of those merges], from the engine's ``MergedBy``."""
@@ -90,11 +90,16 @@ class ShardAttention:
             else:
                 slots, mask, merged = self.engine.attention_metadata(geometry, w.start, w.stop, row, self.rank, rows)
             kv = runner.stores[g].read_vectors(slots)
-            query = torch.from_numpy(query_vectors(g, req, w.start + rows, w.contents[rows], cfg.heads, dk))
+            heads = self.heads.get(g)
+            H = cfg.heads if heads is None else len(heads.query_heads)
             # sharded: every head over the local shard (queries all-gathered), merged later;
             # replicated: this rank's heads over the whole replica, as with W == 1
-            h0, h1 = (0, cfg.heads) if merged else self.own_heads
-            out, lse = attend(query[:, h0:h1], kv[:, :dk], kv[:, dk:], torch.from_numpy(mask), scale=cfg.softmax_scale, base=cfg.base)
+            h0, h1 = (0, H) if merged else self._own_heads(H)
+            if heads is None:
+                query = torch.from_numpy(query_vectors(g, req, w.start + rows, w.contents[rows], H, dk))
+                out, lse = attend(query[:, h0:h1], kv[:, :dk], kv[:, dk:], torch.from_numpy(mask), scale=cfg.softmax_scale, base=cfg.base)
+            else:
+                out, lse = self._attend_kv_heads(heads, h0, h1, g, w, rows, kv, mask)
             visible = mask.sum(axis=1)
             if merged:
                 empty = torch.from_numpy(visible == 0)
@@ -104,6 +109,29 @@ class ShardAttention:
         self._items = items + self._padding(runner)
         self._geometries = runner.geometries
 
+    def _own_heads(self, num_heads: int) -> tuple[int, int]:
+        """This rank's slice of ``num_heads`` heads: what it computes of a replicated group
+        (with KV heads: its own TP query heads, the slice the merge hands it back)."""
+        hs = math.ceil(num_heads / self.world)
+        return min(self.rank * hs, num_heads), min((self.rank + 1) * hs, num_heads)
+
+    def _attend_kv_heads(self, heads: GroupHeads, h0: int, h1: int, g: int, w: ReqWrite, rows, kv, mask):
+        """The attention of gathered query heads ``[h0, h1)`` of a group with KV heads: each
+        query head (its global index's query vector) over the KV head the engine maps it to,
+        read from the rank's store (one K/V vector per KV head it holds, in store order)."""
+        cfg, dk, width = self.cfg, self.cfg.head_dim, self.cfg.kv_width
+        every = query_vectors(g, w.req_index, w.start + rows, w.contents[rows], heads.num_heads, dk)
+        query = torch.from_numpy(every[:, heads.query_heads[h0:h1]])
+        index = heads.kv_index[h0:h1]
+        out = torch.zeros((len(rows), h1 - h0, cfg.value_dim))
+        lse = torch.full((len(rows), h1 - h0), float("-inf"))
+        bias = torch.from_numpy(mask)
+        for j in np.unique(index):
+            which = torch.from_numpy(np.nonzero(index == j)[0])
+            k, v = kv[:, j * width : j * width + dk], kv[:, j * width + dk : (j + 1) * width]
+            out[:, which], lse[:, which] = attend(query[:, which], k, v, bias, scale=cfg.softmax_scale, base=cfg.base)
+        return out, lse
+
     def _padding(self, runner) -> list[_Local]:
         """With ``padded_rows``: the padding rows of a step padded to a CUDA-graph size, one
         item per sharded attention group whose metadata has dummy requests. vLLM pads the
@@ -111,11 +139,13 @@ class ShardAttention:
         reports an empty shard (``shard_lse``/``shard_output`` of an all-empty row) to the merge."""
         if not self.cfg.padded_rows:
             return []
-        H, dv, out = self.cfg.heads, self.cfg.value_dim, []
+        dv, out = self.cfg.value_dim, []
         for meta in runner.metadata_log:
             g = runner.geometries[meta.group]
             if meta.model != "target" or not g.sharded or not meta.num_dummy_requests:
                 continue
+            heads = self.heads.get(meta.group)
+            H = self.cfg.heads if heads is None else len(heads.query_heads)
             n = meta.num_dummy_requests * (1 + g.num_speculative_tokens)
             empty = torch.ones(n, dtype=torch.bool)
             lse = self.engine.shard_lse(torch.full((n, H), float("-inf")), empty)
@@ -127,11 +157,11 @@ class ShardAttention:
         """Merge the sharded items across ranks; every item's result, in compute order."""
         items, self._items = self._items, []
         results = [self._result(it, it.out, it.lse, it.head0) for it in items]
-        paths: dict = {}  # the engine's merge path of each merged item, in order of first appearance
+        paths: dict = {}  # the engine's merge path (and head count) of each merged item, in order of first appearance
         for k, it in enumerate(items):
             if it.merged:
-                paths.setdefault(self.engine.merge_path(self._geometries[it.group]), []).append(k)
-        for merge, merged in paths.items():
+                paths.setdefault((self.engine.merge_path(self._geometries[it.group]), it.out.shape[1]), []).append(k)
+        for (merge, _), merged in paths.items():
             for k, (o, lse, h0) in zip(merged, self._merge(step, merge, [items[k] for k in merged])):
                 results[k] = self._result(items[k], o, lse, h0)
         return results
@@ -156,8 +186,8 @@ class ShardAttention:
         return chosen
 
     def _merge(self, step: int, merge, items: list[_Local]):
-        """Per merged item: (output, lse, first head) of the slice this rank holds."""
-        H, W = self.cfg.heads, self.world
+        """Per merged item (all of one head count): (output, lse, first head) of the slice this rank holds."""
+        H, W = items[0].out.shape[1], self.world
         hs = math.ceil(H / W)
         pad = hs * W - H
         out = torch.cat([it.out for it in items])

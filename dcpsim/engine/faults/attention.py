@@ -1,7 +1,9 @@
 """Attention-merge faults: what a shard reports to the LSE merge and how the merge weighs it
-(bug classes 4, 16 and 17)."""
+(bug classes 4, 16 and 17), and which KV head a gathered query head reads (48)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -135,3 +137,37 @@ class MergeVariantPerRank(Fault):
 
     def merge_variant(self, variant, dcp_rank):
         return "allgather" if dcp_rank % 2 else variant
+
+
+class GatheredHeadsGqaRemapped(Fault):
+    name = "gathered-heads-gqa-remapped"
+    bug_class = (
+        "48. the DCP-gathered query heads remapped onto the rank's KV heads by the GQA ratio of the gathered count, "
+        "gathered // local KV heads, instead of through each head's own KV head (vllm#48392, sglang#34161)"
+    )
+    description = (
+        "after the DCP all-gather of queries the kernel sees n = W * H / TP query heads and the rank's kv / TP KV heads "
+        "and pairs gathered head i with KV head i // (n / (kv / TP)), as if the gathered heads were one model's: the "
+        "gather concatenates each member's TP heads, so head i must read KV head (its global head) // (H / kv) "
+        "(gqa-pcp2-heads: 64 gathered heads of 32 over 8 KV heads, DCP over the PCP axis: gathered head 4, query head 4 "
+        "of KV head 1, reads KV head 0; 56 of the 64 read another KV head than their own)"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2},)
+    """The scenario's own W (a config other faults share: no new baselines)."""
+    scenarios = ("gqa-pcp2-heads",)
+    """Its own config: the one built-in whose ranks hold several KV heads under DCP (a DCP group
+    over the PCP axis, TP 1). Where a DCP group is TP ranks each rank holds one KV head
+    (``kv * W <= TP``) and every pairing is the same."""
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """A stated head layout whose ranks hold several KV heads and gather queries (W > 1)."""
+        c = scenario.config
+        if c.num_attention_heads is None or c.decode_context_parallel_size == 1 or not has_sharded_attention(geometries):
+            return False
+        return c.num_key_value_heads // min(c.num_key_value_heads, c.tp_size) > 1
+
+    def attention_heads(self, layout, rank, num_heads, num_kv_heads):
+        right = super().attention_heads(layout, rank, num_heads, num_kv_heads)
+        ratio = max(1, len(right.query_heads) // len(right.kv_heads))
+        return dataclasses.replace(right, kv_index=tuple(i // ratio for i in range(len(right.query_heads))))

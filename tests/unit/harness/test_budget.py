@@ -9,6 +9,7 @@ import pytest
 
 from dcpsim.errors import ConfigError
 from dcpsim.harness import budget as bd
+from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
 from support.helpers import builtin, make_scenario, mla_spec, request_spec
 
@@ -83,7 +84,11 @@ def test_huge_pools_and_tables_are_estimated_without_being_built():
 
 @pytest.mark.parametrize("name", builtin_scenario_names())
 def test_every_builtin_fits_a_ci_machine_at_eight_ranks_with_attention(name):
-    s = builtin(name, 8)
+    try:
+        s = builtin(name, 8)
+    except ConfigError as exc:  # a stated head layout admissible only at its own W (gqa-pcp2-heads): there
+        assert "KV heads do not follow its queries" in str(exc), exc
+        s = load_scenario(name)
     b = bd.check_budget(s, available=8 * GIB, attention_width=32)
     assert b.total_bytes() < 4 * GIB, bd.gib(b.total_bytes())
 

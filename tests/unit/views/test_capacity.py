@@ -28,8 +28,8 @@ CELLS = [(name, W) for name in builtin_scenario_names() for W in (1, 2, 4, 8)]
 
 
 def valid(name, W):
-    sc = builtin(name, W)
     try:
+        sc = builtin(name, W)  # a stated head layout may be refused at this W (gqa-pcp2-heads at W = 4, 8)
         geometries(sc)
     except ConfigError:
         pytest.skip(f"{name} is not valid at W={W}")
