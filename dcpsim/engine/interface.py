@@ -24,17 +24,18 @@ Contract for implementers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from dcpsim.engine.geometry import GroupGeometry
-from dcpsim.model import parallel
+from dcpsim.model import heads, parallel
 from dcpsim.model.config import SimConfig
 from dcpsim.model.grouping import KVCacheGroupSpec
 from dcpsim.model.plan import AttentionMetadata, ContextGather, ReqWrite
-from dcpsim.model.prefix_hit import longest_prefix_hit
+from dcpsim.model.prefix_hit import longest_prefix_hit, per_group
 from dcpsim.model.specs import KVCacheSpec
 
 
@@ -147,16 +148,19 @@ class Engine:
         must cover the whole block: a hit then never runs past the true common prefix."""
         raise NotImplementedError
 
-    def prefix_hit_tokens(self, geometries: list[GroupGeometry], cached_blocks: list[int], limit: int, eagle: bool) -> int:
+    def prefix_hit_tokens(self, geometries: list[GroupGeometry], cached_blocks: list[int], limit: int, eagle: bool | Sequence[bool]) -> int:
         """Tokens of a request's prefix-cache hit, given each group's leading run of cached
         blocks (``cached_blocks[g]``, already within ``limit`` tokens, the request's known
-        tokens less one). With ``eagle`` (an EAGLE / MTP drafter, vLLM's ``use_eagle``) every
-        group gives up the last block of its run (the drafter recomputes it for its hidden
-        states). The default is the semantics: the longest multiple of ``prefix_hash_unit``
-        that every group's run covers, each cached block credited with
-        ``prefix_block_tokens``; an engine whose lookup has another shape (vLLM's hybrid
-        coordinator, one group after another with a margin) overrides it."""
-        runs = [max(0, n - 1) if eagle else n for n in cached_blocks]
+        tokens less one). ``eagle[g]``: group ``g`` is an EAGLE group (an EAGLE / MTP
+        drafter's layers live in it, vLLM's ``is_eagle_group``; every group when none holds
+        a draft layer, ``dcpsim.model.prefix_hit.eagle_groups``) and gives up the last block
+        of its run (the drafter recomputes it for its hidden states); the other groups keep
+        theirs. A single bool stands for every group. The default is the semantics: the
+        longest multiple of ``prefix_hash_unit`` that every group's run covers, each cached
+        block credited with ``prefix_block_tokens``; an engine whose lookup has another shape
+        (vLLM's hybrid coordinator, one group after another with a margin) overrides it."""
+        drops = per_group(eagle, len(cached_blocks))
+        runs = [max(0, n - 1) if drop else n for n, drop in zip(cached_blocks, drops)]
         return longest_prefix_hit(runs, [self.prefix_block_tokens(g) for g in geometries], self.prefix_hash_unit(geometries), limit)
 
     # --- the worker: the write path -------------------------------------------------
@@ -325,6 +329,16 @@ class Engine:
         ``MergedBy`` as a fourth element."""
         raise NotImplementedError
 
+    def attention_heads(self, layout: parallel.ParallelLayout, rank: int, num_heads: int, num_kv_heads: int) -> heads.RankHeads:
+        """World rank ``rank``'s heads in a GQA/MHA attention layer of a model with
+        ``num_heads`` query and ``num_kv_heads`` KV heads (a scenario that states them):
+        the query heads it attends after the DCP all-gather of queries (in gather order), the
+        KV heads its cache holds, and the KV head each gathered query head reads. By default
+        TP's split and GQA's ``h // (H / kv)`` (``dcpsim.model.heads.rank_heads``, semantics
+        section 12 "Heads"); used by the write path (which KV heads a slot holds) and the
+        attention check."""
+        return heads.rank_heads(layout, rank, num_heads, num_kv_heads)
+
     def merge_path(self, geometry):
         """The ``merge_across_ranks`` that merges the rows of this sharded group: by default
         this engine's. An engine whose own merge serves only some attention backends returns
@@ -352,6 +366,21 @@ class Engine:
         ``pcp_rank`` computes: chunks ``pcp_rank`` and ``2 * pcp - 1 - pcp_rank``."""
         return parallel.pcp_chunks(query_len, pcp, pcp_rank)
 
+    def pcp_query_keys(self, query_len: int, pcp: int, pcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """The PCP attention metadata of a split row on PCP rank ``pcp_rank``: the row offsets
+        of the query tokens it computes ``[n]``, and for each the two key ranges of the row it
+        attends ``[n, 4]`` (``lo0, hi0, lo1, hi1``): the keys before its chunk, unmasked, and
+        its chunk's up to itself, masked (``model.plan.PcpQueryKeys``)."""
+        queries, spans = [], []
+        for offset, length in self.pcp_chunks(query_len, pcp, pcp_rank):
+            q = np.arange(offset, offset + length, dtype=np.int64)
+            chunk = np.full(length, offset, dtype=np.int64)
+            queries.append(q)
+            spans.append(np.stack([np.zeros(length, np.int64), chunk, chunk, q + 1], axis=1))
+        if not queries:
+            return np.zeros(0, np.int64), np.zeros((0, 4), np.int64)
+        return np.concatenate(queries), np.concatenate(spans)
+
     def pcp_restore_offsets(self, query_len: int, pcp: int) -> np.ndarray:
         """For the all-gathered rows of a split row (rank-major: rank 0's pieces, then rank
         1's, ...), the query offset each row belongs at (vLLM's restore index)."""
@@ -364,7 +393,7 @@ class Engine:
         return bool(split_rows)
 
 
-PCP_DECISIONS = ("dcp_rank_of", "pcp_replicated", "pcp_chunks", "pcp_restore_offsets", "pcp_enters_gather")
+PCP_DECISIONS = ("dcp_rank_of", "pcp_replicated", "pcp_chunks", "pcp_query_keys", "pcp_restore_offsets", "pcp_enters_gather")
 """The PCP decisions: the interface implements them (vLLM 0.33.0's rules), so an engine
 need not."""
 
@@ -398,6 +427,7 @@ ENGINE_DECISIONS = (
     "merge_attention_states",
     "merge_variant",
     "merge_across_ranks",
+    "attention_heads",
     *PCP_DECISIONS,
 )
 """Every decision of the interface, in the order above (reports list who makes each)."""

@@ -63,6 +63,7 @@ OPTIONAL_DECISIONS = (
     "prefix_hit_tokens",
     "merge_variant",
     "merge_path",
+    "attention_heads",
     *PCP_DECISIONS,
 )
 """Interface methods an engine may leave to the base class (defaults, or not checked)."""

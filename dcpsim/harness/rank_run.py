@@ -24,6 +24,7 @@ import os
 import time
 
 from dcpsim.collectives import Collectives
+from dcpsim.engine.attention.heads import group_heads
 from dcpsim.engine.attention.shard import MergeVariantsDiffer, ShardAttention
 from dcpsim.engine.interface import Engine, EngineError
 from dcpsim.engine.worker.block_table import BlockTableOverflow
@@ -94,6 +95,8 @@ class RankRun:
         else:
             self.scheduler = engine.make_scheduler(scenario, self.geometries)
         self.request_ids = {r.index: r.request_id for r in self.scheduler.requests}
+        # the groups with KV heads (a scenario that states its heads): this rank's, the engine's way
+        heads = group_heads(engine, self.geometries, scenario.config, self.par.layout, self.world.rank) if self.attention_on else {}
         self.runner = ModelRunner(
             engine,
             self.geometries,
@@ -102,8 +105,9 @@ class RankRun:
             max_num_reqs=len(self.scheduler.requests),
             vector_width=self.job.attention.kv_width if self.attention_on else 0,
             observer=self.rec.write_observer(self.geometries),
+            kv_heads={g: h.kv_heads for g, h in heads.items()},
         )
-        self.shard_attention = ShardAttention(engine, self.job.attention, self.coll) if self.attention_on else None
+        self.shard_attention = ShardAttention(engine, self.job.attention, self.coll, heads) if self.attention_on else None
 
     def _set_up_checker(self) -> None:
         """The checker: its expectation from the scenario alone, the rank through a read-only view."""
@@ -112,7 +116,11 @@ class RankRun:
         self.groups = expected_groups(scenario)
         prompts = {r.request_id: r.prompt_len for r in scenario.requests}
         self.checker = Checker(self.groups, self.coll, self.view, self.request_ids, scenario.config, self.job.check, prompts)
-        self.verifier = AttentionVerifier(self.job.attention, self.groups, self.coll, self.view) if self.attention_on else None
+        self.verifier = None
+        if self.attention_on:  # the heads of a scenario that states them: its own derivation, from the config and world rank
+            self.verifier = AttentionVerifier(
+                self.job.attention, self.groups, self.coll, self.view, scenario_config=scenario.config, world_rank=self.world.rank
+            )
         # Exchange the checker's rows every ``exchange_every`` verified steps, not every step;
         # lockstep where collectives meet every step anyway (attention, paranoid, several DCP
         # groups, PCP, a P/D instance) and under --trace, whose timeline shows each step's check.
@@ -197,7 +205,8 @@ class RankRun:
                 if self.instance is not None:
                     self.instance.before_write(plan, self.runner)
                 on_phase = lambda what, step=plan.step: self.progress.set(step, what)
-                computed = pcp_prefill(self.engine, plan, self.par.pcp, coords.pcp_rank, layout.pcp, layout.dcp, on_phase=on_phase)
+                keys = self.runner.pcp_keys_log = []
+                computed = pcp_prefill(self.engine, plan, self.par.pcp, coords.pcp_rank, layout.pcp, layout.dcp, on_phase, keys)
                 self.progress.set(plan.step, "write")
                 self.runner.apply(computed, self.request_ids, during_step=during_step)
         except BlockTableOverflow as exc:

@@ -208,6 +208,27 @@ class SpecDecodeMask:
     visible: tuple[np.ndarray, ...]
 
 
+@dataclass(frozen=True)
+class PcpQueryKeys:
+    """Which keys of a split prefill row each query token a PCP rank computes attends, as the
+    rank's PCP attention metadata gives them (the row's own tokens, all-gathered over the PCP
+    group; its cached context is read through the local lengths as any row's).
+
+    ``queries [n]``: the row offsets of the tokens the rank computes; ``spans [n, 4]``: two key
+    ranges of row offsets each attends, ``[spans[:, 0], spans[:, 1])`` and ``[spans[:, 2],
+    spans[:, 3])`` (vLLM's and vllm-ascend's split: the keys before the token's chunk, unmasked,
+    and its chunk's, masked causally). The checker judges them against causality (failure
+    ``attention-mask``): offset ``o`` sees exactly ``[0, o]``, each key once.
+    """
+
+    request_id: str
+    start: int
+    """The row's first position."""
+    query_len: int
+    queries: np.ndarray
+    spans: np.ndarray
+
+
 @dataclass
 class AttentionResult:
     """One (group, request) of a step's attention on one rank, as the engine reports it.

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from dcpsim.model.plan import AttentionMetadata, ContextGather, SpecDecodeMask, WriteRecord
+from dcpsim.model.plan import AttentionMetadata, ContextGather, PcpQueryKeys, SpecDecodeMask, WriteRecord
 
 
 class RankView(Protocol):
@@ -73,3 +73,7 @@ class RankView(Protocol):
     def step_spec_decode_masks(self) -> list[SpecDecodeMask] | None:
         """The last applied step's spec-decode masks, one per sharded paged group of a
         speculative model with decode rows (copies); None when the engine builds none."""
+
+    def step_pcp_query_keys(self) -> list[PcpQueryKeys]:
+        """The last applied step's PCP attention metadata, one per split prefill row (copies;
+        empty without PCP)."""

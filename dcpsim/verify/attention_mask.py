@@ -82,6 +82,10 @@ class MaskJudge:
                 self.checks += 1
                 self._judge_row(plan, group, rid, c, q, np.asarray(have, dtype=bool))
 
+    def add(self, mismatch: MaskMismatch) -> None:
+        """Count a mismatch; keep the first ``MAX_KEPT``."""
+        self._add(mismatch)
+
     def _judge_row(self, plan: StepPlan, group: ExpectedGroup, rid: str, c: int, q: int, have: np.ndarray) -> None:
         want = expected_visible(group, c, q, self.rank)
         if have.shape != want.shape:

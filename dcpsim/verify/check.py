@@ -47,6 +47,7 @@ from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
 from dcpsim.verify.options import CheckOptions
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
+from dcpsim.verify.pcp_mask import judge_pcp_keys
 from dcpsim.verify.prefix_hit import PrefixHitJudge, hits_judged
 from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
@@ -177,6 +178,7 @@ class Checker:
             self.metadata.judge(plan, self.view.step_attention_metadata())
             judge_gathers(self.metadata, plan, self.view.step_context_gathers())
             self.masks.judge(plan, self.view.step_spec_decode_masks())
+            judge_pcp_keys(self.masks, plan, self.view.step_pcp_query_keys())
         if self.router is not None:
             self.router.judge(plan)
         if self.hits is not None:
@@ -415,7 +417,12 @@ class Checker:
         if total:
             return self._metadata_failure(plan, total)
         kept_judges = (
-            ("_mask_total", self.masks, FailureKind.ATTENTION_MASK, "spec-decode mask row(s) differ from causality over positions"),
+            (
+                "_mask_total",
+                self.masks,
+                FailureKind.ATTENTION_MASK,
+                "attention mask row(s) differ from causality over positions (spec-decode verify masks, PCP prefill key ranges)",
+            ),
             (
                 "_hit_total",
                 self.hits,

@@ -21,8 +21,7 @@ from dcpsim.engine.vllm_ascend.releases import NEWEST, VLLM_OF
 from dcpsim.errors import ConfigError
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
-from dcpsim.scenarios.registry import builtin_scenario_names
-from support.helpers import builtin, patched_copy, run
+from support.helpers import builtin, builtin_names_at, patched_copy, run
 
 CASES = [
     ("dsv3", dict(dcp=2)),
@@ -177,6 +176,7 @@ REFUSED = {
     "heavy-rejection": "vllm.v1.kv_cache_interface.SlidingWindowMLASpec has no dcp_sharded field",
     "gpt-oss-hybrid": "vllm.v1.kv_cache_interface.SlidingWindowSpec has no dcp_sharded field",
     "llama-draft": "vllm.v1.kv_cache_interface.FullAttentionSpec has no dcp_sharded field",  # the replicated draft
+    "eagle-draft-hit": "vllm.v1.kv_cache_interface.FullAttentionSpec has no dcp_sharded field",  # the replicated draft
     "llama4-chunked": "vllm.v1.kv_cache_interface.ChunkedLocalAttentionSpec has no dcp_sharded field",
     "llama4-scout": "vllm.v1.kv_cache_interface.ChunkedLocalAttentionSpec has no dcp_sharded field",
     "llama4-chunked-prefix": "vllm.v1.kv_cache_interface.ChunkedLocalAttentionSpec has no dcp_sharded field",
@@ -217,7 +217,7 @@ def test_builtins_get_the_reference_verdicts_or_the_plugins_reason(W, attention,
     and 23 s without (the plugin's 26 or 28 runs in one world, then the reference's in process)."""
     ascend, vllm = trees
     options = dict(engine="vllm-ascend", vllm_ascend_source=ascend, vllm_source=vllm, attention=attention, timeout=120)
-    builtins = builtin_scenario_names()
+    builtins = builtin_names_at(W)  # gqa-pcp2-heads's heads are refused at W = 4 (exit 2 before the plugin)
     names, refused = [], {}
     for name in builtins:
         try:
@@ -315,26 +315,39 @@ SPLIT_BUG = (
 )
 """A tail chunk one place early in ``update_tokens_for_pcp``: rank 1 recomputes its own head chunk,
 and the last chunk of every split row is computed by no rank."""
+_INDENT = " " * 20
+_TAIL_NOMASK = f"list(range(kv_req_offset, kv_req_offset + chunk_len * q_{{}}_chunk_id))\n{_INDENT})\n{_INDENT}kv_with_q_tail_mask_idx"
+KEYS_BUG = (_TAIL_NOMASK.format("tail"), _TAIL_NOMASK.format("head"))
+"""The tail chunk's unmasked keys cut at the head chunk in ``generate_pcp_metadata`` (bug class 49)."""
 
 
 @pytest.mark.dist
 @pytest.mark.slow
-@pytest.mark.parametrize("planted", [False, True], ids=["release", "tail-chunk-one-early"])
-def test_a_pcp_run_splits_rows_by_the_plugins_dualchunkswap(planted, trees, tmp_path):
+@pytest.mark.parametrize(
+    "bug, kind",
+    [(None, None), (SPLIT_BUG, "wrong-content"), (KEYS_BUG, "attention-mask")],
+    ids=["release", "tail-chunk-one-early", "tail-keys-cut"],
+)
+def test_a_pcp_run_splits_rows_by_the_plugins_dualchunkswap(bug, kind, trees, tmp_path):
     """``glm-pcp2-dcp2`` (TP 1, PCP 2, DCP spanning it: the plugin's PCP 2, DCP 1) on gloo: the
     rows are split, gathered and restored by the plugin's ``update_tokens_for_pcp`` and
-    ``classify_decode_request_mask``, the slots, local lengths and widths are the plugin's over
-    its PCP x DCP sizes, and the merge is its PCP all-gather and combine. A tail chunk planted one
-    place early makes the run fail on wrong content."""
+    ``classify_decode_request_mask``, their attention key ranges are ``generate_pcp_metadata``'s,
+    the slots, local lengths and widths are the plugin's over its PCP x DCP sizes, and the merge is
+    its PCP all-gather and combine. A tail chunk planted one place early fails on wrong content;
+    the tail chunk's unmasked keys cut at the head chunk fail the PCP prefill mask check."""
     ascend, vllm = trees
-    if planted:
-        ascend = str(patched_copy(ascend, tmp_path / "ascend-bug", "vllm_ascend/worker/pcp_utils.py", *SPLIT_BUG))
-    report = dcpsim.run("glm-pcp2-dcp2", engine="vllm-ascend", vllm_ascend_source=ascend, vllm_source=vllm, attention=not planted)
+    if bug:
+        ascend = str(patched_copy(ascend, tmp_path / "ascend-bug", "vllm_ascend/worker/pcp_utils.py", *bug))
+    report = dcpsim.run("glm-pcp2-dcp2", engine="vllm-ascend", vllm_ascend_source=ascend, vllm_source=vllm, attention=not bug)
     decisions = report.to_dict()["engine"]["decisions"]
     assert decisions["pcp_chunks"].startswith("vllm-ascend vllm_ascend/worker/pcp_utils.py::PCPManager.update_tokens_for_pcp")
     assert decisions["pcp_replicated"].startswith("vllm-ascend vllm_ascend/worker/pcp_utils.py::PCPManager.classify_decode_request_mask")
-    if planted:
-        assert not report.passed and report.failure.kind == "wrong-content", report.text()
+    assert decisions["pcp_query_keys"].startswith("vllm-ascend vllm_ascend/worker/pcp_utils.py::PCPManager.generate_pcp_metadata")
+    if bug:
+        assert not report.passed and report.failure.kind == kind, report.text()
+        if bug is KEYS_BUG:
+            first = "rank 0 step 0 request doc-0 (PCP prefill): the query at position 192 does not see the key at position 0"
+            assert first in report.text(), report.text()
         return
     text = report.text()
     assert report.passed and "attention checks matched the full-context reference" in text, text

@@ -1,5 +1,6 @@
 """Prefill-context-parallel faults (PCP x TP x DCP, ``dcpsim.model.parallel``): the prefill split,
-its KV gather, the rows after it and the DCP ranks of the grid (bug classes 24-27, 30 and 31)."""
+its KV gather, the rows after it, its attention metadata and the DCP ranks of the grid (bug classes
+24-27, 30, 31 and 49)."""
 
 from __future__ import annotations
 
@@ -192,3 +193,32 @@ class PcpUniformDecodeSlots(Fault):
             slots[: len(taken)] = taken
             mapped[i] = (slots, mapped[i][1])
         return mapped
+
+
+class PcpTailKeysFromHeadChunk(Fault):
+    name = "pcp-tail-keys-from-head-chunk"
+    bug_class = (
+        "49. the PCP prefill's unmasked keys of a rank's tail chunk cut at its head chunk: the tail query "
+        "chunk 2P-1-r reads the row's keys before chunk r, not before chunk 2P-1-r (generate_pcp_metadata's "
+        "kv_with_q_tail_nomask_idx)"
+    )
+    description = (
+        "each PCP rank's attention metadata gives its tail chunk's queries the unmasked keys before its head "
+        "chunk: on PCP rank 0 of 2 the tail chunk 3 reads no key of chunks 0-2 (a query at the start of "
+        "chunk 3 attends itself alone); the KV is written right, only the attention reads too little"
+    )
+    scenarios = ("glm-pcp2-dcp2",)
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        """Where PCP is on and a prefill is long enough to split."""
+        pcp, _ = _pcp_dcp(scenario)
+        return pcp > 1 and any(r.prompt_len - r.shared_prefix_len > 4 * pcp for r in scenario.requests)
+
+    def pcp_query_keys(self, query_len, pcp, pcp_rank):
+        queries, spans = super().pcp_query_keys(query_len, pcp, pcp_rank)
+        head = self.pcp_chunks(query_len, pcp, pcp_rank)
+        if len(head) == 2:  # the tail chunk's rows come after the head chunk's
+            first = head[0][1]
+            spans = spans.copy()
+            spans[first:, 1] = head[0][0]
+        return queries, spans

@@ -12,6 +12,7 @@ from dcpsim.engine.faults.attention import (
     EmptyShardLseFinite,
     EmptyShardLseZero,
     EmptyShardNanUnguarded,
+    GatheredHeadsGqaRemapped,
     LseBaseMismatch,
     MergeVariantPerRank,
 )
@@ -50,6 +51,7 @@ from dcpsim.engine.faults.pcp import (
     PcpGatherRankLocal,
     PcpSlotsCutToLocalTokens,
     PcpSpecRegularMask,
+    PcpTailKeysFromHeadChunk,
     PcpUniformDecodeSlots,
 )
 from dcpsim.engine.faults.pd import (
@@ -64,6 +66,7 @@ from dcpsim.engine.faults.pd import (
 )
 from dcpsim.engine.faults.prefix import (
     CompressedHitDropsR,
+    EagleDropEveryGroup,
     EagleDropUnscaled,
     EagleMarginUnscaled,
     KvEventsHashUnitB,
@@ -110,6 +113,7 @@ FAULTS: dict[str, Fault] = {
         CudagraphStaleLocalLens(),
         PcpSlotsCutToLocalTokens(),
         PcpUniformDecodeSlots(),
+        PcpTailKeysFromHeadChunk(),
         PrefixHitGcdAligned(),
         TopkTieOrder(),
         SparseRowMaskedByEmptyShard(),
@@ -126,6 +130,8 @@ FAULTS: dict[str, Fault] = {
         PageTableTranslatedTwice(),
         SlidingWindowReleaseOneEarly(),
         ZeroLocalRowsCompacted(),
+        EagleDropEveryGroup(),
+        GatheredHeadsGqaRemapped(),
     )
 }
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import types
 
 import numpy as np
@@ -39,13 +40,14 @@ from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK
 from dcpsim.engine.vllm import parallel_rules
 from dcpsim.engine.vllm.adapter import VllmEngine
 from dcpsim.engine.vllm.core import COORDINATOR_MODULE, MANAGER_MODULE
-from dcpsim.engine.vllm.functions import call, call_unlocked
+from dcpsim.engine.vllm.functions import VllmCallError, call, call_unlocked
 from dcpsim.engine.vllm_ascend import platform_rules
 from dcpsim.engine.vllm_ascend.loader import AscendTree, source_dir
 from dcpsim.engine.vllm_ascend.merge import AscendMerge
 from dcpsim.engine.vllm_ascend.releases import (
     ASCEND_RELEASES,
     ASCEND_TABLE,
+    ATTENTION_UTILS,
     BLOCK_TABLE,
     COMMON_CP,
     COORDINATOR_SUPPORT,
@@ -129,6 +131,8 @@ class VllmAscendEngine(VllmEngine):
             elif name == "pcp_split":
                 for decision in ("pcp_chunks", "pcp_restore_offsets"):
                     self.decisions[decision] = f"{where} (a split row's chunks and the restore index of its gather)"
+            elif name == "pcp_query_keys":
+                self.decisions[name] = f"{where} (the head and tail chunks' unmasked and masked key index lists; the mask causal)"
             elif name == "pcp_decode_rows":
                 self.decisions["pcp_replicated"] = f"{where} (a decode row is left whole; every other row is split)"
             elif name == "sparse_local_keys":
@@ -299,6 +303,40 @@ class VllmAscendEngine(VllmEngine):
         computed = np.concatenate([p for r in range(pcp) for p in [self._pcp_split(query_len, pcp, r)[0]]])
         return targets[real[computed]]  # the rows of real tokens, as pcp_chunks hands them to the gather
 
+    def pcp_query_keys(self, query_len, pcp, pcp_rank):
+        fn = self._ascend.get("pcp_query_keys")
+        if fn is None or "pcp_split" not in self._ascend:
+            return super().pcp_query_keys(query_len, pcp, pcp_rank)
+        positions, real, _ = self._pcp_split(query_len, pcp, pcp_rank)
+        per_rank = len(positions)
+        manager = self._pcp_manager
+        stand_in = types.SimpleNamespace(  # what generate_pcp_metadata reads of a PCPManager after the split
+            pcp_world_size=pcp,
+            pcp_world_rank=pcp_rank,
+            dcp_world_size=self._release_cp[0],
+            pcp_use_hybrid_attn=False,
+            num_decode_reqs=0,
+            num_reqs=1,
+            query_lens_pcp_full=types.SimpleNamespace(cpu=torch.tensor([query_len], dtype=torch.int32)),
+            vllm_config=types.SimpleNamespace(parallel_config=types.SimpleNamespace(cp_kv_cache_interleave_size=1)),
+            pcp_unpad_mask_cpu=real,
+            pcp_padded_tokens_length=len(real),
+            pcp_padded_tokens_fla=0,
+            pcp_allgather_restore_idx=types.SimpleNamespace(gpu=torch.zeros(per_rank * pcp, dtype=torch.int64)),
+            speculative_config=None,
+            device=torch.device("cpu"),
+        )
+        for method in ("_get_cp_local_seq_lens", "_list_to_tensor"):
+            setattr(stand_in, method, types.MethodType(getattr(manager, method), stand_in))
+        batch = types.SimpleNamespace(num_computed_tokens_cpu=np.zeros(1, np.int64))  # the row's context: read as any row's
+        what = "vllm_ascend.worker.pcp_utils.PCPManager.generate_pcp_metadata"
+        metadata = types.ModuleType(ATTENTION_UTILS)
+        metadata.AscendPrefillContextParallelMetadata = types.SimpleNamespace  # it only holds fields
+        scheduled = np.array([per_rank])
+        with INTERPRETER_LOCK, _module_as(ATTENTION_UTILS, metadata):
+            call_unlocked(what, fn, stand_in, per_rank, torch.tensor([per_rank]), batch, scheduled, None, 1, 1)
+        return pcp_key_spans(stand_in, positions, real)
+
     def _pcp_split(self, query_len: int, pcp: int, pcp_rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The plugin's split of one prefill row of ``query_len`` tokens over ``pcp`` ranks, as
         PCP rank ``pcp_rank`` runs ``update_tokens_for_pcp``: the positions (in the row padded to
@@ -422,3 +460,44 @@ def ascend_slot_mapping(fn, g, positions: list[np.ndarray], block_rows, cp: tupl
     call("vllm_ascend.worker.block_table.BlockTable._compute_pcp_dcp_slot_mapping", fn, stand_in, req, pos)
     got = out[:total].numpy().astype(np.int64)
     return np.where(got < 0, PAD, got)
+
+
+def pcp_key_spans(manager, positions: np.ndarray, real: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``Engine.pcp_query_keys`` of one split row from what ``generate_pcp_metadata`` left on
+    ``manager``: the row offsets of the rank's real query tokens (``positions`` of its local
+    queries, the pads left out) and each one's key ranges, the unmasked index list of its chunk
+    and the masked one up to its own place in the chunk (the NPU kernel's causal mask). Each index
+    list is a range of the gathered row; one that is not is an error naming it."""
+    names = manager.kv_idx_names
+    queries, spans = [], []
+
+    def span(name: str) -> tuple[int, int]:
+        rows = names[name].numpy().astype(np.int64)
+        if rows.size and not np.array_equal(rows, np.arange(rows[0], rows[0] + rows.size)):
+            raise VllmCallError(f"vLLM vllm_ascend.worker.pcp_utils.PCPManager.generate_pcp_metadata: {name} is not one range: {rows[:8]}")
+        return (int(rows[0]), int(rows[0]) + rows.size) if rows.size else (0, 0)
+
+    for chunk, rows in (("head", manager.q_head_idx_tensor), ("tail", manager.q_tail_idx_tensor)):
+        rows = rows.numpy().astype(np.int64)
+        lo0, hi0 = span(f"kv_with_q_{chunk}_nomask_idx_tensor")
+        lo1, _ = span(f"kv_with_q_{chunk}_mask_idx_tensor")
+        inside = np.arange(len(rows), dtype=np.int64)
+        keep = real[positions[rows]]
+        queries.append(positions[rows][keep])
+        ends = lo1 + inside + 1
+        spans.append(np.stack([np.full(len(rows), lo0), np.full(len(rows), hi0), np.full(len(rows), lo1), ends], axis=1)[keep])
+    return np.concatenate(queries), np.concatenate(spans).astype(np.int64)
+
+
+@contextlib.contextmanager
+def _module_as(name: str, module):
+    """``sys.modules[name]`` is ``module`` for the block (under the interpreter lock: thread ranks share it)."""
+    before = sys.modules.get(name)
+    sys.modules[name] = module
+    try:
+        yield
+    finally:
+        if before is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = before

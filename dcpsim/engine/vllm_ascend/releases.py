@@ -108,6 +108,33 @@ PCP_DECODE_ROWS = Decision(
 )
 """``PCPManager.classify_decode_request_mask``: the rows PCP does not split (a decode: context, at
 most ``1 + num_speculative_tokens`` tokens, the prompt done); every other row is split, however short."""
+PCP_METADATA = Decision(
+    "pcp_query_keys",
+    (
+        Shape(
+            "generate-pcp-metadata",
+            PCP_UTILS,
+            "PCPManager.generate_pcp_metadata",
+            (
+                "self",
+                "total_num_scheduled_tokens",
+                "query_lens",
+                "input_batch",
+                "num_scheduled_tokens",
+                "block_table_tensor",
+                "num_reqs_padded",
+                "num_reqs",
+            ),
+            ASCEND_RELEASES,
+        ),
+    ),
+)
+"""``PCPManager.generate_pcp_metadata``: the PCP prefill's attention index lists, which rows of the
+all-gathered row each head and tail query chunk reads unmasked (``kv_with_q_*_nomask_idx``) and
+masked causally (``kv_with_q_*_mask_idx``)."""
+ATTENTION_UTILS = "vllm_ascend.attention.utils"
+"""The module ``generate_pcp_metadata`` imports its metadata class from at call time (a stand-in
+there: the real module imports vLLM's forward context and KV transfer)."""
 
 COMMON_CP = "vllm_ascend.attention.context_parallel.common_cp"
 MERGE_EXCHANGE = Decision(
@@ -179,6 +206,7 @@ ASCEND_TABLE = (
     SPEC_DECODE_MASK,
     PCP_SPLIT,
     PCP_DECODE_ROWS,
+    PCP_METADATA,
     MERGE_EXCHANGE,
     MERGE_UPDATE,
     MERGE_COMBINE,

@@ -22,7 +22,7 @@ from dcpsim.engine.worker.kv_store import KVStore
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.model.layout import PAD
-from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ContextGather, ReqWrite, SpecDecodeMask, StepPlan, WriteRecord
+from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ContextGather, PcpQueryKeys, ReqWrite, SpecDecodeMask, StepPlan, WriteRecord
 from dcpsim.model.vectors import kv_vectors
 
 ATTENTION_KV = (Storage.PAGED, Storage.RECORDS)
@@ -48,17 +48,20 @@ class ModelRunner:
         max_num_reqs: int,
         vector_width: int = 0,
         observer: WriteObserver | None = None,
+        kv_heads: dict[int, np.ndarray] | None = None,
     ):
-        """``vector_width > 0``: also store K/V vectors of that width (the attention check)."""
+        """``vector_width > 0``: also store K/V vectors of that width (the attention check);
+        ``kv_heads``: group id -> the KV heads (global) the rank holds in a group with several
+        (``engine.attention.heads``), one vector each per slot, in that order."""
         self.engine = engine
         self.observer = observer
         self.geometries = geometries
         self.rank = rank
         self.vector_width = vector_width
+        self.kv_heads = kv_heads or {}
         self.block_tables = [BlockTable(g.name, max_num_reqs, g.block_table_width) for g in geometries]
         self.stores = [
-            KVStore(g.group_id, n + 1, g.states_per_page, vector_dim=vector_width if g.storage not in (Storage.RING, Storage.STATE) else 0)
-            for g, n in zip(geometries, pool_sizes)
+            KVStore(g.group_id, n + 1, g.states_per_page, vector_dim=self._vector_dim(g)) for g, n in zip(geometries, pool_sizes)
         ]
         self.write_log: list[WriteRecord] = []
         """What the last applied step wrote (every group, every request, in order)."""
@@ -73,6 +76,9 @@ class ModelRunner:
         """The last applied step's spec-decode masks, one per sharded paged group of a speculative
         model whose step has decode rows (``Engine.spec_decode_mask``)."""
         self.builds_masks = _implements(engine, "spec_decode_mask") or _implements(engine, "query_local_bounds")
+        self.pcp_keys_log: list[PcpQueryKeys] = []
+        """The last step's PCP attention metadata of its split rows (``Engine.pcp_query_keys``),
+        filled by the PCP split before the step is applied."""
 
     def apply(self, plan: StepPlan, request_ids: dict[int, str], during_step=None) -> None:
         """Write the step. ``during_step(plan, runner)``, if given, runs after the writes with
@@ -180,7 +186,20 @@ class ModelRunner:
         entries[:, 2] = content
         store.write(slots, entries)
         if store.vectors is not None:
-            store.write_vectors(slots, kv_vectors(geometry.group_id, content, self.vector_width))
+            heads = self.kv_heads.get(geometry.group_id)
+            if heads is None:
+                store.write_vectors(slots, kv_vectors(geometry.group_id, content, self.vector_width))
+            else:  # one K/V vector per KV head the rank holds, head after head
+                vectors = [kv_vectors(geometry.group_id, content, self.vector_width, int(h)) for h in heads]
+                store.write_vectors(slots, np.concatenate(vectors, axis=1))
+
+    def _vector_dim(self, geometry: GroupGeometry) -> int:
+        """Floats of K/V a slot of the group holds: one vector per KV head held (none in a
+        ring or a Mamba state)."""
+        if geometry.storage in (Storage.RING, Storage.STATE):
+            return 0
+        heads = self.kv_heads.get(geometry.group_id)
+        return self.vector_width * (1 if heads is None else len(heads))
 
     def _with_draft_writes(self, geometry: GroupGeometry, table: BlockTable, plan: StepPlan, mapped):
         """The draft layers' KV is written by the drafter, with the slot mapping of its own

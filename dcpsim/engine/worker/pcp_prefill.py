@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from dcpsim.engine.interface import Engine
-from dcpsim.model.plan import StepPlan
+from dcpsim.model.plan import PcpQueryKeys, StepPlan
 
 MISSING_KV = 0
 """The content of a query token whose KV no PCP rank produced (never a real fingerprint)."""
@@ -35,13 +35,27 @@ def split_rows(engine: Engine, plan: StepPlan, pcp: int, dcp: int) -> list[int]:
 
 
 def pcp_prefill(
-    engine: Engine, plan: StepPlan, pcp_coll, pcp_rank: int, pcp: int, dcp: int, on_phase: Callable[[str], None] = lambda what: None
+    engine: Engine,
+    plan: StepPlan,
+    pcp_coll,
+    pcp_rank: int,
+    pcp: int,
+    dcp: int,
+    on_phase: Callable[[str], None] = lambda what: None,
+    keys_log: list[PcpQueryKeys] | None = None,
 ) -> StepPlan:
     """The step's plan with each split row's contents as this rank holds them after the
-    PCP gather (the plan itself when nothing is split)."""
+    PCP gather (the plan itself when nothing is split); ``keys_log`` gets each split row's
+    PCP attention metadata (``Engine.pcp_query_keys``), which the checker judges."""
     split = split_rows(engine, plan, pcp, dcp)
     if not split:
         return plan
+    if keys_log is not None:
+        for i in split:
+            w = plan.writes[i]
+            queries, spans = engine.pcp_query_keys(len(w.contents), pcp, pcp_rank)
+            queries, spans = np.asarray(queries, np.int64), np.asarray(spans, np.int64)
+            keys_log.append(PcpQueryKeys(w.request_id, w.start, len(w.contents), queries, spans))
     writes = list(plan.writes)
     mine = []
     for i in split:

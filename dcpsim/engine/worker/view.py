@@ -7,11 +7,13 @@ methods hand over (and clear) the stores' and block tables' own change records.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from dcpsim.engine.worker.model_runner import ModelRunner
-from dcpsim.model.plan import AttentionMetadata, ContextGather, SpecDecodeMask, WriteRecord
+from dcpsim.model.plan import AttentionMetadata, ContextGather, PcpQueryKeys, SpecDecodeMask, WriteRecord
 
 
 class WorkerView:
@@ -71,6 +73,9 @@ class WorkerView:
             SpecDecodeMask(m.group, m.request_ids, m.context_lens.copy(), m.query_lens.copy(), tuple(v.copy() for v in m.visible))
             for m in self._runner.mask_log
         ]
+
+    def step_pcp_query_keys(self) -> list[PcpQueryKeys]:
+        return [dataclasses.replace(k, queries=k.queries.copy(), spans=k.spans.copy()) for k in self._runner.pcp_keys_log]
 
     @property
     def kv_store_bytes(self) -> int:

@@ -104,7 +104,7 @@ def test_a_fault_that_applies_nowhere_is_listed_not_applicable(monkeypatch):
 def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
     plan = plan_selftest(None, ["dsv3"], dry_run=False)
     why = {r.fault: r.report for r in plan.rows if r.outcome == NOT_APPLICABLE}
-    assert why["merge-drops-dcp-replicated"] == "not on dsv3 (applies on: llama-draft)"
+    assert why["merge-drops-dcp-replicated"] == "not on dsv3 (applies on: eagle-draft-hit, llama-draft)"  # the replicated drafts
     assert why["ring-rejected-overwrite"] == "not on dsv3 (applies on: dsv41-hybrid, heavy-rejection)"
     assert all(" on every built-in scenario" not in text for text in why.values())
     assert why["draft-drops-dcp"] == "not on dsv3 (applies on: dsv3-mtp)"
@@ -126,6 +126,7 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
         "pcp-gather-rank-local",
         "pcp-spec-regular-mask",
         "pcp-chunks-not-mirrored",
+        "pcp-tail-keys-from-head-chunk",
         "dcp-rank-not-transposed",
         "pcp-slots-cut-to-local-tokens",
         "pcp-uniform-decode-slots",
@@ -135,9 +136,12 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
         "eagle-drop-unscaled",
         "topk-local-interleave-one",
         "zero-local-rows-compacted",
+        "eagle-drop-every-group",
+        "gathered-heads-gqa-remapped",
     }
     assert why["topk-tie-order"] == "not on dsv3 (applies on: dsv32-sparse)"
     assert why["pcp-gather-rank-local"] == "not on dsv3 (applies on: glm-pcp2-dcp2)"
+    assert why["gathered-heads-gqa-remapped"] == "not on dsv3 (applies on: gqa-pcp2-heads)"
     assert why["prefix-hit-gcd-aligned"] == "not on dsv3 (applies on: prefix-ragged-spans)"
 
 
@@ -152,7 +156,7 @@ def test_a_fault_that_applies_nowhere_says_so_with_or_without_scenario(monkeypat
 def test_list_says_why_a_fault_does_not_run(capsys):
     assert main(["selftest", "--list", "--scenario", "dsv3", "--fault", "merge-drops-dcp-replicated"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-2:] == ["  runs on:     -", "  not run:     not on dsv3 (applies on: llama-draft)"]
+    assert out[-2:] == ["  runs on:     -", "  not run:     not on dsv3 (applies on: eagle-draft-hit, llama-draft)"]
 
 
 def test_an_unknown_run_option_is_an_error_row(monkeypatch):
@@ -237,7 +241,10 @@ def test_list_shows_every_registered_fault_with_its_bug_class(capsys):
     by_name = {e["name"]: e for e in doc["faults"]}
     assert set(by_name) == (set(FAULTS) | set(PD_FAULTS)) - {BASELINE}  # the P/D faults run on pd-dsv3
     assert by_name["nixl-stride-by-dcp"]["runs"] == [{"scenario": "pd-dsv3", "config": "nixl P/D run, prefill PCP = 2"}]
-    assert by_name["merge-drops-dcp-replicated"]["runs"] == [{"scenario": "llama-draft", "config": "W=2 I=1"}]
+    assert by_name["merge-drops-dcp-replicated"]["runs"] == [
+        {"scenario": "eagle-draft-hit", "config": "W=4 I=1"},
+        {"scenario": "llama-draft", "config": "W=2 I=1"},
+    ]
     assert by_name["kernel-virtual-block"]["needs"] == {"kernel_block_size": 16}
 
 
@@ -259,7 +266,9 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     its cost (``test_sparse_faults.py`` and ``test_eagle_verify_topk_faults.py`` catch them): they
     are not applicable, as is zero-local-rows-compacted (many-short only). mtp-mask-interleave
     (verify rows across interleave boundaries at I = 128) is where the spec-decode mask fault shows,
-    eagle-hybrid-hit (an EAGLE prefix hit over two sharded groups) the hybrid lookup's margin."""
+    eagle-hybrid-hit (an EAGLE prefix hit over two sharded groups) the hybrid lookup's margin,
+    gqa-pcp2-heads (ranks holding several KV heads under DCP) the gathered heads' KV-head pairing,
+    eagle-draft-hit (the drafter's layer in a KV-cache group of its own) the EAGLE drop in every group."""
     names = SMALL + [
         "qwen3-next-hybrid",
         "dsv3-mtp",
@@ -268,6 +277,8 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
         "prefix-ragged-spans",
         "mtp-mask-interleave",
         "eagle-hybrid-hit",
+        "gqa-pcp2-heads",
+        "eagle-draft-hit",
     ]
     args = ["selftest", "--in-process", "--json", "--timeout", "10"] + [a for s in names for a in ("--scenario", s)]
     code = main(args)
