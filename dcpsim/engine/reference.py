@@ -329,17 +329,7 @@ class ReferenceEngine(Engine):
             slots = self._gathered_slots(g, writes, block_rows, prefills, reqs, local_starts, local_lens, kept)
         finally:
             kept.close()
-        return ContextGather(
-            group=g.group_id,
-            workspace_size=g.chunked_prefill_workspace_size,
-            request_ids=tuple(writes[prefills[k]].request_id for k in reqs.tolist()),
-            chunks=chunks,
-            starts=starts,
-            seq_lens=lengths,
-            local_starts=local_starts,
-            local_seq_lens=local_lens,
-            slots=slots,
-        )
+        return _gather_record(g, writes, prefills, (chunks, reqs, starts, lengths), local_starts, local_lens, slots)
 
     def _context_slots(self) -> ContextSlots:
         """This engine's kept gather slots (``model.context_gather.ContextSlots``), made on first use."""
@@ -382,17 +372,8 @@ class ReferenceEngine(Engine):
             fields["local_starts"].append(local_start)
             fields["local_seq_lens"].append(local_len)
             fields["slots"].append(self._read_slots(g, row, np.arange(local_start, local_start + local_len, dtype=np.int64)))
-        return ContextGather(
-            group=g.group_id,
-            workspace_size=g.chunked_prefill_workspace_size,
-            request_ids=tuple(writes[prefills[k]].request_id for k in reqs.tolist()),
-            chunks=chunks,
-            starts=starts,
-            seq_lens=lengths,
-            local_starts=np.asarray(fields["local_starts"], dtype=np.int64),
-            local_seq_lens=np.asarray(fields["local_seq_lens"], dtype=np.int64),
-            slots=np.concatenate(fields["slots"]).astype(np.int64),
-        )
+        local = (np.asarray(fields[k], dtype=np.int64) for k in ("local_starts", "local_seq_lens"))
+        return _gather_record(g, writes, prefills, plan, *local, np.concatenate(fields["slots"]).astype(np.int64))
 
     def gather_local(self, g: GroupGeometry, context: int, start: int, length: int, dcp_rank: int) -> tuple[int, int]:
         """``(local start, local length)`` this rank gathers of context tokens ``[start,
@@ -496,3 +477,19 @@ def topk_by_score_then_position(scores: np.ndarray, topk: int, *, tie_key: np.nd
     chosen = np.where(np.take_along_axis(finite, order, axis=1), order, big)
     chosen.sort(axis=1)  # ascending positions, the padding last
     return np.where(chosen == big, -1, chosen)
+
+
+def _gather_record(g, writes, prefills, plan, local_starts, local_lens, slots) -> ContextGather:
+    """The ``ContextGather`` of a step's plan ``(chunks, reqs, starts, lengths)`` in group ``g``."""
+    chunks, reqs, starts, lengths = plan
+    return ContextGather(
+        group=g.group_id,
+        workspace_size=g.chunked_prefill_workspace_size,
+        request_ids=tuple(writes[prefills[k]].request_id for k in reqs.tolist()),
+        chunks=chunks,
+        starts=starts,
+        seq_lens=lengths,
+        local_starts=local_starts,
+        local_seq_lens=local_lens,
+        slots=slots,
+    )
