@@ -225,10 +225,12 @@ class Engine:
         """How rank ``dcp_rank`` gathers the cached context of the step's prefill rows in a
         paged full-attention group (``dcpsim.model.plan.ContextGather``), or None when no
         row has one: the rows of more than ``1 + k`` query tokens (shorter ones run as
-        decodes) whose write starts past 0, packed in batch order into chunks of at most
-        ``geometry.chunked_prefill_workspace_size`` workspace rows; for each (chunk,
-        request) the context tokens it covers, the rank's local rows of them (its shard
-        only: at most its local context past the entry's local start) and their slots.
+        decodes) whose write starts past 0, cut into chunks of at most
+        ``geometry.chunked_prefill_workspace_size`` workspace rows (any valid chunking: the
+        reference packs them in batch order as vLLM 0.33.0 does; each request's pieces
+        cover its context once, in chunk order); for each (chunk, request) the context
+        tokens it covers, the rank's local rows of them (its shard only: at most its local
+        context past the entry's local start) and their slots.
         ``block_rows[i]`` is ``writes[i]``'s row. Optional: an engine without it is not
         checked for the gather, and its attention reads the context directly."""
         raise NotImplementedError

@@ -282,10 +282,10 @@ def _valid_entries(judge: MetadataJudge, plan, group, have, prefills, workspace:
     index = {w.request_id: i for i, w in enumerate(prefills) if w.start > 0}
     ids = tuple(have.request_ids)
     chunks = np.asarray(have.chunks, dtype=np.int64)
-    if not ids or any(rid not in index for rid in ids) or len(chunks) != len(ids) or len(set(ids)) != len(index):
+    if not ids or len(chunks) != len(ids) or set(ids) != index.keys():
         judge.add(plan, group, "context gather requests", None, show(tuple(index)), show(ids))
         return None
-    which = np.fromiter((index[rid] for rid in ids), dtype=np.int64, count=len(ids))
+    which = np.fromiter(map(index.__getitem__, ids), dtype=np.int64, count=len(ids))
     key = chunks * len(prefills) + which  # chunk order, then batch order, each request once a chunk
     if chunks[0] != 0 or (np.diff(chunks) > 1).any() or (np.diff(key) <= 0).any():
         judge.add(plan, group, "context gather requests", None, "chunks 0, 1, ... in order, batch order within one", show(chunks))
@@ -341,6 +341,10 @@ def _rows_per_rank(group: ExpectedGroup, starts: np.ndarray, ends: np.ndarray) -
     rank holds (the ranks' pieces are all-gathered side by side, so each is padded to that)."""
     if not group.sharded:
         return ends - starts
+    per_round = group.dcp_size * group.interleave_size
+    if not (starts % per_round).any():  # pieces start at a rank-0 run: rank 0 holds the most
+        n = ends - starts
+        return n // per_round * group.interleave_size + np.minimum(n % per_round, group.interleave_size)
     return np.max([owned_below(ends, r, group) - owned_below(starts, r, group) for r in range(group.dcp_size)], axis=0)
 
 

@@ -4,13 +4,16 @@ slot mapping, local lengths, spec-decode mask and merge give the reference's ver
 (attention too) where its mask is right (I = 1); at I > 1 its MTP verify mask fails the
 ``attention-mask`` check (bug class 39, still in the release), and passes with the fix planted; a bug
 planted in a copy of the slot mapping, the local lengths or the merge makes the run exit 1; the
-plugin over another vLLM release is exit 2. Every built-in the plugin runs gets the reference's
+plugin over another vLLM release is exit 2. The MLA builder's chunked context (every request cut
+alike, each piece padded to ``I`` per rank) passes the checker's any-valid-chunking rule, and a
+chunk size planted undivided by DCP fails it. Every built-in the plugin runs gets the reference's
 verdict at W = 2 and 4, with and without the attention check (``eagle-hybrid-hit`` fails as bug
 class 40, the plugin's hybrid coordinator, and passes with the margin fix planted); the rest exit 2 quoting the rule of vllm-ascend or of
 vLLM 0.23.0 that refuses them."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -353,3 +356,38 @@ def test_a_pcp_run_splits_rows_by_the_plugins_dualchunkswap(bug, kind, trees, tm
     assert report.passed and "attention checks matched the full-context reference" in text, text
     merged = re.search(re.escape(MERGED_BY) + r" \d+ merges, (\d+) of (\d+) rows", text)
     assert merged and merged.group(1) == merged.group(2) != "0", text
+
+
+MLA_CP = "vllm_ascend/attention/context_parallel/mla_cp.py"
+_LOCAL_CHUNK = """            cdiv(
+                self.max_context_chunk,
+                self.cp_virtual_block_size,
+            )
+            * self.cp_local_block_size"""
+CHUNK_BUG = (_LOCAL_CHUNK, _LOCAL_CHUNK.replace("self.cp_virtual_block_size,", "self.cp_local_block_size * self.pcp_size,"))
+"""The local chunk size of ``build_chunked_metadata`` padded over PCP alone, not PCP x DCP: each
+rank's piece ``i`` starts ``i * piece / pcp`` rows into its shard instead of ``i * piece / (pcp * dcp)``."""
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", [None, CHUNK_BUG], ids=["release", "chunk-not-over-dcp"])
+def test_the_mla_builders_chunked_context_is_judged(bug, capsys, trees, tmp_path):
+    """``dsv3 --dcp 2`` with a 256-row workspace (cached contexts from chunked prefills and prefix
+    hits, cut into 128-token pieces): the plugin's ``build_chunked_metadata`` decides every rank's
+    gather, which passes (with the attention check: the context is read through it); the chunk size
+    planted undivided by DCP fails at the first split context, naming the chunk."""
+    ascend, vllm = trees
+    if bug:
+        ascend = str(patched_copy(ascend, tmp_path / "ascend-bug", MLA_CP, *bug))
+    argv = ["run", "dsv3", "--dcp", "2", "--chunked-prefill-workspace-size", "256", "--engine", "vllm-ascend"]
+    argv += ["--vllm-ascend-source", ascend, "--vllm-source", vllm, "--json"] + ([] if bug else ["--attention"])
+    code = main(argv)
+    report = json.loads(capsys.readouterr().out)
+    decision = report["engine"]["decisions"]["context_gather"]
+    assert decision.startswith(f"vllm-ascend {MLA_CP}::AscendMlaCPMetadataBuilder.build_chunked_metadata"), decision
+    if not bug:
+        assert code == 0, report
+        return
+    assert code == 1 and report["failure"]["kind"] == "attention-metadata", report
+    assert "context gather chunk 1 local_starts is 128, expected 64" in json.dumps(report), report

@@ -15,6 +15,10 @@ decisions in their place, each bound to the plugin's code by its table
   ``PCPManager._get_cp_local_seq_lens`` (this rank's (PCP, DCP) column);
 * the PCP split of a prefill row (``pcp_replicated``, ``pcp_chunks``, ``pcp_restore_offsets``):
   ``PCPManager.classify_decode_request_mask`` and ``update_tokens_for_pcp`` (DualChunkSwap).
+* ``context_gather`` of a sharded MLA group: ``attention/context_parallel/mla_cp.py``
+  ``AscendMlaCPMetadataBuilder.build_chunked_metadata`` (over its base's in ``attention/mla_v1.py``)
+  on a stand-in builder: every request cut alike into pieces, piece ``i`` in chunk ``i``, each
+  rank's rows of a piece the ones the attention keeps of its padded load (``_reorg_kvcache``).
 
 The plugin's vLLM 0.23.0 shards the KV cache over PCP x DCP, shard ``pcp_rank * dcp + dcp_rank``
 (``engine.vllm.parallel_rules``): a scenario with PCP runs where that is dcpsim's layout, ``W == P``,
@@ -37,6 +41,7 @@ import torch
 
 from dcpsim.engine.loading.bindings import bind, resolve
 from dcpsim.engine.loading.interpreter import INTERPRETER_LOCK
+from dcpsim.engine.loading.placeholders import StubModule
 from dcpsim.engine.vllm import parallel_rules
 from dcpsim.engine.vllm.adapter import VllmEngine
 from dcpsim.engine.vllm.core import COORDINATOR_MODULE, MANAGER_MODULE
@@ -53,15 +58,29 @@ from dcpsim.engine.vllm_ascend.releases import (
     COORDINATOR_SUPPORT,
     CP_UTILS,
     MERGE_DECISIONS,
+    MLA_CP,
+    MLA_V1,
     PATCH_COORDINATOR,
     PCP_UTILS,
     SCHEDULER_DECISIONS,
     VLLM_OF,
 )
 from dcpsim.errors import ConfigError
-from dcpsim.model.kinds import Storage
+from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD
+from dcpsim.model.plan import ContextGather
 from dcpsim.model.sparse import sparse_topk
+from dcpsim.model.specs import MLAAttentionSpec
+
+_WHAT_IT_DECIDES = {
+    "pcp_query_keys": "the head and tail chunks' unmasked and masked key index lists; the mask causal",
+    "sparse_local_keys": "sharded sparse groups: every id of every query token, compacted to the front",
+    "context_gather": (
+        "sharded MLA groups: its chunks and each rank's rows of them, the rank's own keys of its padded load as "
+        "_reorg_kvcache keeps them; other groups: {before}"
+    ),
+}
+"""``engine info``'s words on the groups or parts of a decision the plugin's code makes."""
 
 
 class VllmAscendEngine(VllmEngine):
@@ -94,9 +113,16 @@ class VllmAscendEngine(VllmEngine):
             names[at:at] = COORDINATOR_SUPPORT  # what its coordinator builds
         if self.plugin_bindings.bound["block_table_width"].shape is not None:
             self._cp_utils = self.tree.load([CP_UTILS])[CP_UTILS]  # the table's get_total_cp_world_size, vLLM's own
-        mods = self.ascend.load(names)
+        if self.plugin_bindings.bound["context_gather"].shape is not None:
+            names.insert(names.index(MLA_CP), MLA_V1)  # the builder the CP builder derives from
+        with _torch_npu_placeholder():
+            mods = self.ascend.load(names)
         self._block_table_module = mods.get(BLOCK_TABLE)
         self._pcp_manager = getattr(mods.get(PCP_UTILS), "PCPManager", None)
+        self._mla_cp_builder = getattr(mods.get(MLA_CP), "AscendMlaCPMetadataBuilder", None)
+        for name in (MLA_V1, MLA_CP):  # their torch.zeros(..., pin_memory=True): no pinned memory on the CPU
+            if name in mods:
+                mods[name].torch = _HostTorch()
         self._release_cp = (1, 1)
         """The plugin's ``(dcp, pcp)`` sizes of the run's layout (``parallel_rules.release_sizes``), set with its geometry."""
         self._decode_threshold = 1
@@ -131,14 +157,12 @@ class VllmAscendEngine(VllmEngine):
             elif name == "pcp_split":
                 for decision in ("pcp_chunks", "pcp_restore_offsets"):
                     self.decisions[decision] = f"{where} (a split row's chunks and the restore index of its gather)"
-            elif name == "pcp_query_keys":
-                self.decisions[name] = f"{where} (the head and tail chunks' unmasked and masked key index lists; the mask causal)"
             elif name == "pcp_decode_rows":
                 self.decisions["pcp_replicated"] = f"{where} (a decode row is left whole; every other row is split)"
-            elif name == "sparse_local_keys":
-                self.decisions[name] = f"{where} (sharded sparse groups: every id of every query token, compacted to the front)"
             else:
-                self.decisions[name] = f"{where} (sharded paged groups)"
+                self.decisions[name] = f"{where} ({_WHAT_IT_DECIDES.get(name, 'sharded paged groups')})".replace(
+                    "{before}", self.decisions.get(name) or "the reference"
+                )
 
         if self._merge is not None:
             self.decisions["merge_across_ranks"] = (
@@ -365,6 +389,101 @@ class VllmAscendEngine(VllmEngine):
             self._splits[key] = (np.asarray(positions, np.int64), stand_in.pcp_unpad_mask_cpu[:padded].copy(), restore)
         return self._splits[key]
 
+    # --- the chunked context of an MLA prefill ---------------------------------------------
+
+    def context_gather(self, geometry, writes, block_rows, dcp_rank):
+        g = geometry
+        fn = self._ascend.get("context_gather")
+        mla = isinstance(g.spec, MLAAttentionSpec)
+        paged_full = g.storage is Storage.PAGED and g.retention is Retention.FULL
+        if fn is None or "local_seq_lens" not in self._ascend or not g.sharded or not mla or not paged_full:
+            return super().context_gather(geometry, writes, block_rows, dcp_rank)
+        if not g.chunked_prefill_workspace_size:
+            return None
+        prefills = [i for i, w in enumerate(writes) if w.stop - w.start > 1 + g.num_speculative_tokens]
+        contexts = np.array([writes[i].start for i in prefills], dtype=np.int64)
+        if not contexts.any():
+            return None
+        queries = np.array([writes[i].stop - writes[i].start for i in prefills], dtype=np.int64)
+        dcp_size, pcp_size, dcp_at, pcp_at = self._cp(g, dcp_rank)
+        every_rank = self._every_local_len(g, contexts, dcp_rank)  # [n, pcp, dcp]
+        builder = self._chunked_stand_in(g, contexts, queries, (dcp_size, pcp_size, dcp_at, pcp_at))
+        cp_metadata = types.SimpleNamespace(num_computed_tokens_of_pcp_dcp=every_rank.tolist())
+        common = types.SimpleNamespace(num_reqs=len(prefills), prefill_context_parallel_metadata=cp_metadata)  # what it reads
+        what = f"{MLA_CP}.AscendMlaCPMetadataBuilder.build_chunked_metadata"
+        with INTERPRETER_LOCK, _host_tensor_methods():
+            chunked = call_unlocked(what, fn, builder, 0, common)
+        shard = pcp_at * dcp_size + dcp_at  # the plugin's rank in local_context_lens_allranks
+        return self._gather_of(g, writes, block_rows, prefills, chunked, builder.max_context_chunk, shard)
+
+    def _every_local_len(self, g, contexts: np.ndarray, dcp_rank: int) -> np.ndarray:
+        """Every (PCP, DCP) rank's local length of each context, ``[n, pcp, dcp]``: the plugin's
+        ``num_computed_tokens_of_pcp_dcp`` of the prefill rows (``pcp_utils.py:2006``), by the bound
+        ``_get_cp_local_seq_lens``."""
+        dcp_size, pcp_size, _, _ = self._cp(g, dcp_rank)
+        what = "vllm_ascend.worker.pcp_utils.PCPManager._get_cp_local_seq_lens"
+        out = call(what, self._ascend["local_seq_lens"], None, torch.from_numpy(contexts), pcp_size, dcp_size, g.interleave_size)
+        return out.numpy().astype(np.int64)
+
+    def _chunked_stand_in(self, g, contexts, queries, cp):
+        """An ``AscendMlaCPMetadataBuilder`` holding what ``build_chunked_metadata`` and its base's
+        read: the fields its ``__init__`` sets (``mla_cp.py:74-82``: the ranks, the interleave, the
+        block size ``lcm(B, I * dcp * pcp)``) and ``build`` leaves before it (``mla_v1.py:430-467``:
+        the step's prefill rows alone, no decode row before them, their lengths and query lengths),
+        and the workspace the scenario gives (``chunked_prefill_workspace_size``)."""
+        dcp_size, pcp_size, dcp_at, pcp_at = cp
+        builder = object.__new__(self._mla_cp_builder)  # its __init__ builds vLLM's MLA builder: not run
+        virtual = g.interleave_size * dcp_size * pcp_size
+        vars(builder).update(
+            pcp_size=pcp_size,
+            pcp_rank=pcp_at,
+            dcp_size=dcp_size,
+            dcp_rank=dcp_at,
+            cp_local_block_size=g.interleave_size,
+            cp_virtual_block_size=virtual,
+            block_size=g.block_size * virtual // np.gcd(g.block_size, virtual),
+            chunked_prefill_enabled=True,
+            chunked_prefill_workspace_size=g.chunked_prefill_workspace_size,
+            chunked_prefill_workspace=None,
+            device=torch.device("cpu"),
+            num_decodes=0,
+            num_prefills=len(contexts),
+            seq_lens=torch.from_numpy(contexts + queries),
+            query_lens=torch.from_numpy(queries),
+        )
+        return builder
+
+    def _gather_of(self, g, writes, block_rows, prefills, chunked, piece: int, shard: int) -> ContextGather | None:
+        """dcpsim's ``ContextGather`` of the builder's chunked metadata on plugin rank ``shard``:
+        an entry per (chunk, request) with context tokens in the chunk (``chunk_seq_lens``),
+        starting at ``chunk * piece`` (``mla_v1.py:518-521``); the rank's rows, from its local start
+        of the piece (``starts``), are the ones the attention keeps of its padded load,
+        ``min(max(0, local - chunk * chunk_size), padded)`` (``_reorg_kvcache``, ``mla_cp.py:834-837``)."""
+        if chunked is None:
+            return None
+        lens = np.asarray(chunked.chunk_seq_lens, dtype=np.int64)  # [chunks, requests]
+        local_starts = np.asarray(chunked.starts, dtype=np.int64)
+        padded = np.asarray(chunked.padded_local_chunk_seq_lens, dtype=np.int64)
+        local_context = np.asarray(chunked.local_context_lens_allranks, dtype=np.int64)[:, shard]
+        chunk_of, req = np.nonzero(lens)  # row-major: chunk order, then batch order
+        keep = np.minimum(np.maximum(0, local_context[req] - chunk_of * int(chunked.chunk_size)), padded[chunk_of, req])
+        starts, ls = chunk_of * piece, local_starts[chunk_of, req]
+        slots = [
+            self._read_slots(g, np.asarray(block_rows[prefills[k]], dtype=np.int64), np.arange(a, a + n, dtype=np.int64))
+            for k, a, n in zip(req.tolist(), ls.tolist(), keep.tolist())
+        ]
+        return ContextGather(
+            group=g.group_id,
+            workspace_size=g.chunked_prefill_workspace_size,  # the stand-in's chunked_prefill_workspace_size
+            request_ids=tuple(writes[prefills[k]].request_id for k in req.tolist()),
+            chunks=chunk_of.astype(np.int64),
+            starts=starts.astype(np.int64),
+            seq_lens=lens[chunk_of, req],
+            local_starts=ls,
+            local_seq_lens=keep.astype(np.int64),
+            slots=np.concatenate(slots).astype(np.int64) if slots else np.zeros(0, np.int64),
+        )
+
     # --- the merge across the DCP ranks -----------------------------------------------
 
     def merge_across_ranks(self, out, lse, group, *, variant, base):
@@ -487,6 +606,47 @@ def pcp_key_spans(manager, positions: np.ndarray, real: np.ndarray) -> tuple[np.
         ends = lo1 + inside + 1
         spans.append(np.stack([np.full(len(rows), lo0), np.full(len(rows), hi0), np.full(len(rows), lo1), ends], axis=1)[keep])
     return np.concatenate(queries), np.concatenate(spans).astype(np.int64)
+
+
+class _HostTorch(types.ModuleType):
+    """``torch`` for the MLA builders' modules: ``torch.zeros(..., pin_memory=True)`` allocates
+    plain memory (the CPU build has no pinned allocator); every other name is torch's."""
+
+    def __init__(self):
+        super().__init__("torch")
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, pin_memory=False, **kwargs):
+        return torch.zeros(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _host_tensor_methods():
+    """``Tensor.pin_memory()`` and ``Tensor.npu()`` as the tensor itself, for the block (the
+    builder pins its CPU tensors and copies them to the NPU; here both stay on the CPU). Under
+    the interpreter lock: thread ranks share torch."""
+    torch.Tensor.pin_memory = torch.Tensor.npu = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        del torch.Tensor.pin_memory, torch.Tensor.npu
+
+
+@contextlib.contextmanager
+def _torch_npu_placeholder():
+    """A placeholder ``torch.npu`` while the plugin's modules load (``mla_v1.py`` names
+    ``torch.npu.Event`` as a class default); removed after, unless torch had one."""
+    had = hasattr(torch, "npu")
+    if not had:
+        torch.npu = StubModule("torch.npu", None)
+    try:
+        yield
+    finally:
+        if not had:
+            del torch.npu
 
 
 @contextlib.contextmanager

@@ -199,6 +199,29 @@ SPARSE_REMAP = Decision(
 """``AscendSFADCPImpl._remap_sparse_indices``: the global top-k ids of sparse attention mapped to
 this rank's local keys (float32 arithmetic), compacted to the front in top-k order, -1 after."""
 
+MLA_CP = "vllm_ascend.attention.context_parallel.mla_cp"
+MLA_V1 = "vllm_ascend.attention.mla_v1"
+"""The module of the MLA builder ``AscendMlaCPMetadataBuilder`` derives from: its
+``build_chunked_metadata`` (the chunks of the whole context) is the one the CP builder calls
+first; loaded with ``mla_cp``, under a placeholder ``torch.npu`` (a class default of its metadata)."""
+CONTEXT_GATHER = Decision(
+    "context_gather",
+    (
+        Shape(
+            "mla-cp-chunked-metadata",
+            MLA_CP,
+            "AscendMlaCPMetadataBuilder.build_chunked_metadata",
+            ("self", "common_prefix_len", "common_attn_metadata"),
+            ASCEND_RELEASES,
+        ),
+    ),
+)
+"""``AscendMlaCPMetadataBuilder.build_chunked_metadata``: the chunked context of an MLA prefill
+under DCP/PCP, every request cut alike into pieces of ``workspace // (prefills with a context)``
+tokens rounded down to ``lcm(B, I * dcp * pcp)``, piece ``i`` of each in chunk ``i``; each rank
+loads ``cdiv(piece, I * dcp * pcp) * I`` local rows of a piece (padded to ``I``), of which the
+attention keeps the rank's own keys (``_reorg_kvcache``)."""
+
 ASCEND_TABLE = (
     SLOT_MAPPING,
     TABLE_WIDTH,
@@ -213,4 +236,5 @@ ASCEND_TABLE = (
     COORDINATOR,
     BLOCK_SIZES,
     SPARSE_REMAP,
+    CONTEXT_GATHER,
 )
