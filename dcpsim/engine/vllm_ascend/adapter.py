@@ -324,7 +324,7 @@ class VllmAscendEngine(VllmEngine):
         _, real, restore = self._pcp_split(query_len, pcp, 0)
         targets = np.empty(len(restore), np.int64)
         targets[restore] = np.arange(len(restore))  # restore[j]: the gathered row the plugin puts at position j
-        computed = np.concatenate([p for r in range(pcp) for p in [self._pcp_split(query_len, pcp, r)[0]]])
+        computed = np.concatenate([self._pcp_split(query_len, pcp, r)[0] for r in range(pcp)])  # rank-major
         return targets[real[computed]]  # the rows of real tokens, as pcp_chunks hands them to the gather
 
     def pcp_query_keys(self, query_len, pcp, pcp_rank):
