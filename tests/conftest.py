@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from support import helpers
+from support import durations, helpers
 
 VLLM_REQUIREMENT = "vllm==0.33.0"
 SGLANG_REQUIREMENT = "sglang==0.5.23"
@@ -29,7 +29,18 @@ def pytest_addoption(parser):
         action="store_true",
         help="leave out the full correctness matrix (tests/matrix/test_matrix_full.py, ~4 min on 2 cores)",
     )
+    group.addoption(
+        "--dcpsim-durations-json",
+        default=None,
+        metavar="PATH",
+        help="also write every test's duration to PATH as JSON (benchmarks/bench_suite.py reads it)",
+    )
     # --dcpsim-shard K/N (the full matrix's shard) is the pytest plugin's (dcpsim.pytest_plugin)
+
+
+def pytest_configure(config):
+    """The suite's time per directory, printed after every run (``support/durations.py``)."""
+    durations.register(config)
 
 
 NETWORK_FIXTURES = frozenset({"vllm_source", "vllm_source_or_skip", "sglang_source", "release_source"})
