@@ -97,7 +97,19 @@ def gather_entries(pages: np.ndarray, local: np.ndarray) -> np.ndarray:
 
 class PromptLoads:
     """The decode instance's connector, as its scheduler sees it: prompts arrive with their
-    KV (see the module doc). A preempted request recomputes locally, as in vLLM."""
+    KV (see the module doc). A preempted request recomputes locally, as in vLLM.
+
+    An engine that runs its own connector's scheduler side (vLLM's NIXL scheduler,
+    ``dcpsim.engine.vllm.nixl_scheduler``) reads ``kind`` (the run's connector), ``remote``
+    (request -> the prefill instance's block ids per group) and ``prefill`` (its sizes), and
+    records in ``pulls`` (request -> group -> (first block, block ids)) the blocks its code chose
+    to fill; ``write_loaded`` then writes there."""
+
+    def __init__(self, kind: str = "", remote: dict | None = None, prefill: dict | None = None):
+        self.kind = kind
+        self.remote: dict[int, list] = remote or {}
+        self.prefill: dict = prefill or {}
+        self.pulls: dict[int, dict[int, tuple[int, list[int]]]] = {}
 
     def external_tokens(self, req: Request) -> int:
         """Tokens of ``req`` the connector loads on admission (vLLM's ``get_num_new_matched_tokens``)."""
@@ -114,19 +126,30 @@ class LoadedScheduler(Scheduler):
         super().__init__(scenario, engine, geometries, connector=PROMPT_LOADS)
 
 
-def write_loaded(plan: StepPlan, runner: ModelRunner, received: dict) -> int:
+def pulled_row(pull: tuple[int, list[int]]) -> np.ndarray:
+    """A request's row as an engine's connector chose to fill it: ``-1`` for the blocks before
+    ``first`` (held already, not pulled), then the chosen block ids."""
+    first, ids = pull
+    return np.asarray([-1] * first + list(ids), dtype=np.int64)
+
+
+def write_loaded(plan: StepPlan, runner: ModelRunner, received: dict, pulls: dict | None = None) -> int:
     """Write the entries of every request ``plan`` admits with loaded KV; ``received[req][group]``
-    is (decode local indices, entries). Returns the entries written."""
+    is (decode local indices, entries). With ``pulls`` (``PromptLoads.pulls``), a request's entries
+    go to the blocks its engine's connector chose (none before the first chosen one, none past the
+    last), else to its row in the plan. Returns the entries written."""
     count = 0
     for req_index, _ in plan.loaded:
         for g, (geometry, store) in enumerate(zip(runner.geometries, runner.stores)):
             local, entries = received.get(req_index, {}).get(g, (np.zeros(0, np.int64), None))
             if not len(local):
                 continue
-            row = np.asarray(plan.rows_before[g][req_index], dtype=np.int64)
+            chosen = (pulls or {}).get(req_index, {}).get(g)
+            row = pulled_row(chosen) if chosen is not None else np.asarray(plan.rows_before[g][req_index], dtype=np.int64)
             page = store.states_per_page
             block = local // page
             ok = (block < len(row)) & (entries[:, GROUP] != EMPTY)
+            ok[ok] = row[block[ok]] >= 0
             slots = row[block[ok]] * page + local[ok] % page
             rows = entries[ok].copy()
             rows[:, GROUP] = geometry.group_id

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dcpsim.engine.connector import PROMPT_LOADS, PrefillBlocks, PrefillRelease, final_page_entries, read_pages, write_loaded
+from dcpsim.engine.connector import PrefillBlocks, PrefillRelease, PromptLoads, final_page_entries, read_pages, write_loaded
 from dcpsim.engine.loading import forkserver
 from dcpsim.engine.scheduler.request import Status
 from dcpsim.harness.caller_main import check_plugins
@@ -91,18 +91,18 @@ class PrefillInstance:
 
 
 class DecodeInstance:
-    """Writes each admitted prompt's received entries at its own slots."""
+    """Writes each admitted prompt's received entries at its own slots (or at the blocks the
+    engine's own connector scheduler chose, ``PromptLoads.pulls``)."""
 
-    connector = PROMPT_LOADS
-    """The scheduler's KV connector: prompts arrive with their KV (the engine's own scheduler takes it)."""
-
-    def __init__(self, received: dict):
+    def __init__(self, received: dict, connector: PromptLoads | None = None):
         self.received = received
         self.written = 0
+        self.connector = connector or PromptLoads()
+        """The scheduler's KV connector: prompts arrive with their KV (the engine's own scheduler takes it)."""
 
     def before_write(self, plan, runner) -> None:
         if plan.loaded:
-            self.written += write_loaded(plan, runner, self.received)
+            self.written += write_loaded(plan, runner, self.received, self.connector.pulls)
 
     def after_step(self, plan, runner, scheduler) -> None:
         pass
@@ -169,6 +169,34 @@ def _receive_notices(num_requests: int, leader: int) -> np.ndarray:
     return buf.numpy()
 
 
+ROWS_TAG = 2
+"""The tag of the prefill instance's block ids (header, then the ids), for a connector's scheduler
+side on the decode instance (vLLM's NIXL scheduler reads them from ``kv_transfer_params``)."""
+
+
+def _send_rows(rows: dict, num_requests: int, num_groups: int, prefill_size: int, decode_size: int) -> None:
+    """The prefill leader's block ids of every prompt, per group (``-1``: none), to every decode rank."""
+    width = max((len(r) for by_g in rows.values() for r in by_g.values()), default=0)
+    table = np.full((num_requests, num_groups, width), -1, np.int64)
+    for i, by_g in rows.items():
+        for g, row in by_g.items():
+            table[i, g, : len(row)] = row
+    header = torch.tensor([num_groups, width], dtype=torch.int64)
+    for d in range(decode_size):
+        dist.isend(header, dst=prefill_size + d, tag=ROWS_TAG).wait()
+        dist.isend(torch.from_numpy(table), dst=prefill_size + d, tag=ROWS_TAG).wait()
+
+
+def _receive_rows(num_requests: int, leader: int) -> dict:
+    """Request -> the prefill instance's block ids per group."""
+    header = torch.empty(2, dtype=torch.int64)
+    dist.irecv(header, src=leader, tag=ROWS_TAG).wait()
+    table = torch.empty((num_requests, int(header[0]), int(header[1])), dtype=torch.int64)
+    dist.irecv(table, src=leader, tag=ROWS_TAG).wait()
+    t = table.numpy()
+    return {i: [row[row >= 0].tolist() for row in t[i]] for i in range(num_requests) if (t[i] >= 0).any()}
+
+
 def judge_notices(scenario, rank: int, notices: np.ndarray) -> list[str]:
     """What is wrong with the completions decode rank ``rank`` was notified of (``[request, 2]``,
     -1: none), judged from the decode instance's layout alone: every prompt needs one, with the
@@ -210,10 +238,18 @@ def pd_rank(job: PDJob, rank: int, world: GlooCollectives, progress: Progress = 
         sent, problems = _send_prompts(pairs, blocks, rank, prefill_size, shards)
         if rank == shards[0]:
             _send_notices(job.notices(), prefill_size)
+            if job.scenario.disaggregated.kv_connector == "nixl":
+                rows = {i: instance.rows[i] for i in instance.rows}
+                _send_rows(rows, len(job.scenario.requests), len(instance.page_sizes), prefill_size, job.world_size - prefill_size)
         return "prefill", report, sent, problems
     progress.set(None, "kv transfer (receive)")
-    instance = DecodeInstance(_receive_prompts(pairs, rank - prefill_size, shards))
+    received = _receive_prompts(pairs, rank - prefill_size, shards)
     notices = _receive_notices(len(job.scenario.requests), shards[0])
+    kind = job.scenario.disaggregated.kv_connector
+    remote = _receive_rows(len(job.scenario.requests), shards[0]) if kind == "nixl" else {}
+    sizes = job.instance("prefill").config
+    prefill = dict(dcp_size=sizes.decode_context_parallel_size, tp_size=max(sizes.parallel_layout.tp, sizes.decode_context_parallel_size))
+    instance = DecodeInstance(received, PromptLoads(kind, remote, prefill))
     report = run_rank(job.instance_job("decode"), instances, engine=fault.engine("decode"), instance=instance, progress=progress)
     return "decode", report, instance.written, judge_notices(job.scenario, rank - prefill_size, notices)
 

@@ -1,8 +1,11 @@
 """A P/D decode instance's KV connector as vLLM's v1 ``Scheduler`` calls it (``--vllm-scheduler full``).
 
 vLLM builds its scheduler-side connector with ``KVConnectorFactory`` from the
-``kv_transfer_config`` (NIXL and the others are modules dcpsim does not load); dcpsim hands
-vLLM's ``Scheduler`` this object instead, after building it. What it answers is dcpsim's
+``kv_transfer_config``. With the ``nixl`` connector dcpsim hands vLLM's ``Scheduler`` vLLM's own
+NIXL scheduler side (``dcpsim.engine.vllm.nixl_scheduler``, chosen by ``scheduler_connector``):
+it decides the external tokens and the blocks each pull fills, asynchronously as in vLLM. For
+the ``resharding`` connector (no vLLM counterpart) it hands this stand-in, ``SchedulerConnector``,
+after building it. What the stand-in answers is dcpsim's
 connector (``dcpsim.engine.connector.PromptLoads``: a prompt's KV arrives whole on its first
 admission, all but the last token); what vLLM does with the answer is vLLM's code:
 ``schedule()`` adds the loaded tokens to the request's computed tokens, ``allocate_slots``
@@ -40,6 +43,33 @@ def connector_package_stub(name: str, tree) -> types.ModuleType:
     return module
 
 
+def scheduler_connector(sched, loads, kv_cache_config, vllm_config):
+    """The connector vLLM's ``Scheduler`` of a P/D decode instance gets: vLLM's NIXL scheduler side
+    for the ``nixl`` connector (``loads.kind``) with the prefill's block ids at hand, else the stand-in.
+    ``vllm_config``: the scheduler's own (its block size, parallel sizes)."""
+    if getattr(loads, "kind", "") == "nixl" and getattr(loads, "remote", None):
+        from dcpsim.engine.vllm.nixl_scheduler import NixlSchedulerConnector, nixl_vllm_config
+
+        parallel = vllm_config.parallel_config
+        config = nixl_vllm_config(sched.config, vllm_config.cache_config.block_size, parallel.decode_context_parallel_size)
+        return NixlSchedulerConnector(sched, loads, kv_cache_config, config)
+    return SchedulerConnector(loads, sched._by_id)
+
+
+def manager_connector(sched, kv_cache_config):
+    """``--vllm-scheduler manager``: vLLM's NIXL scheduler side for dcpsim's step loop to call
+    (``NixlSchedulerConnector.load``) on a P/D decode instance of the ``nixl`` connector, else None."""
+    loads = sched.connector
+    if getattr(loads, "kind", "") != "nixl" or not getattr(loads, "remote", None):
+        return None
+    from dcpsim.engine.vllm import parallel_rules
+    from dcpsim.engine.vllm.nixl_scheduler import NixlSchedulerConnector, nixl_vllm_config
+
+    dcp, _ = parallel_rules.release_sizes(sched.vllm_engine.tree, sched.config)
+    config = nixl_vllm_config(sched.config, sched._vllm_config(()).cache_config.block_size, dcp)
+    return NixlSchedulerConnector(sched, loads, kv_cache_config, config)
+
+
 class SchedulerConnector(SupportsHMA):
     """dcpsim's connector (``loads``: ``external_tokens(req)``) in the shape vLLM's scheduler calls."""
 
@@ -56,6 +86,13 @@ class SchedulerConnector(SupportsHMA):
     def take_loaded(self) -> tuple[tuple[int, int], ...]:
         loaded, self.loaded = tuple(self.loaded), []
         return loaded
+
+    def connector_output(self):
+        """The step's ``KVConnectorOutput``: none, the loads are synchronous."""
+        return None
+
+    def loading(self) -> bool:
+        return False
 
     # --- what vLLM's Scheduler calls ---------------------------------------------------
 

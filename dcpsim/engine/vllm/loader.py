@@ -124,7 +124,11 @@ class _EventPublisherFactory:
         return _EventPublisher()
 
 
-ENV_DEFAULTS = {"VLLM_PREFIX_CACHE_RETENTION_INTERVAL": None}
+ENV_DEFAULTS = {
+    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": None,
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "localhost",  # NIXL's scheduler side (dcpsim.engine.vllm.nixl_scheduler)
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": 5600,
+}
 """``vllm.envs`` values the loaded core reads at run time, as vLLM defaults them (with no such
 variable set); every other name of it is a placeholder. 0.28.0's coordinator reads the retention
 interval from here (later releases from the KV cache config)."""
@@ -137,9 +141,10 @@ def _envs_stub(name: str, tree) -> types.ModuleType:
     return module
 
 
-ABSENT_THIRD_PARTY = ("uvloop",)
+ABSENT_THIRD_PARTY = ("uvloop", "msgspec", "zmq")
 """Third-party modules vLLM imports at module level for code dcpsim never runs (the engine
-core's event loop): placeholders while a tree loads, if they are not installed."""
+core's event loop; NIXL's handshake listener, ``msgspec`` and ``zmq``, which its scheduler side
+imports): placeholders while a tree loads, if they are not installed."""
 
 STUBS = {
     "vllm.envs": _envs_stub,

@@ -259,3 +259,21 @@ def vllm_table(runner: str) -> tuple[Decision, ...]:
         HYBRID_RULE,
         KV_LAYOUT,
     )
+
+
+_NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+_NIXL_ARGS = ("self", "vllm_config", "engine_id", "kv_cache_config")
+NIXL_SCHEDULER = Decision(
+    "nixl_scheduler",
+    (
+        Shape("pull", f"{_NIXL}.pull_scheduler", "NixlPullConnectorScheduler.__init__", _NIXL_ARGS, since("0.24.0")),
+        Shape("single", f"{_NIXL}.scheduler", "NixlConnectorScheduler.__init__", _NIXL_ARGS, ("0.23.0",)),
+    ),
+)
+"""The NIXL connector's scheduler side (a P/D decode instance under ``--vllm-scheduler full``):
+from 0.24.0 ``nixl/pull_scheduler.py`` over ``nixl/base_scheduler.py`` (``nixl/scheduler.py`` only
+re-exports it), in 0.23.0 the whole class in ``nixl/scheduler.py``. Bound on demand
+(``dcpsim.engine.vllm.nixl_scheduler``), not in ``vllm_table``: only a P/D decode instance loads it."""
+
+NIXL_SUPPORT = {"pull": (f"{_NIXL}.metadata", f"{_NIXL}.base_scheduler"), "single": (f"{_NIXL}.metadata",)}
+"""The modules each NIXL shape's class imports that run for real beside it (the rest are stubs)."""
