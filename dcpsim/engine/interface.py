@@ -290,6 +290,17 @@ class Engine:
         ``(t // I) % W``; SGLang: ``loc // W`` where ``loc % W == r``, packed to the front."""
         raise NotImplementedError
 
+    def attention_query_rows(self, geometry: GroupGeometry, slots: np.ndarray, dcp_rank: int) -> np.ndarray:
+        """Which query tokens rank ``dcp_rank`` computes the attention of, given the slot each
+        has in the rank's slot mapping (``slots[j]``: where the rank stores the KV the token
+        writes in the group, ``PAD`` where another rank stores it; a compressed group's token
+        that emits no record here is ``PAD`` too). A bool per token. The rule (semantics
+        section 6): every one. A negative slot means another rank owns the cache row, not that
+        the token is padding: only the cache write is owner-only, and a rank's partial state of
+        every query token, over the keys it holds, goes to the merge. A token the rank does not
+        compute is reported to the merge as an empty shard (no key: output 0, ``lse = -inf``)."""
+        return np.ones(len(slots), dtype=bool)
+
     # --- the attention math ---------------------------------------------------------
 
     def shard_lse(self, lse: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
@@ -423,6 +434,7 @@ ENGINE_DECISIONS = (
     "indexer_local_rows",
     "select_topk",
     "sparse_local_keys",
+    "attention_query_rows",
     "shard_lse",
     "shard_output",
     "merge_lse",

@@ -63,6 +63,7 @@ OPTIONAL_DECISIONS = (
     "prefix_hit_tokens",
     "merge_variant",
     "merge_path",
+    "attention_query_rows",
     "attention_heads",
     *PCP_DECISIONS,
 )

@@ -10,8 +10,10 @@ to a multiple of ``W``); replicated groups
 run as ``W == 1``, each rank computing its own slice of heads (its tensor-parallel heads)
 over its whole replica. A prefill whose cached context the engine gathers in chunks
 (``Engine.context_gather``) reads that context through the gather
-(``dcpsim.engine.attention.gathered``). The result of each (group, request) is an ``AttentionResult``
-that the checker judges.
+(``dcpsim.engine.attention.gathered``). Every rank computes every query token, those whose KV
+another rank stores too (``Engine.attention_query_rows``, asked with each token's slot in the
+rank's slot mapping; a token an engine skips reports an empty shard). The result of each (group,
+request) is an ``AttentionResult`` that the checker judges.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from dcpsim.engine.attention.heads import GroupHeads
 from dcpsim.engine.attention.sparse import SparseIndexer
 from dcpsim.engine.interface import Engine
 from dcpsim.model.attention_config import AttentionConfig
-from dcpsim.model.plan import AttentionResult, ReqWrite, StepPlan
+from dcpsim.model.layout import PAD
+from dcpsim.model.plan import AttentionResult, ReqWrite, StepPlan, WriteRecord
 from dcpsim.model.sparse import is_indexer, sparse_topk
 from dcpsim.model.vectors import query_vectors
 
@@ -55,6 +58,21 @@ class _Local:
     selection: np.ndarray | None = None
 
 
+def query_slots(geometry, write: ReqWrite, record: WriteRecord | None) -> np.ndarray:
+    """Each query token's slot in this rank's slot mapping of the step, from the rank's write
+    log (``record``, the request's write in the group, ``PAD`` dropped): the slot of the entry
+    the token's KV went to (a paged group's position, a compressed group's record, emitted at
+    its last token); ``PAD`` where another rank stores it (or where the token emits nothing)."""
+    out = np.full(len(write.contents), PAD, dtype=np.int64)
+    if record is None or not len(record.slots):
+        return out
+    tps = geometry.tokens_per_state
+    offset = np.asarray(record.index, dtype=np.int64) * tps + (tps - 1) - write.start
+    keep = (offset >= 0) & (offset < len(out))
+    out[offset[keep]] = np.asarray(record.slots, dtype=np.int64)[keep]
+    return out
+
+
 class ShardAttention:
     def __init__(self, engine, config: AttentionConfig, collectives, heads: dict[int, GroupHeads] | None = None):
         self.engine = engine
@@ -78,6 +96,7 @@ class ShardAttention:
         gathers = {gather.group: gather for gather in runner.gather_log}
         items = []
         indexer = next((k for k, geo in enumerate(runner.geometries) if is_indexer(geo.group_spec)), None)
+        logged = {(rec.group, rec.req_index): rec for rec in runner.write_log}
         for (g, req), rows in queries.items():
             w, geometry, row = writes[req], runner.geometries[g], runner.block_tables[g].row(req)
             selection = None
@@ -89,6 +108,7 @@ class ShardAttention:
                 slots, mask, merged = gathered_keys(self.engine, geometry, w, row, self.rank, rows, gather)
             else:
                 slots, mask, merged = self.engine.attention_metadata(geometry, w.start, w.stop, row, self.rank, rows)
+            mask = self._computed_rows(geometry, w, rows, mask, logged.get((g, req)))
             kv = runner.stores[g].read_vectors(slots)
             heads = self.heads.get(g)
             H = cfg.heads if heads is None else len(heads.query_heads)
@@ -108,6 +128,14 @@ class ShardAttention:
             items.append(_Local(g, w, rows, merged, h0, out, lse, visible, selection))
         self._items = items + self._padding(runner)
         self._geometries = runner.geometries
+
+    def _computed_rows(self, geometry, w: ReqWrite, rows: np.ndarray, mask: np.ndarray, record: WriteRecord | None) -> np.ndarray:
+        """``mask`` with the rows of the query tokens the engine does not compute on this rank
+        (``Engine.attention_query_rows``, asked with each token's slot) emptied: such a token
+        reports an empty shard (output 0, ``lse = -inf``) to the merge."""
+        token_slots = query_slots(geometry, w, record)[np.asarray(rows, dtype=np.int64)]
+        computed = np.asarray(self.engine.attention_query_rows(geometry, token_slots, self.rank), dtype=bool)
+        return mask if computed.all() else mask & computed[:, None]
 
     def _own_heads(self, num_heads: int) -> tuple[int, int]:
         """This rank's slice of ``num_heads`` heads: what it computes of a replicated group

@@ -1,10 +1,12 @@
 """Attention-merge faults: what a shard reports to the LSE merge and how the merge weighs it
-(bug classes 4, 16 and 17), and which KV head a gathered query head reads (48)."""
+(bug classes 4, 16 and 17), which KV head a gathered query head reads (48), and which query
+tokens a rank computes (52)."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from dcpsim.engine.attention.merge import sanitize_lse, scale_output
@@ -171,3 +173,28 @@ class GatheredHeadsGqaRemapped(Fault):
         right = super().attention_heads(layout, rank, num_heads, num_kv_heads)
         ratio = max(1, len(right.query_heads) // len(right.kv_heads))
         return dataclasses.replace(right, kv_index=tuple(i // ratio for i in range(len(right.query_heads))))
+
+
+class NonOwnerSkipsQueryRows(Fault):
+    name = "non-owner-skips-query-rows"
+    bug_class = (
+        "52. a rank skipping the query tokens whose slot in its slot mapping is negative, as if they were padding, "
+        "where the slot only says another rank owns the cache row (vllm#50095, fixed by vllm#50005; vllm#54907, fixed by vllm#54908)"
+    )
+    description = (
+        "the attention kernel returns early for a token whose local cache slot is negative (PAD), before its query is "
+        "normalised: under DCP that is every token another rank stores, so a rank contributes nothing (an empty shard) "
+        "for the query tokens it does not own and the merge is attention over the owner's keys alone (W = 2, I = 1: "
+        "every decode token's partial state on the rank that does not hold its position is missing)"
+    )
+    needs = {"attention": True}
+    configs = ({"decode_context_parallel_size": 2},)
+    """The config of the other attention faults (``empty-shard-lse-zero``): no new baselines."""
+    scenarios = ("dsv3", "dsv32-sparse", "llama-gqa")
+    """MLA (vllm#54907's dense prefill), sparse MLA (vllm#50095's DeepSeek-V3.2) and GQA."""
+
+    def applies_to(self, geometries) -> bool:
+        return has_sharded_attention(geometries)
+
+    def attention_query_rows(self, geometry, slots, dcp_rank):
+        return np.asarray(slots, dtype=np.int64) >= 0
