@@ -166,6 +166,19 @@ def scenarios(max_requests: int = 5):
                 requests = [_longer_prefix(r, unit) if r.shared_prefix_len else r for r in requests]
                 config = dataclasses.replace(config, max_model_len=config.max_model_len + unit)
                 pool_tokens += unit
+        if family == "full" and not revisit and draw(st.integers(0, 4)) == 0:  # drawn last, as the drafter
+            # Helix's layout (semantics section 15), with what it cannot express switched off; pools
+            # for every request at once (a recomputation after a pressure preemption is not modelled)
+            config = dataclasses.replace(
+                config,
+                kv_cache_layout="helix",
+                num_speculative_tokens=0,
+                speculative_method="ngram",
+                enable_prefix_caching=False,
+                max_cudagraph_capture_size=0,
+            )
+            requests = [dataclasses.replace(r, preempt_at_steps=(), acceptance=(), prefix=None, shared_prefix_len=0) for r in requests]
+            pool_tokens = None
         return Scenario(
             name=f"fuzz-{family}",
             description=f"random schedule ({family} layout)",
@@ -184,12 +197,18 @@ def situations(scenario: Scenario) -> set[str]:
     """What a drawn scenario exercises, from the reference schedule: ``gather`` (a prefill over
     a cached context gathers it), ``gather-split`` (a context gathered in more than one piece),
     ``preemption``, ``padded`` (a uniform decode step padded to a CUDA-graph size) and
-    ``padded-after-preemption`` (such a step after a preemption) and ``eagle-hit`` (a prefix-cache
-    hit of an EAGLE drafter's run, which drops the hit's last block). Measured over many draws by
+    ``padded-after-preemption`` (such a step after a preemption), ``eagle-hit`` (a prefix-cache
+    hit of an EAGLE drafter's run, which drops the hit's last block) and ``helix`` (Helix's layout
+    with a request that decodes past a prompt whose length is not a multiple of ``B * W``, where it
+    differs from vLLM's). Measured over many draws by
     ``tests/unit/campaigns/test_fuzz_situations.py`` and ``benchmarks/bench_fuzz_situations.py``."""
     engine = ReferenceEngine()
     geometries = engine.geometries(scenario.layers, scenario.config)
     found: set[str] = set()
+    if scenario.config.kv_cache_layout == "helix":
+        span = min(g.block_size for g in geometries) * scenario.config.decode_context_parallel_size
+        if any(r.prompt_len % span and r.output_len > 1 for r in scenario.requests):
+            found.add("helix")
     for plan in Scheduler(scenario, engine, geometries).plans():
         if any(e.kind is EventKind.PREEMPTED for e in plan.events):
             found.add("preemption")
@@ -210,7 +229,7 @@ def situations(scenario: Scenario) -> set[str]:
     return found
 
 
-SITUATIONS = ("gather", "gather-split", "preemption", "padded", "padded-after-preemption", "eagle-hit")
+SITUATIONS = ("gather", "gather-split", "preemption", "padded", "padded-after-preemption", "eagle-hit", "helix")
 
 
 def situation_fractions(examples: int, seed: int = 0) -> dict[str, float]:

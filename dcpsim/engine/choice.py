@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 from dcpsim.engine.interface import Engine
+from dcpsim.engine.reference import check_kv_cache_layout
 from dcpsim.engine.registry import VLLM_RUNNERS, build_engine
 from dcpsim.engine.sglang import loader as sglang_loader
 from dcpsim.engine.sglang.adapter import DEFAULT_READ_PROGRAMS, DEFAULT_WRITE_PROGRAMS, PLATFORMS
@@ -173,7 +174,9 @@ class EngineChoice:
         if self.is_reference:
             return None
         try:
-            self.build().check_scenario(scenario)
+            engine = self.build()
+            engine.check_scenario(scenario)
+            check_kv_cache_layout(engine, scenario)  # Helix: the reference's layout only
         except ConfigError as exc:
             return str(exc)
         return None

@@ -22,6 +22,7 @@ from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
 from dcpsim.model.context_gather import ContextSlots, local_gather, local_gathers, plan_chunk_arrays
 from dcpsim.model.grouping import KVCacheGroupSpec, check_groups_for_dcp, group_layer_specs
+from dcpsim.model.helix import decode_block_of, helix_blocks_needed, helix_local_keys, helix_slot_mapping
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import (
     PAD,
@@ -53,11 +54,32 @@ class ReferenceEngine(Engine):
 
     def group_geometry(self, group_id: int, group: KVCacheGroupSpec, config: SimConfig) -> GroupGeometry:
         check_groups_for_dcp([group], config)
-        return derive_geometry(group_id, group, config)
+        geometry = derive_geometry(group_id, group, config)
+        if config.kv_cache_layout == "helix":  # one spare entry a row: helix_blocks_needed
+            fields = {f.name: getattr(geometry, f.name) for f in dataclasses.fields(geometry)}
+            return HelixGeometry(**{**fields, "interleave_size": geometry.block_size}).with_spare_entry()
+        return geometry
+
+    def make_scheduler(self, scenario, geometries, connector=None):
+        # Helix places a request's tokens by where its decoding starts: its prompt length
+        self.__dict__["_helix_prompts"] = {r.request_id: r.prompt_len for r in scenario.requests}
+        return super().make_scheduler(scenario, geometries, connector=connector)
+
+    def helix_prompt_len(self, request_id: str) -> int:
+        """Where request ``request_id``'s decoding starts (its prompt length, Helix's layout)."""
+        return self.__dict__["_helix_prompts"][request_id]
+
+    def helix_decode_blocks(self, decode_tokens: np.ndarray, block_size: int, dcp_size: int) -> np.ndarray:
+        """The decode block of each decode token (0-based from the first decode step): TensorRT-LLM's
+        ``(max(1, iteration) - 1) // tokens_per_block`` for the iteration ``t + 1``; it lies on rank
+        ``block % W`` (``dcpsim.model.helix``)."""
+        return decode_block_of(decode_tokens, block_size)
 
     # --- the scheduler --------------------------------------------------------------
 
     def blocks_needed(self, geometry: GroupGeometry, num_tokens: int) -> int:
+        if isinstance(geometry, HelixGeometry):
+            return helix_blocks_needed(num_tokens, geometry.block_size, geometry.dcp_size)
         if geometry.storage is Storage.RING:
             return 1
         if geometry.storage is Storage.STATE:
@@ -97,6 +119,8 @@ class ReferenceEngine(Engine):
 
     def write_slots(self, geometry: GroupGeometry, write: ReqWrite, block_row: np.ndarray, dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
         g, start, stop = geometry, write.start, write.stop
+        if isinstance(g, HelixGeometry):
+            return self._helix_write_slots(g, write, block_row, dcp_rank)
         if g.storage is Storage.STATE:
             positions, columns = state_writes(
                 start, stop, write.num_drafts, block_size=g.block_size, align=g.spec.mamba_cache_mode == "align"
@@ -136,12 +160,32 @@ class ReferenceEngine(Engine):
         )
         return slots, np.arange(start, stop, dtype=np.int64)
 
+    def _helix_write_slots(self, g: GroupGeometry, write: ReqWrite, block_row: np.ndarray, dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """A write under Helix: each position on the rank its prompt block or decode block names;
+        the other ranks write nothing (``PAD``)."""
+        positions = np.arange(write.start, write.stop, dtype=np.int64)
+        P = self.helix_prompt_len(write.request_id)
+        decode = positions[positions >= P] - P
+        blocks = self.helix_decode_blocks(decode, g.block_size, g.dcp_size) if len(decode) else None
+        if len(block_row):
+            self._helix_rows()[(g.group_id, int(block_row[0]))] = write.request_id
+        slots = helix_slot_mapping(
+            positions, block_row, prompt_len=P, block_size=g.block_size, dcp_size=g.dcp_size, dcp_rank=dcp_rank, decode_blocks=blocks
+        )
+        return slots, positions
+
+    def _helix_rows(self) -> dict:
+        """(group, first block id of a row) -> the request writing through it (Helix): with
+        prefix caching off a live request's blocks are its own, so attention, which is handed a
+        row, finds whose prompt length places its keys."""
+        return self.__dict__.setdefault("_helix_row_requests", {})
+
     def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
         # a paged or compressed group's runs mapped in one vectorized pass (the reference's
         # write_slots, so only when this engine keeps it); anything the per-write mapping
         # would reject goes through it, which raises as it does
         # (from three writes on: for two, the joined pass costs what two calls of write_slots do)
-        batch = len(writes) > 2 and geometry.storage in (Storage.PAGED, Storage.RECORDS)
+        batch = len(writes) > 2 and geometry.storage in (Storage.PAGED, Storage.RECORDS) and not isinstance(geometry, HelixGeometry)
         runs = self._step_runs(geometry, writes, block_rows, dcp_rank) if batch else None
         if runs is None:
             return super().step_write_slots(geometry, writes, block_rows, dcp_rank)
@@ -205,8 +249,20 @@ class ReferenceEngine(Engine):
         )
 
     def attention_metadata(self, geometry, start, stop, block_row, dcp_rank, rows):
+        if isinstance(geometry, HelixGeometry):
+            request_id = self._helix_rows().get((geometry.group_id, int(block_row[0]) if len(block_row) else -1))
+            local, mask = self._helix_keys(geometry, self.helix_prompt_len(request_id), start, stop, dcp_rank, rows)
+            return self._read_slots(geometry, block_row, local), mask, True
         local, mask, merged = self._attention_keys(geometry, start, stop, dcp_rank, rows)
         return self._read_slots(geometry, block_row, local), mask, merged
+
+    def _helix_keys(self, g: GroupGeometry, prompt_len: int, start: int, stop: int, dcp_rank: int, rows: np.ndarray):
+        """(local slot indices read, visibility mask) of query tokens ``start + rows`` under Helix:
+        the rank's keys below the step's end, in local order, each visible to the queries at or
+        after its position (the gaps of Helix's blocks are never read)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        positions, local = helix_local_keys(stop, prompt_len=prompt_len, block_size=g.block_size, dcp_size=g.dcp_size, dcp_rank=dcp_rank)
+        return local, positions[None, :] <= (start + rows)[:, None]
 
     def _attention_keys(self, g: GroupGeometry, start: int, stop: int, dcp_rank: int, rows: np.ndarray):
         """(local indices read, visibility mask, merged) of query tokens ``start + rows``."""
@@ -244,6 +300,8 @@ class ReferenceEngine(Engine):
         return slots
 
     def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        if isinstance(geometry, HelixGeometry):
+            return self._helix_metadata(geometry, writes, block_rows, dcp_rank)
         g = geometry
         R = g.tokens_per_state if g.storage is Storage.RECORDS else 1
         starts = np.array([w.start for w in writes], dtype=np.int64)
@@ -278,6 +336,41 @@ class ReferenceEngine(Engine):
             num_dummy_requests=dummies,
             model=g.model,
             padded_slot_mapping=np.full(dummies * q, PAD, dtype=np.int64),
+        )
+
+    def _helix_metadata(self, g: GroupGeometry, writes, block_rows, dcp_rank: int) -> AttentionMetadata:
+        """The step's metadata under Helix: per request the keys the rank holds below its length,
+        each query token's below its position, and the local blocks those keys span (the row's
+        first entries; the last one filled up to the rank's newest key)."""
+        B = g.block_size
+        kernel = g.kernel_block_size or B
+        local, bounds, pages, last, indices = [], [], [], [], []
+        for w, row in zip(writes, block_rows):
+            P = self.helix_prompt_len(w.request_id)
+            positions, keys = helix_local_keys(w.stop, prompt_len=P, block_size=B, dcp_size=g.dcp_size, dcp_rank=dcp_rank)
+            n = int(keys[-1]) // kernel + 1 if len(keys) else 0
+            local.append(len(keys))
+            bounds.append(np.searchsorted(positions, np.arange(w.start, w.stop, dtype=np.int64), side="right"))
+            pages.append(n)
+            last.append(int(keys[-1]) + 1 - (n - 1) * kernel if n else 0)
+            kernel_row = self.kernel_block_table(g, np.asarray(row, dtype=np.int64))[:n]
+            indices.append(np.concatenate([kernel_row, np.full(n - len(kernel_row), -1, np.int64)]))
+        zero = np.zeros(1, np.int64)
+        q_lens = np.array([len(w.contents) for w in writes], dtype=np.int64)
+        return AttentionMetadata(
+            group=g.group_id,
+            request_ids=tuple(w.request_id for w in writes),
+            seq_lens=np.array([w.stop for w in writes], dtype=np.int64),
+            query_start_loc=np.concatenate([zero, q_lens.cumsum()]),
+            dcp_local_seq_lens=np.array(local, dtype=np.int64),
+            query_local_bounds=np.concatenate(bounds).astype(np.int64) if bounds else np.zeros(0, np.int64),
+            kv_indptr=np.concatenate([zero, np.cumsum(pages, dtype=np.int64)]),
+            kv_indices=np.concatenate(indices).astype(np.int64) if indices else np.zeros(0, np.int64),
+            kv_last_page_len=np.array(last, dtype=np.int64),
+            block_table_width=g.block_table_width * (B // kernel),
+            num_dummy_requests=0,
+            model=g.model,
+            padded_slot_mapping=np.zeros(0, dtype=np.int64),
         )
 
     def _step_query_bounds(self, g: GroupGeometry, writes, starts: np.ndarray, q_lens: np.ndarray, dcp_rank: int) -> np.ndarray:
@@ -452,6 +545,26 @@ class ReferenceEngine(Engine):
         # return a slice this rank did not merge itself, so that the final gather is judged too
         c = (rank + 1) % world
         return slices[c], merged[:, c * hs : (c + 1) * hs], c
+
+
+@dataclasses.dataclass(frozen=True)
+class HelixGeometry(GroupGeometry):
+    """A group under Helix's layout (``kv_cache_layout = "helix"``, ``dcpsim.model.helix``):
+    a position's rank and local slot follow its request's prompt length."""
+
+    def with_spare_entry(self) -> HelixGeometry:
+        """Rows one entry wider: the busiest rank may hold one block more than an even share."""
+        return dataclasses.replace(self, block_table_width=self.block_table_width + 1)
+
+
+def check_kv_cache_layout(engine, scenario) -> None:
+    """Helix's layout is the reference engine's (and its faults') only: another engine (vLLM's,
+    SGLang's, a plugin) lays its caches out as it does, so a Helix scenario is refused (exit 2)."""
+    if scenario.config.kv_cache_layout == "helix" and not isinstance(engine, ReferenceEngine):
+        raise ConfigError(
+            f'kv_cache_layout = "helix": engine {getattr(engine, "name", type(engine).__name__)} lays out vLLM\'s layout only; '
+            "Helix's (TensorRT-LLM's) runs under the reference engine and its faults"
+        )
 
 
 def _overridden(engine: ReferenceEngine, name: str) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from dcpsim.engine.choice import EngineChoice
 from dcpsim.engine.faults import get_fault
 from dcpsim.engine.interface import Engine
+from dcpsim.engine.reference import check_kv_cache_layout
 from dcpsim.errors import ConfigError
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.attention_config import AttentionConfig
@@ -70,6 +71,7 @@ class Job:
         self.engine.validate()
         engine = self.build_engine()
         engine.check_scenario(self.scenario)
+        check_kv_cache_layout(engine, self.scenario)  # Helix: the reference's layout only
         self._resolve_lse_base(engine)
         if self.rank_failure is not None:
             kind, rank, step = self.rank_failure

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dcpsim.errors import ConfigError
+from dcpsim.model.helix import KV_CACHE_LAYOUTS, check_helix_config
 from dcpsim.model.parallel import ParallelLayout, check_parallel_sizes, default_tensor_parallel_size
 from dcpsim.model.validate import check_int
+
+__all__ = ["KV_CACHE_LAYOUTS", "KV_CACHE_REPORT_MODES", "SPECULATIVE_METHODS", "SimConfig"]
 
 KV_CACHE_REPORT_MODES = ("incremental", "full")
 SPECULATIVE_METHODS = ("ngram", "eagle", "mtp")
@@ -84,8 +87,13 @@ class SimConfig:
     speculative_method: str = "ngram"
     """vLLM's ``speculative_config.method``: ``eagle`` and ``mtp`` drafters need the hidden
     states of the last cached block, so a prefix-cache hit leaves one block of every KV-cache
-    group to recompute (vLLM's ``use_eagle``: the EAGLE drop); ``ngram`` (the default) keeps
-    every cached block. Only read with ``num_speculative_tokens > 0``."""
+    group to recompute (vLLM's ``use_eagle``: the EAGLE drop), and each step holds their KV
+    lookahead (``num_lookahead_tokens``); ``ngram`` (the default) keeps every cached block and
+    reserves no lookahead. Only read with ``num_speculative_tokens > 0``."""
+    kv_cache_layout: str = "vllm"
+    """Where a sharded group's tokens live: ``vllm`` (by position, ``(p // I) % W``; section 2
+    of the semantics) or ``helix`` (TensorRT-LLM's Helix: the prompt's blocks round-robin, then
+    decode block ``k`` of ``B`` decode tokens on rank ``k % W``; section 15, ``dcpsim.model.helix``)."""
 
     def __post_init__(self) -> None:
         check_int("max_model_len", self.max_model_len, 1)
@@ -123,6 +131,7 @@ class SimConfig:
         for flag in ("enable_prefix_caching", "async_scheduling"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        check_helix_config(self)  # kv_cache_layout, and what Helix's cannot express
         if self.num_speculative_tokens + 1 > self.max_num_batched_tokens:
             raise ConfigError(
                 "max_num_batched_tokens must hold one speculative step "
@@ -156,6 +165,15 @@ class SimConfig:
     def eagle_drop(self) -> bool:
         """Prefix-cache hits drop the last cached block of each group (an EAGLE / MTP drafter)."""
         return self.num_speculative_tokens > 0 and self.speculative_method in ("eagle", "mtp")
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots a step reserves past its last scheduled token for the drafter (vLLM's
+        ``VllmConfig.num_lookahead_tokens``, passed to ``allocate_slots``): an EAGLE / MTP
+        drafter runs its own forward pass and writes KV up to ``num_speculative_tokens``
+        positions ahead, so ``eagle`` and ``mtp`` reserve that many; ``ngram`` has no KV of
+        its own and reserves none. Capped at ``max_model_len`` where it is used."""
+        return self.num_speculative_tokens if self.eagle_drop else 0
 
     @property
     def tp_size(self) -> int:

@@ -10,9 +10,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from dcpsim.errors import ConfigError
-from dcpsim.model.config import SimConfig
+from dcpsim.model.config import KV_CACHE_LAYOUTS, SimConfig
 from dcpsim.model.grouping import check_draft_layout, group_layer_specs
 from dcpsim.model.heads import check_head_layouts
+from dcpsim.model.helix import check_helix_scenario
+from dcpsim.model.kinds import retention_of, storage_of
 from dcpsim.model.sparse import check_sparse_layout
 from dcpsim.model.specs import MAMBA_CACHE_MODES, CircularBufferSpec, KVCacheSpec, MambaSpec
 from dcpsim.options import option
@@ -89,6 +91,7 @@ class Scenario:
             check_draft_layout(group_layer_specs(self.layers), self.config)
         check_sparse_layout(self.layers)  # sparse layers need their indexer group
         check_head_layouts(self.layers, self.config)  # gathered queries find their KV heads
+        check_helix_scenario(_group_kinds(self.layers), self.config, self.requests, self.disaggregated)  # what Helix lays out
         if not self.requests:
             raise ConfigError(f"scenario {self.name!r}: needs at least one request")
         ids = [r.request_id for r in self.requests]
@@ -135,6 +138,7 @@ class Scenario:
                 ("block_size", o.block_size),  # vLLM's --block-size: the cache block size
                 ("prefill_context_parallel_size", o.prefill_context_parallel_size),
                 ("tensor_parallel_size", o.tensor_parallel_size),
+                ("kv_cache_layout", o.kv_cache_layout),
             )
             if value is not None
         }
@@ -208,6 +212,12 @@ class ScenarioOverrides:
         "blocks of the cache block size); see with_mamba_cache_mode",
         choices=MAMBA_CACHE_MODES,
     )
+    kv_cache_layout: str | None = option(
+        None,
+        "where a sharded group's tokens live: vllm (by position) or helix (TensorRT-LLM's Helix: the prompt's "
+        "blocks round-robin, then each decode block of B tokens on the next rank; default: the scenario's, else vllm)",
+        choices=KV_CACHE_LAYOUTS,
+    )
     seed: int | None = option(None, "changes token contents and acceptance patterns")
     verify_every: int | None = option(None, "verify every N steps (and at the end)", metavar="N")
 
@@ -217,6 +227,14 @@ def _with_block_size(spec: KVCacheSpec, block_size: int) -> KVCacheSpec:
     if isinstance(spec, CircularBufferSpec) or (isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align"):
         return spec
     return dataclasses.replace(spec, block_size=block_size * _compression(spec))
+
+
+def _group_kinds(layers: dict[str, KVCacheSpec]) -> list[tuple]:
+    """``(name, storage, retention, shardable, block_size)`` of each KV-cache group (``check_helix_scenario``)."""
+    return [
+        (g.name, storage_of(g.representative), retention_of(g.representative), g.sharded, g.representative.block_size)
+        for g in group_layer_specs(layers)
+    ]
 
 
 def _compression(spec: KVCacheSpec) -> int:

@@ -43,6 +43,7 @@ from dcpsim.verify.changes import ChangeTracker, expected_at
 from dcpsim.verify.context_gather import judge_gathers
 from dcpsim.verify.digest import as_int64s, multiset_digest, ordered_digests, run_digests
 from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.helix import helix_local_of
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
 from dcpsim.verify.options import CheckOptions
@@ -127,7 +128,8 @@ class Checker:
         self.request_ids = request_ids
         self.paranoid = options.paranoid
         self.verified_indices = 0
-        self.incremental = options.incremental and not options.paranoid
+        self.incremental = options.incremental and not options.paranoid and not any(g.helix for g in groups)
+        """Under Helix every check reads in full (``verify.changes`` tracks vLLM's local order)."""
         self.full_sweeps = 0
         """Checks that read every live index (all of them in ``full`` mode)."""
         self.verifications = 0
@@ -198,6 +200,8 @@ class Checker:
         if group.storage is Storage.STATE:
             column = state_column(group, *self._last_write[view.req_index], view.num_committed)
             return np.full(len(index), column, dtype=np.int64)
+        if group.helix:  # a position's local slot (with the gaps of Helix's blocks)
+            return helix_local_of(index, group.prompt_len(view.request_id), group.block_size, group.dcp_size)
         return np.arange(len(index), dtype=np.int64) if group.sharded else index
 
     def _expected(self, g: int, view: RequestView, local: np.ndarray | None):
@@ -490,8 +494,10 @@ class Checker:
                 counts[int(i)] = counts.get(int(i), 0) + 1
             odd = [i for i, c in sorted(counts.items()) if c != (1 if group.sharded else self.world)]
             target = odd[0] if odd else int(full_index[0])
-        owner = expected_owner(group, target)
-        if group.sharded:
+        owner = expected_owner(group, target, view.request_id)
+        if group.helix:
+            local = int(self._local(g, view, np.array([target]))[0])
+        elif group.sharded:
             owned = full_index[owned_mask(group, full_index, owner)]
             local = int(np.searchsorted(owned, target))
         else:

@@ -12,6 +12,7 @@ merge drops) shows as a difference between what it wrote and what this expects.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from dcpsim.model.grouping import group_layer_specs
@@ -52,6 +53,19 @@ class ExpectedGroup:
     gqa: bool = False
     """GQA/MHA attention layers of the target model (paged, not MLA): with the scenario's heads
     stated, one K/V vector per KV head (``verify.attention_heads``)."""
+    helix: bool = False
+    """Helix's layout (``kv_cache_layout = "helix"``, ``verify.helix``): a position's rank and
+    local slot depend on its request's prompt length (``prompt_len``), on every rank at ``W = 1`` too."""
+    helix_prompts: tuple[tuple[str, int], ...] = ()
+    """Under Helix: (request id, prompt length) of every request of the scenario."""
+
+    @functools.cached_property
+    def _prompt_lens(self) -> dict[str, int]:
+        return dict(self.helix_prompts)
+
+    def prompt_len(self, request_id: str) -> int:
+        """Where request ``request_id``'s decoding starts (Helix)."""
+        return self._prompt_lens[request_id]
 
     @property
     def page_states(self) -> int:
@@ -85,7 +99,7 @@ def expected_groups(scenario) -> list[ExpectedGroup]:
                 retention=retention_of(spec),
                 sharded=is_dcp_sharded_spec(group.kv_cache_spec) and cfg.decode_context_parallel_size > 1,
                 dcp_size=cfg.decode_context_parallel_size,
-                interleave_size=cfg.cp_kv_cache_interleave_size,
+                interleave_size=spec.block_size if cfg.kv_cache_layout == "helix" else cfg.cp_kv_cache_interleave_size,
                 tokens_per_state=records_per_state(spec),
                 block_size=spec.block_size,
                 kernel_block_size=None if storage in (Storage.RING, Storage.STATE) else cfg.kernel_block_size,
@@ -98,6 +112,8 @@ def expected_groups(scenario) -> list[ExpectedGroup]:
                 index_topk=sparse_topk(group.kv_cache_spec),
                 indexer=is_indexer(group.kv_cache_spec),
                 gqa=gqa_spec(spec, storage) and not any(n in cfg.draft_layers for n in group.layer_names),
+                helix=cfg.kv_cache_layout == "helix",
+                helix_prompts=tuple((r.request_id, r.prompt_len) for r in scenario.requests) if cfg.kv_cache_layout == "helix" else (),
             )
         )
     return out

@@ -24,6 +24,7 @@ import numpy as np
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, StepPlan
 from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.helix import helix_metadata
 
 MAX_KEPT = 20
 _NONE = np.zeros(0, np.int64)
@@ -53,6 +54,8 @@ def expected_width(group: ExpectedGroup, max_model_len: int) -> int:
         return 1
     shards = group.dcp_size if group.sharded else 1
     entries = -(-max_model_len // (group.block_size * shards))
+    if group.helix:  # the busiest rank's blocks, whatever the prompt length (verify.helix)
+        entries = -(-max_model_len // (group.block_size * group.dcp_size)) + 1
     return entries * (group.page_states // kernel_states(group))
 
 
@@ -108,6 +111,8 @@ def expected_metadata(
     """Every field of the metadata the rank must build for the group in this step (all the
     requests at once: one pass per field, not one per request). ``spans``: the step's
     ``StepSpans`` when the caller has them (every group reads the same)."""
+    if group.helix:
+        return helix_metadata(group, plan, rows, rank, group.prompt_len, expected_width(group, max_model_len))
     R = group.tokens_per_state if group.storage is Storage.RECORDS else 1
     writes = plan.writes
     spans = spans if spans is not None else StepSpans.of(plan)
@@ -256,13 +261,20 @@ class MetadataJudge:
     def _blocks_held(self, plan, group: ExpectedGroup, rows: dict, stops: list[int]) -> None:
         """A running request holds exactly the block-table entries its tokens fill: one per
         ``B * W`` tokens of a sharded group, one per ``B`` of a replicated one (a released
-        window block stays as a null entry). More is capacity the pool never gets back."""
+        window block stays as a null entry), counted up to the step's end plus the drafter's
+        lookahead (``L``: ``num_speculative_tokens`` for an EAGLE / MTP drafter, 0 for ngram),
+        never past ``max_model_len``. More is capacity the pool never gets back."""
         unit = group.manager_block_size
+        lookahead = self.config.num_lookahead_tokens if self.config is not None else 0
         for w, stop in zip(plan.writes, stops):
             held = len(rows.get(w.req_index, ()))
-            need = -(-stop // unit)
+            slots = max(stop, min(stop + lookahead, self.max_model_len)) if lookahead else stop
+            need = -(-slots // unit)
+            if group.helix:  # one spare entry: the busiest rank's blocks whatever the prompt (verify.helix)
+                need = -(-slots // (group.block_size * group.dcp_size)) + (1 if slots else 0)
             if held != need:
-                self.add(plan, group, "blocks held", w.request_id, f"{need} (cdiv({stop}, {unit}))", str(held))
+                ask = f"cdiv({stop}, {unit})" if slots == stop else f"cdiv({stop} + {slots - stop} lookahead, {unit})"
+                self.add(plan, group, "blocks held", w.request_id, f"{need} ({ask})", str(held))
 
     def _compare(self, plan, group, meta: AttentionMetadata, want: dict, model: str = "target") -> None:
         who = "" if model == "target" else f"{model} "

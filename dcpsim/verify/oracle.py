@@ -16,6 +16,7 @@ import numpy as np
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import RequestView
 from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.helix import helix_owner_of
 
 
 def retained_start(group: ExpectedGroup, num_committed: int) -> int:
@@ -56,15 +57,21 @@ def _with_content(group: ExpectedGroup, view: RequestView, index: np.ndarray) ->
     return index, view.fingerprints[index]
 
 
-def expected_owner(group: ExpectedGroup, index: int) -> int | None:
-    """The rank that must hold ``index`` (None: every rank, replicated)."""
+def expected_owner(group: ExpectedGroup, index: int, request_id: str | None = None) -> int | None:
+    """The rank that must hold ``index`` (None: every rank, replicated); under Helix the
+    owner depends on the request (``request_id``)."""
+    if group.helix:
+        return int(helix_owner_of(np.array([index]), group.prompt_len(request_id), group.block_size, group.dcp_size)[0])
     if not group.sharded:
         return None
     return (index // group.interleave_size) % group.dcp_size
 
 
-def owned_mask(group: ExpectedGroup, index: np.ndarray, rank: int) -> np.ndarray:
-    """Which of ``index`` rank ``rank`` must hold (all of them when replicated)."""
+def owned_mask(group: ExpectedGroup, index: np.ndarray, rank: int, request_id: str | None = None) -> np.ndarray:
+    """Which of ``index`` rank ``rank`` must hold (all of them when replicated; under Helix,
+    by request ``request_id``'s layout)."""
+    if group.helix:
+        return helix_owner_of(index, group.prompt_len(request_id), group.block_size, group.dcp_size) == rank
     if not group.sharded:
         return np.ones(len(index), dtype=bool)
     return (index // group.interleave_size) % group.dcp_size == rank
@@ -74,7 +81,12 @@ def expected_on_rank(group: ExpectedGroup, view: RequestView, rank: int) -> tupl
     """The indices rank ``rank`` must hold, in its local (attention) order, with contents.
 
     Sharded: the rank's runs ``k = rank, rank + W, ...`` of ``I`` indices, each run listed
-    whole and cut to the span, so a rank enumerates only its ``1/W`` share of a long context."""
+    whole and cut to the span, so a rank enumerates only its ``1/W`` share of a long context.
+    Helix: the request's positions the rank holds, in position order (its local order)."""
+    if group.helix:
+        first, stop = _span(group, view.num_committed)
+        index = np.arange(first, stop, dtype=np.int64)
+        return _with_content(group, view, index[owned_mask(group, index, rank, view.request_id)])
     if not group.sharded or group.storage is Storage.STATE:
         return expected_full(group, view)
     first, stop = _span(group, view.num_committed)

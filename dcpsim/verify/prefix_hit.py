@@ -26,8 +26,13 @@ there would hide a drop in the wrong group). With an EAGLE / MTP drafter each EA
 holding a layer of the draft model, ``SimConfig.draft_layers``; every group when none does) then
 gives up its last block; the other groups keep theirs. The longest hit the semantics allow is the
 shortest run, rounded down to ``U``: a hit below it is ``prefix-hit-short``. This is a lower bound:
-an engine may find more (vLLM registers blocks when they are scheduled, and the EAGLE lookahead
-block), never less.
+an engine may find more (vLLM registers blocks when they are scheduled; with lookahead-aware block
+hashes, vllm#50897, an EAGLE hit needs no drop), never less.
+
+The drafter's lookahead (semantics section 5: an EAGLE / MTP step's rows cover ``k`` slots past its
+tokens) needs nothing of its own here: those entries are fresh entries of the rows like any other,
+so a cached block handed out as one is gone from that step on, and they never hold a prefix (no
+position of theirs is committed when they are taken; once one is, the block counts as any other).
 
 Judged only where every group keeps full prefixes (full attention and MLA, paged or records), with
 prefix caching on, one PCP rank and no async scheduling (whose registration lags a step). A block

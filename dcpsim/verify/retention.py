@@ -39,6 +39,7 @@ from dcpsim.model.kv_entry import CONTENT, GROUP, INDEX, WRITER
 from dcpsim.model.plan import StepPlan
 from dcpsim.verify.attention_reference import emit_positions, key_range, keys_before
 from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.helix import helix_local_of
 from dcpsim.verify.oracle import owned_mask, retained_start
 from dcpsim.verify.read import read_slots
 
@@ -144,8 +145,10 @@ class RetentionJudge:
         now = view.block_table_row(store, w.req_index)
         row = now if read_row is None else read_row
         keys = np.arange(lo, hi if read_row is not None else below, dtype=np.int64)
-        keys = keys[owned_mask(group, keys, self.rank)]
-        local = local_of(group, keys)
+        keys = keys[owned_mask(group, keys, self.rank, w.request_id)]
+        local = (
+            helix_local_of(keys, group.prompt_len(w.request_id), group.block_size, group.dcp_size) if group.helix else local_of(group, keys)
+        )
         if read_row is not None:  # past ``below`` only the columns that changed since the read
             column = local // group.page_states
             same = np.zeros(len(keys), dtype=bool)

@@ -168,7 +168,8 @@ def scenario_pool_blocks(scenario: Scenario, group: KVCacheGroupSpec) -> int:
     ring = storage_of(group.representative) is Storage.RING
     span = group.representative.block_size * _shards(group, config.decode_context_parallel_size)
     k = config.num_speculative_tokens
-    needs = [1 if ring else cdiv(r.prompt_len + r.output_len + k, span) for r in scenario.requests]
+    spare = 1 if config.kv_cache_layout == "helix" else 0  # Helix's spare entry a row (semantics section 15)
+    needs = [1 if ring else cdiv(r.prompt_len + r.output_len + k, span) + spare for r in scenario.requests]
     if scenario.num_gpu_blocks is not None:
         return scenario.num_gpu_blocks
     if ring:
@@ -178,7 +179,7 @@ def scenario_pool_blocks(scenario: Scenario, group: KVCacheGroupSpec) -> int:
         window = spec.num_state_blocks
         return len(needs) * (2 * window + 1 if spec.mamba_cache_mode == "align" else window)
     if scenario.kv_cache_tokens is not None:
-        return max(max(needs), cdiv(scenario.kv_cache_tokens, span))
+        return max(max(needs), cdiv(scenario.kv_cache_tokens, span) + spare)
     return sum(needs)
 
 
@@ -214,7 +215,7 @@ def group_capacity(scenario: Scenario, group: KVCacheGroupSpec, pool_blocks: int
     layers = layer_specs(group)
     page = sum(s.page_size_bytes for s in layers)
     memory = sum(s.max_memory_usage_bytes(config) for s in layers)
-    blocks = cdiv(memory, page)
+    blocks = cdiv(memory, page) + (1 if config.kv_cache_layout == "helix" and not ring else 0)  # Helix's spare entry
     span = None if ring else rep.block_size * shards
     if_sharded, rule = _if_sharded(group, scenario)
     return GroupCapacity(

@@ -15,11 +15,13 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from test_vllm_scheduler import lookahead_pressure
 
 import dcpsim
 from dcpsim.cli import main
 from dcpsim.engine.loading.bindings import bind
 from dcpsim.engine.sglang.releases import SGLANG_RELEASES, SGLANG_TABLE
+from dcpsim.engine.vllm.adapter import FULL_SCHEDULER_RELEASES
 from dcpsim.engine.vllm.releases import VLLM_RELEASES, vllm_table
 from support.helpers import patched_copy
 
@@ -96,6 +98,8 @@ def test_a_release_gives_the_reference_verdicts_and_its_known_bugs(engine, relea
             assert report.passed, report.text()
     if engine == "vllm":  # an EAGLE drafter's group beside the target's: refused, then bug class 47, then fixed
         _eagle_draft_hit(release, source)
+    if engine == "vllm":  # the drafter's lookahead: every release's scheduler reserves k slots for EAGLE / MTP
+        _lookahead_preempts(release, source)
     if engine == "vllm":  # PCP 2: releases that shard over PCP x DCP run it as their PCP 2, DCP 1
         assert dcpsim.run("glm-pcp2-dcp2", engine=engine, **source).passed
         if release in PCP_BLIND:  # DCP over the whole grid: their shards are PCP-major, dcpsim's TP-major
@@ -121,6 +125,17 @@ def _eagle_draft_hit(release: str, source: dict) -> None:
         assert "KV event [672, 688) of group FullAttention" in report.text(), report.text()
     else:
         assert report.passed, report.text()
+
+
+def _lookahead_preempts(release: str, source: dict) -> None:
+    """``lookahead_pressure``: the EAGLE drafter's lookahead forces the reference's one preemption
+    under the release's ``KVCacheManager`` (and its v1 ``Scheduler``, where dcpsim's stand-in config
+    covers it), each row judged with the lookahead (``blocks held``; ngram's run, without it, is
+    ``test_vllm_scheduler``'s)."""
+    for mode in ["manager"] + (["full"] if release in FULL_SCHEDULER_RELEASES else []):
+        report = dcpsim.run(lookahead_pressure("eagle"), engine="vllm", vllm_scheduler=mode, **source)
+        assert report.passed, (mode, report.text())
+        assert report.source.schedule["preemptions"] == 1, (mode, report.source.schedule)
 
 
 PCP_BLIND = ("0.23.0", "0.24.0", "0.25.1")

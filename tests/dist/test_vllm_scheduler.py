@@ -6,6 +6,7 @@ scheduler-side bug planted fail with the right kind."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,7 +15,7 @@ from test_vllm_engine import patched_copy, vllm_run
 from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
-from support.helpers import builtin, builtin_names_at, run
+from support.helpers import builtin, builtin_names_at, make_scenario, mla_spec, request_spec, run
 
 pytestmark = pytest.mark.slow  # gloo worlds running an engine's kernels; the fast loop leaves them out
 
@@ -210,3 +211,31 @@ def test_a_source_tree_that_does_not_import_is_exit_2_naming_file_and_line(capsy
     err = capsys.readouterr().err
     assert f"vLLM source {copy}: vllm/v1/kv_cache_interface.py:" in err and "SyntaxError" in err
     assert "Traceback" not in err
+
+
+def lookahead_pressure(method: str):
+    """Two 61-token prompts at W = 2 (64-token block-table entries) in a pool of two blocks,
+    every draft rejected: each step ends by position 63, one entry a request, but with an
+    EAGLE / MTP drafter the first decode step's lookahead of 2 reaches slot 65, a second entry
+    the pool has not, and the last running request is preempted for it (semantics section 5)."""
+    reqs = [request_spec("x", 61, 3, acceptance=(0,)), request_spec("y", 61, 3, acceptance=(0,))]
+    sc = make_scenario({"mla.0": mla_spec(32), "mla.1": mla_spec(32)}, reqs, W=2, k=2, budget=256, num_gpu_blocks=2, prefix=False)
+    return dataclasses.replace(sc, config=dataclasses.replace(sc.config, speculative_method=method))
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_the_drafters_lookahead_gives_vllms_blocks_and_preemptions_in_both_modes(vllm_source):
+    """vLLM's scheduler passes ``num_lookahead_tokens`` (``k`` for EAGLE / MTP, 0 for ngram) to every
+    ``allocate_slots``; the reference reserves the same: each run's rows are judged exactly
+    (``blocks held`` counts the lookahead) and the preemption it forces is the same under
+    ``--vllm-scheduler manager``, ``full`` and the reference."""
+    keys = ("preemptions", "steps", "finished", "reused_blocks")
+    for method, preemptions in (("eagle", 1), ("mtp", 1), ("ngram", 0)):
+        sc = lookahead_pressure(method)
+        ref = run(sc)
+        assert ref.passed and ref.schedule["preemptions"] == preemptions, (method, ref.text())
+        jobs = [Job.from_options(sc, engine="vllm", vllm_source=str(vllm_source), vllm_scheduler=m, timeout=60) for m in DRIVER]
+        for mode, got in zip(DRIVER, run_jobs(jobs)):
+            assert got.passed, f"{method} under --vllm-scheduler {mode}:\n{got.text()}"
+            assert {k: got.schedule[k] for k in keys} == {k: ref.schedule[k] for k in keys}, (method, mode)

@@ -29,16 +29,20 @@ def builtin(name: str, W: int, I: int = 1, **overrides):
     return load_scenario(name).with_overrides(ScenarioOverrides(decode_context_parallel_size=W, cp_kv_cache_interleave_size=I, **overrides))
 
 
-def builtin_names_at(W: int) -> list[str]:
+def builtin_names_at(W: int, *, helix: bool = False) -> list[str]:
     """The built-ins that can run at ``W``: every one but those whose stated head layout the head
-    rule refuses there (``gqa-pcp2-heads`` at W = 4 and 8; semantics section 12, "Heads")."""
+    rule refuses there (``gqa-pcp2-heads`` at W = 4 and 8; semantics section 12, "Heads"), and
+    but those in Helix's layout (``helix-decode``), which only the reference engine lays out,
+    unless ``helix`` (semantics section 15)."""
     names = []
     for name in builtin_scenario_names():
         try:
-            builtin(name, W)
+            sc = builtin(name, W)
         except ConfigError as exc:
             if "KV heads do not follow its queries" not in str(exc):
                 raise
+            continue
+        if sc.config.kv_cache_layout == "helix" and not helix:
             continue
         names.append(name)
     return names

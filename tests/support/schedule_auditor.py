@@ -12,7 +12,9 @@ from the semantics doc (section 5) and the scheduler's documented contract
   written while shared;
 * row lengths follow the manager block size (``B*W`` sharded, ``B``
   replicated, one block for a ring; a Mamba state: ``cdiv(reach, B) + k`` entries of which
-  only the last ``1 + k`` must hold blocks);
+  only the last ``1 + k`` must hold blocks), an attention row covering the drafter's
+  lookahead past its furthest write too (``k`` slots for an EAGLE / MTP drafter, none for
+  ngram, never past ``max_model_len``);
 * each request is written contiguously from its committed length; prefill
   chunks and decode steps respect the token budget (and the per-request
   long_prefill_token_threshold); a decode step writes
@@ -104,6 +106,8 @@ class Auditor:
         self.s = sched
         self.cfg = sched.config
         self.k = self.cfg.num_speculative_tokens
+        self.lookahead = self.k if self.k and self.cfg.speculative_method in ("eagle", "mtp") else 0
+        """Slots past a step's tokens its blocks cover (semantics section 5: the drafter's lookahead)."""
         self.geometries = true_geometries or sched.geometries
         assert len(self.geometries) == len(sched.geometries)
         W = self.cfg.decode_context_parallel_size
@@ -198,7 +202,14 @@ class Auditor:
                     f"{where}: {row} keeps a block below position {first}"
                 )
         else:
-            assert len(row) == cdiv(st.reach, mbs), f"{where}: {len(row)} entries for {st.reach} tokens at {mbs} per entry"
+            slots = max(st.reach, min(st.reach + self.lookahead, self.cfg.max_model_len))
+            if self.cfg.kv_cache_layout == "helix":  # B * W tokens an entry, plus one spare (semantics section 15)
+                spb = self.geometries[g].spec.block_size * self.cfg.decode_context_parallel_size
+                assert len(row) == cdiv(slots, spb) + (1 if slots else 0), f"{where}: {len(row)} Helix entries for {slots} tokens"
+                return
+            assert len(row) == cdiv(slots, mbs), (
+                f"{where}: {len(row)} entries for {st.reach} tokens + {slots - st.reach} lookahead at {mbs} per entry"
+            )
         if kind == "released":
             first = self.first_needed(g, committed)
             for j, b in enumerate(row):

@@ -15,10 +15,12 @@ from dcpsim.engine.faults.attention import (
     GatheredHeadsGqaRemapped,
     LseBaseMismatch,
     MergeVariantPerRank,
+    NonOwnerSkipsQueryRows,
 )
 from dcpsim.engine.faults.base import Fault
 from dcpsim.engine.faults.draft import DraftDropsDcp, DraftIndptrFromGlobalLens
 from dcpsim.engine.faults.gather import ContextGatherWholeLocalLen
+from dcpsim.engine.faults.helix import HelixDecodeOwnerUnclamped
 from dcpsim.engine.faults.layout import (
     AdmissionCapacityUnscaled,
     ForeignBlock,
@@ -132,6 +134,8 @@ FAULTS: dict[str, Fault] = {
         ZeroLocalRowsCompacted(),
         EagleDropEveryGroup(),
         GatheredHeadsGqaRemapped(),
+        NonOwnerSkipsQueryRows(),
+        HelixDecodeOwnerUnclamped(),
     )
 }
 

@@ -6,7 +6,9 @@ digests across ranks). Simplified from vLLM v1's scheduler:
 
 * running requests first, in order; each gets ``num_known - num_computed``
   tokens (plus ``k`` drafts when decoding), capped by the step's token budget and by
-  ``long_prefill_token_threshold`` (if set);
+  ``long_prefill_token_threshold`` (if set); its blocks cover the step's tokens plus the
+  drafter's lookahead (``SimConfig.num_lookahead_tokens``: ``k`` slots past them for an
+  EAGLE / MTP drafter, none for ngram; ``lookahead_slots``), as vLLM's ``allocate_slots``;
 * if a running request cannot get its blocks, the last running request is
   preempted (all blocks freed, recomputed later) until it fits;
 * waiting requests are admitted in order while budget, blocks and
@@ -46,13 +48,14 @@ def windowed_live_blocks(geometry: GroupGeometry, config: SimConfig) -> int | No
     (None for other groups, which hold their whole row).
 
     Such a group releases the blocks below ``first_needed_position`` after every step, so
-    while a step with ``c`` committed tokens allocates up to ``c + n + k`` (``n`` at most
-    ``max_in_flight_tokens``, ``k`` drafts), its live entries run from the block of
-    ``c - reach`` to that of ``c + n + k - 1``, ``reach`` being the positions kept behind
-    the last committed one (``sliding_window - 1 + extra_retained_tokens``, or
-    ``attention_chunk_size - 1``): at most ``cdiv(reach + n + k, span) + 1`` blocks,
-    ``span`` the manager's block size. This is vLLM's per-request bound
-    (``max_memory_usage_bytes`` of the two specs) with the drafts added."""
+    while a step with ``c`` committed tokens allocates up to ``c + n + L`` (``n`` at most
+    ``max_in_flight_tokens``, drafts included; ``L`` the drafter's lookahead, at most ``k``),
+    its live entries run from the block of ``c - reach`` to that of ``c + n + L - 1``,
+    ``reach`` being the positions kept behind the last committed one
+    (``sliding_window - 1 + extra_retained_tokens``, or ``attention_chunk_size - 1``): at
+    most ``cdiv(reach + n + k, span) + 1`` blocks, ``span`` the manager's block size. This
+    is vLLM's per-request bound (``max_memory_usage_bytes`` of the two specs) with ``k``
+    slots added for the lookahead (vLLM's bound leaves it out)."""
     spec = geometry.spec
     if geometry.retention is Retention.WINDOW:
         reach = spec.sliding_window - 1 + spec.extra_retained_tokens
@@ -62,6 +65,19 @@ def windowed_live_blocks(geometry: GroupGeometry, config: SimConfig) -> int | No
         return None
     tokens = reach + config.max_in_flight_tokens + config.num_speculative_tokens
     return cdiv(tokens, geometry.manager_block_size) + 1
+
+
+def lookahead_slots(geometry: GroupGeometry, config: SimConfig, num_tokens: int) -> int:
+    """Token slots a group allocates for a step that reaches ``num_tokens`` (vLLM's
+    ``allocate_slots``: ``min(num_tokens + num_lookahead_tokens, max_model_len)``): the
+    drafter's lookahead past the scheduled tokens (``SimConfig.num_lookahead_tokens``), never
+    past ``max_model_len``. A Mamba state group in ``align`` mode takes none (vLLM's
+    ``MambaManager`` counts only the target's tokens there); in ``none`` mode it takes it as
+    vLLM's does, which changes nothing: its one block spans ``max_model_len``."""
+    lookahead = config.num_lookahead_tokens
+    if not lookahead or (geometry.storage is Storage.STATE and geometry.spec.mamba_cache_mode == "align"):
+        return num_tokens
+    return max(num_tokens, min(num_tokens + lookahead, config.max_model_len))
 
 
 def blocks_per_request(engine: Engine, geometry: GroupGeometry, config: SimConfig, num_tokens: int) -> int:
@@ -138,6 +154,11 @@ class Scheduler:
         self.prefix_cache = self.prefix_cache_class(self.managers, self.engine, eagle=eagle) if use_prefix else None
 
     def _check_fits(self) -> None:
+        """Every request fits its group's pool alone. Its furthest slot is
+        ``min(stop + L, max_model_len)``, ``stop`` at most ``prompt_len + output_len - 1`` and
+        the lookahead ``L`` at most ``k``: ``prompt_len + output_len + k`` tokens cover it (as in
+        ``pool_sizes``); vLLM's own admission gate (``full_sequence_must_fit``) counts the
+        request's tokens without the lookahead."""
         for req in self.requests:
             total = req.spec.prompt_len + req.spec.output_len + self.config.num_speculative_tokens
             for m in self.managers:
@@ -160,14 +181,16 @@ class Scheduler:
     # --- allocation helpers -------------------------------------------------------
 
     def _try_allocate(self, req: Request, num_tokens: int) -> bool:
-        """Give ``req`` the blocks of its first ``num_tokens`` tokens in every group if the
-        pools hold them all; whether it did (False: the caller preempts, or waits)."""
+        """Give ``req`` the blocks of its first ``num_tokens`` tokens and the drafter's
+        lookahead past them (``lookahead_slots``) in every group if the pools hold them all;
+        whether it did (False: the caller preempts, or waits)."""
         index, managers = req.index, self.managers
-        for m in managers:
-            if m.num_new_blocks(index, num_tokens) > m.pool.num_free:
+        slots = [lookahead_slots(m.geometry, self.config, num_tokens) for m in managers]
+        for m, n in zip(managers, slots):
+            if m.num_new_blocks(index, n) > m.pool.num_free:
                 return False
-        for m in managers:
-            m.allocate(index, num_tokens)
+        for m, n in zip(managers, slots):
+            m.allocate(index, n)
         return True
 
     def _free(self, req: Request) -> None:

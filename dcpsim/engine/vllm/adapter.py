@@ -40,6 +40,7 @@ from dcpsim.engine.vllm.hybrid_layout import ENV, FLAG, Layout, has_chunk, manag
 from dcpsim.engine.vllm.loader import SourceTree, source_dir
 from dcpsim.engine.vllm.merge import DEFAULT_PROGRAMS, VllmCombine
 from dcpsim.engine.vllm.merge_choice import MERGE_HELPERS, VLLM_MERGES, merge_decision, merge_with_vllm
+from dcpsim.engine.vllm.nixl_scheduler import PD_CONNECTOR_DECISION, nixl_decision_text
 from dcpsim.engine.vllm.releases import VLLM_RELEASES, vllm_table
 from dcpsim.engine.vllm.scheduler_choice import VLLM_SCHEDULERS, runs_vllm_core, scheduler_class, scheduler_sides
 from dcpsim.engine.vllm.slot_mapping import RUNNER_MODULES
@@ -51,7 +52,7 @@ from dcpsim.model.kinds import Storage
 __all__ = ["VLLM_MERGES", "VLLM_RELEASES", "VLLM_SCHEDULERS", "VllmCallError", "VllmEngine"]
 
 RUNNERS = ("v2", "v1")
-FULL_SCHEDULER_RELEASES = ("0.31.0", "0.32.0", "0.33.0")
+FULL_SCHEDULER_RELEASES = ("0.31.0", "0.32.0", "0.33.0", "0.34.0")
 """The releases whose v1 ``Scheduler`` dcpsim's stand-in ``VllmConfig`` (``sched_config``) covers,
 measured; elsewhere ``--vllm-scheduler full`` is exit 2 naming the attribute the stand-in lacks."""
 STAND_IN_GAP = "which dcpsim's stand-in does not set"
@@ -171,7 +172,10 @@ class VllmEngine(ReferenceEngine):
         if not b.has("sparse_local_keys"):
             decisions["sparse_local_keys"] = f"reference ({b.why('sparse_local_keys')})"
         sides, scheduler_decisions = scheduler_sides(self.scheduler)
-        self.scheduler_decisions = {**scheduler_decisions, "manager layout": self._layout_rule()} if scheduler_decisions else {}
+        connector = {PD_CONNECTOR_DECISION: nixl_decision_text(self.tree.root)}  # who answers a P/D decode instance's loads
+        self.scheduler_decisions = (
+            {**scheduler_decisions, **connector, "manager layout": self._layout_rule()} if scheduler_decisions else {}
+        )
         """Each scheduler-side decision -> the vLLM function (and file) that makes it."""
         decisions.update(sides)
         return decisions

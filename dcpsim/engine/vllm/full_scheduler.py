@@ -31,11 +31,12 @@ loads, and the plan lists them (``StepPlan.loaded``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from dcpsim.engine.scheduler.request import Request, Status
 from dcpsim.engine.vllm import parallel_rules, runner_output
-from dcpsim.engine.vllm.connector import SchedulerConnector
+from dcpsim.engine.vllm.connector import scheduler_connector
 from dcpsim.engine.vllm.sched_config import NoGrammar, scheduler_vllm_config
 from dcpsim.engine.vllm.scheduler import VllmScheduler
 from dcpsim.errors import ConfigError
@@ -83,7 +84,7 @@ class VllmFullScheduler(VllmScheduler):
         )
         self.vllm_connector = None
         if self.connector is not None:  # a P/D decode instance: its connector, where vLLM's factory would put NIXL's
-            self.vllm_connector = SchedulerConnector(self.connector, self._by_id)
+            self.vllm_connector = scheduler_connector(self, self.connector, kv_cache_config, vllm_config)
             self.vllm.connector = self.vllm_connector
             self.vllm_connector.bind_kv_cache_manager(self.vllm.kv_cache_manager)
         return self.vllm.kv_cache_manager
@@ -117,9 +118,9 @@ class VllmFullScheduler(VllmScheduler):
             writes.append(write)
             sampled.append(tokens)
         ids = list(out.num_scheduled_tokens)
-        output = self.core.outputs.ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)}, sampled_token_ids=sampled
-        )
+        output = self._runner_output(ids, sampled)
+        if self.vllm_connector is not None:  # the pulls the step's connector metadata started have finished
+            output.kv_connector_output = self.vllm_connector.connector_output()
         self._vcall("update_from_output", self.vllm.update_from_output, out, output)
         for rid in ids:  # the hash blocks vLLM's hasher added for the appended tokens
             req = self._by_id[rid]
@@ -133,7 +134,8 @@ class VllmFullScheduler(VllmScheduler):
         self._propose_drafts()
         self.step_index += 1
         self.stats["steps"] = self.step_index
-        if not out.total_num_scheduled_tokens and not self.running and self.vllm.waiting and not forced:
+        loading = self.vllm_connector is not None and self.vllm_connector.loading()
+        if not out.total_num_scheduled_tokens and not self.running and self.vllm.waiting and not forced and not loading:
             stuck = self._by_id[next(iter(self.vllm.waiting)).request_id]
             raise ConfigError(
                 f"request {stuck.request_id!r} can never be admitted by vLLM's scheduler: not enough free blocks "
@@ -255,6 +257,15 @@ class VllmFullScheduler(VllmScheduler):
         last = bytes(event.block_hashes[-1]) if event.block_hashes else b""
         candidates = [*self.running, *self.requests]
         return next((r for r in candidates if last in self._hash_ends.get(r.index, {})), candidates[0])
+
+    def _runner_output(self, ids: list[str], sampled: list[list[int]]):
+        """vLLM's ``ModelRunnerOutput`` of the step, with the fields the tree's class has: up to
+        vLLM 0.33.0 it also carries ``req_id_to_index``, which 0.34.0 dropped (its scheduler
+        indexes by ``req_ids``)."""
+        cls = self.core.outputs.ModelRunnerOutput
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        extra = {"req_id_to_index": {r: k for k, r in enumerate(ids)}} if "req_id_to_index" in fields else {}
+        return cls(req_ids=ids, sampled_token_ids=sampled, **extra)
 
     def _vcall(self, name: str, fn, *args):
         return self.core.call(f"{SCHEDULER}.{name}", fn, *args)

@@ -8,10 +8,19 @@ has is carried over under vLLM's name (``max_num_batched_tokens``, ``max_num_seq
 ``decode_context_parallel_size``, ``num_speculative_tokens``); every other field is
 vLLM 0.33.0's default (``watermark`` 0.0, ``policy`` fcfs, ``scheduler_reserve_full_isl``
 true) or switches off a feature dcpsim has no model of (multimodal inputs, LoRA, KV
-connectors, pipeline parallelism, metrics). The drafter is one that needs no extra slots
-and no lookahead (``max_num_new_slots_for_drafting`` 0), as dcpsim's drafts are written only at
-the positions they are verified at; with ``speculative_method`` ``eagle`` or ``mtp`` it is EAGLE
-for the prefix cache (``use_eagle_block_drop``: a hit drops its last block).
+connectors, pipeline parallelism, metrics). The drafter needs no extra query slots in the
+target's batch (``max_num_new_slots_for_drafting`` 0, vLLM's figure for EAGLE, MTP and ngram).
+Its KV lookahead is vLLM's: ``num_lookahead_tokens`` is ``num_speculative_tokens`` with
+``speculative_method`` ``eagle`` or ``mtp`` (``VllmConfig.num_lookahead_tokens`` of an EAGLE-style
+drafter, which writes its own KV that far past the target's tokens), 0 for ngram
+(``SimConfig.num_lookahead_tokens``): the scheduler passes it to every ``allocate_slots``, so each
+step holds the blocks of its tokens plus that many slots (never past ``max_model_len``), the
+blocks, preemptions and KV events vLLM's engine has. An EAGLE / MTP drafter is also EAGLE for the
+prefix cache (``use_eagle_block_drop``: a hit drops its last block). The other two lookaheads stay
+0: ``num_prefill_lookahead_tokens`` is 1 for an EAGLE-family drafter in vLLM 0.33.0, which its
+scheduler documents as a no-op (no chunk end is moved, no token re-prefilled), and
+``num_hash_lookahead_tokens`` 0 keeps the legacy block hashes with the EAGLE drop that dcpsim
+models (vLLM's ``disable_lookahead_block_hashes``).
 
 A field vLLM reads that is not here raises ``AttributeError`` naming it, so a newer vLLM
 that reads more ends in an engine error saying which field, not in a silent default.
@@ -36,10 +45,16 @@ class Fields:
 
 
 class _Drafter(Fields):
-    """vLLM's ``SpeculativeConfig`` of a drafter without extra slots or lookahead; an EAGLE /
-    MTP one (``SimConfig.eagle_drop``) has its prefix-cache hits drop their last block."""
+    """vLLM's ``SpeculativeConfig`` of a drafter without extra query slots; an EAGLE / MTP one
+    (``SimConfig.eagle_drop``) has its prefix-cache hits drop their last block (its KV
+    lookahead is the ``VllmConfig``'s ``num_lookahead_tokens``)."""
 
     def use_eagle(self) -> bool:
+        return self.eagle_drop
+
+    @property
+    def uses_target_hidden_states(self) -> bool:
+        """vLLM 0.34.0's name for ``use_eagle()`` (a property of its speculator config)."""
         return self.eagle_drop
 
     def use_eagle_block_drop(self) -> bool:
@@ -81,6 +96,9 @@ def scheduler_vllm_config(config: SimConfig, block_size: int, num_gpu_blocks: in
             scheduler_reserve_full_isl=True,
             watermark=0.0,
             async_scheduling=False,
+            cache_aware_admission_window=0,
+            cache_aware_admission_threshold=0.5,
+            max_num_inflight_kv_loads=None,
         ),
         cache_config=Fields(
             "vllm_config.cache_config",
@@ -119,13 +137,14 @@ def scheduler_vllm_config(config: SimConfig, block_size: int, num_gpu_blocks: in
         kv_events_config=Fields("vllm_config.kv_events_config", enable_kv_cache_events=True),
         ec_manager_config=Fields("vllm_config.ec_manager_config", get_encoder_cache_manager_obj=lambda: None),
         aux_output_config=Fields("vllm_config.aux_output_config", enabled=False),
+        watermark_config=None,
         speculative_config=drafter,
         lora_config=None,
         kv_transfer_config=None,
         ec_transfer_config=None,
         is_mm_encoder_only=False,
         num_speculative_tokens=k,
-        num_lookahead_tokens=0,
+        num_lookahead_tokens=config.num_lookahead_tokens,
         num_prefill_lookahead_tokens=0,
         num_hash_lookahead_tokens=0,
         use_v2_model_runner=True,
@@ -143,6 +162,10 @@ class NoGrammar:
 
     def accept_tokens(self, request, token_ids: list[int]) -> bool:
         return True
+
+    def trim_spec_tokens(self, request, spec_tokens: list[int]) -> list[int]:
+        """vLLM 0.34.0's: an unstructured request's drafts are kept whole."""
+        return spec_tokens
 
     def grammar_bitmask(self, *args, **kwargs):
         return None

@@ -8,7 +8,10 @@ order of admission and preemption; every block decision goes through vLLM 0.33.0
   hashes (``vllm.v1.request.Request`` with vLLM's block hasher, at the hash block size
   ``resolve_kv_cache_block_sizes`` gives), the hit's blocks adopted by ``allocate_slots``;
 * allocation, and the preemption signal: ``allocate_slots`` (``None``: the pool cannot hold
-  the step, so the last running request is preempted, or the waiting one waits);
+  the step, so the last running request is preempted, or the waiting one waits), with the
+  drafter's lookahead as vLLM's scheduler passes it (``num_lookahead_tokens``: ``k`` for an
+  EAGLE / MTP drafter, 0 for ngram; ``SimConfig.num_lookahead_tokens``, the rule of every
+  release from 0.23.0 to 0.34.0);
 * release: vLLM frees out-of-window blocks lazily, inside the next ``allocate_slots`` of the
   request (``remove_skipped_blocks``), not after each step as dcpsim's managers do;
 * frees: ``KVCacheManager.free`` when a request finishes or is preempted (a finished
@@ -38,13 +41,14 @@ from dcpsim.engine.interface import EngineError
 from dcpsim.engine.scheduler.request import Request
 from dcpsim.engine.scheduler.scheduler import Scheduler, pool_sizes
 from dcpsim.engine.vllm import eagle_groups, parallel_rules
+from dcpsim.engine.vllm.connector import manager_connector
 from dcpsim.engine.vllm.core import SamplingParams, VllmCore
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import KVEvent, ReqWrite, ScheduleEvent
 
 MANAGER = "vllm.v1.core.kv_cache_manager.KVCacheManager"
 SCHEDULER_DECISIONS = {
-    "block allocation and the preemption signal": f"{MANAGER}.allocate_slots",
+    "block allocation and the preemption signal": f"{MANAGER}.allocate_slots (num_lookahead_tokens: dcpsim's, vLLM's rule)",
     "prefix-cache hits": f"{MANAGER}.get_computed_blocks",
     "sliding-window and chunk release": f"{MANAGER}.allocate_slots (remove_skipped_blocks)",
     "frees": f"{MANAGER}.free",
@@ -77,6 +81,7 @@ class VllmScheduler(Scheduler):
         core.init_none_hash()
         self.hasher = core.utils.get_request_block_hasher(self.hash_block_size, core.hash_fn)
         self.kv_manager = self._make_kv_manager(kv_cache_config)
+        self.nixl = None if hasattr(self, "vllm") else manager_connector(self, kv_cache_config)  # P/D decode: vLLM's NIXL side
         self.managers = []
         self.prefix_cache = None
         self._vreqs: dict[int, object] = {}
@@ -178,6 +183,10 @@ class VllmScheduler(Scheduler):
         vreq = self._vreq(req)
         blocks, hit = self._hits.pop(req.index, (None, 0))
         external = self._loaded.pop(req.index, 0)
+        if external and self.nixl is not None:  # vLLM's NIXL scheduler side allocates the load first (nixl_scheduler)
+            external = self.nixl.load(req, vreq, external)
+            if external is None:
+                return False
         vreq.num_computed_tokens = req.num_computed - hit - external
         new = self._call(
             req,
@@ -187,6 +196,7 @@ class VllmScheduler(Scheduler):
             num_tokens - req.num_computed,
             num_new_computed_tokens=hit,
             new_computed_blocks=blocks,
+            num_lookahead_tokens=self.config.num_lookahead_tokens,
             num_external_computed_tokens=external,
         )
         if new is None:

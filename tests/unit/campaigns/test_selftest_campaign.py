@@ -138,6 +138,7 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
         "zero-local-rows-compacted",
         "eagle-drop-every-group",
         "gathered-heads-gqa-remapped",
+        "helix-decode-owner-unclamped",  # Helix's layout: helix-decode only
     }
     assert why["topk-tie-order"] == "not on dsv3 (applies on: dsv32-sparse)"
     assert why["pcp-gather-rank-local"] == "not on dsv3 (applies on: glm-pcp2-dcp2)"

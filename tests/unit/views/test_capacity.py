@@ -67,7 +67,8 @@ def test_the_planner_agrees_with_the_spec_model_and_the_run_pools(name, W):
         assert g.bytes_per_token == g.page_size_bytes / geo.manager_block_size
         if geo.retention is Retention.FULL:  # a request at max_model_len fills a row (widened to 128 tokens)
             need = sched.engine.blocks_needed(geo, config.max_model_len)
-            assert g.blocks_per_request == need == geo.group_spec.max_num_blocks_per_req(config, config.max_model_len)
+            spare = 1 if config.kv_cache_layout == "helix" else 0  # Helix's spare entry a row (semantics section 15)
+            assert g.blocks_per_request == need == geo.group_spec.max_num_blocks_per_req(config, config.max_model_len) + spare
             assert need <= geo.block_table_width < need + 128
     assert col.concurrency == min(g.concurrency for g in col.groups)
     assert col.context_tokens == int(col.concurrency * sc.config.max_model_len)

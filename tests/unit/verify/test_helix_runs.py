@@ -1,0 +1,97 @@
+"""Helix's layout end to end, in process: the reference passes the built-in ``helix-decode``
+at every W (with ``--attention`` too); engines that lay Helix out wrongly are caught by the
+checker's own Helix derivation (``verify.helix``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dcpsim.engine.faults.registry import get_fault
+from dcpsim.engine.reference import HelixGeometry, ReferenceEngine
+from dcpsim.errors import ConfigError
+from dcpsim.model.layout import slot_mapping
+from dcpsim.scenarios.load import load_scenario
+from support.helpers import run
+
+
+class VllmLayoutUnderHelix(ReferenceEngine):
+    """Writes vLLM's layout with I = B (owner (p // B) % W) although the run is Helix's: the two
+    agree on the prompt's blocks and differ from the first decode block on."""
+
+    def _helix_write_slots(self, g, write, block_row, dcp_rank):
+        slots = slot_mapping(
+            range(write.start, write.stop),
+            block_row,
+            block_size=g.block_size,
+            dcp_size=g.dcp_size,
+            dcp_rank=dcp_rank,
+            interleave_size=g.block_size,
+        )
+        return slots, np.arange(write.start, write.stop, dtype=np.int64)
+
+
+class LastPageFull(ReferenceEngine):
+    """Metadata that reads the rank's newest block whole (``kv_last_page_len = B``)."""
+
+    def build_attention_metadata(self, geometry, writes, block_rows, dcp_rank):
+        meta = super().build_attention_metadata(geometry, writes, block_rows, dcp_rank)
+        if isinstance(geometry, HelixGeometry):
+            meta.kv_last_page_len[:] = np.where(meta.kv_last_page_len > 0, geometry.block_size, 0)
+        return meta
+
+
+def helix(W: int, **changes):
+    from dcpsim.model.scenario import ScenarioOverrides
+
+    return load_scenario("helix-decode").with_overrides(ScenarioOverrides(decode_context_parallel_size=W, **changes))
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 4, 8])
+def test_reference_passes_helix_decode(W):
+    report = run(helix(W))
+    assert report.passed, report.failure
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_reference_passes_helix_decode_with_attention_and_kernel_blocks(W):
+    report = run(helix(W, kernel_block_size=4), attention=True)
+    assert report.passed and report.attention_checks > 0, report.failure
+
+
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("engine", [VllmLayoutUnderHelix])
+def test_wrong_decode_layouts_are_caught(W, engine):
+    report = run(helix(W), engine=engine())
+    assert not report.passed and report.failure.kind == "wrong-content"
+
+
+def test_metadata_reading_unfilled_slots_is_caught():
+    report = run(helix(2), engine=LastPageFull())
+    assert not report.passed and report.failure.kind == "attention-metadata"
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_unclamped_decode_owner_fault_is_caught(W):
+    report = run(helix(W), engine=get_fault("helix-decode-owner-unclamped"))
+    assert not report.passed and report.failure.kind == "wrong-content"
+    assert report.failure.expected_owner == 0  # the first decode token belongs to rank 0
+
+
+@pytest.mark.parametrize(
+    "field,value,named",
+    [
+        ("prefill_context_parallel_size", 2, "prefill_context_parallel_size"),
+        ("num_speculative_tokens", 2, "num_speculative_tokens"),
+        ("enable_prefix_caching", True, "enable_prefix_caching"),
+        ("max_cudagraph_capture_size", 8, "max_cudagraph_capture_size"),
+    ],
+)
+def test_what_helix_cannot_express_is_refused(field, value, named):
+    import dataclasses
+
+    sc = load_scenario("helix-decode")
+    with pytest.raises(ConfigError, match=f'kv_cache_layout = "helix" needs {named}'):
+        dataclasses.replace(
+            sc.config, **{field: value, **({"tensor_parallel_size": 2} if field == "prefill_context_parallel_size" else {})}
+        )
