@@ -6,11 +6,12 @@ attention KV), the engine reports an ``AttentionResult`` per rank
 (``dcpsim.engine.attention.shard``). Here the ranks recompute the request's full context
 from plan data alone (``attention_reference``): positions before the write hold the
 request's true contents, the write's positions hold what it wrote. The context is cut
-into blocks of ``KEY_BLOCK`` keys dealt round-robin to the ranks (not the engine's
-layout); each rank computes every head over its blocks, and one all-gather combines the
-partials by their LSEs, in float64. The ranks then all-gather one row per item (max
-error, where, LSEs) so that every rank reaches the same verdict; only on a mismatch do
-they gather each rank's contribution.
+into blocks of ``KEY_BLOCK`` keys dealt round-robin to the ranks from rank ``i % W`` for
+request ``i`` (``block_owner``; not the engine's layout); each rank computes every head
+over its blocks, all of a step's requests in few calls (``reference_attention_many``),
+and one all-gather combines the partials by their LSEs, in float64. The ranks then
+all-gather one row per item (max error, where, LSEs) so that every rank reaches the same
+verdict; only on a mismatch do they gather each rank's contribution.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from dcpsim.verify.attention_heads import expected_heads
 from dcpsim.verify.attention_reference import (
     KEY_BLOCK,
     block_mask,
-    blocked_reference_attention,
     check_step,
     context_keys,
     emit_positions,
     key_range,
     keys_before,
     merge_by_lse,
+    reference_attention_many,
     select_queries,
     state_error,
 )
@@ -121,7 +122,7 @@ class AttentionVerifier:
         cache = self._true_kv.get(key)
         if cache is None:
             capacity = keys_before(group, len(view.fingerprints))
-            cache = self._true_kv[key] = _History(capacity, m * dk, m * self.cfg.value_dim, self.rank, self.world)
+            cache = self._true_kv[key] = _History(capacity, m * dk, m * self.cfg.value_dim, self.rank, self.world, view.req_index)
         return cache.keys(lo, hi, vectors)
 
     def _kv_heads(self, store: int) -> int:
@@ -139,10 +140,11 @@ class AttentionVerifier:
         kvs = [kv_vectors(store, contents, self.cfg.kv_width, int(h)) for h in np.unique(heads.kv_heads)]
         return np.concatenate([kv[:, :dk] for kv in kvs] + [kv[:, dk:] for kv in kvs], axis=1)
 
-    def _partial_reference(self, res: AttentionResult, view):
-        """Every head's attention (natural LSE) over the key blocks of the context this rank
-        owns: block ``b`` (keys ``[b * KEY_BLOCK, (b + 1) * KEY_BLOCK)``) belongs to rank
-        ``b % W``. The ranks' partials are merged in ``_references``."""
+    def _partial_reference(self, res: AttentionResult, view) -> _Partial:
+        """The problems of every head's attention (natural LSE) over the key blocks of the
+        context this rank owns: block ``b`` (keys ``[b * KEY_BLOCK, (b + 1) * KEY_BLOCK)``)
+        of request ``i`` belongs to rank ``(b + i) % W`` (``block_owner``). Solved for all
+        of a step's results at once, the ranks' partials merged in ``_dense_references``."""
         w, cfg, dk = res.write, self.cfg, self.cfg.head_dim
         m = self._kv_heads(res.group)
         group = self.groups[res.group]
@@ -154,7 +156,7 @@ class AttentionVerifier:
             b0 = a
             while b0 < b:
                 b1 = min((b0 // KEY_BLOCK + 1) * KEY_BLOCK, b)
-                if (b0 // KEY_BLOCK) % self.world == self.rank:
+                if block_owner(b0 // KEY_BLOCK, w.req_index, self.world) == self.rank:
                     if history:
                         k, v = self._history(res.group, view, group, b0, b1)
                     else:  # written by the step: what it wrote
@@ -164,15 +166,16 @@ class AttentionVerifier:
                     mask = block_mask(group, b0, b1, positions)
                     blocks.append((k, v, None if mask is None else torch.from_numpy(mask)))
                 b0 = b1
-        if not blocks:
-            blocks.append((torch.zeros((0, m * dk)), torch.zeros((0, m * cfg.value_dim)), None))
-        # the queries come from plan data (request, position, content), as the engine's do
         heads = self.heads.get(res.group)
+        H = cfg.heads if heads is None else len(heads.query_heads)
+        if not blocks:  # this rank owns none of the context's keys
+            return _Partial(len(positions), H, [])
+        # the queries come from plan data (request, position, content), as the engine's do
         if heads is None:
             query = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows], cfg.heads, dk))
-            return blocked_reference_attention(query, blocks, scale=cfg.softmax_scale)
+            return _Partial(len(positions), H, [(None, (query, blocks))])
         every = torch.from_numpy(query_vectors(res.group, w.req_index, positions, w.contents[res.rows], heads.num_heads, dk))
-        return kv_head_reference(every[:, heads.query_heads], heads.kv_heads, blocks, dk, cfg.value_dim, cfg.softmax_scale)
+        return _Partial(len(positions), H, kv_head_problems(every[:, heads.query_heads], heads.kv_heads, blocks, dk, cfg.value_dim))
 
     def _references(self, results: list[AttentionResult], views, selected: dict | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The reference ``(O, lse)`` of each result's heads: the ranks' partials over the
@@ -184,16 +187,23 @@ class AttentionVerifier:
         return [sparse[k] if k in sparse else next(merged) for k in range(len(results))]
 
     def _dense_references(self, results: list[AttentionResult], views) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        partials = [self._partial_reference(res, views[res.write.req_index]) for res in results]
-        flat = torch.cat([torch.cat([o.reshape(-1), lse.reshape(-1)]) for o, lse in partials])
-        gathered = torch.stack(self.coll.all_gather_tensor(flat))  # [W, total]
+        """This rank's partials of every result, solved in few calls over the step
+        (``reference_attention_many``), all-gathered in one call and merged by their LSEs in
+        one call: each result's ``(O, lse)`` of its heads."""
+        cfg = self.cfg
+        parts = [self._partial_reference(res, views[res.write.req_index]) for res in results]
+        solved = iter(reference_attention_many([p for part in parts for _, p in part.problems], scale=cfg.softmax_scale))
+        pieces = [part.assemble(solved, cfg.value_dim) for part in parts]
+        dv, rows = cfg.value_dim, sum(part.nq * part.heads for part in parts)
+        flat = torch.cat([o.reshape(-1) for o, _ in pieces] + [lse.reshape(-1) for _, lse in pieces])
+        gathered = torch.stack(self.coll.all_gather_tensor(flat))  # [W, rows * dv + rows]: every O, then every LSE
+        o_all, l_all = merge_by_lse(gathered[:, : rows * dv].reshape(-1, rows, dv), gathered[:, rows * dv :], base=cfg.base)
         out, offset = [], 0
-        for res, (o, lse) in zip(results, partials):
-            n_o, n_l = o.numel(), lse.numel()
-            o_w = gathered[:, offset : offset + n_o].reshape(-1, *o.shape)
-            l_w = gathered[:, offset + n_o : offset + n_o + n_l].reshape(-1, *lse.shape)
-            offset += n_o + n_l
-            o_ref, total = merge_by_lse(o_w, l_w, base=self.cfg.base)
+        for res, part in zip(results, parts):
+            n = part.nq * part.heads
+            o_ref = o_all[offset : offset + n].view(part.nq, part.heads, dv)
+            total = l_all[offset : offset + n].view(part.nq, part.heads)
+            offset += n
             out.append((o_ref[:, res.head0 : res.head1], total[:, res.head0 : res.head1]))
         return out
 
@@ -362,17 +372,51 @@ class AttentionVerifier:
         self._seen &= live
 
 
-def kv_head_reference(query: torch.Tensor, kv_of: np.ndarray, blocks, dk: int, dv: int, scale: float):
-    """``blocked_reference_attention`` of query heads ``query [nq, n, dk]`` whose head ``i``
+class _Partial:
+    """A result's partial reference on this rank: ``nq`` query tokens, ``heads`` heads, and the
+    problems ``(heads or None, (q, blocks))`` that give it (None: every head; none: this rank
+    owns no key of the context, so every row is empty)."""
+
+    def __init__(self, nq: int, heads: int, problems: list):
+        self.nq, self.heads, self.problems = nq, heads, problems
+
+    def assemble(self, solved, dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(O [nq, heads, dv], lse [nq, heads])`` from the next solutions of ``solved``."""
+        if len(self.problems) == 1 and self.problems[0][0] is None:
+            return next(solved)
+        out = torch.zeros((self.nq, self.heads, dv), dtype=torch.float64)
+        lse = torch.full((self.nq, self.heads), float("-inf"), dtype=torch.float64)
+        for which, _ in self.problems:
+            out[:, which], lse[:, which] = next(solved)
+        return out, lse
+
+
+def kv_head_problems(query: torch.Tensor, kv_of: np.ndarray, blocks, dk: int, dv: int) -> list:
+    """Problems ``(heads, (q, blocks))`` of query heads ``query [nq, n, dk]`` whose head ``i``
     reads KV head ``kv_of[i]``, over ``blocks`` of keys holding the K (then the V) of each KV
-    head ``kv_of`` names, in ascending order: ``k [n_b, m * dk]``, ``v [n_b, m * dv]``. Natural LSE."""
-    nq, n = query.shape[0], query.shape[1]
-    out, lse = torch.zeros((nq, n, dv), dtype=torch.float64), torch.full((nq, n), float("-inf"), dtype=torch.float64)
+    head ``kv_of`` names, in ascending order: ``k [n_b, m * dk]``, ``v [n_b, m * dv]``. One
+    problem per KV head: its query heads over its own columns."""
+    out = []
     for j, head in enumerate(np.unique(kv_of)):
         which = torch.from_numpy(np.nonzero(kv_of == head)[0])
         sub = [(k[:, j * dk : (j + 1) * dk], v[:, j * dv : (j + 1) * dv], mask) for k, v, mask in blocks]
-        out[:, which], lse[:, which] = blocked_reference_attention(query[:, which], sub, scale=scale)
-    return out, lse
+        out.append((which, (query[:, which], sub)))
+    return out
+
+
+def kv_head_reference(query: torch.Tensor, kv_of: np.ndarray, blocks, dk: int, dv: int, scale: float):
+    """``blocked_reference_attention`` of query heads ``query [nq, n, dk]`` whose head ``i``
+    reads KV head ``kv_of[i]`` (``kv_head_problems``). Natural LSE."""
+    part = _Partial(query.shape[0], query.shape[1], kv_head_problems(query, kv_of, blocks, dk, dv))
+    return part.assemble(iter(reference_attention_many([p for _, p in part.problems], scale=scale)), dv)
+
+
+def block_owner(block: int, req_index: int, world: int) -> int:
+    """The rank that computes key block ``block`` of request ``req_index``'s reference:
+    ``(block + req_index) % W``. The blocks of a request go round-robin; its first block
+    (all of a context below ``KEY_BLOCK`` keys) goes to rank ``req_index % W``, so that short
+    requests spread over the ranks instead of all falling on rank 0."""
+    return (block + req_index) % world
 
 
 HISTORY_FLOAT64_BYTES = 1 << 28
@@ -384,13 +428,13 @@ computes in: no conversion per step) while it takes at most this (256 MiB: 1M ke
 class _History:
     """K (transposed, ``[dk, capacity]``) and V (``[capacity, dv]``) of the key blocks of a
     request's committed keys ``[0, n)`` that this rank owns (block ``b`` of ``KEY_BLOCK``
-    keys: rank ``b % W``, stored as local block ``b // W``), filled on demand. The buffers
-    hold the request's whole length but the OS maps pages only when filled, so only filled
-    keys take memory; they double if ever outgrown. K is stored transposed so that a block
-    of keys is the matmul's operand as it is (a view, no copy)."""
+    keys: rank ``block_owner(b, request, W)``, stored as local block ``b // W``), filled on
+    demand. The buffers hold the request's whole length but the OS maps pages only when
+    filled, so only filled keys take memory; they double if ever outgrown. K is stored
+    transposed so that a block of keys is the matmul's operand as it is (a view, no copy)."""
 
-    def __init__(self, capacity: int, dk: int, dv: int, rank: int, world: int):
-        self.rank, self.world = rank, world
+    def __init__(self, capacity: int, dk: int, dv: int, rank: int, world: int, req_index: int = 0):
+        self.rank, self.world, self.req_index = rank, world, req_index
         blocks = -(-capacity // KEY_BLOCK)
         local = max(-(-blocks // world) * KEY_BLOCK, 1)  # this rank's share of the blocks
         self.dtype = np.float64 if local * (dk + dv) * 8 <= HISTORY_FLOAT64_BYTES else np.float32
@@ -409,7 +453,7 @@ class _History:
             dk, a = self.kt.shape[0], self.n
             while a < hi:  # the owned blocks of the keys not yet filled, a block at a time
                 b = min((a // KEY_BLOCK + 1) * KEY_BLOCK, hi)
-                if (a // KEY_BLOCK) % self.world == self.rank:
+                if block_owner(a // KEY_BLOCK, self.req_index, self.world) == self.rank:
                     at = self._local(a)
                     if at + b - a > self.v.shape[0]:
                         self._grow(max(at + b - a, 2 * self.v.shape[0]))
