@@ -70,7 +70,27 @@ def manager_connector(sched, kv_cache_config):
     return NixlSchedulerConnector(sched, loads, kv_cache_config, config)
 
 
-class SchedulerConnector(SupportsHMA):
+class IdleConnectorParts(SupportsHMA):
+    """What vLLM's scheduler asks every connector and a decode instance's has nothing of: no
+    pending frees or pushes, no stats, no KV events, no partial tails to register."""
+
+    def has_pending_block_frees(self) -> bool:
+        return False
+
+    def has_pending_push_work(self) -> bool:
+        return False
+
+    def get_kv_connector_stats(self):
+        return None
+
+    def take_events(self):
+        return ()
+
+    def register_finished_partial_tail(self, request, block_ids, tails) -> bool:
+        return False
+
+
+class SchedulerConnector(IdleConnectorParts):
     """dcpsim's connector (``loads``: ``external_tokens(req)``) in the shape vLLM's scheduler calls."""
 
     supports_divergent_local_hybrid_hits = False
@@ -113,18 +133,6 @@ class SchedulerConnector(SupportsHMA):
 
     def build_connector_meta(self, scheduler_output):
         return None
-
-    def has_pending_block_frees(self) -> bool:
-        return False
-
-    def has_pending_push_work(self) -> bool:
-        return False
-
-    def get_kv_connector_stats(self):
-        return None
-
-    def take_events(self):
-        return ()
 
     def request_finished_all_groups(self, request, block_ids) -> tuple[bool, None]:
         """A finished request's blocks are freed at once (a decode instance sends nothing)."""

@@ -37,7 +37,7 @@ import types
 
 from dcpsim.engine.interface import EngineError
 from dcpsim.engine.loading.bindings import bind, resolve
-from dcpsim.engine.vllm.connector import SupportsHMA
+from dcpsim.engine.vllm.connector import IdleConnectorParts
 from dcpsim.engine.vllm.releases import NIXL_SCHEDULER, NIXL_SUPPORT, VLLM_RELEASES
 
 ENGINE_ID = "dcpsim-prefill"
@@ -109,7 +109,7 @@ def nixl_vllm_config(config, block_size: int, dcp: int) -> types.SimpleNamespace
     )
 
 
-class NixlSchedulerConnector(SupportsHMA):
+class NixlSchedulerConnector(IdleConnectorParts):
     """vLLM's NIXL scheduler side where vLLM's ``Scheduler`` calls its KV connector (see the module doc).
 
     ``loads``: dcpsim's ``PromptLoads`` of the decode instance (``remote``: the prefill's block ids per
@@ -287,21 +287,6 @@ class NixlSchedulerConnector(SupportsHMA):
     def request_finished_all_groups(self, request, block_ids):
         with self.sched.vllm_engine.tree.importable():  # it imports vLLM's RequestStatus when called
             return self.nixl.request_finished(request, block_ids)
-
-    def has_pending_block_frees(self) -> bool:
-        return False
-
-    def has_pending_push_work(self) -> bool:
-        return False
-
-    def get_kv_connector_stats(self):
-        return None
-
-    def take_events(self):
-        return ()
-
-    def register_finished_partial_tail(self, request, block_ids, tails) -> bool:
-        return False
 
     def reset_cache(self):
         return None
