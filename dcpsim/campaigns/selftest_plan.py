@@ -21,6 +21,7 @@ from dcpsim.campaigns.selftest_options import (
     options_text,
 )
 from dcpsim.engine.faults import FAULTS
+from dcpsim.engine.faults.base import fault_applies
 from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.errors import ConfigError
 from dcpsim.harness.dry_run import dry_run as schedule_dry_run
@@ -155,7 +156,7 @@ class Planner:
             raise
         except ConfigError:
             return False
-        return FAULTS[name].applies_to_scenario(sc, geometries)
+        return fault_applies(FAULTS[name], sc, geometries)
 
     # --- the faults --------------------------------------------------------------------
 
@@ -189,7 +190,7 @@ class Planner:
                 self.plan.skipped.append(dict(fault=name, scenario=scenario, options=dict(options), reason=why))
                 continue
             sc, _, _ = self.plan.resolved[(scenario, options)]
-            if FAULTS[name].applies_to_scenario(sc, self._layouts[(scenario, options)]):
+            if fault_applies(FAULTS[name], sc, self._layouts[(scenario, options)]):
                 cases.append(Case(name, scenario, options))
                 if options not in self._configs_used:
                     self._configs_used.append(options)

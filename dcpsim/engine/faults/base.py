@@ -34,6 +34,10 @@ class Fault(ReferenceEngine):
     """Run configs (overrides of a scenario's own config) selftest runs the fault in."""
     scenarios: tuple[str, ...] | None = None
     """Built-in scenarios selftest runs the fault on; None: every one where it applies."""
+    layouts: tuple[str, ...] | None = None
+    """The ``kv_cache_layout``s the bug lives in (None: every one). A fault of one of vLLM's
+    formulas that the Helix layout does not use (``local_seq_lens``, per-position capacity) names
+    ``("vllm",)``; selftest runs it on no Helix scenario."""
     expects: str = "check"
     """How the fault shows: ``check`` (a failed check, exit 1) or ``hang`` (the ranks'
     collectives diverge and the harness reports a collective hang naming the rank, exit 3)."""
@@ -45,6 +49,13 @@ class Fault(ReferenceEngine):
     def applies_to_scenario(self, scenario, geometries: list[GroupGeometry]) -> bool:
         """Whether the bug can show on this scenario (its config and workload too)."""
         return self.applies_to(geometries)
+
+
+def fault_applies(fault: Fault, scenario, geometries: list[GroupGeometry]) -> bool:
+    """Whether selftest runs ``fault`` on ``scenario``: its layout is one of the fault's, and
+    the fault applies to the scenario so configured."""
+    layout = scenario.config.kv_cache_layout
+    return (fault.layouts is None or layout in fault.layouts) and fault.applies_to_scenario(scenario, geometries)
 
 
 def is_replicated_paged(g: GroupGeometry) -> bool:

@@ -22,6 +22,7 @@ class HelixDecodeOwnerUnclamped(Fault):
         "rank's first decode block; rank 0, which owns decode block 0, never receives it"
     )
     scenarios = ("helix-decode",)
+    layouts = ("helix",)
 
     def applies_to(self, geometries) -> bool:
         return any(isinstance(g, HelixGeometry) and g.dcp_size > 1 for g in geometries)

@@ -182,6 +182,9 @@ class AdmissionCapacityUnscaled(Fault):
         "request takes W times the blocks it fills: the pool holds 1/W of its real context and "
         "requests are rejected or stall"
     )
+    layouts = ("vllm",)
+    """Helix sizes its rows for the busiest rank (one spare entry); its own block counts are
+    not the per-position ones this bug scales."""
     configs = ({"decode_context_parallel_size": 2},)
 
     def applies_to(self, geometries) -> bool:

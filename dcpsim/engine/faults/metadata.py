@@ -211,6 +211,9 @@ class LocalLensPlusOne(Fault):
         "when the global length is a multiple of W (an off-by-one in the ceiling), so every "
         "rank attends to one key it does not hold"
     )
+    layouts = ("vllm",)
+    """Helix's local lengths are counted from its own placement (``model.helix``), not from
+    the ``local_seq_lens`` formula this bug is in."""
     configs = ({"decode_context_parallel_size": 2},)
 
     def applies_to(self, geometries) -> bool:

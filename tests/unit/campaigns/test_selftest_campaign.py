@@ -269,7 +269,8 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     (verify rows across interleave boundaries at I = 128) is where the spec-decode mask fault shows,
     eagle-hybrid-hit (an EAGLE prefix hit over two sharded groups) the hybrid lookup's margin,
     gqa-pcp2-heads (ranks holding several KV heads under DCP) the gathered heads' KV-head pairing,
-    eagle-draft-hit (the drafter's layer in a KV-cache group of its own) the EAGLE drop in every group."""
+    eagle-draft-hit (the drafter's layer in a KV-cache group of its own) the EAGLE drop in every group,
+    helix-decode (Helix's layout) the decode owner's step clamp."""
     names = SMALL + [
         "qwen3-next-hybrid",
         "dsv3-mtp",
@@ -280,6 +281,7 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
         "eagle-hybrid-hit",
         "gqa-pcp2-heads",
         "eagle-draft-hit",
+        "helix-decode",
     ]
     args = ["selftest", "--in-process", "--json", "--timeout", "10"] + [a for s in names for a in ("--scenario", s)]
     code = main(args)
@@ -299,3 +301,18 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     assert hangs and all(r["kind"] == "collective-hang" and "never entered" in r["report"] for r in hangs)
     base = [r for r in doc["rows"] if r["fault"] == BASELINE]
     assert len(base) >= 4 * len(names) and all(r["outcome"] == PASS for r in base)
+
+
+@pytest.mark.parametrize("name", ["local-lens-plus-one", "admission-capacity-unscaled"])
+def test_a_fault_of_vllms_layout_is_not_run_on_a_helix_scenario(name):
+    """``Fault.layouts``: a bug in a formula Helix does not use is not applicable there (it
+    would be missed, or crash Helix's own arithmetic), and runs on vLLM's layout as before."""
+    assert FAULTS[name].layouts == ("vllm",)
+    assert [r.outcome for r in plan_selftest([name], ["helix-decode"], dry_run=False).rows] == [NOT_APPLICABLE]
+    assert any(c.fault == name for c in plan_selftest([name], ["dsv3"], dry_run=False).cases)
+
+
+def test_the_helix_fault_runs_only_on_helix():
+    assert {c.scenario for c in plan_selftest(["helix-decode-owner-unclamped"], dry_run=False).cases if c.fault != BASELINE} == {
+        "helix-decode"
+    }
