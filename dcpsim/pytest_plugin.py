@@ -6,8 +6,10 @@ an engine's repository with dcpsim installed needs no conftest (docs/api.md).
   ``--dcpsim-vllm-ascend-source DIR``, ``--dcpsim-in-process``);
 - ``--dcpsim-matrix [SCENARIO,...]``: the session is the correctness matrix, one test item per
   cell (its id as ``dcpsim matrix`` prints it; default every built-in), the other tests
-  deselected; ``--dcpsim-shard K/N`` keeps shard K of N (the cells of ``dcpsim matrix --shard
-  K/N``); each item's JUnit properties carry the shard record, so ``dcpsim merge`` joins the
+  deselected; the cells of one (scenario, W) share one world (``Worlds``; under pytest-xdist's
+  ``--dist load`` each world's items go to one worker, ``pytest_xdist_make_scheduler``);
+  ``--dcpsim-shard K/N`` keeps shard K of N (the cells of ``dcpsim matrix --shard K/N``); each
+  item's JUnit properties carry the shard record, so ``dcpsim merge`` joins the
   ``--junitxml`` files of the shards.
 
 A failing engine fails the item, with the text report as its message (``dcpsim.CheckFailed``
@@ -21,6 +23,7 @@ fixture, a ``CheckFailed``.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -161,14 +164,96 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if items:
         config.hook.pytest_deselected(items=list(items))
     cells = [everything[i] for i in indices]
+    first = {}  # each world's place: its first cell's (the full list has a world's cells together already)
+    order = sorted(range(len(cells)), key=lambda j: first.setdefault(cells[j].cell.group, j))
     items[:] = [
-        MatrixCellItem.from_parent(session, name=c.cell.id, nodeid=c.cell.id, cell=c, index=i, record=record)
-        for i, c in zip(indices, cells)
+        MatrixCellItem.from_parent(session, name=cells[j].cell.id, nodeid=cells[j].cell.id, cell=cells[j], index=indices[j], record=record)
+        for j in order
     ]
+    config._dcpsim_worlds = Worlds(session, config._dcpsim_options, shared=_worlds_shared(config))
+
+
+def _worlds_shared(config) -> bool:
+    """Whether the cells of one world are all this process's to run: without pytest-xdist; on
+    a worker, what the controller said (``pytest_configure_node``)."""
+    if not hasattr(config, "workerinput"):
+        return True
+    return bool(config.workerinput.get("dcpsim_worlds_shared"))
+
+
+def _scheduled_by_world(config) -> bool:
+    """On the pytest-xdist controller of a ``--dcpsim-matrix`` session: whether every world's
+    cells go to one worker: ``--dist load`` (``-n``'s default), scheduled by ``MatrixScheduling``,
+    and ``--dist each``; any other ``--dist`` may split a world's cells between workers, and
+    each item then starts a world of its own."""
+    return getattr(config, "_dcpsim_scenarios", None) is not None and config.getvalue("dist") in ("load", "each")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist's controller, as it starts a worker: tell it whether it has whole worlds."""
+    node.workerinput["dcpsim_worlds_shared"] = _scheduled_by_world(node.config)
+
+
+class Worlds:
+    """The outcomes of a session's matrix cells, run one world per (scenario, W): the first
+    item of a world to run runs the cells of its world that this process runs (the items
+    still to come, in order: ``api.matrix.run_cells``), and every later item takes its own
+    cell's outcome. A cell is not run twice; if something outside the worlds breaks a batch
+    (the worlds themselves are rerun cell by cell, so a failure or a hang is its own cell's),
+    the cells it did not finish run each in a world of its own, as their items come."""
+
+    def __init__(self, session, options, *, shared: bool):
+        self.session, self.options, self.shared = session, options, shared
+        self.outcomes: dict[str, object] = {}  # cell id -> a MatrixCell, or the reason its item skips
+        self.alone: set[str] = set()  # worlds (groups) whose batch broke: their cells run one by one
+
+    def outcome(self, item):
+        """``item``'s cell: a ``MatrixCell``, or the reason to skip it (an invalid config)."""
+        cell_id = item.cell.cell.id
+        if cell_id not in self.outcomes:
+            group = item.cell.cell.group
+            batch = [item]
+            if self.shared and group not in self.alone:
+                batch += [
+                    other
+                    for other in self.session.items
+                    if isinstance(other, MatrixCellItem) and other is not item and other.cell.cell.group == group
+                    and other.cell.status == "pending" and other.cell.cell.id not in self.outcomes
+                ]  # fmt: skip
+            self._run(batch, group)
+        return self.outcomes.pop(cell_id)  # taken once: a rerun item runs again
+
+    def _run(self, batch, group) -> None:
+        from dcpsim.api.matrix import run_cells
+        from dcpsim.harness.dry_run import dry_run
+
+        runnable = []
+        for member in batch:
+            try:
+                dry_run(member.cell.scenario)
+            except ConfigError as exc:
+                self.outcomes[member.cell.cell.id] = f"invalid config: {exc}"
+                continue
+            runnable.append(member.cell)
+        if not runnable:
+            return
+        try:
+            for cell in run_cells(runnable, self.options, progress=lambda cell: self.outcomes.__setitem__(cell.id, cell)):
+                self.outcomes.setdefault(cell.id, cell)
+        except Exception as exc:
+            if len(runnable) == 1:
+                raise
+            self.alone.add(group)  # the cells that ended keep their outcome; the others run alone
+            message = f"dcpsim: the cells of world {group} broke off ({exc!r}); the rest run one world each"
+            warnings.warn(pytest.PytestWarning(message), stacklevel=2)
+            if batch[0].cell.cell.id not in self.outcomes:
+                self._run(batch[:1], group)
 
 
 class MatrixCellItem(pytest.Item):
-    """One cell of the matrix: it runs in a world of its own (threads with ``--dcpsim-in-process``)."""
+    """One cell of the matrix. The cells of one (scenario, W) share a world (``Worlds``),
+    threads with ``--dcpsim-in-process``; each item reports its own cell."""
 
     def __init__(self, *, cell, index: int, record: str, **kwargs):
         super().__init__(**kwargs)
@@ -176,16 +261,11 @@ class MatrixCellItem(pytest.Item):
         self.user_properties += [("dcpsim.index", index), ("dcpsim.matrix", record)]
 
     def runtest(self) -> None:
-        from dcpsim.api.matrix import run_cell
-        from dcpsim.harness.dry_run import dry_run
-
         if self.cell.status == "skipped":
             pytest.skip(self.cell.reason)
-        try:
-            dry_run(self.cell.scenario)
-        except ConfigError as exc:
-            pytest.skip(f"invalid config: {exc}")
-        result = run_cell(self.cell, self.config._dcpsim_options)
+        result = self.config._dcpsim_worlds.outcome(self)
+        if isinstance(result, str):
+            pytest.skip(result)
         if result.status == "fail":
             raise CheckFailed(result.report.text(), result.report)
         if result.status == "error":
@@ -198,6 +278,49 @@ class MatrixCellItem(pytest.Item):
 
     def reportinfo(self):
         return self.path, None, f"dcpsim matrix cell {self.name}"
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's ``--dist load`` (``-n``'s default) in a ``--dcpsim-matrix`` session: the
+    cells of one world go to one worker together (``MatrixScheduling``); any other ``--dist``
+    as xdist has it."""
+    if getattr(config, "_dcpsim_scenarios", None) is None or config.getvalue("dist") != "load":
+        return None
+    return _matrix_scheduling(config, log)
+
+
+def _matrix_scheduling(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    from dcpsim.campaigns.matrix_plan import matrix_cells
+
+    class MatrixScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling with a cell's world (``Cell.group``) as its scope: a worker
+        is sent every item of a world at once, in order, the costliest worlds first (rank
+        processes x cells, as ``campaigns.shard`` weighs them), each to the first worker free.
+        (``--dist loadgroup`` would do it through ``xdist_group`` marks, but it appends the
+        group to each item's id.)"""
+
+        cells = {c.cell.id: c.cell for c in matrix_cells(config._dcpsim_scenarios, dry_run=False)}
+
+        def _split_scope(self, nodeid: str) -> str:
+            cell = self.cells.get(nodeid)
+            return cell.group if cell is not None else nodeid
+
+        def _assign_work_unit(self, node) -> None:
+            if not getattr(self, "_by_cost", False):  # the first assignment: the queue is complete
+                self._by_cost = True
+                units = sorted(self.workqueue.items(), key=lambda unit: -sum(self._cost(nodeid) for nodeid in unit[1]))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+        def _cost(self, nodeid: str) -> int:
+            cell = self.cells.get(nodeid)
+            return max(cell.dcp, 1) if cell is not None else 1
+
+    return MatrixScheduling(config, log)
 
 
 @pytest.hookimpl(wrapper=True)

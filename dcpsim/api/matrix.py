@@ -2,7 +2,8 @@
 
 ``plan_matrix`` lists the cells (``campaigns.matrix_plan``: the same list, ids and shards as
 the command); ``matrix`` runs the pending ones and returns a ``MatrixReport`` whose
-``to_json()`` is ``matrix --json``'s list. ``run_cell`` runs one cell (the pytest plugin's item).
+``to_json()`` is ``matrix --json``'s list. ``run_cell`` runs one cell; ``run_cells`` runs several,
+one world per (scenario, W) (the pytest plugin's items).
 """
 
 from __future__ import annotations
@@ -114,10 +115,24 @@ def matrix(
 
 def run_cell(res: mx.CellResult, options: MatrixOptions) -> MatrixCell:
     """Run one pending cell of ``plan_matrix`` (a fresh copy: the plan's stays pending)."""
-    fresh = mx.CellResult(res.cell, res.status, res.reason, scenario=res.scenario)
-    if fresh.status == mx.CellStatus.PENDING:
-        mx.run_cells([fresh], engine=options.engine, check=options.check, world=options.world)
-    return _cell(fresh)
+    return run_cells([res], options)[0]
+
+
+def run_cells(results: list[mx.CellResult], options: MatrixOptions, progress=None) -> list[MatrixCell]:
+    """Run the pending cells of ``plan_matrix`` (fresh copies: the plan's stay pending) as
+    ``matrix`` does, the cells of one (scenario, W) in one world, in turn; one ``MatrixCell``
+    each, in order (a cell that is not pending as it is). A world that breaks or hangs is rerun
+    cell by cell (``harness.runner.run_each``), so the failure is its own cell's.
+    ``progress(cell)`` as each cell ends (a ``MatrixCell``): the pytest plugin keeps the
+    cells that ended if something outside the worlds breaks the batch."""
+    fresh = [mx.CellResult(r.cell, r.status, r.reason, scenario=r.scenario) for r in results]
+    pending = [f for f in fresh if f.status == mx.CellStatus.PENDING]
+    if pending:
+        mx.run_cells(
+            pending, engine=options.engine, check=options.check, world=options.world,
+            progress=(lambda res: progress(_cell(res))) if progress else None,
+        )  # fmt: skip
+    return [_cell(f) for f in fresh]
 
 
 def _cell(res: mx.CellResult) -> MatrixCell:

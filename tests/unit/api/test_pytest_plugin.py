@@ -1,6 +1,8 @@
 """The pytest plugin (``dcpsim.pytest_plugin``, the ``pytest11`` entry point), in a folder
 outside this repository (``pytester``, pytest in a subprocess): the fixture, the engine
-options, the matrix items, their shards and their JUnit files, which ``dcpsim merge`` joins."""
+options, the matrix items, their shards and their JUnit files, which ``dcpsim merge`` joins; the
+matrix's worlds (one per (scenario, W), counted by a conftest around ``harness.runner.run_jobs``,
+with and without pytest-xdist) and a bad cell's failure on its own item."""
 
 from __future__ import annotations
 
@@ -109,3 +111,140 @@ def test_failing_cells_fail_their_items_and_merge_as_failed(engine_repo, tmp_pat
     result.assert_outcomes(failed=1)
     proc = run_cli(["merge", str(junit)])
     assert proc.returncode == 2 and "the shards hold 1 of the matrix's 25 cells" in proc.stderr
+
+
+WORLD_COUNTER = """
+import os
+
+import dcpsim.harness.runner as runner
+
+_run_jobs = runner.run_jobs
+
+
+def _counted(jobs, **kwargs):  # every world any pytest process starts: its cells' (scenario, W), how many, the pid
+    with open(os.path.join(os.path.dirname(__file__), "worlds.log"), "a") as log:
+        log.write(f"{jobs[0].scenario.name}-dcp{jobs[0].world_size} {len(jobs)} {os.getpid()}\\n")
+    return _run_jobs(jobs, **kwargs)
+
+
+runner.run_jobs = _counted
+"""
+
+PLANTED = """
+from dcpsim.engine.example_plugin import ExampleEngine
+
+
+class OffByOneAtInterleave2(ExampleEngine):
+    name = "off-by-one-at-interleave-2"
+
+    def owner(self, geometry, index):  # OffByOneExampleEngine's bug, at I = 2 only
+        shift = 1 if geometry.interleave_size == 2 else 0
+        return (index // geometry.interleave_size + shift) % geometry.dcp_size
+
+
+class BreaksAtInterleave4(ExampleEngine):
+    name = "breaks-at-interleave-4"
+
+    def owner(self, geometry, index):  # an exception in the ranks: the cell's world breaks
+        if geometry.interleave_size == 4:
+            raise RuntimeError("planted: the engine breaks its world at I = 4")
+        return super().owner(geometry, index)
+"""
+
+
+def _worlds(pytester) -> list[tuple[str, int]]:
+    """The worlds the session's processes started: (scenario-dcpW, cells), in order."""
+    lines = (pytester.path / "worlds.log").read_text(encoding="utf-8").splitlines()
+    return [(group, int(cells)) for group, cells, _ in (line.split() for line in lines)]
+
+
+def _cases(junit) -> dict[str, str]:
+    """A JUnit file's test cases: name -> passed, failed or skipped."""
+    cases = ET.parse(junit).getroot().findall(".//testcase")
+    return {
+        c.get("name"): ("failed" if c.find("failure") is not None else "skipped" if c.find("skipped") is not None else "passed")
+        for c in cases
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["one-process", "xdist"])
+def test_the_matrix_starts_one_world_per_scenario_and_w(engine_repo, tmp_path, xdist):
+    """Every cell is an item of its own, with its id; the cells of one (scenario, W) share one
+    world, with pytest-xdist too (a world's items go to one worker: none runs twice)."""
+    engine_repo.makeconftest(WORLD_COUNTER)
+    junit = tmp_path / "matrix.xml"
+    result = engine_repo.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--dcpsim-in-process", "--dcpsim-matrix=llama-gqa", f"--junitxml={junit}", *xdist
+    )
+    cells = matrix_cells(["llama-gqa"])
+    pending = [c for c in cells if c.status == "pending"]
+    result.assert_outcomes(passed=len(pending), skipped=len(cells) - len(pending))
+    assert _cases(junit) == {c.cell.id: "passed" if c.status == "pending" else "skipped" for c in cells}
+    per_world: dict[str, int] = {}
+    for c in pending:
+        per_world[c.cell.group] = per_world.get(c.cell.group, 0) + 1
+    assert sorted(_worlds(engine_repo)) == sorted(per_world.items())
+    assert max(per_world.values()) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "engine, bad, text",
+    [
+        ("OffByOneAtInterleave2", "llama-gqa-dcp2-il2-bs16", "*FAIL at step 0*"),
+        ("BreaksAtInterleave4", "llama-gqa-dcp2-il4-bs16", "*rank ? failed: RuntimeError: planted: the engine breaks its world at I = 4*"),
+    ],
+)
+def test_a_failing_cell_fails_its_own_item_and_no_other_of_its_world(engine_repo, tmp_path, engine, bad, text):
+    """A cell that fails its check, or breaks its world, in the middle of its world's cells:
+    its item fails with its own text, the others of the world pass; a broken world's cells
+    that had not ended are rerun each in a world of its own (``harness.runner.run_each``)."""
+    engine_repo.makeconftest(WORLD_COUNTER)
+    engine_repo.makepyfile(planted=PLANTED)
+    junit = tmp_path / "matrix.xml"
+    result = engine_repo.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--dcpsim-in-process", "--dcpsim-engine", f"planted:{engine}", "--dcpsim-matrix=llama-gqa",
+        "-k", "dcp2", f"--junitxml={junit}",
+    )  # fmt: skip
+    world = [c.cell.id for c in matrix_cells(["llama-gqa"]) if c.cell.group == "llama-gqa-dcp2"]
+    assert bad in world[1:-1]
+    assert _cases(junit) == {cell: "failed" if cell == bad else "passed" for cell in world}
+    result.stdout.fnmatch_lines([f"*_ dcpsim matrix cell {bad} _*", text])
+    worlds = _worlds(engine_repo)
+    assert worlds[0] == ("llama-gqa-dcp2", len(world))  # one world for the five cells
+    assert worlds[1:] == ([] if engine.startswith("OffByOne") else [("llama-gqa-dcp2", 1)] * len(worlds[1:]))
+
+
+BATCH_BREAKS = """
+import importlib
+
+api_matrix = importlib.import_module("dcpsim.api.matrix")  # the module (dcpsim.api's attribute matrix is the function)
+
+_run_cells = api_matrix.run_cells
+
+
+def _breaks_after_the_first(results, options, progress=None):  # something outside the worlds breaks a batch
+    if len(results) == 1:
+        return _run_cells(results, options, progress)
+    _run_cells(results[:1], options, progress)
+    raise RuntimeError("planted: the batch breaks after its first cell")
+
+
+api_matrix.run_cells = _breaks_after_the_first
+"""
+
+
+@pytest.mark.slow
+def test_a_batch_that_breaks_outside_its_world_runs_the_rest_one_world_each(engine_repo, tmp_path):
+    """The cells of a batch that breaks off outside the worlds: the ones that ended keep their
+    verdicts, the others run each in a world of its own as their items come, with a warning."""
+    engine_repo.makeconftest(WORLD_COUNTER + BATCH_BREAKS)
+    junit = tmp_path / "matrix.xml"
+    result = engine_repo.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--dcpsim-in-process", "--dcpsim-matrix=llama-gqa", "-k", "dcp2", f"--junitxml={junit}"
+    )
+    world = [c.cell.id for c in matrix_cells(["llama-gqa"]) if c.cell.group == "llama-gqa-dcp2"]
+    assert _cases(junit) == dict.fromkeys(world, "passed")
+    assert _worlds(engine_repo) == [("llama-gqa-dcp2", 1)] * len(world)
+    result.stdout.fnmatch_lines(["*dcpsim: the cells of world llama-gqa-dcp2 broke off (RuntimeError('planted: the batch breaks*"])
