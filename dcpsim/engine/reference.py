@@ -56,7 +56,11 @@ class ReferenceEngine(Engine):
         check_groups_for_dcp([group], config)
         geometry = derive_geometry(group_id, group, config)
         if config.kv_cache_layout == "helix":  # one spare entry a row: helix_blocks_needed
+            # Helix lays a prompt out a block per rank, I = B: the workspace is aligned to it too
+            # (lcm(B, W * B) rows), or a chunk could never hold one rank's block of a context
+            helix = dataclasses.replace(config, cp_kv_cache_interleave_size=geometry.block_size)
             fields = {f.name: getattr(geometry, f.name) for f in dataclasses.fields(geometry)}
+            fields["chunked_prefill_workspace_size"] = derive_geometry(group_id, group, helix).chunked_prefill_workspace_size
             return HelixGeometry(**{**fields, "interleave_size": geometry.block_size}).with_spare_entry()
         return geometry
 

@@ -158,6 +158,8 @@ def plan_chunks_walk(
             need = rows(start, contexts[request])
             if used + need > budget:
                 n = split(start, contexts[request] - start, budget - used)
+                if n <= 0 and not opened:  # an empty chunk that cannot take one aligned span
+                    raise ValueError(f"a workspace of {workspace} rows cannot hold one span of {align} tokens over {W} ranks at I = {I}")
                 if n > 0:
                     out.append((chunk, request, start, n))
                     start, opened = start + n, True

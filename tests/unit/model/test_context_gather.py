@@ -127,3 +127,15 @@ def test_the_checker_names_rank_request_and_chunk_of_a_whole_local_length():
     assert judge.count == 1
     text = str(judge.kept[0])
     assert "rank 1" in text and "request r0" in text and "context gather chunk 0 local_seq_lens is 100, expected 32" in text
+
+
+def test_the_walk_refuses_a_workspace_too_small_for_one_span_instead_of_looping():
+    """A workspace below one aligned span (lcm(B, W * I) = 8 here) cannot make progress: the
+    walk raises, naming it, where it looped for ever."""
+    import pytest
+
+    from dcpsim.model.context_gather import plan_chunks_walk
+
+    with pytest.raises(ValueError, match="workspace of 4 rows cannot hold one span of 8 tokens"):
+        plan_chunks_walk([4], workspace=4, block_size=4, dcp_size=2, interleave_size=4)
+    assert plan_chunks_walk([4], workspace=8, block_size=4, dcp_size=2, interleave_size=4) == [(0, 0, 0, 4)]

@@ -95,3 +95,15 @@ def test_what_helix_cannot_express_is_refused(field, value, named):
         dataclasses.replace(
             sc.config, **{field: value, **({"tensor_parallel_size": 2} if field == "prefill_context_parallel_size" else {})}
         )
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_a_small_workspace_is_aligned_to_helix_blocks_and_a_run_ends(W):
+    """Helix places a prompt a block per rank (I = B whatever the config says): the context
+    gather's workspace is aligned to lcm(B, W * B), the checker's rule. Aligned to the config's
+    I = 1 it was B rows (4 at W = 2, B = 4), a budget of 2 per rank that one rank's block of 4
+    keys never fits: the fuzz drew it and the gather's walk looped for ever."""
+    sc = helix(W, block_size=4, cp_kv_cache_interleave_size=1, chunked_prefill_workspace_size=4)
+    geometries = ReferenceEngine().geometries(sc.layers, sc.config)
+    assert all(g.chunked_prefill_workspace_size % (4 * W) == 0 for g in geometries if g.sharded)
+    assert run(sc).passed
