@@ -564,7 +564,8 @@ class HelixGeometry(GroupGeometry):
 def check_kv_cache_layout(engine, scenario) -> None:
     """Helix's layout is the reference engine's (and its faults') only: another engine (vLLM's,
     SGLang's, a plugin) lays its caches out as it does, so a Helix scenario is refused (exit 2)."""
-    if scenario.config.kv_cache_layout == "helix" and not isinstance(engine, ReferenceEngine):
+    ours = type(engine) is ReferenceEngine or type(engine).__module__.startswith("dcpsim.engine.faults.")
+    if scenario.config.kv_cache_layout == "helix" and not ours:  # adapters subclass the reference too
         raise ConfigError(
             f'kv_cache_layout = "helix": engine {getattr(engine, "name", type(engine).__name__)} lays out vLLM\'s layout only; '
             "Helix's (TensorRT-LLM's) runs under the reference engine and its faults"

@@ -107,3 +107,19 @@ def test_a_small_workspace_is_aligned_to_helix_blocks_and_a_run_ends(W):
     geometries = ReferenceEngine().geometries(sc.layers, sc.config)
     assert all(g.chunked_prefill_workspace_size % (4 * W) == 0 for g in geometries if g.sharded)
     assert run(sc).passed
+
+
+def test_helix_is_refused_to_an_adapter_that_subclasses_the_reference():
+    """vLLM's, SGLang's and vllm-ascend's adapters subclass the reference engine but lay out their
+    own caches: Helix is the reference's and its faults' only (the fuzz under vllm-ascend drew it
+    and failed with a KeyError before)."""
+    from dcpsim.engine.reference import check_kv_cache_layout
+
+    class Adapter(ReferenceEngine):
+        name = "some-adapter"
+
+    sc = helix(2)
+    with pytest.raises(ConfigError, match="helix"):
+        check_kv_cache_layout(Adapter(), sc)
+    check_kv_cache_layout(ReferenceEngine(), sc)
+    check_kv_cache_layout(get_fault("helix-decode-owner-unclamped"), sc)
