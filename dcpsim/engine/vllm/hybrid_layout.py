@@ -71,8 +71,16 @@ class Layout:
         return f"{text}; with it off, unify_hybrid_kv_cache_specs stores the layers {', '.join(self.promoted)} as {self.into}"
 
 
-def _source(node, text: str) -> str:
-    return " ".join((ast.get_source_segment(text, node) or "").split())
+def _source(node, lines: list[bytes]) -> str:
+    """``node``'s source text with its whitespace collapsed. ``lines``: the file's lines, split
+    once (``ast.get_source_segment`` splits the whole file again on every call: 2 s a process
+    on ``vllm/config/vllm.py``). Column offsets are UTF-8 byte offsets, as the AST gives them."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        piece = lines[first][node.col_offset : node.end_col_offset]
+    else:
+        piece = lines[first][node.col_offset :] + b"".join(lines[first + 1 : last]) + lines[last][: node.end_col_offset]
+    return " ".join(piece.decode("utf-8").split())
 
 
 @lru_cache(maxsize=32)
@@ -83,18 +91,19 @@ def read_rule(root: str) -> Rule | None:
         return None
     text = path.read_text(encoding="utf-8")
     tree = ast.parse(text)
+    lines = text.encode("utf-8").splitlines(keepends=True)
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "VllmConfig"), None)
     post = next((n for n in (cls.body if cls else ()) if isinstance(n, ast.FunctionDef) and n.name == "__post_init__"), None)
     if post is None:
         return None
     for node in ast.walk(post):
-        if not (isinstance(node, ast.If) and "attention_chunk_size" in _source(node.test, text)):
+        if not (isinstance(node, ast.If) and "attention_chunk_size" in _source(node.test, lines)):
             continue
         rule = dict(first=node.lineno, last=node.end_lineno)
         for inner in ast.walk(node):
             if not isinstance(inner, ast.If) or inner is node:
                 continue
-            test = _source(inner.test, text)
+            test = _source(inner.test, lines)
             if ENV in test:
                 rule["env_line"] = inner.lineno
             elif "speculative_config" in test and "drafter" not in rule:
