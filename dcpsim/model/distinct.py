@@ -29,13 +29,30 @@ def has_repeats(values: np.ndarray) -> bool:
     return bool((s[1:] == s[:-1]).any())
 
 
+_TABLE_SLACK = 1 << 16
+"""``member_of`` marks a table over ``values``' range when it spans at most this many more
+entries than both arrays hold."""
+
+
 def member_of(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    """``np.isin(values, pool)`` for 1-d int arrays, by a sort of ``pool`` and a binary
-    search: np.isin's dispatch costs ~100 us a call on the short arrays of one step."""
+    """``np.isin(values, pool)`` for 1-d int arrays: np.isin's dispatch costs ~100 us a call
+    on the short arrays of one step.
+
+    When ``values`` span a narrow range (a step's block ids, tested against a request's
+    whole block-table row), by a table over that range: the pool's members in it marked,
+    then looked up, in time linear in both, with no sort of the pool (a 10M-token row is
+    164K entries, whose sort cost 5-17 ms a step against 0.4 ms); otherwise by a sort of
+    ``pool`` and a binary search."""
     values = np.asarray(values)
-    if not len(pool):
+    if not len(pool) or not len(values):
         return np.zeros(len(values), dtype=bool)
-    pool = np.sort(np.asarray(pool))
+    pool = np.asarray(pool)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo <= 2 * (len(values) + len(pool)) + _TABLE_SLACK:
+        marked = np.zeros(hi - lo + 1, dtype=bool)
+        marked[pool[(pool >= lo) & (pool <= hi)] - lo] = True
+        return marked[values - lo]
+    pool = np.sort(pool)
     at = np.searchsorted(pool, values)
     np.minimum(at, len(pool) - 1, out=at)
     return pool[at] == values

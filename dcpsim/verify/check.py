@@ -53,6 +53,7 @@ from dcpsim.verify.prefix_hit import PrefixHitJudge, hits_judged
 from dcpsim.verify.read import read_slots
 from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.retention import RetentionJudge
+from dcpsim.verify.table_digest import TableDigests
 from dcpsim.verify.write_guard import WriteGuard
 
 _ROW = BAD, COUNT, ORDERED, MULTISET, LOCALS = range(5)
@@ -167,6 +168,7 @@ class Checker:
         self._pending: list[_Pending] = []
         """Steps read (``read``) whose rows wait for the next ``exchange``."""
         self._last_reads: list | None = None
+        self._tables = TableDigests()
 
     # --- every step: the write log ----------------------------------------------------
 
@@ -463,18 +465,7 @@ class Checker:
     def _table_digests(self, views, table: list) -> np.ndarray:
         """Per group, the ordered digest of ``req_index, len(row), *row`` over the step's
         requests in order (``table``: the rows, group by group, as the step's items), as int64s."""
-        lengths = np.array([len(row) for row in table], dtype=np.int64)
-        spans = lengths + 2
-        heads = np.cumsum(spans) - spans
-        flat = np.zeros(int(spans.sum()), dtype=np.int64)
-        body = np.ones(len(flat), dtype=bool)
-        body[heads] = body[heads + 1] = False
-        flat[heads] = [v.req_index for v in views] * len(self.groups)
-        flat[heads + 1] = lengths
-        if table:
-            flat[body] = np.concatenate(table)
-        per_group = spans.reshape(len(self.groups), len(views)).sum(axis=1)
-        return as_int64s(ordered_digests(flat, np.zeros(len(flat), np.int64), per_group))
+        return self._tables.digests(len(self.groups), [v.req_index for v in views], table)  # kept across checks
 
     # --- phase 2: details of the first problem --------------------------------------
 

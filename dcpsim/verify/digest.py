@@ -62,6 +62,13 @@ def as_int64s(u: np.ndarray) -> np.ndarray:
     return np.asarray(u, dtype=np.uint64).view(np.int64)
 
 
+def ordered_terms(index: np.ndarray, content: np.ndarray, places: np.ndarray) -> np.ndarray:
+    """The term each pair adds to an ordered digest at its place (``places``, from 1 at a
+    run's first pair): an ordered digest is their sum (mod 2**64), which lets a kept digest
+    be updated term by term (``verify.table_digest``)."""
+    return mix64(_pair_hash(index, content) ^ np.asarray(places, dtype=np.int64).view(np.uint64) * _K2)
+
+
 def run_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray, ordered: np.ndarray) -> np.ndarray:
     """Per run of ``lengths`` consecutive pairs, its ``ordered_digest`` where ``ordered`` (a
     bool per run) is set, else its ``multiset_digest``; all runs in one pass (uint64)."""

@@ -80,6 +80,24 @@ def _runs(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return run, np.arange(len(run), dtype=np.int64) - starts[run]
 
 
+def _kv_pages(held: list[np.ndarray], pages: list[int], per_block: int) -> np.ndarray:
+    """The kernel pages of each request's plan, concatenated: page ``t`` of a row is part
+    ``t % per_block`` of KV block ``row[t // per_block]``; -1 past the row; a request with
+    no row (a dummy) reads the null block's pages (0). Request by request, by slices of
+    its row: a plan lists the whole context's pages (164K at 10M tokens), so this costs a
+    copy of them, not a gather per page."""
+    parts = []
+    for row, n in zip(held, pages):
+        if not len(row):
+            parts.append(np.zeros(n, np.int64))
+            continue
+        used = row[: -(-n // per_block)]
+        if per_block > 1:
+            used = (used[:, None] * per_block + np.arange(per_block, dtype=np.int64)).reshape(-1)[:n]
+        parts.append(used if len(used) == n else np.concatenate([used, np.full(n - len(used), -1, np.int64)]))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
 @dataclass(frozen=True)
 class StepSpans:
     """What every group's expectation reads of a step's writes, built once a step."""
@@ -135,15 +153,7 @@ def expected_metadata(
     # kernel page t of a row lies in KV block row[t // per_block], part t % per_block; -1
     # past the row (the request holds too few blocks, which _blocks_held reports); a dummy
     # request (no row) reads the null block's pages
-    held_lens = np.array([len(r) for r in held], dtype=np.int64)
-    flat = np.concatenate(held + [np.zeros(1, np.int64)])
-    first = np.cumsum(held_lens) - held_lens
-    run, t = _runs(pages)
-    entry = t // per_block
-    n_held = held_lens[run]
-    block = flat[first[run] + np.minimum(entry, np.maximum(n_held - 1, 0))]
-    indices = np.where(entry < n_held, block * per_block + t % per_block, -1)
-    indices[n_held == 0] = 0
+    indices = _kv_pages(held, pages.tolist(), per_block)
     return dict(
         request_ids=tuple(w.request_id for w in writes) + (PAD_REQUEST,) * dummies,
         seq_lens=seq,

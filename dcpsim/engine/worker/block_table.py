@@ -60,25 +60,27 @@ class BlockTable:
         if len(block_ids) > self.width:
             raise BlockTableOverflow(self.group, request_id, len(block_ids), self.width)
         row = self._row_of.get(req)
+        n = len(block_ids)
+        if row is not None:  # one comparison of the entries both rows have (a row is the whole context)
+            old = int(self.num_blocks[row])
+            columns = np.flatnonzero(self.table[row, : min(n, old)] != block_ids[: min(n, old)])
+            same = n == old and not len(columns)
         if self._keep_read and req not in self._read_rows:
             if row is None:
                 self._read_rows[req] = np.zeros(0, dtype=np.int64)
-            elif not (len(block_ids) == self.num_blocks[row] and (self.table[row, : len(block_ids)] == block_ids).all()):
+            elif not same:
                 self._read_rows[req] = self.row(req).copy()
         if row is None:
             row = self._free_rows.pop()
             self._row_of[req] = row
             self._changed[req] = ALL_COLUMNS
-        n, old = len(block_ids), int(self.num_blocks[row])
-        if n == old and (self.table[row, :n] == block_ids).all():  # most rows of a step: nothing to change
+            old, same = 0, n == 0
+        if same:  # most rows of a step: nothing to change
             return
         if self._changed.get(req, ()) is not ALL_COLUMNS:
-            span = max(n, old)
-            before = self.table[row, :span].copy()
             self.table[row, :n] = block_ids
             self.table[row, n:old] = 0
-            columns = np.flatnonzero(before != self.table[row, :span])
-            if len(columns) or n != old:
+            if len(columns) or n != old:  # changed entries, and those grown or cut off
                 resized = np.arange(min(n, old), max(n, old), dtype=np.int64)  # grown, or cut off
                 self._changed.setdefault(req, []).append(np.concatenate([columns, resized]))
         else:

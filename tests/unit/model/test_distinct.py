@@ -23,3 +23,13 @@ def test_has_repeats_says_whether_a_value_occurs_twice(values):
 def test_member_of_is_np_isin(values, pool):
     got = member_of(values, pool)
     assert got.dtype == bool and np.array_equal(got, np.isin(values, pool))
+
+
+wide = st.lists(st.integers(-(1 << 40), 1 << 40), max_size=60).map(lambda v: np.array(v, dtype=np.int64))
+
+
+@given(st.one_of(ints, wide), st.one_of(ints, wide))
+def test_member_of_is_np_isin_over_any_range(values, pool):
+    """Both ways: a table over a narrow range of ``values``, a sort of the pool otherwise."""
+    got = member_of(values, pool)
+    assert got.dtype == bool and np.array_equal(got, np.isin(values, pool))
