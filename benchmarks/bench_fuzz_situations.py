@@ -1,9 +1,11 @@
 """Benchmark: how often the fuzz strategy draws each situation (``campaigns.fuzz.SITUATIONS``):
 prefills that gather a cached context, contexts gathered in several pieces, preemptions, CUDA-graph
-padded decode steps, padded steps after a preemption, and prefix hits of an EAGLE drafter's run. Draws scenarios as ``fuzz`` does and
+padded decode steps, padded steps after a preemption, prefix hits of an EAGLE drafter's run, Helix's layout where it differs
+from vLLM's; with ``--pd``, of the P/D strategy (``fuzz --pd``): a decode rank owning none of a
+prompt, the resharding connector, a partly filled last page. Draws scenarios as ``fuzz`` does and
 schedules them with the reference engine (runs nothing).
 
-    python benchmarks/bench_fuzz_situations.py [--examples N] [--seed S]
+    python benchmarks/bench_fuzz_situations.py [--examples N] [--seed S] [--pd]
 
 Prints the fraction of the drawn examples exercising each, and the time taken.
 """
@@ -20,11 +22,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--examples", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pd", action="store_true", help="the P/D strategy of fuzz --pd")
     args = p.parse_args()
     start = time.perf_counter()
-    fractions = situation_fractions(args.examples, args.seed)
+    fractions = situation_fractions(args.examples, args.seed, pd=args.pd)
     seconds = time.perf_counter() - start
-    print(f"{args.examples} drawn examples (seed {args.seed}), {seconds:.1f} s")
+    print(f"{args.examples} drawn{' P/D' if args.pd else ''} examples (seed {args.seed}), {seconds:.1f} s")
     for name, fraction in fractions.items():
         print(f"  {name:26s} {fraction:6.1%}")
 

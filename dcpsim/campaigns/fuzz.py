@@ -61,7 +61,7 @@ PREFIX_CACHED_FAMILIES = ("full", "compressed")
 """The families whose groups all keep every position, so the prefix cache is on."""
 
 
-def _require_hypothesis():
+def require_hypothesis():
     try:
         import hypothesis  # noqa: F401
     except ImportError:
@@ -98,7 +98,7 @@ def _longer_prefix(request: RequestSpec, tokens: int) -> RequestSpec:
 
 def scenarios(max_requests: int = 5):
     """A Hypothesis strategy of valid scenarios (``ConfigError`` ones are filtered out)."""
-    _require_hypothesis()
+    require_hypothesis()
     from hypothesis import strategies as st
 
     @st.composite
@@ -232,25 +232,32 @@ def situations(scenario: Scenario) -> set[str]:
 SITUATIONS = ("gather", "gather-split", "preemption", "padded", "padded-after-preemption", "eagle-hit", "helix")
 
 
-def situation_fractions(examples: int, seed: int = 0) -> dict[str, float]:
+def situation_fractions(examples: int, seed: int = 0, pd: bool = False) -> dict[str, float]:
     """The fraction of ``examples`` drawn scenarios (as ``find_failure`` draws them, nothing
-    run) that exercise each of ``SITUATIONS``."""
-    _require_hypothesis()
+    run) that exercise each of ``SITUATIONS`` (``pd``: of ``fuzz_pd.PD_SITUATIONS``, over the
+    P/D strategy)."""
+    require_hypothesis()
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 
-    counts = dict.fromkeys(SITUATIONS, 0)
+    if pd:
+        from dcpsim.campaigns.fuzz_pd import PD_SITUATIONS, pd_scenarios, pd_situations
+
+        names, strategy, classify = PD_SITUATIONS, pd_scenarios(), pd_situations
+    else:
+        names, strategy, classify = SITUATIONS, scenarios(), situations
+    counts = dict.fromkeys(names, 0)
     drawn = [0]
 
     def tally(scenario: Scenario) -> bool:
         drawn[0] += 1
-        for name in situations(scenario):
+        for name in classify(scenario):
             counts[name] += 1
         return False
 
     with hypothesis_storage(cache_dir("hypothesis")), contextlib.suppress(NoSuchExample):
         find(
-            scenarios(),
+            strategy,
             tally,
             settings=settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck)),
             random=random.Random(seed),
@@ -275,13 +282,17 @@ def accepted_by(engine: EngineChoice | None):
 
 
 def describe(scenario: Scenario) -> str:
-    """One drawn scenario in a line: ``fuzz-window W=3 I=2 k=1: 2 requests, 143 tokens``."""
+    """One drawn scenario in a line: ``fuzz-window W=3 I=2 k=1: 2 requests, 143 tokens``; a P/D
+    one with its connector and instances: ``fuzz-pd-mla nixl W=2 PCP=2->4 k=1: ...``."""
     c = scenario.config
     tokens = sum(r.prompt_len + r.output_len for r in scenario.requests)
-    return (
-        f"{scenario.name} W={c.decode_context_parallel_size} I={c.cp_kv_cache_interleave_size} "
-        f"k={c.num_speculative_tokens}: {plural(len(scenario.requests), 'request')}, {plural(tokens, 'token')}"
-    )
+    pd = scenario.disaggregated
+    what = f"{plural(len(scenario.requests), 'request')}, {plural(tokens, 'token')}"
+    if pd is not None:
+        pcp = pd.prefill.prefill_context_parallel_size
+        sizes = f"W={pd.prefill.decode_context_parallel_size}{f' PCP={pcp}' if pcp > 1 else ''}->{pd.decode.decode_context_parallel_size}"
+        return f"{scenario.name} {pd.kv_connector} {sizes} k={c.num_speculative_tokens}: {what}"
+    return f"{scenario.name} W={c.decode_context_parallel_size} I={c.cp_kv_cache_interleave_size} k={c.num_speculative_tokens}: {what}"
 
 
 def check(scenario: Scenario, inject: str | None = None, engine: EngineChoice | None = None):
@@ -312,24 +323,32 @@ def find_failure(
     engine: EngineChoice | None = None,
     storage: Path | None = None,
     on_example=None,
+    pd: bool = False,
 ) -> Scenario | None:
     """The minimal scenario whose run fails (with ``inject`` on), or None if none was found.
+    ``pd``: draw disaggregated prefill/decode runs (``fuzz_pd``; ``inject`` a P/D fault).
 
     ``storage``: where Hypothesis keeps its files (default ``$DCPSIM_CACHE/hypothesis``).
     ``on_example(scenario, report, seconds)`` is called after every example's run: the
     search, then (after the first failure) each attempt to shrink it.
     """
-    _require_hypothesis()
+    require_hypothesis()
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 
     searched, failing = [0], [False]
+    if pd:  # P/D runs: drawn by their own strategy, each on a gloo world
+        from dcpsim.campaigns.fuzz_pd import check_pd, pd_scenarios
+
+        strategy, run = pd_scenarios(engine=engine, inject=inject), check_pd
+    else:
+        strategy, run = scenarios().filter(accepted_by(engine)), check
 
     def fails(scenario: Scenario) -> bool:
         if not failing[0] and searched[0] >= max_examples:
             return False  # the search runs at most max_examples schedules, whatever Hypothesis asks
         start = time.perf_counter()
-        report = check(scenario, inject, engine)
+        report = run(scenario, inject, engine)
         searched[0] += not failing[0]
         failing[0] = failing[0] or not report.passed
         if on_example is not None:
@@ -339,7 +358,7 @@ def find_failure(
     with hypothesis_storage(storage or cache_dir("hypothesis")):
         try:
             return find(
-                scenarios().filter(accepted_by(engine)),
+                strategy,
                 fails,
                 settings=settings(
                     max_examples=max_examples,

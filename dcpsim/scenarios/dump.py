@@ -76,6 +76,9 @@ def scenario_to_dict(s: Scenario) -> dict:
     if s.aliases:
         out["aliases"] = [{"names": [n], "target": t} for n, t in s.aliases.items()]
     out["requests"] = [_request_dict(r) for r in s.requests]
+    if s.disaggregated is not None:
+        pd = s.disaggregated
+        out["disaggregated"] = {"kv_connector": pd.kv_connector, "prefill": _non_default(pd.prefill), "decode": _non_default(pd.decode)}
     return out
 
 
@@ -104,4 +107,10 @@ def scenario_to_toml(s: Scenario, header: str = "") -> str:
         for entry in d.get(table, []):
             lines += ["", f"[[{table}]]"]
             lines += [f"{k} = {_toml_value(v)}" for k, v in entry.items()]
+    if "disaggregated" in d:
+        pd = d["disaggregated"]
+        lines += ["", "[disaggregated]", f"kv_connector = {_toml_value(pd['kv_connector'])}"]
+        for role in ("prefill", "decode"):
+            lines += ["", f"[disaggregated.{role}]"]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in pd[role].items()]
     return "\n".join(lines) + "\n"

@@ -141,3 +141,17 @@ def test_unsupported_groups_and_flags_are_exit_2(capsys, tmp_path):
     assert "P/D faults: nixl-stride-by-dcp" in capsys.readouterr().err
     assert main(["run", "pd-dsv3", "--inject", "reshard-ignores-interleave"]) == 2
     assert "the fault is in the resharding connector; this run uses kv_connector = nixl" in capsys.readouterr().err
+
+
+def test_a_written_scenario_keeps_its_disaggregated_table():
+    """``scenario_to_toml`` writes ``[disaggregated]`` back (a shrunk ``fuzz --pd`` failure reruns as P/D)."""
+    from dcpsim.scenarios.dump import scenario_to_dict, scenario_to_toml
+
+    s = load_scenario("pd-dsv3")
+    data = pd_data(kv_connector="resharding", prefill={"decode_context_parallel_size": 2, "cp_kv_cache_interleave_size": 2})
+    changed = scenario_from_dict(data, source="x")
+    for original in (s, changed):
+        again = scenario_from_dict(tomllib.loads(scenario_to_toml(original)), source="written")
+        assert again.disaggregated == original.disaggregated and again.requests == original.requests
+        assert scenario_from_dict(scenario_to_dict(original), source="dict").disaggregated == original.disaggregated
+    assert changed.disaggregated.prefill.cp_kv_cache_interleave_size == 2
