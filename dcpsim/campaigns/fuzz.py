@@ -169,15 +169,15 @@ def scenarios(max_requests: int = 5):
         if family == "full" and not revisit and draw(st.integers(0, 4)) == 0:  # drawn last, as the drafter
             # Helix's layout (semantics section 15), with what it cannot express switched off; pools
             # for every request at once (a recomputation after a pressure preemption is not modelled)
+            # (drafts kept: verify rows of 1 + d tokens straddle Helix's decode blocks, class 51)
             config = dataclasses.replace(
                 config,
                 kv_cache_layout="helix",
-                num_speculative_tokens=0,
                 speculative_method="ngram",
                 enable_prefix_caching=False,
                 max_cudagraph_capture_size=0,
             )
-            requests = [dataclasses.replace(r, preempt_at_steps=(), acceptance=(), prefix=None, shared_prefix_len=0) for r in requests]
+            requests = [dataclasses.replace(r, preempt_at_steps=(), prefix=None, shared_prefix_len=0) for r in requests]
             pool_tokens = None
         return Scenario(
             name=f"fuzz-{family}",
@@ -200,7 +200,7 @@ def situations(scenario: Scenario) -> set[str]:
     ``padded-after-preemption`` (such a step after a preemption), ``eagle-hit`` (a prefix-cache
     hit of an EAGLE drafter's run, which drops the hit's last block) and ``helix`` (Helix's layout
     with a request that decodes past a prompt whose length is not a multiple of ``B * W``, where it
-    differs from vLLM's). Measured over many draws by
+    differs from vLLM's), ``helix-verify`` (Helix with drafts: verify rows of ``1 + d`` tokens). Measured over many draws by
     ``tests/unit/campaigns/test_fuzz_situations.py`` and ``benchmarks/bench_fuzz_situations.py``."""
     engine = ReferenceEngine()
     geometries = engine.geometries(scenario.layers, scenario.config)
@@ -209,6 +209,8 @@ def situations(scenario: Scenario) -> set[str]:
         span = min(g.block_size for g in geometries) * scenario.config.decode_context_parallel_size
         if any(r.prompt_len % span and r.output_len > 1 for r in scenario.requests):
             found.add("helix")
+        if scenario.config.num_speculative_tokens and any(r.output_len > 1 for r in scenario.requests):
+            found.add("helix-verify")
     for plan in Scheduler(scenario, engine, geometries).plans():
         if any(e.kind is EventKind.PREEMPTED for e in plan.events):
             found.add("preemption")
@@ -229,7 +231,7 @@ def situations(scenario: Scenario) -> set[str]:
     return found
 
 
-SITUATIONS = ("gather", "gather-split", "preemption", "padded", "padded-after-preemption", "eagle-hit", "helix")
+SITUATIONS = ("gather", "gather-split", "preemption", "padded", "padded-after-preemption", "eagle-hit", "helix", "helix-verify")
 
 
 def situation_fractions(examples: int, seed: int = 0, pd: bool = False) -> dict[str, float]:

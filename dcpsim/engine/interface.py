@@ -116,6 +116,21 @@ class Engine:
         """Block-table entries a request of ``num_tokens`` tokens holds in the group."""
         raise NotImplementedError
 
+    def max_admissible_tokens(self, geometries: list[GroupGeometry], pool_sizes: Sequence[int]) -> int | None:
+        """The longest request, in logical tokens (``prompt_len + output_len + k``: every slot
+        its furthest step may take, as the pool-fit check counts it), the engine admits given the
+        pools it holds: ``pool_sizes[g]`` blocks per rank in group ``g`` (besides the null block).
+        None: no length is refused (no group holds a request's whole context). The rule
+        (semantics section 8, class 53): a request's logical tokens count once against the
+        logical capacity, each block a manager block of tokens (``B * W`` for a DCP-sharded
+        group, ``B`` for a replicated one; a rank's rows times ``W`` or 1), over the groups that
+        hold a request's whole context (full attention, MLA, compressed records; a window, a
+        chunk, a ring or a Mamba state holds a bounded share of any request), the tightest
+        group deciding. dcpsim's scheduler never admits a longer request; the checker judges
+        the number before the first step (``verify.admission``). Optional: an engine without it
+        (its scheduler admits by its own rules) is not judged."""
+        raise NotImplementedError
+
     def first_needed_position(self, geometry: GroupGeometry, num_committed: int) -> int:
         """After ``num_committed`` committed tokens, positions below this one are no longer
         needed by attention (sliding window, chunk, ring); 0 for full attention."""
@@ -415,6 +430,7 @@ ENGINE_DECISIONS = (
     "group_geometry",
     "make_scheduler",
     "blocks_needed",
+    "max_admissible_tokens",
     "first_needed_position",
     "num_released_blocks",
     "prefix_block_tokens",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 
 import numpy as np
 import torch
@@ -91,6 +92,22 @@ class ReferenceEngine(Engine):
             # token (1 + k in 'none' mode, where a block covers max_model_len tokens)
             return cdiv(num_tokens, geometry.manager_block_size) + geometry.spec.num_speculative_blocks
         return cdiv(num_tokens, geometry.manager_block_size)
+
+    def max_admissible_tokens(self, geometries, pool_sizes) -> int | None:
+        # logical tokens once against the logical capacity: a block of a group that holds the
+        # whole context is a manager block of tokens (B * W sharded, B replicated)
+        limits = [
+            self._admissible(g, n)
+            for g, n in zip(geometries, pool_sizes)
+            if g.retention is Retention.FULL and g.storage in (Storage.PAGED, Storage.RECORDS)
+        ]
+        return min(limits, default=None)
+
+    def _admissible(self, g: GroupGeometry, blocks: int) -> int:
+        """The longest request ``blocks`` blocks of group ``g`` hold."""
+        if isinstance(g, HelixGeometry):  # helix_blocks_needed: one spare entry a row
+            return max(0, blocks - 1) * g.block_size * g.dcp_size
+        return blocks * g.manager_block_size
 
     def first_needed_position(self, geometry: GroupGeometry, num_committed: int) -> int:
         if geometry.retention in (Retention.WINDOW, Retention.CHUNK):
@@ -178,6 +195,30 @@ class ReferenceEngine(Engine):
         )
         return slots, positions
 
+    def _helix_step_rows(self) -> dict:
+        """(thread, group, rank) -> (request id, start, tokens, prefill) of each write of the
+        group's current step on that rank (Helix): a verify mask is asked by (context, tokens)
+        alone, and Helix places a row's keys by its request's prompt length. By thread too: ranks
+        run as threads of one process share the engine (``--in-process``)."""
+        return self.__dict__.setdefault("_helix_step_row_list", {})
+
+    def spec_decode_mask(self, geometry, context_lens, query_lens, dcp_rank):
+        if not isinstance(geometry, HelixGeometry):
+            return super().spec_decode_mask(geometry, context_lens, query_lens, dcp_rank)
+        # the verify rows the worker asks about: the step's decode rows of 1 <= q <= 1 + k tokens past a context
+        q_max = 1 + geometry.num_speculative_tokens
+        step = self._helix_step_rows().get((threading.get_ident(), geometry.group_id, dcp_rank), ())
+        rows = [(r, s, n) for r, s, n, prefill in step if not prefill and s > 0 and 1 <= n <= q_max]
+        asked = list(zip(np.asarray(context_lens, np.int64).tolist(), np.asarray(query_lens, np.int64).tolist()))
+        if [(s, n) for _, s, n in rows] != asked:
+            raise ValueError(f"Helix verify mask asked for rows {asked}, the step's verify rows are {[(s, n) for _, s, n in rows]}")
+        out = []
+        for request_id, c, q in rows:  # a verify row of 1 + d tokens: d its request's own drafts
+            P, B, W = self.helix_prompt_len(request_id), geometry.block_size, geometry.dcp_size
+            positions, _ = helix_local_keys(c + q, prompt_len=P, block_size=B, dcp_size=W, dcp_rank=dcp_rank)
+            out.append(positions[None, :] <= c + np.arange(q, dtype=np.int64)[:, None])
+        return out
+
     def _helix_rows(self) -> dict:
         """(group, first block id of a row) -> the request writing through it (Helix): with
         prefix caching off a live request's blocks are its own, so attention, which is handed a
@@ -185,6 +226,9 @@ class ReferenceEngine(Engine):
         return self.__dict__.setdefault("_helix_row_requests", {})
 
     def step_write_slots(self, geometry, writes, block_rows, dcp_rank):
+        if isinstance(geometry, HelixGeometry):  # the step's rows, for its verify mask (spec_decode_mask)
+            step = [(w.request_id, w.start, len(w.contents), w.prefill) for w in writes]
+            self._helix_step_rows()[(threading.get_ident(), geometry.group_id, dcp_rank)] = step
         # a paged or compressed group's runs mapped in one vectorized pass (the reference's
         # write_slots, so only when this engine keeps it); anything the per-write mapping
         # would reject goes through it, which raises as it does

@@ -58,6 +58,7 @@ OPTIONAL_DECISIONS = (
     "step_write_slots",
     "make_scheduler",
     "check_scenario",
+    "max_admissible_tokens",
     "context_gather",
     "spec_decode_mask",
     "prefix_hit_tokens",

@@ -37,6 +37,7 @@ from dcpsim.harness.progress import NO_PROGRESS, Progress
 from dcpsim.harness.rank_report import rank_report
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder
 from dcpsim.model.plan import StepPlan
+from dcpsim.verify.admission import judge_admission
 from dcpsim.verify.attention import AttentionVerifier
 from dcpsim.verify.check import Checker, StaleFailure
 from dcpsim.verify.geometry import expected_groups
@@ -139,7 +140,7 @@ class RankRun:
     def run(self) -> RunReport:
         """Every step in turn until the first failure; the rank's report."""
         try:
-            failure = self.steps()
+            failure = self.admission() or self.steps()
         except EngineError as exc:  # the scheduler's: every rank's, at the same step
             failure = self.engine_failure(exc)
         if failure is None and self.batched and self.checker.pending:  # the last step always exchanges; a safeguard
@@ -147,6 +148,14 @@ class RankRun:
         if failure is not None and self.world.rank == 0:  # rank 0's verdict is the report's
             self.rec.failure(failure)
         return rank_report(self, failure)
+
+    def admission(self) -> Failure | None:
+        """Before the first step: the checker judges the longest request the engine admits (its
+        scheduler's ``Engine.max_admissible_tokens``) against the pools the stores hold."""
+        if not getattr(self.scheduler, "admission_decided", False):
+            return None
+        blocks = [self.view.store_shape(s)[0] - 1 for s in self.checker.store_of]  # less the null block
+        return judge_admission(self.groups, blocks, self.job.scenario, self.scheduler.admission_limit, self.world.rank)
 
     def steps(self) -> Failure | None:
         """The schedule's steps in turn; the first failure, or None."""

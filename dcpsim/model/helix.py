@@ -18,6 +18,14 @@ block-table row it is the slot ``row[s // B] * B + s % B`` (one manager block id
 position on a rank, with gaps (the partial prompt block's tail, the unfilled part of the
 newest decode block), so attention reads a rank's keys in order with those gaps masked.
 
+Speculative decoding: a verify row of request ``r`` carries ``1 + d`` tokens, ``d`` the drafts
+``r`` runs this step (``min(k, tokens left - 1)``, so rows of one step differ), at positions
+``start + [0, 1 + d)``; each is decode token ``p - P`` and goes where that decode token goes, so
+a row crossing a multiple of ``B`` decode tokens straddles two blocks and two ranks. Rejected
+drafts roll back: the accepted count sets the next row's start, and the rolled-back tokens'
+places are taken again by the tokens accepted there later (a decode token's place depends on
+its count from the first decode step alone, never on the step that wrote it).
+
 The decode block of a decode token is TensorRT-LLM's
 ``(max(1, iteration) - 1) // tokens_per_block`` for the decode iteration ``t + 1``
 (``decode_block_of``); the clamp keeps the first iteration, which may be counted as 0, on
@@ -146,16 +154,16 @@ def helix_blocks_needed(num_tokens: int, block_size: int, dcp_size: int) -> int:
 
 def check_helix_config(config) -> None:
     """Refuse what Helix cannot express in dcpsim under ``kv_cache_layout = "helix"``
-    (``ConfigError`` naming the field): PCP, speculative decoding, prefix caching, CUDA-graph
-    padding (dummy requests without a prompt), a draft model. Any other value than ``vllm``
-    and ``helix`` is refused too."""
+    (``ConfigError`` naming the field): PCP, prefix caching, CUDA-graph padding (dummy requests
+    without a prompt), a draft model. Any other value than ``vllm`` and ``helix`` is refused
+    too. Speculative decoding runs: a verify row's ``1 + d`` tokens are decode tokens placed as
+    any other (module docstring)."""
     if config.kv_cache_layout not in KV_CACHE_LAYOUTS:
         raise ConfigError(f"kv_cache_layout must be one of {', '.join(KV_CACHE_LAYOUTS)}, got {config.kv_cache_layout!r}")
     if config.kv_cache_layout != "helix":
         return
     refused = (
         ("prefill_context_parallel_size", config.prefill_context_parallel_size != 1, "1"),
-        ("num_speculative_tokens", config.num_speculative_tokens != 0, "0 (no speculative decoding)"),
         ("enable_prefix_caching", config.enable_prefix_caching, "false (a cached block's placement depends on its first request)"),
         ("max_cudagraph_capture_size", config.max_cudagraph_capture_size != 0, "0 (padding requests have no prompt)"),
         ("draft_layers", bool(config.draft_layers), "empty (no draft model)"),

@@ -6,7 +6,9 @@ context before the step is ``c``. Query token ``j`` may attend exactly the keys 
 in local order: the positions ``p < c + q`` whose run of ``I`` is the rank's (run ``p // I``
 belongs to rank ``(p // I) % W``), ascending. So the expected mask of a row is
 ``position(local key l) <= c + j``, derived here from the scenario's ``W`` and ``I`` alone;
-nothing calls the engine's layout math. A key the mask shows that comes after the query is a
+nothing calls the engine's layout math. Under Helix the rank's keys are those its layout gives
+it (``verify.helix.helix_rank_positions``: a verify row of ``1 + d`` tokens may straddle a block
+boundary, so its tokens' keys land on two ranks). A key the mask shows that comes after the query is a
 leak (the token reads a later draft); a key it hides that the query must see is a lost key.
 """
 
@@ -18,21 +20,25 @@ import numpy as np
 
 from dcpsim.model.plan import SpecDecodeMask, StepPlan
 from dcpsim.verify.geometry import ExpectedGroup
+from dcpsim.verify.helix import helix_rank_positions
 
 MAX_KEPT = 20
 
 
-def rank_key_positions(group: ExpectedGroup, length: int, rank: int) -> np.ndarray:
-    """The positions ``< length`` that rank ``rank`` holds, in its local order (ascending)."""
+def rank_key_positions(group: ExpectedGroup, length: int, rank: int, request_id: str | None = None) -> np.ndarray:
+    """The positions ``< length`` that rank ``rank`` holds, in its local order (ascending);
+    under Helix request ``request_id``'s (``verify.helix``: its prompt length places them)."""
+    if group.helix:
+        return helix_rank_positions(group.prompt_len(request_id), length, rank, group.block_size, group.dcp_size)
     W, I = group.dcp_size, group.interleave_size
     runs = np.arange(rank, -(-length // I), W, dtype=np.int64)  # the rank's runs: r, r + W, ...
     positions = (runs[:, None] * I + np.arange(I, dtype=np.int64)[None, :]).reshape(-1)
     return positions[positions < length]
 
 
-def expected_visible(group: ExpectedGroup, context: int, q: int, rank: int) -> np.ndarray:
+def expected_visible(group: ExpectedGroup, context: int, q: int, rank: int, request_id: str | None = None) -> np.ndarray:
     """``[q, n]`` bool: query token ``j`` (position ``context + j``) may see local key ``l``."""
-    keys = rank_key_positions(group, context + q, rank)
+    keys = rank_key_positions(group, context + q, rank, request_id)
     return keys[None, :] <= context + np.arange(q, dtype=np.int64)[:, None]
 
 
@@ -87,14 +93,14 @@ class MaskJudge:
         self._add(mismatch)
 
     def _judge_row(self, plan: StepPlan, group: ExpectedGroup, rid: str, c: int, q: int, have: np.ndarray) -> None:
-        want = expected_visible(group, c, q, self.rank)
+        want = expected_visible(group, c, q, self.rank, rid)
         if have.shape != want.shape:
             self._add(MaskMismatch(self.rank, plan.step, group.name, rid, c, None, 0, 0, f"{have.shape}, expected {want.shape}"))
             return
         wrong = have != want
         if not wrong.any():
             return
-        keys = rank_key_positions(group, c + q, self.rank)
+        keys = rank_key_positions(group, c + q, self.rank, rid)
         leaks, hidden = int((have & ~want).sum()), int((~have & want).sum())
         j, col = np.argwhere(wrong)[0]
         self._add(MaskMismatch(self.rank, plan.step, group.name, rid, c + int(j), int(keys[col]), leaks, hidden))

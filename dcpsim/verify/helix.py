@@ -5,7 +5,10 @@ engine's arithmetic (``dcpsim.model.helix``): the request's blocks are listed in
 they reach the ranks (the prompt's ``cdiv(P, B)`` blocks dealt round-robin at the transfer,
 then one decode block per ``B`` decode iterations, on the rank TensorRT-LLM's
 ``((max(1, iteration) - 1) // tokens_per_block) % cp`` names for the iteration
-``p - P + 1`` of its first token), and each rank numbers the blocks it receives in
+``p - P + 1`` of its first token; under speculative decoding that count is the decode
+tokens accepted before it, so a verify row of ``1 + d`` tokens may straddle two blocks and two
+ranks, and a rolled-back draft's place is taken again by the token accepted there later), and
+each rank numbers the blocks it receives in
 arrival order: its ``n``-th block holds local slot indices ``[n * B, (n + 1) * B)``. A
 position's local slot index is its block's number on its rank times ``B`` plus its
 place in the block. Read through the request's block-table row at ``row[s // B] * B + s % B``.
@@ -68,6 +71,13 @@ def helix_local_of(index: np.ndarray, prompt_len: int, block_size: int, dcp_size
     return local[index]
 
 
+def helix_rank_positions(prompt_len: int, length: int, rank: int, block_size: int, dcp_size: int) -> np.ndarray:
+    """The positions ``< length`` rank ``rank`` holds, ascending (its local order): the keys a
+    verify row ending at ``length`` reads there."""
+    owner, _ = helix_map(prompt_len, length, block_size, dcp_size)
+    return np.flatnonzero(owner == rank).astype(np.int64)
+
+
 def helix_held_below(lengths, rank: int, prompt_len: int, block_size: int, dcp_size: int) -> tuple[np.ndarray, np.ndarray]:
     """For each length ``L``: (keys ``< L`` rank ``rank`` holds, local blocks they span, i.e.
     one past the block of the last of them; 0 for none)."""
@@ -127,4 +137,11 @@ def helix_metadata(group, plan: StepPlan, rows: dict, rank: int, prompt_len_of, 
     )
 
 
-__all__ = ["helix_held_below", "helix_local_of", "helix_map", "helix_metadata", "helix_owner_of"]
+__all__ = [
+    "helix_held_below",
+    "helix_local_of",
+    "helix_map",
+    "helix_metadata",
+    "helix_owner_of",
+    "helix_rank_positions",
+]

@@ -49,6 +49,9 @@ class FailureKind(enum.StrEnum):
     PD_NOTIFICATION = "pd-notification"
     """P/D: a decode rank was never notified of a prompt's transfer, or of the wrong entry counts
     (``harness.pd.judge_notices``)."""
+    ADMISSION = "admission"
+    """The longest request the engine admits (``Engine.max_admissible_tokens``) refuses a request
+    of the scenario its pools hold, or exceeds what they hold (``verify.admission``)."""
     ENGINE_ERROR = "engine-error"
     """The engine under test raised on a valid input (its scheduler refused or crashed at a
     step every rank reached alike)."""

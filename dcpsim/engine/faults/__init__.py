@@ -5,7 +5,7 @@ one ``Engine`` method: grouping (``kv_cache_groups``), geometry (``group_geometr
 prefix key, a release, the slots of a write, a query bound, a shard's LSE or a top-k. It never
 touches the checker, which derives its expectation from the scenario alone. One module per
 family (``layout``, ``prefix``, ``metadata``, ``attention``, ``mamba``, ``draft``, ``pcp``,
-``pd``, ``sparse``); ``registry`` maps names to faults, so a new bug class is one new entry, and
+``pd``, ``sparse``, ``admission``); ``registry`` maps names to faults, so a new bug class is one new entry, and
 ``python -m dcpsim selftest`` runs every registered fault where it applies (see
 ``Fault.needs``, ``Fault.configs`` and ``Fault.scenarios``).
 """

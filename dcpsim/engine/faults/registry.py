@@ -7,6 +7,7 @@ every registered one where it applies. A new bug class is one new entry.
 
 from __future__ import annotations
 
+from dcpsim.engine.faults.admission import AdmissionLimitPerRankRows
 from dcpsim.engine.faults.attention import (
     AllEmptyRowsMergeNan,
     EmptyShardLseFinite,
@@ -21,6 +22,7 @@ from dcpsim.engine.faults.base import Fault
 from dcpsim.engine.faults.draft import DraftDropsDcp, DraftIndptrFromGlobalLens
 from dcpsim.engine.faults.gather import ContextGatherWholeLocalLen
 from dcpsim.engine.faults.helix import HelixDecodeOwnerUnclamped
+from dcpsim.engine.faults.helix_verify import HelixVerifyFixedDraftLen
 from dcpsim.engine.faults.layout import (
     AdmissionCapacityUnscaled,
     ForeignBlock,
@@ -136,6 +138,8 @@ FAULTS: dict[str, Fault] = {
         GatheredHeadsGqaRemapped(),
         NonOwnerSkipsQueryRows(),
         HelixDecodeOwnerUnclamped(),
+        HelixVerifyFixedDraftLen(),
+        AdmissionLimitPerRankRows(),
     )
 }
 

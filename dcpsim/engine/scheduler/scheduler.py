@@ -111,6 +111,12 @@ def pool_sizes(scenario: Scenario, engine: Engine, geometries: list[GroupGeometr
 
 
 class Scheduler:
+    admission_decided = False
+    """Whether the engine made ``Engine.max_admissible_tokens`` (then ``admission_limit`` is
+    its answer, which this scheduler applies and the checker judges before the first step); a
+    scheduler that admits by its own rules (vLLM's) leaves both unset."""
+    admission_limit: int | None = None
+    """The longest request (logical tokens, ``request_tokens``) this scheduler admits; None: any."""
     block_pool_class = BlockPool
     prefix_cache_class = PrefixCache
     """The parts the scheduler builds. Their prefix-cache decisions are methods
@@ -149,6 +155,11 @@ class Scheduler:
         """Blocks in each group's pool besides the null block: what each group's KV store holds."""
         self.managers = [make_manager(g, self.block_pool_class(n), self.engine) for g, n in zip(self.geometries, self.pool_sizes)]
         self._check_fits()
+        try:
+            self.admission_limit = self.engine.max_admissible_tokens(self.geometries, self.pool_sizes)
+            self.admission_decided = True
+        except NotImplementedError:  # an engine without the decision: admitted by the pools alone
+            pass
         use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in self.geometries)
         eagle = eagle_groups([g.draft for g in self.geometries], self.config.eagle_drop)
         self.prefix_cache = self.prefix_cache_class(self.managers, self.engine, eagle=eagle) if use_prefix else None
@@ -171,6 +182,15 @@ class Scheduler:
                         f"{m.geometry.name} but its pool has {m.pool.num_blocks} "
                         "(raise num_gpu_blocks)"
                     )
+
+    def request_tokens(self, req: Request) -> int:
+        """A request's logical tokens as admission counts them: ``prompt_len + output_len + k``
+        (every slot its furthest step may take, as ``_check_fits`` counts them)."""
+        return req.spec.prompt_len + req.spec.output_len + self.config.num_speculative_tokens
+
+    def refused(self, req: Request) -> bool:
+        """Whether the engine's admission limit (``Engine.max_admissible_tokens``) refuses ``req``."""
+        return self.admission_limit is not None and self.request_tokens(req) > self.admission_limit
 
     def external_tokens(self, req: Request) -> int:
         """Tokens of ``req`` whose KV a connector loads on admission (vLLM's
@@ -254,10 +274,10 @@ class Scheduler:
         self.stats["steps"] = self.step_index
         if not scheduled and not self.running and self.waiting and not preempted:
             stuck = self.waiting[0]
-            raise ConfigError(
-                f"request {stuck.request_id!r} can never be admitted: not enough free blocks "
-                "or token budget (raise num_gpu_blocks or max_num_batched_tokens)"
-            )
+            why = "not enough free blocks or token budget (raise num_gpu_blocks or max_num_batched_tokens)"
+            if self.refused(stuck):
+                why = f"its {self.request_tokens(stuck)} tokens exceed the {self.admission_limit} the engine admits (max_admissible_tokens)"
+            raise ConfigError(f"request {stuck.request_id!r} can never be admitted: {why}")
         return StepPlan(
             step=s,
             writes=tuple(writes),
@@ -316,6 +336,8 @@ class Scheduler:
         allow, each with what the connector loads or the prefix cache hits first."""
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            if self.refused(req):  # never admitted: it waits, and so does every request behind it
+                break
             hit, external = self._start_from_cache(req)
             n, drafts = self._tokens_for(req, budget)
             if not self._try_allocate(req, req.num_computed + n):

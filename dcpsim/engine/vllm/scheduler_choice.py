@@ -24,6 +24,7 @@ SCHEDULER_SIDE = {
     "prefix_hit_tokens": f"{_MANAGER}.get_computed_blocks (its coordinator's find_longest_cache_hit; use_eagle: the EAGLE drop)",
     "prefix_hash_block_size": "vllm vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes",
     "prefix_key_position": "vllm vllm.v1.core.kv_cache_utils.get_request_block_hasher (vLLM's block hashes)",
+    "max_admissible_tokens": f"not made: {_MANAGER}.allocate_slots admits by its free blocks (not judged)",
 }
 """Who makes the scheduler-side decisions under ``--vllm-scheduler manager``."""
 _SCHEDULER = "vllm vllm.v1.core.sched.scheduler.Scheduler"

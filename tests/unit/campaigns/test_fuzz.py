@@ -102,8 +102,9 @@ def test_random_schedules_often_gather_a_context_in_pieces_and_pad_after_a_preem
         seen.append(drawn_situations(scenario))
 
     draw()
-    names = ("gather", "gather-split", "padded-after-preemption", "eagle-hit", "helix")
+    names = ("gather", "gather-split", "padded-after-preemption", "eagle-hit", "helix", "helix-verify")
     share = {name: sum(name in s for s in seen) / len(seen) for name in names}
     assert share["gather"] >= 0.5 and share["gather-split"] >= 0.2 and share["padded-after-preemption"] >= 0.01, share
     assert share["eagle-hit"] >= 0.02, share  # issue 30: an EAGLE drafter's hit (8.6% over 1,000 draws of seed 0)
     assert share["helix"] >= 0.01, share  # issue 30: Helix's layout where it differs from vLLM's
+    assert share["helix-verify"] >= 0.01, share  # and its verify rows (class 51)

@@ -139,7 +139,10 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
         "eagle-drop-every-group",
         "gathered-heads-gqa-remapped",
         "helix-decode-owner-unclamped",  # Helix's layout: helix-decode only
+        "helix-verify-fixed-draft-len",  # Helix with speculative decoding: helix-spec-decode only
+        "admission-limit-per-rank-rows",  # a request longer than one rank's rows, within the pool
     }
+    assert why["admission-limit-per-rank-rows"] == "not on dsv3 (applies on: llama4-chunked-prefix, llama4-scout, long-context-256k)"
     assert why["topk-tie-order"] == "not on dsv3 (applies on: dsv32-sparse)"
     assert why["pcp-gather-rank-local"] == "not on dsv3 (applies on: glm-pcp2-dcp2)"
     assert why["gathered-heads-gqa-remapped"] == "not on dsv3 (applies on: gqa-pcp2-heads)"
@@ -270,7 +273,8 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     eagle-hybrid-hit (an EAGLE prefix hit over two sharded groups) the hybrid lookup's margin,
     gqa-pcp2-heads (ranks holding several KV heads under DCP) the gathered heads' KV-head pairing,
     eagle-draft-hit (the drafter's layer in a KV-cache group of its own) the EAGLE drop in every group,
-    helix-decode (Helix's layout) the decode owner's step clamp."""
+    helix-decode (Helix's layout) the decode owner's step clamp, helix-spec-decode (Helix's verify
+    rows of 1 + d tokens, d per request) the fixed verify-row token count."""
     names = SMALL + [
         "qwen3-next-hybrid",
         "dsv3-mtp",
@@ -282,6 +286,7 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
         "gqa-pcp2-heads",
         "eagle-draft-hit",
         "helix-decode",
+        "helix-spec-decode",
     ]
     args = ["selftest", "--in-process", "--json", "--timeout", "10"] + [a for s in names for a in ("--scenario", s)]
     code = main(args)
@@ -310,6 +315,15 @@ def test_a_fault_of_vllms_layout_is_not_run_on_a_helix_scenario(name):
     assert FAULTS[name].layouts == ("vllm",)
     assert [r.outcome for r in plan_selftest([name], ["helix-decode"], dry_run=False).rows] == [NOT_APPLICABLE]
     assert any(c.fault == name for c in plan_selftest([name], ["dsv3"], dry_run=False).cases)
+
+
+def test_the_helix_verify_fault_runs_on_helix_spec_decode_only():
+    """Class 51 needs Helix, drafts and rows of different lengths: helix-spec-decode; helix-decode
+    (no drafts) is not applicable."""
+    assert {c.scenario for c in plan_selftest(["helix-verify-fixed-draft-len"], dry_run=False).cases if c.fault != BASELINE} == {
+        "helix-spec-decode"
+    }
+    assert [r.outcome for r in plan_selftest(["helix-verify-fixed-draft-len"], ["helix-decode"], dry_run=False).rows] == [NOT_APPLICABLE]
 
 
 def test_the_helix_fault_runs_only_on_helix():

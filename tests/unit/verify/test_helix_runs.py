@@ -82,7 +82,6 @@ def test_unclamped_decode_owner_fault_is_caught(W):
     "field,value,named",
     [
         ("prefill_context_parallel_size", 2, "prefill_context_parallel_size"),
-        ("num_speculative_tokens", 2, "num_speculative_tokens"),
         ("enable_prefix_caching", True, "enable_prefix_caching"),
         ("max_cudagraph_capture_size", 8, "max_cudagraph_capture_size"),
     ],
