@@ -5,6 +5,9 @@ so ranks that are threads of one process (``--in-process``) launch one kernel at
 ``mend_interpreter_bools``: three quirks of Triton 3.9's interpreter, mended in the
 interpreter (never in an engine's code). ``drop_dead_overflow_checks``: the interpreter's
 integer-overflow checks, which assert nothing outside debug mode, skipped for speed.
+``quicken_interpreter``: other per-operation and per-launch costs of the interpreter that
+change no result (a helper's re-patching of ``triton.language``, rebuilt block types, a dtype
+table rebuilt per call, an import on the first launch), cut.
 """
 
 from __future__ import annotations
@@ -101,3 +104,133 @@ def drop_dead_overflow_checks() -> None:
     builder = interpreter.interpreter_builder
     if not builder.options.debug and builder.options.sanitize_overflow:
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+
+
+_QUICK = False
+
+
+def quicken_interpreter() -> None:
+    """Four costs of Triton 3.9's interpreter that change no result, cut (process-wide,
+    idempotent; every loaded tree and the ranks' forkserver run it):
+
+    * Its first ``mangle_type`` (the first launch of a process) imports
+      ``triton.experimental.gluon``, about 0.1 s of every rank: imported here, once.
+    * ``_get_np_dtype`` (numpy dtype of a Triton type, asked by most interpreted
+      operations) builds a table of 19 types on every call: the answer for each scalar type
+      (a block's is its element's) is remembered.
+    * Every operation builds new ``tl.block_type`` objects for its result: one per
+      (element type, shape) is shared (``_share_block_types``).
+    * A ``@triton.jit`` helper called from a kernel (say vLLM's ``_load_ptr``) re-patches
+      ``triton.language`` on every call (``_patch_lang``: ``inspect.getmembers`` over the
+      language module, a tenth of a vLLM slot-mapping program) although the launch under way
+      has patched the same modules: the call skips it then. A helper whose module sees a
+      language module the launch has not patched is patched as Triton does. A launch's own
+      patching finds the language modules' builtins once (not with ``inspect.getmembers`` on
+      every launch).
+    """
+    global _QUICK
+    if _QUICK:
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter
+    from triton.runtime.jit import mangle_type
+
+    mangle_type(0)
+    interpreter._get_np_dtype = _remembering_np_dtype(interpreter._get_np_dtype, tl)
+    _share_block_types(interpreter, tl)
+    _skip_repatching(interpreter, tl)
+    _QUICK = True
+
+
+def _remembering_np_dtype(original, tl):
+    """``original`` (``_get_np_dtype``) remembered per scalar type."""
+    known: dict = {}
+
+    def get_np_dtype(tt_dtype):
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(scalar, tl.pointer_type):  # as Triton's: unhashable, always uint64
+            return np.dtype(np.uint64)
+        try:
+            return known[scalar]
+        except KeyError:
+            known[scalar] = found = original(scalar)
+            return found
+        except TypeError:  # an unhashable type: asked every time
+            return original(tt_dtype)
+
+    return get_np_dtype
+
+
+def _share_block_types(interpreter, tl) -> None:
+    """One ``tl.block_type`` object per (element type, shape of ints), shared by the
+    interpreter's operations (``InterpreterBuilder.get_block_ty``,
+    ``block_type.with_element_ty``) instead of a new one (its shape validated, its name
+    formatted) for every operation: a block type is a value, compared by its element type
+    and shape, never changed."""
+    made: dict = {}
+    block_type = tl.block_type
+
+    def shared(dtype, shape):
+        key = (dtype, shape if type(shape) is tuple else tuple(shape))
+        try:
+            found = made.get(key)
+        except TypeError:  # an unhashable element type (a pointer)
+            return block_type(dtype, shape)
+        if found is None:
+            if not all(type(d) is int for d in key[1]):  # kept only for shapes of ints
+                return block_type(dtype, shape)
+            found = made[key] = block_type(dtype, list(key[1]))
+        return found
+
+    interpreter.InterpreterBuilder.get_block_ty = lambda self, dtype, shape: shared(dtype, shape)
+    block_type.with_element_ty = lambda self, scalar_ty: shared(scalar_ty, self.shape)
+
+
+def _skip_repatching(interpreter, tl) -> None:
+    """A helper's call (``InterpretedFunction.__call__``) skips ``_patch_lang`` while the
+    launch under way (``GridExecutor``, through ``interpreter._patch_lang``) has patched every
+    language module its globals hold."""
+    original_patch_lang = interpreter._patch_lang
+    original_patch_builtin = interpreter._patch_builtin
+    under_way: list[frozenset] = []  # the language modules each launch under way patched, innermost last
+    langs: dict = {}
+    builtins: dict = {}  # per module or class: its builtins, as found outside any launch (nothing patched)
+
+    def patch_builtin(pkg, builder, scope):  # Triton's, with inspect.getmembers run once per pkg
+        if under_way:  # a helper's patching, over patched modules: as Triton does
+            return original_patch_builtin(pkg, builder, scope)
+        if pkg not in builtins:
+            builtins[pkg] = [(name, member) for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)]
+        for name, member in builtins[pkg]:
+            interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    def langs_of(fn) -> frozenset:
+        if fn not in langs:
+            langs[fn] = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        return langs[fn]
+
+    def patch_lang(fn):  # a launch's: patched until its scope is restored
+        scope = original_patch_lang(fn)
+        under_way.append(langs_of(fn))
+        restore = scope.restore
+
+        def restore_and_forget():
+            under_way.pop()
+            restore()
+
+        scope.restore = restore_and_forget
+        return scope
+
+    def call(self, *args, **kwargs):  # a helper's call from a kernel
+        mine = langs_of(self.fn)
+        if not (mine and under_way and mine <= under_way[-1]):
+            original_patch_lang(self.fn)  # as Triton: never restored
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    interpreter._patch_builtin = patch_builtin
+    interpreter._patch_lang = patch_lang
+    interpreter.InterpretedFunction.__call__ = call

@@ -12,7 +12,8 @@ import triton
 import triton.language  # noqa: F401 - imported once, in the forkserver
 
 from dcpsim.engine.loading.forkserver import run_asked
-from dcpsim.engine.loading.interpreter import mend_interpreter_bools
+from dcpsim.engine.loading.interpreter import mend_interpreter_bools, quicken_interpreter
 
 mend_interpreter_bools()
+quicken_interpreter()
 run_asked()

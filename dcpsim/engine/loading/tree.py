@@ -35,7 +35,7 @@ import types
 from pathlib import Path
 
 from dcpsim.engine.loading.code_cache import CachedSourceLoader
-from dcpsim.engine.loading.interpreter import drop_dead_overflow_checks, mend_interpreter_bools
+from dcpsim.engine.loading.interpreter import drop_dead_overflow_checks, mend_interpreter_bools, quicken_interpreter
 from dcpsim.engine.loading.placeholders import StubModule
 from dcpsim.errors import ConfigError
 
@@ -185,6 +185,7 @@ class SourceTree:
         os.environ["TRITON_INTERPRET"] = "1"
         mend_interpreter_bools()
         drop_dead_overflow_checks()  # a third of each interpreted kernel, asserting nothing
+        quicken_interpreter()  # costs of the interpreter that change no result
         finder = _Finder(self, set(names))
         before = {k: m for k, m in self._imported.items() if k not in names or not getattr(m, "__dcpsim_stub__", False)}
         with self._installed(finder, before):
