@@ -19,6 +19,16 @@ Two ways to move a prompt:
 * ``token_routes``: a re-sharding connector that moves every position on its own, so
   instances may differ in every size (W, I, B and PCP).
 
+A decode instance under Helix's layout (``kv_cache_layout = "helix"``, TensorRT-LLM; docs
+section 15) takes the prompt's blocks of ``B`` round-robin over its ``W`` ranks: prompt
+position ``p`` goes to rank ``(p // B) % W`` at local slot ``(p // (B * W)) * B + p % B``
+(``dcpsim.model.helix.helix_placement``; a prompt position's place does not depend on the
+prompt's length). ``InstanceLayout(kv_cache_layout="helix")`` is that layout, whatever
+interleave the instance's config names. It is vLLM's layout with ``I = B``, so NIXL's block
+matching pairs a vLLM prefill instance with ``I = B`` and a Helix decode instance exactly:
+global block ``g`` goes whole to rank ``g % W``, local block ``g // W``, which is where Helix
+puts prompt block ``g``.
+
 Both return ``Route`` lists (a source rank's local indices and where they go on one
 decode rank); ``routes_cover`` says whether routes deliver every position of the
 destination layout exactly once to its owner's local index.
@@ -32,6 +42,7 @@ import numpy as np
 
 from dcpsim.errors import ConfigError
 from dcpsim.model.arith import cdiv
+from dcpsim.model.helix import KV_CACHE_LAYOUTS, helix_placement
 from dcpsim.model.validate import check_int
 
 
@@ -43,12 +54,21 @@ class InstanceLayout:
     cp_kv_cache_interleave_size: int = 1
     block_size: int = 16
     prefill_context_parallel_size: int = 1
+    kv_cache_layout: str = "vllm"
+    """``helix``: a decode instance under Helix's layout (the module doc): one DCP group
+    (PCP 1), its prompt blocks round-robin, ``cp_kv_cache_interleave_size`` taken as ``B``."""
 
     def __post_init__(self) -> None:
         check_int("decode_context_parallel_size", self.decode_context_parallel_size, 1)
         check_int("cp_kv_cache_interleave_size", self.cp_kv_cache_interleave_size, 1)
         check_int("block_size", self.block_size, 1)
         check_int("prefill_context_parallel_size", self.prefill_context_parallel_size, 1)
+        if self.kv_cache_layout not in KV_CACHE_LAYOUTS:
+            raise ConfigError(f"kv_cache_layout must be one of {', '.join(KV_CACHE_LAYOUTS)}, got {self.kv_cache_layout!r}")
+        if self.kv_cache_layout == "helix":
+            if self.prefill_context_parallel_size != 1:
+                raise ConfigError('kv_cache_layout = "helix" needs prefill_context_parallel_size = 1 on the decode instance')
+            object.__setattr__(self, "cp_kv_cache_interleave_size", self.block_size)  # Helix deals whole blocks
 
     @property
     def cp_size(self) -> int:
@@ -64,13 +84,24 @@ class InstanceLayout:
         return pcp_rank * self.decode_context_parallel_size + dcp_rank
 
     def owner(self, positions) -> np.ndarray:
+        """The rank storing each prompt position."""
         pos = np.asarray(positions, dtype=np.int64)
+        if self.kv_cache_layout == "helix":
+            return self._helix(pos)[0]
         return (pos // self.cp_kv_cache_interleave_size) % self.cp_size
 
     def local_index(self, positions) -> np.ndarray:
+        """Each prompt position's local index (slot index) on its owner."""
         pos = np.asarray(positions, dtype=np.int64)
+        if self.kv_cache_layout == "helix":
+            return self._helix(pos)[1]
         n, i = self.cp_size, self.cp_kv_cache_interleave_size
         return (pos // (n * i)) * i + pos % i
+
+    def _helix(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Helix's (owner, local slot) of prompt positions: every one below the prompt's end."""
+        prompt_len = int(pos.max()) + 1 if pos.size else 0
+        return helix_placement(pos, prompt_len=prompt_len, block_size=self.block_size, dcp_size=self.decode_context_parallel_size)
 
     def positions_on(self, rank: int, num_tokens: int) -> np.ndarray:
         """The positions ``< num_tokens`` rank ``rank`` stores, in local order."""

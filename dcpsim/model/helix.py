@@ -178,13 +178,16 @@ def check_helix_scenario(groups, config, requests, disaggregated=None) -> None:
     """The scenario-level refusals of ``kv_cache_layout = "helix"``: every KV-cache group a
     DCP-sharded full-attention paged group (Helix deals whole blocks of ``B`` tokens: it reads
     no interleave, both sides take ``I = B``), no forced preemption (a recomputation would re-prefill
-    decode positions), no disaggregated run. ``groups``: ``(name, storage, retention,
-    sharded, block_size)`` of each group."""
+    decode positions). ``groups``: ``(name, storage, retention, sharded, block_size)`` of each
+    group.
+
+    A ``[disaggregated]`` run (``disaggregated``) is accepted: it takes Helix's layout on its
+    decode instance only (the prefill instance runs vLLM's: ``dcpsim.scenarios.pd.instance_scenario``),
+    and its connector delivers each prompt position to the rank and local slot
+    ``helix_placement`` gives it (``dcpsim.model.connector``)."""
     if config.kv_cache_layout != "helix":
         return
     head = 'kv_cache_layout = "helix"'
-    if disaggregated is not None:
-        raise ConfigError(f"{head}: a [disaggregated] run (the P/D relayout to Helix decode ranks) is not modelled")
     for name, storage, retention, sharded, _ in groups:
         if str(storage) != "paged" or str(retention) != "full" or not sharded:
             raise ConfigError(

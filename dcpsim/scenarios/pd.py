@@ -32,6 +32,14 @@ each when ``W > 1`` (vLLM 0.33.0: DCP spans the PCP group, transfer rank = ``pcp
 and one shard (``N = 1``, served by rank 0) when ``W = 1`` (replicated PCP). Under NIXL
 vLLM 0.33.0 accepts PCP + DCP only with ``W == pcp`` at TP 1, and never pairs replicated
 PCP with a DCP-sharded peer; ``check_disaggregation`` refuses the rest.
+
+Helix (``kv_cache_layout = "helix"`` in ``[config]``, docs section 15): the layout is the
+decode instance's; the prefill instance always runs vLLM's layout (TensorRT-LLM's Helix is a
+decode-side layout: prompts reach the decode ranks through the prefill-to-decode transfer).
+An instance table takes no ``kv_cache_layout`` (an unknown field, exit 2), so a Helix prefill
+instance cannot be asked for. Either connector carries the prompt to Helix's places
+(``dcpsim.model.connector``): ``resharding`` position by position, ``nixl`` in whole blocks
+(Helix's prompt layout is vLLM's with ``I = B``, which NIXL needs on both sides anyway).
 """
 
 from __future__ import annotations
@@ -151,6 +159,7 @@ def instance_scenario(scenario, role: str):
             tensor_parallel_size=inst.tensor_parallel_size,
             block_size=inst.block_size,
             cp_kv_cache_interleave_size=interleave,
+            kv_cache_layout="vllm" if role == "prefill" else None,  # Helix is the decode instance's layout (module doc)
         )
     )
     out = dataclasses.replace(out, name=f"{scenario.name}[{role}]", disaggregated=None)
@@ -174,6 +183,7 @@ def instance_layout(scenario, role: str):
         cp_kv_cache_interleave_size=sc.config.cp_kv_cache_interleave_size,
         block_size=smallest_block_size(sc.layers) or 1,
         prefill_context_parallel_size=pcp,
+        kv_cache_layout=sc.config.kv_cache_layout,
     )
 
 
