@@ -20,7 +20,7 @@ from dcpsim.engine.vllm.nixl_scheduler import PD_CONNECTOR_DECISION
 from dcpsim.engine.vllm.releases import NIXL_SCHEDULER, VLLM_RELEASES
 from dcpsim.errors import ConfigError
 from dcpsim.harness.pd import run_pd_batch
-from dcpsim.harness.pd_job import PDJob
+from dcpsim.harness.pd_job import PDJob, prepare_pd
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.scenarios.load import load_scenario, scenario_from_dict
 from dcpsim.scenarios.registry import builtin_scenario_names
@@ -49,7 +49,9 @@ EDGE = {
 
 
 def pd_builtins() -> list:
-    return [sc for sc in map(load_scenario, builtin_scenario_names()) if sc.disaggregated is not None]
+    """The P/D built-ins vLLM's engine runs (pd-helix is Helix's: the reference's only, below)."""
+    every = [sc for sc in map(load_scenario, builtin_scenario_names()) if sc.disaggregated is not None]
+    return [sc for sc in every if sc.config.kv_cache_layout == "vllm"]
 
 
 def vllm(source, mode: str) -> EngineChoice:
@@ -61,6 +63,8 @@ def vllm(source, mode: str) -> EngineChoice:
 def test_pd_builtins_get_the_reference_verdicts_under_vllms_scheduler(vllm_source, mode):
     scenarios = [*pd_builtins(), scenario_from_dict(EDGE, source="pd-edge.toml")]
     assert len(scenarios) >= 2
+    with pytest.raises(ConfigError, match='the decode instance: kv_cache_layout = "helix": engine vllm'):
+        prepare_pd(PDJob(load_scenario("pd-helix"), engine=vllm(vllm_source, mode)))
     world = WorldOptions(timeout=60)
     reference = run_pd_batch([PDJob(sc) for sc in scenarios], world=world)
     got = run_pd_batch([PDJob(sc, engine=vllm(vllm_source, mode)) for sc in scenarios], world=world)
