@@ -171,7 +171,7 @@ class Scheduler:
         ``pool_sizes``); vLLM's own admission gate (``full_sequence_must_fit``) counts the
         request's tokens without the lookahead."""
         for req in self.requests:
-            total = req.spec.prompt_len + req.spec.output_len + self.config.num_speculative_tokens
+            total = self.request_tokens(req)
             for m in self.managers:
                 need = blocks_per_request(self.engine, m.geometry, self.config, total)
                 if isinstance(m, StateManager):
