@@ -41,21 +41,27 @@ class LastPageFull(ReferenceEngine):
         return meta
 
 
-def helix(W: int, **changes):
+def helix(W: int, name: str = "helix-decode", **changes):
     from dcpsim.model.scenario import ScenarioOverrides
 
-    return load_scenario("helix-decode").with_overrides(ScenarioOverrides(decode_context_parallel_size=W, **changes))
+    return load_scenario(name).with_overrides(ScenarioOverrides(decode_context_parallel_size=W, **changes))
 
 
-@pytest.mark.parametrize("W", [1, 2, 3, 4, 8])
-def test_reference_passes_helix_decode(W):
-    report = run(helix(W))
+HELIX_RUNS = [("helix-decode", W) for W in (1, 2, 3, 4, 8)] + [("helix-spec-decode", W) for W in (1, 2, 3, 4)]
+"""The Helix built-ins and the sizes the reference passes them at (``helix-spec-decode``: verify
+rows of ``1 + d`` tokens, ``d`` per request; test_helix_spec_runs has its faults)."""
+
+
+@pytest.mark.parametrize("name, W", HELIX_RUNS)
+def test_reference_passes_the_helix_builtins(name, W):
+    report = run(helix(W, name))
     assert report.passed, report.failure
 
 
+@pytest.mark.parametrize("name", ["helix-decode", "helix-spec-decode"])
 @pytest.mark.parametrize("W", [2, 4])
-def test_reference_passes_helix_decode_with_attention_and_kernel_blocks(W):
-    report = run(helix(W, kernel_block_size=4), attention=True)
+def test_reference_passes_the_helix_builtins_with_attention_and_kernel_blocks(name, W):
+    report = run(helix(W, name, kernel_block_size=4), attention=True)
     assert report.passed and report.attention_checks > 0, report.failure
 
 
