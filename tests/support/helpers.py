@@ -16,9 +16,11 @@ from dcpsim.harness.dry_run import dry_run
 from dcpsim.harness.job import Job
 from dcpsim.harness.rank_run import run_rank
 from dcpsim.harness.runner import merge_rank_reports
+from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.scenario import ScenarioOverrides
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
+from dcpsim.verify.geometry import ExpectedGroup
 
 WRITE_PATH_FAULTS = [name for name, fault in FAULTS.items() if name != "none" and not fault.needs.get("attention")]
 """The registered faults that show without the attention check (scheduler and write path)."""
@@ -46,6 +48,24 @@ def builtin_names_at(W: int, *, helix: bool = False) -> list[str]:
             continue
         names.append(name)
     return names
+
+
+def expected_group(name="g", *, W=2, I=1, B=16, Bk=None, R=1, sharded=True, storage=Storage.PAGED, retention=Retention.FULL, **fields):
+    """The checker's view of one group (``verify.geometry.ExpectedGroup``), paged and full by
+    default, for tests that judge a group without a scenario."""
+    return ExpectedGroup(
+        name=name,
+        layer_names=(name,),
+        storage=storage,
+        retention=retention,
+        sharded=sharded,
+        dcp_size=W,
+        interleave_size=I,
+        tokens_per_state=R,
+        block_size=B,
+        kernel_block_size=Bk,
+        **fields,
+    )
 
 
 def geometries(scenario, engine=None):

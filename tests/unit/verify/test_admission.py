@@ -16,25 +16,13 @@ from dcpsim.errors import ConfigError
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.verify.admission import judge_admission, logical_capacity
 from dcpsim.verify.geometry import ExpectedGroup, expected_groups
-from support.helpers import builtin, builtin_names_at, geometries, make_scenario, mla_spec, request_spec, run, scheduler
+from support.helpers import builtin, builtin_names_at, expected_group, geometries, make_scenario, mla_spec, request_spec, run, scheduler
 
 FAULT = "admission-limit-per-rank-rows"
 
 
-def group(name="g", *, sharded=True, W=8, B=64, R=1, storage=Storage.PAGED, retention=Retention.FULL, helix=False) -> ExpectedGroup:
-    return ExpectedGroup(
-        name=name,
-        layer_names=(name,),
-        storage=storage,
-        retention=retention,
-        sharded=sharded,
-        dcp_size=W,
-        interleave_size=1,
-        tokens_per_state=R,
-        block_size=B,
-        kernel_block_size=None,
-        helix=helix,
-    )
+def group(name="g", *, W=8, B=64, **fields) -> ExpectedGroup:
+    return expected_group(name, W=W, B=B, **fields)
 
 
 def scenario(*lengths, k=0):

@@ -17,23 +17,11 @@ from dcpsim.model.plan import PAD_REQUEST, ReqWrite, StepPlan
 from dcpsim.scenarios.registry import builtin_scenario_names
 from dcpsim.verify.geometry import ExpectedGroup, expected_groups
 from dcpsim.verify.metadata import expected_metadata, expected_width, owned_below, uniform_decode_padding
-from support.helpers import builtin, geometries, scheduler
+from support.helpers import builtin, expected_group, geometries, scheduler
 
 
 def group(W=2, I=4, B=16, Bk=None, sharded=True, k=0):
-    return ExpectedGroup(
-        name="g",
-        layer_names=("l",),
-        storage=Storage.PAGED,
-        retention=Retention.FULL,
-        sharded=sharded,
-        dcp_size=W,
-        interleave_size=I,
-        tokens_per_state=1,
-        block_size=B,
-        kernel_block_size=Bk,
-        num_speculative_tokens=k,
-    )
+    return expected_group("g", W=W, I=I, B=B, Bk=Bk, sharded=sharded, num_speculative_tokens=k)
 
 
 @given(st.integers(0, 2000), st.integers(1, 8), st.sampled_from([1, 2, 4, 16, 64]), st.data())
