@@ -11,24 +11,14 @@ from dcpsim.engine.reference import ReferenceEngine
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.layout import PAD
 from dcpsim.model.plan import ReqWrite
-from dcpsim.verify.geometry import ExpectedGroup, expected_groups
+from dcpsim.verify.geometry import expected_groups
 from dcpsim.verify.read import read_slots
-from support.helpers import builtin
+from support.helpers import builtin, expected_group
 
 
-def group(storage=Storage.PAGED, *, B=64, R=1, Bk=None, sharded=True, W=2, I=1):
-    return ExpectedGroup(
-        name="g",
-        layer_names=("l",),
-        storage=storage,
-        retention=Retention.RING if storage is Storage.RING else Retention.FULL,
-        sharded=sharded,
-        dcp_size=W,
-        interleave_size=I,
-        tokens_per_state=R,
-        block_size=B,
-        kernel_block_size=Bk,
-    )
+def group(storage=Storage.PAGED, *, B=64, **fields):
+    retention = Retention.RING if storage is Storage.RING else Retention.FULL
+    return expected_group(storage=storage, retention=retention, B=B, **fields)
 
 
 def test_paged_reads_by_hand():
