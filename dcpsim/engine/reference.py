@@ -136,6 +136,14 @@ class ReferenceEngine(Engine):
     def prefix_key_position(self, geometries, block: int) -> int:
         return (block + 1) * self.prefix_hash_block_size(geometries) - 1
 
+    def partial_hit_to_copy(self, recorded, found):
+        """The partial-block hit an admission copies into its private block (the reference's own
+        decision, ``prefix_match_unit``): ``found``, the one this admission's lookup found (the
+        hit's metadata refreshed, vLLM's record dropped with the request's blocks), never
+        ``recorded``, one an earlier admission attempt of the request found (its source block
+        may have been handed out and rewritten since; semantics section 5, bug class 54)."""
+        return found
+
     # --- the worker: writes ---------------------------------------------------------
 
     def write_slots(self, geometry: GroupGeometry, write: ReqWrite, block_row: np.ndarray, dcp_rank: int) -> tuple[np.ndarray, np.ndarray]:

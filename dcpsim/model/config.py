@@ -90,6 +90,11 @@ class SimConfig:
     group to recompute (vLLM's ``use_eagle``: the EAGLE drop), and each step holds their KV
     lookahead (``num_lookahead_tokens``); ``ngram`` (the default) keeps every cached block and
     reserves no lookahead. Only read with ``num_speculative_tokens > 0``."""
+    prefix_match_unit: int = 0
+    """vLLM's ``cache_config.prefix_match_unit`` (``--prefix-match-unit``): the finest token
+    boundary a prefix-cache hit may end on, finer than a block (partial-block hits, each copied
+    into a private block before the request writes into it; semantics section 5). 0: hits in
+    whole hit units only. It must divide every group's manager block size (``B*W`` sharded)."""
     kv_cache_layout: str = "vllm"
     """Where a sharded group's tokens live: ``vllm`` (by position, ``(p // I) % W``; section 2
     of the semantics) or ``helix`` (TensorRT-LLM's Helix: the prompt's blocks round-robin, then
@@ -104,6 +109,7 @@ class SimConfig:
         check_int("num_speculative_tokens", self.num_speculative_tokens, 0)
         check_int("max_num_seqs", self.max_num_seqs, 1)
         check_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size, 0)
+        check_int("prefix_match_unit", self.prefix_match_unit, 0)
         if self.draft_decode_context_parallel_size is not None:
             check_int("draft_decode_context_parallel_size", self.draft_decode_context_parallel_size, 1)
             if self.draft_decode_context_parallel_size not in (1, self.decode_context_parallel_size):

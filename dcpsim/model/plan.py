@@ -120,6 +120,21 @@ class StepPlan:
     loaded: tuple[tuple[int, int], ...] = ()
     """(request index, tokens) of each request admitted this step with KV a connector
     loads (disaggregated decode): its first ``tokens`` positions are not written by the step."""
+    copies: tuple[BlockCopy, ...] = ()
+    """The copy-on-write block copies of the step's partial prefix-cache hits, which every
+    rank runs on its shard before the step's writes (semantics section 5, partial hits)."""
+
+
+@dataclass(frozen=True)
+class BlockCopy:
+    """Copy the first ``tokens`` positions of a block (a block-table entry of ``group``: ``B*W``
+    positions, ``B`` slots a rank when sharded) from block ``src`` to block ``dst``: each rank
+    copies the states of those positions it holds."""
+
+    group: int
+    src: int
+    dst: int
+    tokens: int
 
 
 @dataclass(frozen=True)

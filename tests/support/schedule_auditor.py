@@ -238,6 +238,8 @@ class Auditor:
         step = plan.step
         assert step == self.steps
         self.steps += 1
+        for c in plan.copies:  # a partial hit's copy-on-write runs before the step's writes
+            self.store[c.group][c.dst, : c.tokens] = self.store[c.group][c.src, : c.tokens]
         self.events.extend(plan.events)
         self.apply_admissions(plan.events, step)
         self.check_budget(plan, step)
@@ -462,8 +464,9 @@ class Auditor:
         self.state_col[g][w.req_index] = cols[0] if len(cols) == 1 else first + (n - 1 - w.start)
 
     def check_hit(self, st: ReqState, hit: int, step: int) -> None:
-        unit = math.lcm(*self.mbs)
-        assert hit % unit == 0, f"hit {hit} is not a whole number of {unit}-token units"
+        unit, match = math.lcm(*self.mbs), self.cfg.prefix_match_unit
+        part = hit % unit  # a partial-block hit (semantics section 5): whole match units, inside one block
+        assert not part or (match and part % match == 0 and part < min(self.mbs)), f"hit {hit} is not a whole number of {unit}-token units"
         assert hit < st.known, "a hit must leave at least one token to compute"
         best = st.max_committed_ever  # its own earlier incarnation (before a preemption)
         for other in self.req.values():

@@ -1,5 +1,5 @@
 """Prefix-cache faults: hash units, advertised KV events, compressed hit lengths and the EAGLE
-drop (bug classes 1, 21, 23, 32, 40, 41 and 47)."""
+drop (bug classes 1, 21, 23, 32, 40, 41 and 47), and the copy-on-write of a partial-block hit (54)."""
 
 from __future__ import annotations
 
@@ -219,3 +219,26 @@ class EagleDropEveryGroup(Fault):
     def prefix_hit_tokens(self, geometries, cached_blocks, limit, eagle) -> int:
         drops = per_group(eagle, len(geometries))
         return super().prefix_hit_tokens(geometries, cached_blocks, limit, [any(drops)] * len(drops))
+
+
+class PartialHitStaleCow(Fault):
+    name = "partial-hit-stale-cow"
+    bug_class = (
+        "54. a partial prefix-cache hit copied on write from stale hit metadata: the hit found at an earlier "
+        "admission attempt is copied, not the one refreshed at the admission, so a source block handed out "
+        "and rewritten since is copied into the request's private block (vllm#51705)"
+    )
+    description = (
+        "with prefix_match_unit, a request whose admission found a partial-block hit but could not get its "
+        "blocks keeps that hit's record (source block, tokens); its later admission copies the recorded "
+        "source block into its private block instead of looking the partial hit up again, after the source "
+        "was handed out to another request and rewritten"
+    )
+    scenarios = ("prefix-partial-hit",)
+    configs = ({"decode_context_parallel_size": 2}, {"decode_context_parallel_size": 4})
+
+    def applies_to_scenario(self, scenario, geometries) -> bool:
+        return scenario.config.enable_prefix_caching and scenario.config.prefix_match_unit > 0
+
+    def partial_hit_to_copy(self, recorded, found):
+        return found if recorded is None else recorded

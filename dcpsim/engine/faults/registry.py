@@ -61,6 +61,7 @@ from dcpsim.engine.faults.pcp import (
 from dcpsim.engine.faults.pd import (
     NixlInterleaveNotBlockSize,
     NixlOneSourceRank,
+    NixlPageTailNotCleared,
     NixlPullsOutsideIntersection,
     NixlSkipsEmptyRankNotice,
     NixlStrideByDcp,
@@ -74,6 +75,7 @@ from dcpsim.engine.faults.prefix import (
     EagleDropUnscaled,
     EagleMarginUnscaled,
     KvEventsHashUnitB,
+    PartialHitStaleCow,
     PrefixHashUnitB,
     PrefixHitGcdAligned,
 )
@@ -140,6 +142,7 @@ FAULTS: dict[str, Fault] = {
         HelixDecodeOwnerUnclamped(),
         HelixVerifyFixedDraftLen(),
         AdmissionLimitPerRankRows(),
+        PartialHitStaleCow(),
     )
 }
 
@@ -164,6 +167,7 @@ PD_FAULTS: dict[str, PDFault] = {
         NixlPullsOutsideIntersection(),
         PrefillFreesPerPull(),
         NixlSkipsEmptyRankNotice(),
+        NixlPageTailNotCleared(),
     )
 }
 

@@ -27,6 +27,8 @@ class BlockPool:
         self._by_key: dict[object, dict[int, None]] = {}
         """Key -> the blocks holding it, in the order they were cached."""
         self._key_of: dict[int, object] = {}
+        self._aliases_of: dict[int, list[object]] = {}
+        """Block -> the alias keys of the partial prefixes it holds (``cache_alias``)."""
         self._ever_used = [False] * (num_blocks + 1)
         self.num_reused = 0
         """Allocations of a block that an earlier request had held and freed."""
@@ -40,7 +42,7 @@ class BlockPool:
             raise RuntimeError(f"allocate({n}) with only {len(self._free)} free blocks")
         popitem, ref, ever = self._free.popitem, self._ref, self._ever_used
         out = [popitem(last=False)[0] for _ in range(n)]
-        if self._key_of:  # a cached block loses its key (nothing to evict without prefix caching)
+        if self._key_of or self._aliases_of:  # a cached block loses its keys (nothing to evict without prefix caching)
             for block in out:
                 self.evict(block)
         for block in out:
@@ -56,6 +58,8 @@ class BlockPool:
         key = self._key_of.pop(block, None)
         if key is not None:
             self.uncache(key, block)
+        for alias in self._aliases_of.pop(block, ()):
+            self.uncache(alias, block)
 
     def uncache(self, key: object, block: int) -> None:
         """Remove ``block`` from the blocks holding ``key``: with no other, its prefix is no
@@ -82,11 +86,23 @@ class BlockPool:
             if self._ref[b] == 0:
                 self._free[b] = None
 
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
     def cache(self, key: object, block: int) -> None:
         if block in self._key_of:
             return
         self._by_key.setdefault(key, {})[block] = None
         self._key_of[block] = key
+
+    def cache_alias(self, key: object, block: int) -> None:
+        """Make ``block`` findable under ``key`` too: the key of a prefix ending inside the
+        block (a partial-block hit, ``prefix_match_unit``); it goes when the block is handed
+        out again, with the block's own key."""
+        aliases = self._aliases_of.setdefault(block, [])
+        if key not in aliases:
+            aliases.append(key)
+            self._by_key.setdefault(key, {})[block] = None
 
     def lookup(self, key: object) -> int | None:
         holders = self._by_key.get(key)

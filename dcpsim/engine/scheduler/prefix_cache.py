@@ -14,12 +14,21 @@ the same block ids on every rank.
 
 Units of the LCM of the spans become findable (registered, and advertised as KV events)
 whole, once every position of the unit is written (the scheduler's own bookkeeping).
+
+Partial-block hits (``prefix_match_unit`` ``M`` > 0, vLLM's fine-grained hits): past the whole
+units, a hit may go on ``m * M`` tokens into the next block of every group (less than the
+smallest span). A block is findable under an alias key per committed match boundary inside
+it, ``(block index, tokens into it, fingerprint of the prefix ending there)``
+(``BlockPool.cache_alias``), until it is handed out again. The hit's partial block is shared
+by the request that computed it, so the admitted request gets a private block and a copy of
+the hit tokens (``PartialHit``, the scheduler's copy-on-write).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.scheduler.managers import GroupManager
@@ -28,8 +37,20 @@ from dcpsim.model.plan import KVEvent
 from dcpsim.model.prefix_hit import block_key_hash_block, blocks_in_hit, per_group
 
 
+@dataclass(frozen=True)
+class PartialHit:
+    """A hit's tokens past its whole units: ``tokens`` positions of block ``index`` of every
+    group (the hit's whole tokens ``start`` divided by the group's span), found in block
+    ``sources[g]`` of group ``g``. What the copy-on-write copies into the request's private block."""
+
+    start: int
+    tokens: int
+    index: tuple[int, ...]
+    sources: tuple[int, ...]
+
+
 class PrefixCache:
-    def __init__(self, managers: list[GroupManager], engine: Engine, *, eagle: bool | Sequence[bool] = False):
+    def __init__(self, managers: list[GroupManager], engine: Engine, *, eagle: bool | Sequence[bool] = False, match_unit: int = 0):
         """``eagle``: which groups are EAGLE groups (``model.prefix_hit.eagle_groups``; one bool
         for every group): a hit leaves the last cached block of each of them to recompute
         (``Engine.prefix_hit_tokens``)."""
@@ -42,7 +63,11 @@ class PrefixCache:
         self.unit = math.lcm(*self.spans)
         """Tokens of a registration unit: a unit becomes findable whole, in every group."""
         self.hash_block = engine.prefix_hash_block_size(self.geometries)
+        self.match_unit = match_unit
+        """``prefix_match_unit``: 0, or the boundary (tokens) a partial-block hit may end on."""
         self._registered: dict[int, int] = {}
+        self._partial_done: dict[int, int] = {}
+        """Request -> the match boundaries registered as alias keys (``register_partial``)."""
         self.events: list[KVEvent] = []
         """The KV events of the units registered since the scheduler last took them."""
 
@@ -70,6 +95,41 @@ class PrefixCache:
         hit = self.engine.prefix_hit_tokens(self.geometries, [len(r) for r in runs], limit, self.eagle)
         return hit, [run[: blocks_in_hit(hit, span)] for run, span in zip(runs, self.spans)]
 
+    def partial(self, req: Request, hit: int) -> PartialHit | None:
+        """The longest partial-block extension of a whole hit of ``hit`` tokens: ``m`` match
+        units into the next block of every group (fewer tokens than the smallest span), still
+        leaving one token to compute, where every group's block holds that prefix."""
+        unit, limit = self.match_unit, req.num_known - 1
+        if not unit or hit % self.unit:
+            return None
+        index = tuple(hit // span for span in self.spans)
+        m = (min(limit - hit, min(self.spans) - 1)) // unit
+        while m > 0:
+            end = hit + m * unit
+            sources = [m_.pool.lookup(self._alias(req, g, index[g], end)) for g, m_ in enumerate(self.managers)]
+            if all(b is not None for b in sources):
+                return PartialHit(hit, m * unit, index, tuple(sources))
+            m -= 1
+        return None
+
+    def _alias(self, req: Request, group: int, block: int, end: int) -> tuple:
+        return ("partial", block, end - block * self.spans[group], int(req.fingerprints[end - 1]))
+
+    def register_partial(self, req: Request) -> None:
+        """Make every match boundary the request has committed since the last call findable
+        inside the block of each group holding it (alias keys)."""
+        unit = self.match_unit
+        if not unit:
+            return
+        done = self._partial_done.get(req.index, 0)
+        for end in range(done + unit, req.num_computed + 1, unit):
+            for g, m in enumerate(self.managers):
+                table, span = m.held(req.index), self.spans[g]
+                j = (end - 1) // span
+                if end % span and j < len(table) and table[j]:
+                    m.pool.cache_alias(self._alias(req, g, j, end), table[j])
+        self._partial_done[req.index] = max(done, req.num_computed // unit * unit)
+
     def computed_units(self, req: Request) -> int:
         """Leading units of ``req`` whose KV is written: every position of the unit, its
         last one included, committed by a step that has run. Only these may be registered
@@ -77,7 +137,9 @@ class PrefixCache:
         return req.num_computed // self.unit
 
     def register(self, req: Request) -> None:
-        """Make the request's fully computed units findable."""
+        """Make the request's fully computed units findable (and, with ``prefix_match_unit``,
+        its committed match boundaries inside blocks: ``register_partial``)."""
+        self.register_partial(req)
         done = self._registered.get(req.index, 0)
         full = self.computed_units(req)
         if full <= done:
@@ -102,7 +164,7 @@ class PrefixCache:
         again, so a router that missed them learns them."""
         self._registered[req.index] = max(self._registered.get(req.index, 0), hit // self.unit)
         if report_full:
-            self._advertise_span(req, 0, hit)
+            self._advertise_span(req, 0, hit // self.unit * self.unit)
 
     def _advertise_span(self, req: Request, start: int, stop: int) -> None:
         hb = max(1, self.hash_block)
@@ -116,3 +178,4 @@ class PrefixCache:
 
     def forget(self, req: Request) -> None:
         self._registered.pop(req.index, None)
+        self._partial_done.pop(req.index, None)

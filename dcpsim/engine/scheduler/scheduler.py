@@ -30,14 +30,14 @@ from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.scheduler.block_pool import BlockPool
 from dcpsim.engine.scheduler.managers import StateManager, make_manager, state_blocks_per_request
-from dcpsim.engine.scheduler.prefix_cache import PrefixCache
+from dcpsim.engine.scheduler.prefix_cache import PartialHit, PrefixCache
 from dcpsim.engine.scheduler.request import Request, Status
 from dcpsim.errors import ConfigError
 from dcpsim.model.arith import cdiv
 from dcpsim.model.config import SimConfig
 from dcpsim.model.content import random_tokens, stable_seed
 from dcpsim.model.kinds import Retention, Storage
-from dcpsim.model.plan import EventKind, KVEvent, PreemptReason, RequestView, ReqWrite, ScheduleEvent, StepPlan
+from dcpsim.model.plan import BlockCopy, EventKind, KVEvent, PreemptReason, RequestView, ReqWrite, ScheduleEvent, StepPlan
 from dcpsim.model.prefix_hit import eagle_groups
 from dcpsim.model.scenario import Scenario
 from dcpsim.plural import plural
@@ -78,6 +78,27 @@ def lookahead_slots(geometry: GroupGeometry, config: SimConfig, num_tokens: int)
     if not lookahead or (geometry.storage is Storage.STATE and geometry.spec.mamba_cache_mode == "align"):
         return num_tokens
     return max(num_tokens, min(num_tokens + lookahead, config.max_model_len))
+
+
+def check_match_unit(config: SimConfig, geometries: list[GroupGeometry]) -> int:
+    """``prefix_match_unit`` if the groups allow partial-block hits at it (it divides every
+    group's manager block size, and every group keeps its whole context in pages; no EAGLE /
+    MTP drafter, no PCP); 0 when unset. Else a ``ConfigError`` naming the field."""
+    unit = config.prefix_match_unit
+    if not unit:
+        return 0
+    for g in geometries:
+        if g.storage is not Storage.PAGED or g.retention is not Retention.FULL:
+            raise ConfigError(f"prefix_match_unit {unit}: partial-block hits need full-attention paged groups, group {g.name} is not")
+        if g.manager_block_size % unit:
+            raise ConfigError(
+                f"prefix_match_unit {unit} must divide every group's block span (group {g.name}: {g.manager_block_size} tokens)"
+            )
+    if config.eagle_drop:
+        raise ConfigError(f"prefix_match_unit {unit}: partial-block hits are not modelled with an EAGLE / MTP drafter")
+    if config.prefill_context_parallel_size > 1:
+        raise ConfigError(f"prefix_match_unit {unit}: partial-block hits are not modelled with prefill_context_parallel_size > 1")
+    return unit
 
 
 def blocks_per_request(engine: Engine, geometry: GroupGeometry, config: SimConfig, num_tokens: int) -> int:
@@ -134,6 +155,13 @@ class Scheduler:
         self.engine = engine
         self.geometries = geometries
         self.requests = self._make_requests()
+        self._partial_hits: dict[int, PartialHit] = {}
+        """Request -> the partial-block hit an admission attempt of it found and took (vLLM's
+        partial-hit record), until it is admitted (``partial_hit_to_copy``)."""
+        self._copies: list[BlockCopy] = []
+        """The step's copy-on-write copies (``StepPlan.copies``)."""
+        self._retained: list[tuple[int, int]] = []
+        """(group, block): the copies' sources, held until the step's copies have run."""
         self._init_blocks()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -162,7 +190,8 @@ class Scheduler:
             pass
         use_prefix = self.config.enable_prefix_caching and all(g.prefix_cacheable for g in self.geometries)
         eagle = eagle_groups([g.draft for g in self.geometries], self.config.eagle_drop)
-        self.prefix_cache = self.prefix_cache_class(self.managers, self.engine, eagle=eagle) if use_prefix else None
+        match_unit = check_match_unit(self.config, self.geometries) if use_prefix else 0
+        self.prefix_cache = self.prefix_cache_class(self.managers, self.engine, eagle=eagle, match_unit=match_unit) if use_prefix else None
 
     def _check_fits(self) -> None:
         """Every request fits its group's pool alone. Its furthest slot is
@@ -261,6 +290,8 @@ class Scheduler:
         if not preempted:
             self._admit_waiting(budget, scheduled, loaded, events)
         rows_before = self._rows()
+        copies = self._take_copies()
+        self._release_retained()  # the copies run first in the step: nothing writes a source before
         writes = [self._execute(req, n, drafts, s, events) for req, n, drafts in scheduled]
         self._settle(scheduled)
         views = tuple(
@@ -288,6 +319,7 @@ class Scheduler:
             kv_events=self._take_kv_events(),
             last=self.done,
             loaded=tuple(loaded),
+            copies=copies,
         )
 
     def _arrive(self, step: int) -> None:
@@ -342,9 +374,11 @@ class Scheduler:
             n, drafts = self._tokens_for(req, budget)
             if not self._try_allocate(req, req.num_computed + n):
                 if hit:
+                    self._drop_copies(req)
                     self._free(req)
                 req.num_computed = 0
                 break
+            self._partial_hits.pop(req.index, None)  # admitted: its partial-hit record is consumed
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
@@ -367,13 +401,62 @@ class Scheduler:
         if not self.prefix_cache:
             return 0, 0
         hit, hit_blocks = self.prefix_cache.lookup(req)
-        if hit:
+        partial = self._partial_hit(req, hit, hit_blocks)
+        if hit or partial:
             for m, blocks in zip(self.managers, hit_blocks):
                 m.pool.touch(blocks)
                 m.adopt(req.index, blocks)
+            if partial:
+                self._copy_on_write(req, partial)
+                hit += partial.tokens
             req.num_computed = hit
             self.prefix_cache.hit(req, hit, report_full=self.config.kv_cache_report_mode == "full")
         return hit, 0
+
+    def _partial_hit(self, req: Request, hit: int, hit_blocks: list[list[int]]) -> PartialHit | None:
+        """The partial-block hit past the whole hit that the admission copies: the engine
+        chooses between this lookup's and the one an earlier attempt recorded
+        (``partial_hit_to_copy``); one whose block does not follow the whole hit, or with no
+        free block for the private copy (besides the hit's and the source), is not taken."""
+        found = self.prefix_cache.partial(req, hit)
+        recorded = self._partial_hits.get(req.index)
+        choose = getattr(self.engine, "partial_hit_to_copy", None)
+        partial = found if choose is None else choose(recorded, found)
+        if partial is None or partial.start != hit:
+            return None
+        for g, m in enumerate(self.managers):
+            pool = m.pool
+            taken = sum(pool.ref_count(b) == 0 for b in [*hit_blocks[g], partial.sources[g]])
+            if pool.num_free < 1 + taken:
+                return None
+        return partial
+
+    def _copy_on_write(self, req: Request, partial: PartialHit) -> None:
+        """The partial block's private copy: the source held until the step's copies ran, a
+        fresh block appended to each group's row, and the copy of the hit tokens; the hit is
+        recorded for the request (vLLM's partial-hit record) until it is admitted."""
+        self._partial_hits[req.index] = partial
+        for g, m in enumerate(self.managers):
+            src = partial.sources[g]
+            m.pool.touch([src])
+            self._retained.append((g, src))
+            dst = m.pool.allocate(1)[0]
+            m.adopt(req.index, m.held(req.index) + [dst])
+            self._copies.append(BlockCopy(g, src, dst, partial.tokens))
+
+    def _drop_copies(self, req: Request) -> None:
+        """A failed admission: its copies are not made (their sources stay held to the step's end)."""
+        dsts = {b for m in self.managers for b in m.held(req.index)}
+        self._copies = [c for c in self._copies if c.dst not in dsts]
+
+    def _release_retained(self) -> None:
+        for g, block in self._retained:
+            self.managers[g].pool.free([block])
+        self._retained = []
+
+    def _take_copies(self) -> tuple[BlockCopy, ...]:
+        copies, self._copies = tuple(self._copies), []
+        return copies
 
     def _settle(self, scheduled: list[tuple[Request, int, int]]) -> None:
         """After the writes: each scheduled request's out-of-window blocks released and its

@@ -21,8 +21,18 @@ from dcpsim.engine.worker.block_table import BlockTable
 from dcpsim.engine.worker.kv_store import KVStore
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
-from dcpsim.model.layout import PAD
-from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, ContextGather, PcpQueryKeys, ReqWrite, SpecDecodeMask, StepPlan, WriteRecord
+from dcpsim.model.layout import PAD, local_seq_lens
+from dcpsim.model.plan import (
+    PAD_REQUEST,
+    AttentionMetadata,
+    BlockCopy,
+    ContextGather,
+    PcpQueryKeys,
+    ReqWrite,
+    SpecDecodeMask,
+    StepPlan,
+    WriteRecord,
+)
 from dcpsim.model.vectors import kv_vectors
 
 ATTENTION_KV = (Storage.PAGED, Storage.RECORDS)
@@ -92,11 +102,32 @@ class ModelRunner:
         self.metadata_log = []
         self.gather_log = []
         self.mask_log = []
+        for copy in plan.copies:
+            self._copy_block(copy)
         for geometry, table, store in zip(self.geometries, self.block_tables, self.stores):
             self._write_group(plan, geometry, table, store)
         if during_step is not None:
             during_step(plan, self)
         self._sync_tables(plan.rows_after, request_ids)
+
+    def _copy_block(self, copy: BlockCopy) -> None:
+        """A partial prefix-cache hit's copy-on-write on this rank: the states the rank holds of
+        the block's first ``copy.tokens`` positions (its first ``local(tokens, rank)`` slots of
+        the page when sharded, semantics section 2), from block ``src`` to block ``dst``."""
+        geometry, store = self.geometries[copy.group], self.stores[copy.group]
+        held = copy.tokens
+        if geometry.sharded:
+            held = int(
+                local_seq_lens([copy.tokens], dcp_size=geometry.dcp_size, interleave_size=geometry.interleave_size, dcp_rank=self.rank)[0]
+            )
+        if not held:
+            return
+        page = store.states_per_page
+        offsets = np.arange(held, dtype=np.int64)
+        src, dst = copy.src * page + offsets, copy.dst * page + offsets
+        store.write(dst, store.read(src))
+        if store.vectors is not None:
+            store.write_vectors(dst, store.read_vectors(src).numpy())
 
     def _sync_tables(self, rows_of_groups, request_ids: dict[int, str]) -> None:
         """Set each group's block table to its rows of the plan (``rows_before`` or ``rows_after``)."""

@@ -141,8 +141,12 @@ def test_a_fault_left_out_by_scenario_says_where_it_applies_instead():
         "helix-decode-owner-unclamped",  # Helix's layout: helix-decode only
         "helix-verify-fixed-draft-len",  # Helix with speculative decoding: helix-spec-decode only
         "admission-limit-per-rank-rows",  # a request longer than one rank's rows, within the pool
+        "partial-hit-stale-cow",  # partial-block hits (prefix_match_unit): prefix-partial-hit only
     }
-    assert why["admission-limit-per-rank-rows"] == "not on dsv3 (applies on: llama4-chunked-prefix, llama4-scout, long-context-256k)"
+    assert why["partial-hit-stale-cow"] == "not on dsv3 (applies on: prefix-partial-hit)"
+    assert why["admission-limit-per-rank-rows"] == (
+        "not on dsv3 (applies on: llama4-chunked-prefix, llama4-scout, long-context-256k, prefix-partial-hit)"
+    )
     assert why["topk-tie-order"] == "not on dsv3 (applies on: dsv32-sparse)"
     assert why["pcp-gather-rank-local"] == "not on dsv3 (applies on: glm-pcp2-dcp2)"
     assert why["gathered-heads-gqa-remapped"] == "not on dsv3 (applies on: gqa-pcp2-heads)"
@@ -268,8 +272,9 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     each other, where a GCD-aligned hit shows): each is detected wherever it runs, and every
     baseline passes. The sparse-attention faults run on dsv32-sparse only, left out here for
     its cost (``test_sparse_faults.py`` and ``test_eagle_verify_topk_faults.py`` catch them): they
-    are not applicable, as are zero-local-rows-compacted (many-short only) and
-    admission-limit-per-rank-rows (a request longer than one rank's rows). mtp-mask-interleave
+    are not applicable, as are zero-local-rows-compacted (many-short only),
+    admission-limit-per-rank-rows (a request longer than one rank's rows) and partial-hit-stale-cow
+    (prefix-partial-hit only). mtp-mask-interleave
     (verify rows across interleave boundaries at I = 128) is where the spec-decode mask fault shows,
     eagle-hybrid-hit (an EAGLE prefix hit over two sharded groups) the hybrid lookup's margin,
     gqa-pcp2-heads (ranks holding several KV heads under DCP) the gathered heads' KV-head pairing,
@@ -297,8 +302,9 @@ def test_selftest_in_process_detects_every_registered_fault_on_the_small_scenari
     sparse = {name for name, fault in FAULTS.items() if fault.scenarios == ("dsv32-sparse",)}
     assert sparse == {"topk-tie-order", "sparse-row-masked-by-empty-shard", "topk-local-interleave-one"}
     # many-short only: test_zero_local_rows_fault.py; a request longer than one rank's rows only on
-    # llama4-chunked-prefix, llama4-scout and long-context-256k: test_checker_faults, test_admission.py
-    left_out = sparse | {"zero-local-rows-compacted", "admission-limit-per-rank-rows"}
+    # llama4-chunked-prefix, llama4-scout, long-context-256k and prefix-partial-hit: test_checker_faults,
+    # test_admission.py; prefix-partial-hit only: test_partial_hit.py
+    left_out = sparse | {"zero-local-rows-compacted", "admission-limit-per-rank-rows", "partial-hit-stale-cow"}
     assert {doc["faults"][name] for name in left_out} == {NOT_APPLICABLE}
     assert {outcome for name, outcome in doc["faults"].items() if name not in left_out} == {DETECTED}
     faults = [r for r in doc["rows"] if r["fault"] != BASELINE and r["fault"] not in left_out]
