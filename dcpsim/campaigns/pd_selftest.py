@@ -8,6 +8,8 @@ the P/D built-in, and the correct connector passes.
   wrong blocks as wrong content.
 * Baselines: the built-in as declared (NIXL), with the PCP prefill, and through the
   re-sharding connector with interleaves that differ between the instances.
+* A fault that needs another P/D built-in names it (``PDFault.scenario``: the asynchronous loads
+  into recycled blocks of ``pd-async-recycled``), whose declared run is a baseline too.
 """
 
 from __future__ import annotations
@@ -29,14 +31,18 @@ RESHARDING = {"kv_connector": "resharding", "prefill": {"cp_kv_cache_interleave_
 PCP_PREFILL = {"prefill_context_parallel_size": 2, "decode_context_parallel_size": 2, "tensor_parallel_size": 1}
 """The ``nixl-pcp`` run: the built-in's NIXL transfer from a PCP = 2 prefill instance."""
 KINDS = ("nixl", "nixl-pcp", "resharding")
+OTHER_SCENARIOS = ("pd-async-recycled",)
+"""The other P/D built-ins a fault runs on (``PDFault.scenario``), each a baseline as declared."""
+PD_BASELINES = len(KINDS) + len(OTHER_SCENARIOS)
+"""The baseline rows of a P/D selftest."""
 
 
 def pd_fault_names() -> list[str]:
     return [n for n in PD_FAULTS if n != BASELINE]
 
 
-def _scenario(kind: str):
-    scenario = load_scenario(PD_SCENARIO)
+def _scenario(kind: str, name: str = PD_SCENARIO):
+    scenario = load_scenario(name)
     pd = scenario.disaggregated
     if kind == "nixl-pcp":
         pd = dataclasses.replace(pd, prefill=dataclasses.replace(pd.prefill, **PCP_PREFILL))
@@ -64,10 +70,10 @@ def _config(scenario) -> str:
     return f"{scenario.disaggregated.kv_connector} " + " -> ".join(parts)
 
 
-def run_case(fault_name: str, kind: str, *, world: WorldOptions | None = None, on_wait=None) -> Row:
-    scenario = _scenario(kind)
+def run_case(fault_name: str, kind: str, *, world: WorldOptions | None = None, on_wait=None, name: str = PD_SCENARIO) -> Row:
+    scenario = _scenario(kind, name)
     start = time.perf_counter()
-    row = Row(fault_name, PD_SCENARIO, _config(scenario), ERROR)
+    row = Row(fault_name, name, _config(scenario), ERROR)
     try:
         report = run_pd(
             PDJob(scenario, inject=None if fault_name == BASELINE else fault_name), world=world or WorldOptions(), on_wait=on_wait
@@ -100,7 +106,9 @@ def run_pd_selftest(fault_names: list[str], *, world: WorldOptions | None = None
     for name in fault_names:
         fault = get_pd_fault(name)
         kind = "nixl-pcp" if fault.needs_pcp else fault.kv_connector
-        add(run_case(name, kind, world=world, on_wait=on_wait))
+        add(run_case(name, kind, world=world, on_wait=on_wait, name=fault.scenario or PD_SCENARIO))
     for kind in KINDS:
         add(run_case(BASELINE, kind, world=world, on_wait=on_wait))
+    for other in OTHER_SCENARIOS:
+        add(run_case(BASELINE, "nixl", world=world, on_wait=on_wait, name=other))
     return rows

@@ -8,10 +8,11 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from dcpsim.campaigns.pd_selftest import PD_SCENARIO, pd_fault_names, run_pd_selftest
+from dcpsim.campaigns.pd_selftest import PD_BASELINES, PD_SCENARIO, pd_fault_names, run_pd_selftest
 from dcpsim.campaigns.selftest import fault_status, run_plan, verdict
 from dcpsim.campaigns.selftest_plan import Plan, Row, plan_selftest
 from dcpsim.engine.choice import EngineChoice
+from dcpsim.engine.faults import get_pd_fault
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.report_file import SCHEMA_VERSION
 
@@ -45,8 +46,8 @@ def split_faults(faults: list[str] | None, scenarios: list[str] | None) -> tuple
     its built-in (always in gloo worlds) unless ``faults`` or ``scenarios`` leave it out."""
     names = pd_fault_names()
     pd_chosen = names if faults is None else [n for n in faults if n in names]
-    if scenarios is not None and PD_SCENARIO not in scenarios:
-        pd_chosen = []
+    if scenarios is not None:  # each P/D fault runs on its built-in (``PDFault.scenario``)
+        pd_chosen = [n for n in pd_chosen if (get_pd_fault(n).scenario or PD_SCENARIO) in scenarios]
     plain = None if faults is None else [n for n in faults if n not in names]
     return plain, pd_chosen
 
@@ -61,7 +62,7 @@ def plan_of(faults: list[str] | None, scenarios: list[str] | None, *, dry_run: b
 
 def runs_of(plan: Plan, pd_chosen: list[str]) -> int:
     """How many runs the selftest makes (for a progress display)."""
-    return len(plan.cases) + (len(pd_chosen) + 3 if pd_chosen else 0)
+    return len(plan.cases) + (len(pd_chosen) + PD_BASELINES if pd_chosen else 0)
 
 
 def run_selftest(

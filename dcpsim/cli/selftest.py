@@ -76,8 +76,8 @@ def _pd_entries(names: list[str]) -> list[dict]:
                 description=fault.description,
                 needs={},
                 configs=[],
-                scenarios=[PD_SCENARIO],
-                runs=[dict(scenario=PD_SCENARIO, config=how)],
+                scenarios=[fault.scenario or PD_SCENARIO],
+                runs=[dict(scenario=fault.scenario or PD_SCENARIO, config=how)],
                 applicable=True,
                 why_not=None,
             )

@@ -105,11 +105,21 @@ class PromptLoads:
     records in ``pulls`` (request -> group -> (first block, block ids)) the blocks its code chose
     to fill; ``write_loaded`` then writes there."""
 
-    def __init__(self, kind: str = "", remote: dict | None = None, prefill: dict | None = None):
+    def __init__(self, kind: str = "", remote: dict | None = None, prefill: dict | None = None, load_steps: int = 0):
         self.kind = kind
         self.remote: dict[int, list] = remote or {}
         self.prefill: dict = prefill or {}
         self.pulls: dict[int, dict[int, tuple[int, list[int]]]] = {}
+        self.load_steps = load_steps
+        """Steps an asynchronous load takes (``[disaggregated] load_steps``; 0: the prompt's KV is
+        written before the step that admits the request). With it the scheduler is
+        ``engine.async_load.AsyncLoadScheduler``, which fills the two records below."""
+        self.load_parts: dict[int, list[tuple[int, int, int]]] = {}
+        """Step -> (request, part, parts): the part of a request's prompt KV that arrives before the
+        step's write (``engine.async_load.write_part``); the last part completes the load."""
+        self.to_zero: dict[int, dict[int, list[int]]] = {}
+        """Step -> group -> the block ids newly allocated in that step that the decode ranks clear
+        before it writes (vLLM's ``new_block_ids_to_zero``), less those an asynchronous load fills."""
 
     def external_tokens(self, req: Request) -> int:
         """Tokens of ``req`` the connector loads on admission (vLLM's ``get_num_new_matched_tokens``)."""
@@ -146,16 +156,22 @@ def write_loaded(plan: StepPlan, runner: ModelRunner, received: dict, pulls: dic
                 continue
             chosen = (pulls or {}).get(req_index, {}).get(g)
             row = pulled_row(chosen) if chosen is not None else np.asarray(plan.rows_before[g][req_index], dtype=np.int64)
-            page = store.states_per_page
-            block = local // page
-            ok = (block < len(row)) & (entries[:, GROUP] != EMPTY)
-            ok[ok] = row[block[ok]] >= 0
-            slots = row[block[ok]] * page + local[ok] % page
-            rows = entries[ok].copy()
-            rows[:, GROUP] = geometry.group_id
-            store.write(slots, rows)
-            count += len(slots)
+            count += len(write_entries(geometry.group_id, store, row, local, entries))
     return count
+
+
+def write_entries(group_id: int, store, row: np.ndarray, local: np.ndarray, entries: np.ndarray) -> np.ndarray:
+    """Write received ``entries`` at local indices ``local`` through block-table ``row`` (none
+    past the row, none at a ``-1`` entry, no EMPTY entry); the local indices written."""
+    page = store.states_per_page
+    block = local // page
+    ok = (block < len(row)) & (entries[:, GROUP] != EMPTY)
+    ok[ok] = row[block[ok]] >= 0
+    slots = row[block[ok]] * page + local[ok] % page
+    rows = entries[ok].copy()
+    rows[:, GROUP] = group_id
+    store.write(slots, rows)
+    return local[ok]
 
 
 class PrefillRelease:

@@ -30,6 +30,10 @@ engine for an instance replaces it), its scheduler the engine's (``Engine.make_s
    so under ``--engine vllm`` vLLM's KV cache manager allocates them), writes the received entries at the slots its own block table
    gives, decodes the rest and is verified like any run. The checker never sees the
    connector's math: it judges the decode stores from the decode instance's scenario.
+   With ``[disaggregated] load_steps`` the loads are asynchronous (``engine.async_load``:
+   a request waits unscheduled while its entries arrive over later steps; new blocks are
+   cleared before use, a load's blocks where it did not write once it completes), and
+   every step's running requests' page tails are judged cleared (``verify.page_tail``).
 
 The decode instance is one DCP group (``require_one_dcp_group``): no PCP, TP = its W.
 """
@@ -42,9 +46,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dcpsim.engine.async_load import AsyncLoadEngine, AsyncLoads
 from dcpsim.engine.connector import PrefillBlocks, PrefillRelease, PromptLoads, final_page_entries, read_pages, write_loaded
 from dcpsim.engine.loading import forkserver
 from dcpsim.engine.scheduler.request import Status
+from dcpsim.engine.worker.view import WorkerView
 from dcpsim.harness.caller_main import check_plugins
 from dcpsim.harness.collectives import GlooCollectives
 from dcpsim.harness.groups import make_world_groups
@@ -58,6 +64,8 @@ from dcpsim.harness.world import run_world
 from dcpsim.harness.world_options import WorldOptions
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.scenarios.pd import ROLES, instance_layout, shard_ranks
+from dcpsim.verify.geometry import expected_groups
+from dcpsim.verify.page_tail import judge_page_tails
 
 WORLD = WorldOptions()
 
@@ -92,20 +100,33 @@ class PrefillInstance:
 
 class DecodeInstance:
     """Writes each admitted prompt's received entries at its own slots (or at the blocks the
-    engine's own connector scheduler chose, ``PromptLoads.pulls``)."""
+    engine's own connector scheduler chose, ``PromptLoads.pulls``). With asynchronous loads
+    (``PromptLoads.load_steps``, ``engine.async_load``) it clears each step's new blocks and writes
+    the loads' parts as they arrive instead, and the checker judges the running requests' page
+    tails after every step (``verify.page_tail``; ``page_tails``: what it found)."""
 
-    def __init__(self, received: dict, connector: PromptLoads | None = None):
+    def __init__(self, received: dict, connector: PromptLoads | None = None, clear=None, scenario=None, rank: int = 0):
         self.received = received
         self.written = 0
         self.connector = connector or PromptLoads()
         """The scheduler's KV connector: prompts arrive with their KV (the engine's own scheduler takes it)."""
+        self.loads = AsyncLoads(self.connector, received, clear) if self.connector.load_steps else None
+        self.groups = expected_groups(scenario) if self.loads is not None else []
+        """The checker's groups of the decode instance (from its scenario alone)."""
+        self.names = {i: r.request_id for i, r in enumerate(scenario.requests)} if scenario is not None else {}
+        self.rank = rank
+        self.page_tails: list[str] = []
 
     def before_write(self, plan, runner) -> None:
-        if plan.loaded:
+        if self.loads is not None:
+            self.written += self.loads.before_write(plan, runner)
+        elif plan.loaded:
             self.written += write_loaded(plan, runner, self.received, self.connector.pulls)
 
     def after_step(self, plan, runner, scheduler) -> None:
-        pass
+        if self.loads is not None and not self.page_tails:  # the first step that fails is reported
+            found = judge_page_tails(self.groups, WorkerView(runner), plan.views, self.rank, self.names)
+            self.page_tails = [f"step {plan.step}: {line}" for line in found]
 
 
 def _send_prompts(pairs, blocks: PrefillBlocks, rank: int, prefill_size: int, shards: list[int]) -> tuple[int, list[str]]:
@@ -249,9 +270,13 @@ def pd_rank(job: PDJob, rank: int, world: GlooCollectives, progress: Progress = 
     remote = _receive_rows(len(job.scenario.requests), shards[0]) if kind == "nixl" else {}
     sizes = job.instance("prefill").config
     prefill = dict(dcp_size=sizes.decode_context_parallel_size, tp_size=max(sizes.parallel_layout.tp, sizes.decode_context_parallel_size))
-    instance = DecodeInstance(received, PromptLoads(kind, remote, prefill))
-    report = run_rank(job.instance_job("decode"), instances, engine=fault.engine("decode"), instance=instance, progress=progress)
-    return "decode", report, instance.written, judge_notices(job.scenario, rank - prefill_size, notices)
+    load_steps = job.scenario.disaggregated.load_steps
+    decode = job.instance("decode")
+    instance = DecodeInstance(received, PromptLoads(kind, remote, prefill, load_steps), fault.load_clear(), decode, rank - prefill_size)
+    engine = fault.engine("decode") or (AsyncLoadEngine() if load_steps else None)
+    report = run_rank(job.instance_job("decode"), instances, engine=engine, instance=instance, progress=progress)
+    problems = judge_notices(job.scenario, rank - prefill_size, notices)
+    return "decode", report, instance.written, problems, instance.page_tails
 
 
 def pd_world(jobs: list[PDJob], rank: int, world_size: int) -> list:
@@ -310,6 +335,7 @@ def run_pd_batch(jobs: list[PDJob], *, world: WorldOptions = WORLD, on_wait=None
                 entries_written=sum(r[2] for r in by_role["decode"]),
                 block_release=[line for r in by_role["prefill"] for line in r[3]],
                 notices=[line for r in by_role["decode"] for line in r[3]],
+                page_tails=[line for r in by_role["decode"] for line in r[4]],
                 inject=job.inject,
                 wall_time_s=seconds,
                 layouts=layouts,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dcpsim.engine.async_load import async_loaded_scheduler
 from dcpsim.engine.choice import EngineChoice
 from dcpsim.engine.connector import CONNECTORS, LoadedScheduler
 from dcpsim.engine.faults import PDFault, get_pd_fault
@@ -49,6 +50,8 @@ class PDJob:
                 f"--engine {self.engine.name}"
             )
         kind = self.scenario.disaggregated.kv_connector
+        if self.scenario.disaggregated.load_steps:
+            check_async_load(self.scenario, self.engine, fault, self.inject)
         if self.inject and fault.connector(kind) is not None and fault.kv_connector != kind:
             raise ConfigError(
                 f"--inject {self.inject}: the fault is in the {fault.kv_connector} connector; this run uses "
@@ -123,7 +126,7 @@ def prepare_pd(job: PDJob) -> dict:
                 )
         if len({g.block_size for g in geometries}) != 1:
             raise ConfigError("disaggregated: P/D runs need one block size for every KV-cache group")
-        summaries[role] = dry_run(sc, scheduler_class=instance_scheduler(role)).summary
+        summaries[role] = dry_run(sc, scheduler_class=instance_scheduler(role, scenario.disaggregated.load_steps)).summary
         try:
             job.instance_job(role)
         except ConfigError as exc:
@@ -131,10 +134,32 @@ def prepare_pd(job: PDJob) -> dict:
     return summaries
 
 
-def instance_scheduler(role: str) -> type[Scheduler]:
+def instance_scheduler(role: str, load_steps: int = 0) -> type[Scheduler]:
     """The scheduler of an instance: the decode instance's admits prompts whose KV the
-    connector loads (``LoadedScheduler``)."""
-    return LoadedScheduler if role == "decode" else Scheduler
+    connector loads (``LoadedScheduler``; with ``load_steps``, asynchronously:
+    ``engine.async_load``)."""
+    if role != "decode":
+        return Scheduler
+    return async_loaded_scheduler(load_steps) if load_steps else LoadedScheduler
+
+
+def check_async_load(scenario: Scenario, engine: EngineChoice, fault: PDFault, inject: str | None) -> None:
+    """Asynchronous loads (``[disaggregated] load_steps``) are dcpsim's scheduler's, and the decode
+    instance's page tails are judged: the reference engine's decode instance, no draft tokens (a
+    rejected draft stays past the length) and no prefix caching (a hit's blocks are not new).
+    Exit 2 naming the field."""
+    config = instance_scenario(scenario, "decode").config
+    why = None
+    if not engine.is_reference:
+        why = f"the asynchronous loads are dcpsim's scheduler's; --engine {engine.name} brings its own"
+    elif fault.engine("decode") is not None:
+        why = f"--inject {inject} changes the decode instance's engine"
+    elif config.num_speculative_tokens:
+        why = "num_speculative_tokens must be 0 (a rejected draft's entry stays past the request's length)"
+    elif config.enable_prefix_caching:
+        why = "enable_prefix_caching must be false (a prefix hit's blocks are not cleared as new ones)"
+    if why:
+        raise ConfigError(f"disaggregated.load_steps {scenario.disaggregated.load_steps}: {why}")
 
 
 def instance_sizes(scenario: Scenario, role: str) -> dict:

@@ -26,10 +26,13 @@ class PDReport:
     notices: list[str] = field(default_factory=list)
     """What is wrong with the completions the decode ranks were notified of (``harness.pd.judge_notices``):
     a prompt a rank was never notified of, or with the wrong entry counts."""
+    page_tails: list[str] = field(default_factory=list)
+    """With asynchronous loads: stale slots past a running request's length in its pages on a decode
+    rank (``verify.page_tail``), each rank's first failing step."""
 
     @property
     def passed(self) -> bool:
-        return self.prefill.passed and not self.block_release and not self.notices and self.decode.passed
+        return self.prefill.passed and not self.block_release and not self.notices and self.decode.passed and not self.page_tails
 
     @property
     def transfer_failure(self) -> Failure | None:
@@ -44,8 +47,17 @@ class PDReport:
         return None
 
     @property
+    def page_tail_failure(self) -> Failure | None:
+        if not self.page_tails:
+            return None
+        first, *rest = self.page_tails
+        step = int(first.split(":", 1)[0].removeprefix("step "))
+        message = f"{len(self.page_tails)} page tail(s) not cleared on the decode instance: {first}"
+        return Failure(kind=FailureKind.PD_PAGE_TAIL, step=step, message=message, details=rest[:10])
+
+    @property
     def failure(self):
-        return self.prefill.failure or self.transfer_failure or self.decode.failure
+        return self.prefill.failure or self.transfer_failure or self.decode.failure or self.page_tail_failure
 
     def to_dict(self) -> dict:
         return dict(
@@ -59,6 +71,7 @@ class PDReport:
             entries_written=self.entries_written,
             block_release=self.block_release,
             notices=self.notices,
+            page_tails=self.page_tails,
             wall_time_s=round(self.wall_time_s, 3),
             prefill=json.loads(self.prefill.to_json()),
             decode=json.loads(self.decode.to_json()),
@@ -79,6 +92,7 @@ class PDReport:
             f"kv transfer: {self.entries_sent} entries sent, {self.entries_written} written on the decode ranks",
             *(f"kv transfer: {line}" for line in (self.block_release + self.notices)[:10]),
             f"decode instance: {self.decode.text()}",
+            *(f"decode instance: {line}" for line in self.page_tails[:10]),
             "P/D PASSED" if self.passed else "P/D FAILED",
         ]
         return "\n".join(lines)

@@ -79,6 +79,8 @@ def scenario_to_dict(s: Scenario) -> dict:
     if s.disaggregated is not None:
         pd = s.disaggregated
         out["disaggregated"] = {"kv_connector": pd.kv_connector, "prefill": _non_default(pd.prefill), "decode": _non_default(pd.decode)}
+        if pd.load_steps:
+            out["disaggregated"]["load_steps"] = pd.load_steps
     return out
 
 
@@ -110,6 +112,8 @@ def scenario_to_toml(s: Scenario, header: str = "") -> str:
     if "disaggregated" in d:
         pd = d["disaggregated"]
         lines += ["", "[disaggregated]", f"kv_connector = {_toml_value(pd['kv_connector'])}"]
+        if "load_steps" in pd:
+            lines.append(f"load_steps = {_toml_value(pd['load_steps'])}")
         for role in ("prefill", "decode"):
             lines += ["", f"[disaggregated.{role}]"]
             lines += [f"{k} = {_toml_value(v)}" for k, v in pd[role].items()]

@@ -3,6 +3,7 @@
 ```toml
 [disaggregated]
 kv_connector = "nixl"            # or "resharding"
+# load_steps = 2                 # asynchronous loads over 2 steps (default 0: synchronous)
 [disaggregated.prefill]          # the prefill instance
 decode_context_parallel_size = 2
 prefill_context_parallel_size = 1
@@ -89,6 +90,9 @@ class Disaggregation:
     prefill: Instance
     decode: Instance
     kv_connector: str = "nixl"
+    load_steps: int = 0
+    """Steps the decode instance's asynchronous load of a prompt takes (``engine.async_load``);
+    0: the prompt's KV is written before the step that admits the request."""
 
     @property
     def world_size(self) -> int:
@@ -107,9 +111,12 @@ def parse_disaggregated(table, add) -> Disaggregation | None:
     before = []
     report = lambda path, msg: (before.append(1), add(path, msg))
     for key in table:
-        if key not in ("kv_connector", *ROLES):
-            report(f"disaggregated.{key}", "unknown field (known: kv_connector, prefill, decode)")
+        if key not in ("kv_connector", "load_steps", *ROLES):
+            report(f"disaggregated.{key}", "unknown field (known: kv_connector, load_steps, prefill, decode)")
     connector = table.get("kv_connector", "nixl")
+    load_steps = table.get("load_steps", 0)
+    if not is_int(load_steps) or load_steps < 0:
+        report("disaggregated.load_steps", f"must be an integer >= 0, got {load_steps!r}")
     if connector not in KV_CONNECTORS:
         report("disaggregated.kv_connector", f"must be one of {', '.join(KV_CONNECTORS)}, got {connector!r}")
     instances = {}
@@ -130,7 +137,7 @@ def parse_disaggregated(table, add) -> Disaggregation | None:
         instances[role] = Instance(**values)
     if before:
         return None
-    return Disaggregation(instances["prefill"], instances["decode"], connector)
+    return Disaggregation(instances["prefill"], instances["decode"], connector, load_steps)
 
 
 def smallest_block_size(layers) -> int | None:

@@ -49,6 +49,9 @@ class FailureKind(enum.StrEnum):
     PD_NOTIFICATION = "pd-notification"
     """P/D: a decode rank was never notified of a prompt's transfer, or of the wrong entry counts
     (``harness.pd.judge_notices``)."""
+    PD_PAGE_TAIL = "pd-page-tail"
+    """P/D with asynchronous loads: a decode rank's page of a running request holds a stale entry past
+    the request's length, not cleared (``verify.page_tail``)."""
     ADMISSION = "admission"
     """The longest request the engine admits (``Engine.max_admissible_tokens``) refuses a request
     of the scenario its pools hold, or exceeds what they hold (``verify.admission``)."""

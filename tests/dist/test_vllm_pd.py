@@ -49,9 +49,10 @@ EDGE = {
 
 
 def pd_builtins() -> list:
-    """The P/D built-ins vLLM's engine runs (pd-helix is Helix's: the reference's only, below)."""
+    """The P/D built-ins vLLM's engine runs (pd-helix is Helix's and pd-async-recycled's asynchronous
+    loads are dcpsim's scheduler's: the reference's only, below)."""
     every = [sc for sc in map(load_scenario, builtin_scenario_names()) if sc.disaggregated is not None]
-    return [sc for sc in every if sc.config.kv_cache_layout == "vllm"]
+    return [sc for sc in every if sc.config.kv_cache_layout == "vllm" and not sc.disaggregated.load_steps]
 
 
 def vllm(source, mode: str) -> EngineChoice:
@@ -65,6 +66,8 @@ def test_pd_builtins_get_the_reference_verdicts_under_vllms_scheduler(vllm_sourc
     assert len(scenarios) >= 2
     with pytest.raises(ConfigError, match='the decode instance: kv_cache_layout = "helix": engine vllm'):
         prepare_pd(PDJob(load_scenario("pd-helix"), engine=vllm(vllm_source, mode)))
+    with pytest.raises(ConfigError, match="disaggregated.load_steps 2: the asynchronous loads are dcpsim's scheduler's"):
+        prepare_pd(PDJob(load_scenario("pd-async-recycled"), engine=vllm(vllm_source, mode)))
     world = WorldOptions(timeout=60)
     reference = run_pd_batch([PDJob(sc) for sc in scenarios], world=world)
     got = run_pd_batch([PDJob(sc, engine=vllm(vllm_source, mode)) for sc in scenarios], world=world)

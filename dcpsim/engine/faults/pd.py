@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 
+from dcpsim.engine.async_load import LoadClear
 from dcpsim.engine.connector import NixlConnector, PrefillRelease, ReshardingConnector
 from dcpsim.engine.faults.base import Fault
 from dcpsim.model.arith import cdiv
@@ -27,6 +28,8 @@ class PDFault:
     (``pd_selftest.PCP_PREFILL``)."""
     kv_connector = "nixl"
     """The connector the fault lives in (selftest runs it on a scenario using it)."""
+    scenario = ""
+    """The P/D built-in selftest runs the fault on ('': ``pd_selftest.PD_SCENARIO``)."""
 
     def connector(self, kind: str):
         return None
@@ -37,6 +40,11 @@ class PDFault:
     def release(self):
         """When a prefill rank frees a prompt's block during the transfer (None: the correct
         ``PrefillRelease``, after the last pull the plan expects)."""
+        return None
+
+    def load_clear(self):
+        """What a decode rank clears when an asynchronous load completes (None: the correct
+        ``engine.async_load.LoadClear``, every slot of the request's pages the load did not write)."""
         return None
 
 
@@ -191,3 +199,27 @@ class NixlSkipsEmptyRankNotice(PDFault):
 
     def connector(self, kind):
         return _NotifiesReceiversOnly()
+
+
+class _KeepsPageTails(LoadClear):
+    def cleared(self, pages, page, written):
+        every = super().cleared(pages, page, written)
+        filled = np.unique(np.asarray(written, np.int64) // page)
+        return every[~np.isin(every // page, filled)]  # only the pages the load left empty
+
+
+class NixlPageTailNotCleared(PDFault):
+    name = "nixl-page-tail-not-cleared"
+    bug_class = (
+        "P/D 8. the tail of a partly filled destination page is not cleared around an asynchronous load into a recycled block (vllm#54875)"
+    )
+    description = (
+        "blocks an asynchronous load fills skip the clearing of new blocks (it would race the transfer), so when the "
+        "load completes the decode rank must clear every slot of them it did not write; this one clears only the pages "
+        "the load left empty, and the tail of a partly filled page keeps what the block's earlier request wrote: on "
+        "pd-async-recycled the late requests' last pages are recycled from finished ones"
+    )
+    scenario = "pd-async-recycled"
+
+    def load_clear(self):
+        return _KeepsPageTails()

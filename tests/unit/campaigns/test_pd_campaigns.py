@@ -54,7 +54,10 @@ def test_every_pd_fault_names_a_public_report_or_its_bug():
         "nixl-pulls-outside-intersection",
         "prefill-frees-per-pull",
         "nixl-skips-empty-rank-notice",
+        "nixl-page-tail-not-cleared",
     }
+    assert "vllm#54875" in get_pd_fault("nixl-page-tail-not-cleared").bug_class
+    assert get_pd_fault("nixl-page-tail-not-cleared").scenario == "pd-async-recycled"
     assert "vllm#53205" in get_pd_fault("nixl-pulls-outside-intersection").bug_class
     assert "vllm#57389" in get_pd_fault("nixl-one-source-rank").bug_class
     assert "vllm#38433" in get_pd_fault("nixl-stride-by-dcp").bug_class
@@ -62,3 +65,24 @@ def test_every_pd_fault_names_a_public_report_or_its_bug():
     assert "vllm#54457" in get_pd_fault("nixl-interleave-not-block-size").bug_class
     with pytest.raises(ConfigError, match="not a P/D fault"):
         get_pd_fault("interleave-off-by-one")
+
+
+def test_a_pd_fault_runs_on_the_builtin_it_names():
+    from dcpsim.campaigns.pd_selftest import PD_BASELINES
+    from dcpsim.campaigns.selftest_run import split_faults
+    from dcpsim.cli.selftest import _pd_entries
+
+    entry = _pd_entries(["nixl-page-tail-not-cleared"])[0]
+    assert entry["runs"] == [{"scenario": "pd-async-recycled", "config": "nixl P/D run"}]
+    assert _pd_entries(["nixl-one-source-rank"])[0]["scenarios"] == ["pd-dsv3"]
+    assert split_faults(None, ["pd-async-recycled"])[1] == ["nixl-page-tail-not-cleared"]
+    assert "nixl-page-tail-not-cleared" not in split_faults(None, ["pd-dsv3"])[1]
+    assert PD_BASELINES == 4 and _scenario("nixl", "pd-async-recycled").disaggregated.load_steps == 2
+
+
+def test_the_selftest_counts_every_pd_run():
+    from dcpsim.campaigns.selftest_plan import Plan
+    from dcpsim.campaigns.selftest_run import runs_of
+
+    assert runs_of(Plan(cases=[]), ["nixl-page-tail-not-cleared", "nixl-one-source-rank"]) == 2 + 4  # the faults, then the baselines
+    assert runs_of(Plan(cases=[]), []) == 0
