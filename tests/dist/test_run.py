@@ -15,7 +15,12 @@ import time
 
 import pytest
 
+from dcpsim.campaigns.grid import full_grid
+from dcpsim.campaigns.matrix import page_states
 from dcpsim.cli import main
+from dcpsim.harness.dry_run import dry_run
+from dcpsim.scenarios.load import load_scenario
+from support.helpers import builtin
 
 pytestmark = pytest.mark.dist  # two quick worlds stay in the fast loop; the rest are slow
 
@@ -28,10 +33,17 @@ def run_json(capsys, *argv) -> tuple[int, dict]:
     return code, json.loads(out)
 
 
+GRID = [(scenario, dcp, interleave) for scenario in SCENARIOS for dcp in (1, 2, 3, 4, 8) for interleave in (1, 16, 64)]
+"""dsv3 and dsv41-hybrid at W in 1, 2, 3, 4, 8 and I in 1, 16, 64 (64 = B of every paged group)."""
+RUN_CLI = [("dsv3", 1, 1), ("dsv3", 3, 16), ("dsv41-hybrid", 4, 64)]
+"""The points of ``GRID`` run through ``dcpsim run --json`` here (an odd W, each scenario, W = 1).
+Until issue 29 every point of ``GRID`` was a gloo world of its own here; each is a cell of the
+full matrix (``tests/matrix/test_matrix_full.py``, gloo worlds, the verdict), and its schedule's
+counters are checked in every point by ``test_every_grid_point_schedules_reuse_and_preemption``."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("interleave", [1, 16, 64])  # 64 = B of every paged group
-@pytest.mark.parametrize("dcp", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("scenario, dcp, interleave", RUN_CLI)
 def test_builtin_scenario_passes(capsys, scenario, dcp, interleave):
     code, report = run_json(capsys, scenario, "--dcp", str(dcp), "--interleave", str(interleave))
     assert code == 0, report["failure"]
@@ -44,6 +56,23 @@ def test_builtin_scenario_passes(capsys, scenario, dcp, interleave):
     assert sched["finished"] == sched["requests"]
     assert sched["reused_blocks"] > 0, "finished requests' blocks must be reused"
     assert sched["preemptions"] >= 1
+    assert sched == dry_run(builtin(scenario, dcp, interleave)).summary  # the ranks' schedule is the parent's dry run's
+
+
+@pytest.mark.slow
+def test_every_grid_point_schedules_reuse_and_preemption():
+    """Every point of ``GRID``: the schedule (the parent's dry run, the one the ranks follow:
+    ``test_builtin_scenario_passes`` compares them) finishes every request, reuses blocks and
+    preempts; and the full matrix holds each point as a cell at the scenario's own page, where
+    its gloo world must pass."""
+    cells = {(c.cell.scenario, c.cell.dcp, int(c.cell.interleave), c.cell.block_size, c.cell.kernel_block_size, c.cell.attention)
+             for c in full_grid(SCENARIOS)}  # fmt: skip
+    for scenario, dcp, interleave in GRID:
+        sched = dry_run(builtin(scenario, dcp, interleave)).summary
+        where = f"{scenario} W={dcp} I={interleave}"
+        assert sched["finished"] == sched["requests"] and sched["reused_blocks"] > 0 and sched["preemptions"] >= 1, (where, sched)
+        page = page_states(load_scenario(scenario))
+        assert (scenario, dcp, interleave, page, None, None) in cells, where
 
 
 def test_human_report_and_exit_code_in_a_subprocess():
@@ -129,30 +158,24 @@ def _children_of(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_rank_that_raises_ends_in_exit_3_with_its_traceback():
-    proc = subprocess.run(
-        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--simulate-rank-failure", "raise:1:4"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 3
-    err = proc.stderr
+def test_rank_that_raises_ends_in_exit_3_with_its_traceback(capsys):
+    """In this process (``main``: its exit code, its stderr; the ranks are gloo processes all the
+    same); a run in a subprocess of its own: ``test_human_report_and_exit_code_in_a_subprocess``
+    (exit 0) and ``test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process``
+    (exit 3)."""
+    assert main(["run", "dsv3", "--dcp", "3", "--simulate-rank-failure", "raise:1:4"]) == 3
+    err = capsys.readouterr().err
     assert "primary: rank 1 at step 4" in err
     assert "Traceback" in err and "simulated failure of rank 1 at step 4" in err
     assert "secondary: rank 0" in err and "secondary: rank 2" in err
 
 
 @pytest.mark.slow
-def test_rank_that_exits_is_reported():
-    proc = subprocess.run(
-        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "2", "--simulate-rank-failure", "exit:0:2", "--timeout", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 3
-    assert "rank 0" in proc.stderr and "exited with code 17" in proc.stderr
+def test_rank_that_exits_is_reported(capsys):
+    """In this process, as ``test_rank_that_raises_ends_in_exit_3_with_its_traceback``."""
+    assert main(["run", "dsv3", "--dcp", "2", "--simulate-rank-failure", "exit:0:2", "--timeout", "5"]) == 3
+    err = capsys.readouterr().err
+    assert "rank 0" in err and "exited with code 17" in err
 
 
 @pytest.mark.slow
@@ -195,18 +218,15 @@ def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process
 
 
 @pytest.mark.slow
-def test_a_waiting_run_says_which_ranks_it_waits_for_and_where():
+def test_a_waiting_run_says_which_ranks_it_waits_for_and_where(capsys):
+    """In this process, as ``test_rank_that_raises_ends_in_exit_3_with_its_traceback``."""
     # rank 2 hangs at step 3; ranks 0 and 1 wait for it in step 15's verification until the
     # 6 s process-group timeout: after 5 s without news the parent says so on stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "dcpsim", "run", "dsv3", "--dcp", "3", "--timeout", "6", "--simulate-rank-failure", "hang:2:3"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 3, proc.stderr
-    waits = [line for line in proc.stderr.splitlines() if line.startswith("dcpsim: waiting")]
-    assert waits, proc.stderr
+    code = main(["run", "dsv3", "--dcp", "3", "--timeout", "6", "--simulate-rank-failure", "hang:2:3"])
+    out, err = capsys.readouterr()
+    assert code == 3, err
+    waits = [line for line in err.splitlines() if line.startswith("dcpsim: waiting")]
+    assert waits, err
     # ranks 0 and 1 go on to their next exchange of verification rows (Job.exchange_every):
     # 16 verified steps a queue, the first queue ends at step 15
     assert re.fullmatch(
@@ -214,7 +234,7 @@ def test_a_waiting_run_says_which_ranks_it_waits_for_and_where():
         r"rank 2 at step 3 \(write\)",
         waits[0],
     ), waits
-    assert proc.stdout == ""
+    assert out == ""
 
 
 def _state(pid: int) -> str:
