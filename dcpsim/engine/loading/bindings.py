@@ -22,11 +22,16 @@ the tree holds: its file, its function, its leading parameters.
 from __future__ import annotations
 
 import ast
+import hashlib
 import inspect
+import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from dcpsim.cache import cache_dir
 from dcpsim.engine.loading.placeholders import is_placeholder
 from dcpsim.errors import ConfigError
 
@@ -239,7 +244,60 @@ def probe(root: Path, shape: Shape) -> Found:
 @lru_cache(maxsize=512)
 def parameters(path: str, mtime_ns: int, qualname: str) -> tuple[str, ...] | None:
     """The parameter names of ``qualname`` (a function, a method, a class's ``__init__`` or
-    dataclass fields) defined at the top of the file ``path``, or None."""
+    dataclass fields) defined at the top of the file ``path``, or None. Kept between processes
+    by the file's content (``_Kept``): a rank that binds a tree the parent bound parses none of
+    its files."""
+    kept = _kept(path, mtime_ns)
+    if qualname in kept.found:
+        return kept.found[qualname]
+    have = _parameters(path, mtime_ns, qualname)
+    kept.add(qualname, have)
+    return have
+
+
+class _Kept:
+    """The answers of ``parameters`` for one file's content, in ``$DCPSIM_CACHE/signatures``
+    under the SHA-256 of its bytes: another process (a rank, the next test run) reads them
+    instead of parsing the file again; an edited file (a bug planted in a copy) has another
+    digest, so never another content's answers. A file the cache cannot read or write is
+    parsed as before."""
+
+    VERSION = b"dcpsim-signatures-1"
+    """Part of the key: a change to what ``_parameters`` answers for a file changes it too."""
+
+    def __init__(self, path: str):
+        self.file = None
+        self.found: dict[str, tuple[str, ...] | None] = {}
+        try:
+            digest = hashlib.sha256(self.VERSION + Path(path).read_bytes()).hexdigest()
+        except OSError:
+            return
+        self.file = cache_dir("signatures", digest[:2]) / f"{digest}.json"
+        try:
+            self.found = {k: None if v is None else tuple(v) for k, v in json.loads(self.file.read_text()).items()}
+        except (OSError, ValueError, AttributeError, TypeError):
+            self.found = {}
+
+    def add(self, qualname: str, have: tuple[str, ...] | None) -> None:
+        self.found[qualname] = have
+        if self.file is None:
+            return
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.file.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                json.dump({k: None if v is None else list(v) for k, v in self.found.items()}, out)
+            os.replace(tmp, self.file)  # atomic: a concurrent reader reads a whole file or none
+        except OSError:
+            pass
+
+
+@lru_cache(maxsize=256)
+def _kept(path: str, mtime_ns: int) -> _Kept:
+    return _Kept(path)
+
+
+def _parameters(path: str, mtime_ns: int, qualname: str) -> tuple[str, ...] | None:
     node = _module(path, mtime_ns)
     for part in qualname.split("."):
         node = _child(node, part)

@@ -7,7 +7,8 @@ interpreter (never in an engine's code). ``drop_dead_overflow_checks``: the inte
 integer-overflow checks, which assert nothing outside debug mode, skipped for speed.
 ``quicken_interpreter``: other per-operation and per-launch costs of the interpreter that
 change no result (a helper's re-patching of ``triton.language``, rebuilt block types, a dtype
-table rebuilt per call, an import on the first launch), cut.
+table rebuilt per call, an import on the first launch, per-operation wrappers, tensor shapes and
+type checks whose answer is known), cut.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ _QUICK = False
 
 
 def quicken_interpreter() -> None:
-    """Four costs of Triton 3.9's interpreter that change no result, cut (process-wide,
+    """Costs of Triton 3.9's interpreter that change no result, cut (process-wide,
     idempotent; every loaded tree and the ranks' forkserver run it):
 
     * Its first ``mangle_type`` (the first launch of a process) imports
@@ -127,6 +128,12 @@ def quicken_interpreter() -> None:
       language module the launch has not patched is patched as Triton does. A launch's own
       patching finds the language modules' builtins once (not with ``inspect.getmembers`` on
       every launch).
+    * Every ``tl`` operation's Python: a patched builtin calls the function under Triton's
+      ``@builtin`` wrapper itself (``_call_builtins_directly``); a new tensor takes what its
+      type alone decides from the last tensor of that type (``_quicker_tensors``); operands of
+      one integer type and shape skip the type checks, and blocks of one shape the broadcast,
+      that would return them as they are (``_skip_equal_int_operands``,
+      ``_skip_equal_broadcasts``).
     """
     global _QUICK
     if _QUICK:
@@ -139,6 +146,10 @@ def quicken_interpreter() -> None:
     interpreter._get_np_dtype = _remembering_np_dtype(interpreter._get_np_dtype, tl)
     _share_block_types(interpreter, tl)
     _skip_repatching(interpreter, tl)
+    _call_builtins_directly(interpreter, tl)
+    _quicker_tensors(tl)
+    _skip_equal_broadcasts(interpreter)
+    _skip_equal_int_operands(interpreter, tl)
     _QUICK = True
 
 
@@ -234,3 +245,98 @@ def _skip_repatching(interpreter, tl) -> None:
     interpreter._patch_builtin = patch_builtin
     interpreter._patch_lang = patch_lang
     interpreter.InterpretedFunction.__call__ = call
+
+
+def _call_builtins_directly(interpreter, tl) -> None:
+    """A patched builtin (``_patch_attr``: every ``tl.*`` operation and ``tensor`` operator a
+    kernel calls) calls the function under Triton's ``@builtin`` wrapper itself: that wrapper
+    only refuses a call without ``_semantic``, and the patched builtin always passes the
+    interpreter's. Its keyword arguments are copied only when there are any (Triton's drops a
+    caller's ``_semantic``, as this does)."""
+    wrapper_code = tl.core.builtin(lambda _semantic=None: None).__code__
+    names = interpreter.__dict__  # interpreter_semantic, read at each call as Triton's lambda does
+    original = interpreter._patch_attr
+
+    def patch_attr(obj, name, member, builder, scope):
+        fn = getattr(member, "__wrapped__", None)
+        if fn is None or getattr(member, "__code__", None) is not wrapper_code:
+            return original(obj, name, member, builder, scope)
+
+        def patched(*args, **kwargs):
+            if not kwargs:
+                return fn(*args, _semantic=names["interpreter_semantic"])
+            if "member" in kwargs:  # Triton's lambda takes it as the member to call
+                callee = kwargs.pop("member")
+                return callee(*args, **{k: v for k, v in kwargs.items() if k != "_semantic"}, _semantic=names["interpreter_semantic"])
+            return fn(*args, **{k: v for k, v in kwargs.items() if k != "_semantic"}, _semantic=names["interpreter_semantic"])
+
+        scope.set_attr(obj, name, patched)
+
+    interpreter._patch_attr = patch_attr
+
+
+def _quicker_tensors(tl) -> None:
+    """``tl.tensor(handle, type)`` (every operation's result) without rebuilding, per tensor,
+    what depends on its type alone: the type of its shape tuple and its element count. Each
+    tensor still gets its own shape tuple (a Triton ``tuple`` of new ``constexpr``s) and its
+    own ``numel``, with the same values as Triton's ``__init__`` gives."""
+    tensor, triton_tuple, constexpr = tl.core.tensor, tl.core.tuple, tl.constexpr
+    original = tensor.__init__
+    known: dict = {}  # id(type) -> (type, its shape, the shape tuple's type, numel)
+
+    def init(self, handle, type):
+        found = known.get(id(type))
+        if found is None or found[0] is not type:
+            original(self, handle, type)
+            if len(known) < 4096:
+                known[id(type)] = (type, [s.value for s in self.shape.values], self.shape.type, self.numel.value)
+            return
+        _, dims, shape_type, numel = found
+        self.handle = handle
+        self.shape = None  # set below, as Triton's __init__ sets it twice: the attributes keep their order
+        self.numel = constexpr(numel)
+        self.type = type
+        self.dtype = type.scalar
+        shape = object.__new__(triton_tuple)
+        shape.values = [constexpr(d) for d in dims]
+        shape.type = shape_type
+        self.shape = shape
+
+    tensor.__init__ = init
+
+
+def _skip_equal_broadcasts(interpreter) -> None:
+    """``broadcast_impl_value`` of two blocks of the same shape returns them as they are (as
+    Triton's does, after building the shape it compares): answered without building it."""
+    semantic, block_type = interpreter.TritonSemantic, interpreter.tl.block_type
+    original = semantic.broadcast_impl_value
+
+    def broadcast_impl_value(self, lhs, rhs):
+        lhs_ty, rhs_ty = lhs.type, rhs.type
+        if type(lhs_ty) is block_type and type(rhs_ty) is block_type and lhs_ty.shape.values == rhs_ty.shape.values:
+            return lhs, rhs
+        return original(self, lhs, rhs)
+
+    semantic.broadcast_impl_value = broadcast_impl_value
+
+
+def _skip_equal_int_operands(interpreter, tl) -> None:
+    """``binary_op_type_checking_impl`` of two tensors of one integer type (the same dtype
+    object) and one shape (two scalars, or two blocks of the same shape) returns them as they
+    are, as Triton's does after its checks: no pointer (nothing to refuse), the computation
+    type is that integer type (no cast), nothing to broadcast. Answered without the checks."""
+    semantic, tensor, block_type = interpreter.TritonSemantic, tl.tensor, tl.block_type
+    original = semantic.binary_op_type_checking_impl
+
+    def binary_op_type_checking_impl(self, lhs, rhs, *args, **kwargs):
+        if type(lhs) is tensor and type(rhs) is tensor:
+            lhs_ty, rhs_ty = lhs.type, rhs.type
+            scalar = lhs.dtype
+            if scalar is rhs.dtype and not scalar.is_ptr() and scalar.is_int():
+                if lhs_ty is scalar and rhs_ty is scalar:
+                    return lhs, rhs
+                if type(lhs_ty) is block_type and type(rhs_ty) is block_type and lhs_ty.shape.values == rhs_ty.shape.values:
+                    return lhs, rhs
+        return original(self, lhs, rhs, *args, **kwargs)
+
+    semantic.binary_op_type_checking_impl = binary_op_type_checking_impl

@@ -59,6 +59,53 @@ def source_dir(given: str | None, *, engine: str, package: str, fetch: str) -> s
     return source
 
 
+class _Mark:
+    """A place in ``sys.modules``' order (a dict keeps its keys in the order they were put):
+    an empty module of its own put last, so that the names put after it, and only those, are
+    the names put (or put back) in ``sys.modules`` since, found without reading the rest."""
+
+    _count = 0
+
+    def __init__(self):
+        _Mark._count += 1
+        self.key = f"dcpsim.engine.loading.tree:mark-{_Mark._count}"
+        sys.modules[self.key] = types.ModuleType(self.key)
+
+    def drop(self) -> list[str] | None:
+        """The mark taken out; the names put in ``sys.modules`` after it (None: someone took
+        the mark out, so nothing is known)."""
+        keys = list(sys.modules)
+        if sys.modules.pop(self.key, None) is None:
+            return None
+        keys.reverse()
+        return keys[: keys.index(self.key)]
+
+
+_OUTSIDE: dict[str, tuple[list[str], _Mark]] = {}
+"""Per package: its names ``sys.modules`` held when the last context of the package (of any
+tree) ended, and a mark put then."""
+
+
+def _present(package: str, scan) -> list[str]:
+    """The names of ``package`` in ``sys.modules`` now: those it held when the last context of
+    the package ended that it still holds, and those put since (``scan(keys)`` picks the
+    package's names); ``scan()`` over all of ``sys.modules`` when nothing is known (the first
+    context, a context inside another of the package, a mark taken out)."""
+    known = _OUTSIDE.pop(package, None)
+    added = known[1].drop() if known is not None else None
+    if added is None:
+        return scan()
+    return list(dict.fromkeys([k for k in known[0] if k in sys.modules] + scan(added)))
+
+
+def _left(package: str, names: list[str]) -> None:
+    """A context of ``package`` ended with ``names`` its names in ``sys.modules``."""
+    previous = _OUTSIDE.pop(package, None)
+    if previous is not None:
+        previous[1].drop()
+    _OUTSIDE[package] = (names, _Mark())
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, tree: SourceTree, real: set[str]):
         self.tree, self.real = tree, real
@@ -143,20 +190,25 @@ class SourceTree:
     def _ours(self, name: str) -> bool:
         return name == self.package or name.startswith(self.package + ".")
 
-    def _our_names(self) -> list[str]:
-        """The names of ``sys.modules`` in this tree's package (one pass, no call a name)."""
+    def _our_names(self, keys=None) -> list[str]:
+        """The names of ``keys`` (all of ``sys.modules`` by default) in this tree's package."""
         dotted = self.package + "."
-        return [k for k in list(sys.modules) if k.startswith(dotted) or k == self.package]
+        return [k for k in (list(sys.modules) if keys is None else keys) if k.startswith(dotted) or k == self.package]
 
     @contextlib.contextmanager
     def _installed(self, finder: _Finder, modules: dict):
         """This tree's package importable: ``modules`` in ``sys.modules``, ``finder`` first on
-        the meta path; whatever held the package's names before comes back afterwards."""
+        the meta path; whatever held the package's names before comes back afterwards.
+
+        Which names of the package ``sys.modules`` holds is known without reading all of it
+        (``_Mark``): on entry, those known when the last context of the package ended plus
+        those added since; on exit, ``modules`` plus those added inside."""
         with _LOCK:
-            saved = {k: sys.modules.pop(k) for k in self._our_names()}
+            saved = {k: sys.modules.pop(k) for k in _present(self.package, self._our_names)}
             absent = {n: StubModule(n, None) for n in self.absent_third_party if n not in sys.modules}
             sys.modules.update(absent)
             sys.modules.update(modules)
+            inside = _Mark()
             sys.meta_path.insert(0, finder)
             try:
                 yield
@@ -164,9 +216,13 @@ class SourceTree:
                 sys.meta_path.remove(finder)
                 for n in absent:
                     sys.modules.pop(n, None)
-                for k in self._our_names():
-                    self._imported[k] = sys.modules.pop(k)
+                added = inside.drop()
+                names = self._our_names() if added is None else [*modules, *self._our_names(added)]
+                for k in dict.fromkeys(names):
+                    if k in sys.modules:
+                        self._imported[k] = sys.modules.pop(k)
                 sys.modules.update(saved)
+                _left(self.package, list(saved))
 
     def importable(self):
         """A context in which the loaded code may import lazily (at call time) what it imports:

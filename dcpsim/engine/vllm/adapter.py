@@ -52,6 +52,8 @@ from dcpsim.model.kinds import Storage
 __all__ = ["VLLM_MERGES", "VLLM_RELEASES", "VLLM_SCHEDULERS", "VllmCallError", "VllmEngine"]
 
 RUNNERS = ("v2", "v1")
+LENS_ANSWERS_KEPT = 4096
+"""How many of vLLM's local-length answers an engine keeps (``VllmEngine.local_seq_lens``)."""
 FULL_SCHEDULER_RELEASES = ("0.31.0", "0.32.0", "0.33.0", "0.34.0")
 """The releases whose v1 ``Scheduler`` dcpsim's stand-in ``VllmConfig`` (``sched_config``) covers,
 measured; elsewhere ``--vllm-scheduler full`` is exit 2 naming the attribute the stand-in lacks."""
@@ -135,6 +137,8 @@ class VllmEngine(ReferenceEngine):
             self._combine = VllmCombine(ag, a2a, self.backend.lse_base_on_e, merge_programs)
         self._kernel_table = self._function(mods, "kernel_block_table")
         self._local_lens = self._function(mods, "local_seq_lens")
+        self._lens_answers: dict = {}
+        """vLLM's local lengths by their arguments (``local_seq_lens``)."""
         self._table_width = self._function(mods, "block_table_width")
         self._unify = self._function(mods, "kv_cache_layout")
         self._rule = read_rule(str(self.tree.root)) if b.has("hybrid_manager_rule") else None
@@ -348,7 +352,20 @@ class VllmEngine(ReferenceEngine):
     def local_seq_lens(self, geometry, seq_lens, dcp_rank):
         if self._local_lens is None:
             return super().local_seq_lens(geometry, seq_lens, dcp_rank)
-        return metadata.local_seq_lens(self._local_lens, geometry, seq_lens, dcp_rank)
+        lens = np.asarray(seq_lens, dtype=np.int64)
+        if not geometry.sharded:
+            return lens
+        # vLLM's get_dcp_local_seq_lens is a function of its arguments alone, and about half of a
+        # run's calls repeat an earlier call's (the metadata and the checker ask alike): a repeat
+        # takes the answer vLLM gave for the same bytes
+        key = (lens.shape, lens.tobytes(), geometry.dcp_size, dcp_rank, geometry.interleave_size)
+        found = self._lens_answers.get(key)
+        if found is None:
+            found = metadata.local_seq_lens(self._local_lens, geometry, lens, dcp_rank)
+            if len(self._lens_answers) >= LENS_ANSWERS_KEPT:
+                self._lens_answers.clear()
+            self._lens_answers[key] = found
+        return found.copy()
 
     def query_local_bounds(self, geometry, start, stop, dcp_rank):
         lens = np.arange(start, stop, dtype=np.int64) + 1

@@ -89,3 +89,32 @@ def test_a_tree_that_does_not_parse_is_exit_2_naming_file_and_line(tmp_path):
     root = tree(tmp_path, {**OLD_TREE, "pkg/mod.py": "def kernel(a, b:\n"})
     with pytest.raises(ConfigError, match=r"Eng source .*: pkg/mod.py:1: SyntaxError"):
         bind(root, TABLE, release=None, label="Eng", flag="--eng-source")
+
+
+def test_answers_are_kept_between_processes_by_the_file_content(tmp_path, monkeypatch):
+    """A process that binds a tree another bound (a rank after its parent) reads the parameters
+    found before ($DCPSIM_CACHE/signatures, by the file's SHA-256) instead of parsing; a file
+    whose content changed is parsed again, and a missing definition is kept as missing."""
+    from dcpsim.engine.loading import bindings
+
+    monkeypatch.setenv("DCPSIM_CACHE", str(tmp_path / "cache"))
+    path = tree(tmp_path, {"m.py": "def kernel(a, b):\n    pass\n"}) / "m.py"
+    assert parameters(str(path), path.stat().st_mtime_ns, "kernel") == ("a", "b")
+    assert parameters(str(path), path.stat().st_mtime_ns, "gone") is None
+    assert len(list((tmp_path / "cache" / "signatures").rglob("*.json"))) == 1
+
+    def no_parse(*args):
+        raise AssertionError("parsed again")
+
+    for fn in (bindings.parameters, bindings._kept, bindings._module):  # as a new process
+        fn.cache_clear()
+    monkeypatch.setattr(bindings, "_module", no_parse)
+    assert parameters(str(path), path.stat().st_mtime_ns, "kernel") == ("a", "b")
+    assert parameters(str(path), path.stat().st_mtime_ns, "gone") is None
+    path.write_text("def kernel(a, b, c):\n    pass\n")  # another content: never the kept answer
+    with pytest.raises(AssertionError, match="parsed again"):
+        parameters(str(path), path.stat().st_mtime_ns + 1, "kernel")
+    monkeypatch.undo()
+    for fn in (bindings.parameters, bindings._kept, bindings._module):
+        fn.cache_clear()
+    assert parameters(str(path), path.stat().st_mtime_ns, "kernel") == ("a", "b", "c")

@@ -1,6 +1,7 @@
 """``loading.interpreter.quicken_interpreter`` changes no result of an interpreted kernel: a
 kernel calling ``@triton.jit`` helpers (one seeing ``triton.language``, which the launch has
-patched, one seeing only ``triton.language.core``, which it has not) computes the same values
+patched, one seeing only ``triton.language.core``, which it has not), and subtracting operands
+of one type and shape (whose checks the quickened interpreter skips), computes the same values
 with and without it, and with it the helpers' calls stop re-patching the language module.
 Each run is its own process (the interpreter and its patches are process-wide)."""
 
@@ -29,7 +30,14 @@ def kernel(x_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
     for _ in range(3):
         x = twice(x)
     x = plus_one(x)
-    tl.store(out_ptr + offs, x, mask=offs < N)
+    # operands of one integer type and shape (blocks, scalars), and blocks of one shape cast to
+    # one type: what quicken_interpreter answers without Triton's checks (in order: - is not
+    # symmetric)
+    y = x - x // 2
+    z = x.to(tl.int64) - y
+    pid = tl.program_id(0)
+    s = pid * 3 - pid
+    tl.store(out_ptr + offs, z + s, mask=offs < N)
 """
 
 HELPERS = """
@@ -90,7 +98,7 @@ def _run(tmp_path, mode: str) -> dict:
 @pytest.mark.slow  # two processes importing torch and Triton
 def test_a_quickened_interpreter_computes_the_same_values_and_stops_repatching(tmp_path):
     plain, quick = _run(tmp_path, "plain"), _run(tmp_path, "quick")
-    assert plain["out"] == [8 * i + 1 for i in range(10)]
+    assert plain["out"] == [(8 * i + 1) // 2 + 2 * (i // 4) for i in range(10)]
     assert quick["out"] == plain["out"]
     # plain: the launch patches triton.language, and so does each of the 3 programs' 3 calls of
     # `twice` (as many patches as the launch's); quickened, those 9 calls skip it. `plus_one`

@@ -69,3 +69,35 @@ def test_compiled_code_is_kept_by_source_and_names_the_file_loaded(tmp_path, mon
     assert copy.C().g() == str(tmp_path / "b" / "fakepkg" / "sub" / "mod.py")  # nested code names the copy
     changed = fake_tree(tmp_path / "c", body.replace("return 1", "return 2")).load(["fakepkg.sub.mod"])["fakepkg.sub.mod"]
     assert changed.f() == 2 and len(list((tmp_path / "cache" / "code").rglob("*.code"))) == 2
+
+
+def test_importable_finds_the_package_names_put_in_sys_modules_between_and_inside_its_contexts(tmp_path):
+    """``_installed`` reads only what ``sys.modules`` gained since its last context (``tree._Mark``):
+    a module of the package that someone else put there between two contexts (a real ``fakepkg``
+    installed beside the tree) is hidden inside the next context and comes back after it; one put
+    inside a context is taken out with the tree's own; one removed between contexts stays removed."""
+    import types
+
+    tree = fake_tree(tmp_path, "def call():\n    import sys\n    return sys.modules.get('fakepkg.other')\n")
+    mod = tree.load(["fakepkg.sub.mod"])["fakepkg.sub.mod"]
+    with tree.importable():
+        pass
+    theirs = {n: types.ModuleType(n) for n in ("fakepkg", "fakepkg.other")}
+    try:
+        sys.modules.update(theirs)  # put after the tree's last context ended
+        with tree.importable():
+            assert sys.modules["fakepkg.sub.mod"] is mod
+            assert mod.call() is None  # the other fakepkg's module is hidden meanwhile
+            assert sys.modules.get("fakepkg") is not theirs["fakepkg"]
+            sys.modules["fakepkg.inside"] = types.ModuleType("fakepkg.inside")
+        assert all(sys.modules.get(n) is m for n, m in theirs.items())  # back afterwards
+        assert "fakepkg.inside" not in sys.modules and "fakepkg.sub.mod" not in sys.modules
+        del sys.modules["fakepkg.other"]  # removed between contexts: not put back
+        with tree.importable():
+            assert mod.call() is None and sys.modules.get("fakepkg") is not theirs["fakepkg"]
+        assert sys.modules.get("fakepkg") is theirs["fakepkg"] and "fakepkg.other" not in sys.modules
+        with tree.importable():
+            assert "fakepkg.inside" in sys.modules  # what the tree imported before comes back inside
+    finally:
+        for n in (*theirs, "fakepkg.inside"):
+            sys.modules.pop(n, None)
