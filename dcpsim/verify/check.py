@@ -50,7 +50,7 @@ from dcpsim.verify.options import CheckOptions
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
 from dcpsim.verify.pcp_mask import judge_pcp_keys
 from dcpsim.verify.prefix_hit import PrefixHitJudge, hits_judged
-from dcpsim.verify.read import read_slots
+from dcpsim.verify.read import read_slots, read_slots_all
 from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.retention import RetentionJudge
 from dcpsim.verify.table_digest import TableDigests
@@ -224,7 +224,7 @@ class Checker:
         index = np.concatenate([e[0] for e in expected])
         content = np.concatenate([e[1] for e in expected])
         store = self.store_of[g]
-        slots = np.concatenate([read_slots(self.groups[g], row, e[2]) for row, e in zip(table, expected)])
+        slots = read_slots_all(self.groups[g], table, [e[2] for e in expected])
         got = self.view.read_entries(store, slots)
         bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != store)
         reads, at = [], 0

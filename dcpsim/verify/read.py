@@ -31,3 +31,28 @@ def read_slots(group: ExpectedGroup, row: np.ndarray, local_index: np.ndarray) -
     slots = np.full(len(local_index), -1, dtype=np.int64)
     slots[inside] = (row[entry[inside]] * per_page + sub[inside]) * bk + local_index[inside] % bk
     return slots
+
+
+def read_slots_all(group: ExpectedGroup, rows: list[np.ndarray], local_indices: list[np.ndarray]) -> np.ndarray:
+    """``read_slots`` of each request's ``(row, local indices)``, concatenated, in one pass over
+    all of a group's requests (a ring, or negative local indices: request by request)."""
+    if not rows:
+        return np.zeros(0, dtype=np.int64)
+    local = np.concatenate([np.asarray(x, dtype=np.int64) for x in local_indices])
+    if group.storage is Storage.RING or len(rows) == 1 or (len(local) and local.min() < 0):
+        return np.concatenate([read_slots(group, row, x) for row, x in zip(rows, local_indices)])
+    rows = [np.asarray(row, dtype=np.int64) for row in rows]
+    lens = np.array([len(row) for row in rows], dtype=np.int64)
+    owner = np.repeat(np.arange(len(rows)), [len(x) for x in local_indices])
+    page = group.page_states
+    bk = group.kernel_block_size or page
+    per_page = page // bk
+    entry, sub = np.divmod(local // bk, per_page)  # block-table entry, kernel block in it
+    flat = np.concatenate(rows)
+    at = (np.cumsum(lens) - lens)[owner] + entry  # the entry in the concatenated rows
+    inside = entry < lens[owner]
+    if inside.all():  # every index has an entry (most reads): no mask
+        return (flat[at] * per_page + sub) * bk + local % bk
+    slots = np.full(len(local), -1, dtype=np.int64)
+    slots[inside] = (flat[at[inside]] * per_page + sub[inside]) * bk + local[inside] % bk
+    return slots

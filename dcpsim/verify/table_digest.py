@@ -8,6 +8,11 @@ so a row that stays at its place in the sequence keeps its terms: ``TableDigests
 check compares the row with those entries (at memory speed) and hashes only the entries that
 changed, were appended or were cut off. A row is the whole context (164K entries at 10M
 tokens) while a step adds a few; the digest is the same number as from scratch.
+
+The terms of a check are hashed in one pass: every (group, request) lists the pieces it
+needs (its header ``req_index, len(row)``, and its whole row or only the entries that
+changed, were appended or were cut off), and one ``ordered_terms`` call over all the pieces,
+then a segment sum, gives each piece's sum (mod 2**64, so the grouping changes no digest).
 """
 
 from __future__ import annotations
@@ -16,13 +21,35 @@ import numpy as np
 
 from dcpsim.verify.digest import as_int64s, ordered_terms
 
+_MASK = (1 << 64) - 1
 
-def _terms(values: np.ndarray, first_place: int) -> int:
-    """The sum (mod 2**64) of the terms of ``values`` at places ``first_place, first_place + 1, ...``."""
-    if not len(values):
-        return 0
-    places = np.arange(first_place, first_place + len(values), dtype=np.int64)
-    return int(ordered_terms(values, np.zeros(len(values), np.int64), places).sum(dtype=np.uint64))
+
+class _Pieces:
+    """Values and their places to hash in one ``ordered_terms`` pass; ``add`` returns the
+    piece's number, ``sums()`` each piece's sum of terms (mod 2**64) as Python ints."""
+
+    def __init__(self):
+        self.values: list[np.ndarray] = []
+        self.places: list[np.ndarray] = []
+
+    def add(self, values: np.ndarray, places: np.ndarray) -> int:
+        self.values.append(values)
+        self.places.append(places)
+        return len(self.values) - 1
+
+    def add_run(self, values: np.ndarray, first: int) -> int:
+        return self.add(values, np.arange(first, first + len(values), dtype=np.int64))
+
+    def sums(self) -> list[int]:
+        if not self.values:
+            return []
+        lengths = np.array([len(v) for v in self.values], dtype=np.int64)
+        values = np.concatenate(self.values).astype(np.int64, copy=False)
+        terms = ordered_terms(values, np.zeros(len(values), np.int64), np.concatenate(self.places))
+        running = np.zeros(len(terms) + 1, dtype=np.uint64)
+        np.cumsum(terms, dtype=np.uint64, out=running[1:])
+        ends = np.cumsum(lengths)
+        return (running[ends] - running[ends - lengths]).tolist()  # wraps mod 2**64
 
 
 class TableDigests:
@@ -35,36 +62,43 @@ class TableDigests:
         """Per group, the digest of the requests ``req_indices`` in order (``table``: their
         rows, group by group), as int64s. Forgets the rows of requests not in the step."""
         kept, self._kept = self._kept, {}
-        mask = (1 << 64) - 1
-        out = np.zeros(num_groups, dtype=np.uint64)
         n = len(req_indices)
+        pieces = _Pieces()
+        plans = []  # per (group, request): (group, key, place, row, kept body, [(sign, piece)]), header first
         for g in range(num_groups):
-            total, place = 0, 1  # places count from 1 within a group's sequence
+            place = 1  # places count from 1 within a group's sequence
             for req, row in zip(req_indices, table[g * n : (g + 1) * n]):
                 row = np.asarray(row, dtype=np.int64)
-                total += _terms(np.array([req, len(row)], dtype=np.int64), place)
-                body = self._body(kept.get((g, req)), row, place + 2)
-                self._kept[(g, req)] = (place + 2, row, body)
-                total += body
+                header = pieces.add_run(np.array([req, len(row)], dtype=np.int64), place)
+                body, parts = self._body_pieces(kept.get((g, req)), row, place + 2, pieces)
+                plans.append((g, (g, req), place + 2, row, body, [(1, header)] + parts))
                 place += len(row) + 2
-            out[g] = total & mask
-        return as_int64s(out)
+        sums = pieces.sums()
+        out = [0] * num_groups
+        for g, key, first, row, body, parts in plans:
+            header, parts = sums[parts[0][1]], parts[1:]
+            for sign, piece in parts:
+                body += sign * sums[piece]
+            body &= _MASK
+            self._kept[key] = (first, row, body)
+            out[g] += header + body
+        return as_int64s(np.array([total & _MASK for total in out], dtype=np.uint64))
 
     @staticmethod
-    def _body(before: tuple[int, np.ndarray, int] | None, row: np.ndarray, first: int) -> int:
-        """The sum of ``row``'s terms from place ``first``, from what was kept where it can be."""
+    def _body_pieces(before: tuple[int, np.ndarray, int] | None, row: np.ndarray, first: int, pieces: _Pieces):
+        """The pieces whose terms turn what was kept of a row into ``row``'s sum of terms from
+        place ``first``: ``(the kept sum, [(sign, piece)])`` (the whole row when nothing fits)."""
         if before is None or before[0] != first:
-            return _terms(row, first)
+            return 0, [(1, pieces.add_run(row, first))] if len(row) else []
         _, old, body = before
         m = min(len(old), len(row))
         changed = np.flatnonzero(old[:m] != row[:m])
-        body -= _terms_at(old, changed, first) + _terms(old[m:], first + m)
-        body += _terms_at(row, changed, first) + _terms(row[m:], first + m)
-        return body & ((1 << 64) - 1)
-
-
-def _terms_at(row: np.ndarray, columns: np.ndarray, first: int) -> int:
-    """The sum of the terms of ``row``'s entries at ``columns`` (places ``first + column``)."""
-    if not len(columns):
-        return 0
-    return int(ordered_terms(row[columns], np.zeros(len(columns), np.int64), first + columns).sum(dtype=np.uint64))
+        parts = []
+        if len(changed):
+            places = first + changed
+            parts += [(-1, pieces.add(old[changed], places)), (1, pieces.add(row[changed], places))]
+        if len(old) > m:
+            parts.append((-1, pieces.add_run(old[m:], first + m)))
+        if len(row) > m:
+            parts.append((1, pieces.add_run(row[m:], first + m)))
+        return body, parts

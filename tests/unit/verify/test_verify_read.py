@@ -77,3 +77,24 @@ def test_reads_find_what_the_reference_engine_writes(name, W, I, Bk):
         if expected.sharded:  # every position (or record) of the write on exactly one rank
             everything = np.arange(n // expected.tokens_per_state)
             assert np.array_equal(np.sort(np.concatenate(stored)), everything)
+
+
+@pytest.mark.parametrize("storage,Bk", [(Storage.PAGED, None), (Storage.PAGED, 16), (Storage.RECORDS, None), (Storage.RING, None)])
+def test_reading_a_group_s_requests_in_one_pass_equals_reading_each(storage, Bk):
+    """``read_slots_all`` (one pass over every request of a group) gives each request's
+    ``read_slots``, concatenated: rows of different lengths (empty ones too), indices past a
+    short row (-1), kernel blocks, records and rings."""
+    from dcpsim.verify.read import read_slots_all
+
+    if storage is Storage.RECORDS:
+        g = group(storage, B=32, R=2)
+    else:
+        g = group(storage, B=32 if storage is Storage.PAGED else 8, sharded=storage is Storage.PAGED, Bk=Bk)
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        n = int(rng.integers(1, 6))
+        rows = [rng.integers(1, 50, size=int(rng.integers(0 if storage is not Storage.RING else 1, 5))) for _ in range(n)]
+        local = [np.sort(rng.integers(0, 160, size=int(rng.integers(0, 12)))) for _ in range(n)]
+        each = np.concatenate([read_slots(g, row, x) for row, x in zip(rows, local)])
+        assert read_slots_all(g, rows, local).tolist() == each.tolist()
+    assert read_slots_all(g, [], []).tolist() == []
