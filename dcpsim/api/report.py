@@ -53,7 +53,8 @@ class Failure:
     further_bad: int = 0
     """Bad indices after the first."""
     instance: str | None = None
-    """A P/D run: the instance (``prefill``, ``decode``) that failed."""
+    """A P/D run: the instance (``prefill``, ``decode``) that failed; None for the transfer between
+    them (a prefill block's release, a completion notice)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,15 @@ class Report:
     def of(cls, report: RunReport | PDReport, notes: tuple[str, ...] = ()) -> Report:
         if isinstance(report, PDReport):
             parts = (("prefill", report.prefill), ("decode", report.decode))
-            failed = next(((role, r.failure) for role, r in parts if r.failure is not None), (None, None))
+            # in the order of PDReport.failure: the transfer's (block release, notices) between the
+            # instances, the page tails the decode instance's
+            failures = (
+                ("prefill", report.prefill.failure),
+                (None, report.transfer_failure),
+                ("decode", report.decode.failure),
+                ("decode", report.page_tail_failure),
+            )
+            failed = next(((role, f) for role, f in failures if f is not None), (None, None))
             return cls(
                 scenario=report.scenario,
                 passed=report.passed,

@@ -41,3 +41,22 @@ def test_a_gloo_run_gives_the_cli_verdict_and_document(name, flags, kwargs):
 def test_a_broken_gloo_run_fails_with_its_kind():
     report = dcpsim.run("dsv3", dcp=2, inject="interleave-off-by-one", interleave=4)
     assert report.passed is False and report.failure.kind == "wrong-content"
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, fault, kind, instance",
+    [
+        ("pd-dsv3", "nixl-one-source-rank", "wrong-content", "decode"),
+        ("pd-dsv3", "nixl-skips-empty-rank-notice", "pd-notification", None),
+        ("pd-async-recycled", "nixl-page-tail-not-cleared", "pd-page-tail", "decode"),
+    ],
+)
+def test_a_broken_pd_run_names_its_failure_as_the_cli_does(name, fault, kind, instance):
+    """A P/D run's failure in the instances, in the transfer between them and in the decode
+    instance's page tails: the API's failure is the report's first, as ``run --json`` gives it."""
+    report = dcpsim.run(name, inject=fault)
+    assert report.passed is False and report.failure is not None, report.text()
+    assert (report.failure.kind, report.failure.instance) == (kind, instance), report.failure
+    assert report.failure.message == report.source.failure.message
