@@ -83,7 +83,7 @@ CONNECTORS = {c.name: c for c in (NixlConnector, ReshardingConnector)}
 def read_pages(runner: ModelRunner, group: int, row: np.ndarray) -> np.ndarray:
     """``[len(row) * B, 5]``: the entries of the blocks of ``row`` of one group, in local order."""
     store = runner.stores[group]
-    row = np.asarray(row, dtype=np.int64)
+    row = np.array(row, dtype=np.int64)  # a copy: torch warns on indexing with a read-only view
     return store.data[row].reshape(-1, len(FIELDS)).numpy().copy()
 
 
