@@ -21,16 +21,7 @@ def read_slots(group: ExpectedGroup, row: np.ndarray, local_index: np.ndarray) -
     row = np.asarray(row, dtype=np.int64)
     if group.storage is Storage.RING:
         return int(row[0]) * group.block_size + local_index % group.block_size
-    page = group.page_states
-    bk = group.kernel_block_size or page
-    per_page = page // bk
-    entry, sub = np.divmod(local_index // bk, per_page)  # block-table entry, kernel block in it
-    if len(entry) and entry.max() < len(row):  # every index has an entry (most reads): no mask
-        return (row[entry] * per_page + sub) * bk + local_index % bk
-    inside = entry < len(row)
-    slots = np.full(len(local_index), -1, dtype=np.int64)
-    slots[inside] = (row[entry[inside]] * per_page + sub[inside]) * bk + local_index[inside] % bk
-    return slots
+    return _through_rows(group, row, 0, len(row), local_index)
 
 
 def read_slots_all(group: ExpectedGroup, rows: list[np.ndarray], local_indices: list[np.ndarray]) -> np.ndarray:
@@ -39,20 +30,26 @@ def read_slots_all(group: ExpectedGroup, rows: list[np.ndarray], local_indices: 
     if not rows:
         return np.zeros(0, dtype=np.int64)
     local = np.concatenate([np.asarray(x, dtype=np.int64) for x in local_indices])
-    if group.storage is Storage.RING or len(rows) == 1 or (len(local) and local.min() < 0):
+    if group.storage is Storage.RING or (len(local) and local.min() < 0):
         return np.concatenate([read_slots(group, row, x) for row, x in zip(rows, local_indices)])
     rows = [np.asarray(row, dtype=np.int64) for row in rows]
     lens = np.array([len(row) for row in rows], dtype=np.int64)
     owner = np.repeat(np.arange(len(rows)), [len(x) for x in local_indices])
+    return _through_rows(group, np.concatenate(rows), (np.cumsum(lens) - lens)[owner], lens[owner], local)
+
+
+def _through_rows(group: ExpectedGroup, flat: np.ndarray, start, length, local: np.ndarray) -> np.ndarray:
+    """The paged read of each local index through its request's block-table row, the entries
+    ``flat[start : start + length]`` (scalars for one row, arrays aligned with ``local`` for
+    several); -1 past the row."""
     page = group.page_states
     bk = group.kernel_block_size or page
     per_page = page // bk
     entry, sub = np.divmod(local // bk, per_page)  # block-table entry, kernel block in it
-    flat = np.concatenate(rows)
-    at = (np.cumsum(lens) - lens)[owner] + entry  # the entry in the concatenated rows
-    inside = entry < lens[owner]
+    inside = entry < length
     if inside.all():  # every index has an entry (most reads): no mask
-        return (flat[at] * per_page + sub) * bk + local % bk
+        return (flat[start + entry] * per_page + sub) * bk + local % bk
     slots = np.full(len(local), -1, dtype=np.int64)
-    slots[inside] = (flat[at[inside]] * per_page + sub[inside]) * bk + local[inside] % bk
+    at = (start + entry)[inside]
+    slots[inside] = (flat[at] * per_page + sub[inside]) * bk + local[inside] % bk
     return slots
