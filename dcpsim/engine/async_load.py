@@ -60,14 +60,11 @@ class AsyncLoadScheduler(Scheduler):
         self.waiting.extendleft(reversed(self._parked))
         self._parked = []
         super()._arrive(step)
-        landed = [self.request_by_index(i) for i, last in self.loading.items() if last < step]
+        landed = [self.requests[i] for i, last in self.loading.items() if last < step]
         for req in landed:
             del self.loading[req.index]
             self._landed.add(req.index)
         self.waiting.extendleft(reversed(landed))
-
-    def request_by_index(self, index: int) -> Request:
-        return self.requests[index]
 
     def _admit_waiting(self, budget, scheduled, loaded, events) -> None:
         """Start the loads of the waiting requests first (in order, while the blocks and
@@ -143,7 +140,7 @@ class AsyncLoadEngine(ReferenceEngine):
 
     def make_scheduler(self, scenario, geometries, connector=None):
         if connector is not None and getattr(connector, "load_steps", 0):
-            self.__dict__["_helix_prompts"] = {r.request_id: r.prompt_len for r in scenario.requests}
+            self.remember_prompts(scenario)
             return AsyncLoadScheduler(scenario, self, geometries, connector)
         return super().make_scheduler(scenario, geometries, connector=connector)
 

@@ -66,9 +66,13 @@ class ReferenceEngine(Engine):
         return geometry
 
     def make_scheduler(self, scenario, geometries, connector=None):
-        # Helix places a request's tokens by where its decoding starts: its prompt length
-        self.__dict__["_helix_prompts"] = {r.request_id: r.prompt_len for r in scenario.requests}
+        self.remember_prompts(scenario)
         return super().make_scheduler(scenario, geometries, connector=connector)
+
+    def remember_prompts(self, scenario) -> None:
+        """Helix places a request's tokens by where its decoding starts: its prompt length
+        (``helix_prompt_len``); every scheduler this engine makes records them."""
+        self.__dict__["_helix_prompts"] = {r.request_id: r.prompt_len for r in scenario.requests}
 
     def helix_prompt_len(self, request_id: str) -> int:
         """Where request ``request_id``'s decoding starts (its prompt length, Helix's layout)."""
