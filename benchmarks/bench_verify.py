@@ -93,6 +93,7 @@ def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None, sav
     import tempfile
 
     from dcpsim.harness.runner import merge_rank_reports
+    from dcpsim.harness.streams import shared_streams_of
     from dcpsim.harness.world import run_world
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -101,14 +102,15 @@ def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None, sav
     import bench_verify  # by module name, so the ranks can unpickle the target
 
     path = os.path.join(tempfile.mkdtemp(), "rank0.prof")
-    per_rank = run_world(
-        bench_verify.profiled_rank_batch,
-        ((jobs, None), path),
-        world_size=jobs[0].world_size,
-        pg_timeout_s=timeout,
-        deadline_s=4 * timeout,
-        preload=(RANK_PRELOAD,),
-    )
+    with shared_streams_of(jobs) as streams:  # as run_jobs does
+        per_rank = run_world(
+            bench_verify.profiled_rank_batch,
+            ((jobs, None, streams), path),
+            world_size=jobs[0].world_size,
+            pg_timeout_s=timeout,
+            deadline_s=4 * timeout,
+            preload=(RANK_PRELOAD,),
+        )
     out = io.StringIO()
     stats = pstats.Stats(path, stream=out).sort_stats(sort)
     stats.print_stats(top)

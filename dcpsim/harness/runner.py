@@ -25,9 +25,11 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.progress import NO_PROGRESS, Progress
 from dcpsim.harness.rank_process import PIPE_PROGRESS, send_event
 from dcpsim.harness.rank_run import STEP_PHASES, run_rank
+from dcpsim.harness.streams import shared_streams_of
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder, TracedCollectives, TraceRecorder
 from dcpsim.harness.trace_file import Trace
 from dcpsim.harness.world import RANK_PRELOAD, run_world
+from dcpsim.model.shared_streams import attach
 from dcpsim.plural import plural
 from dcpsim.verify.report import Failure, FailureKind, RunReport
 
@@ -63,10 +65,13 @@ def _tell_parent(k: int, report: RunReport, seconds: float) -> None:
     send_event(("job", k, report, seconds))
 
 
-def gloo_rank_batch(payload: tuple[list[Job], int | None], rank: int, world_size: int):
+def gloo_rank_batch(payload: tuple[list[Job], int | None, str | None], rank: int, world_size: int):
     """``world.run_world`` target: ``rank_batch`` over the rank's gloo process group, telling
-    the parent as each job ends."""
-    return rank_batch(payload, GlooCollectives(rank, world_size), on_job=_tell_parent, progress=PIPE_PROGRESS)
+    the parent as each job ends. ``payload``: the jobs, the trace's clock origin and the
+    directory of the world's shared streams (``shared_streams_of``)."""
+    jobs, origin_ns, streams = payload
+    attach(streams)
+    return rank_batch((jobs, origin_ns), GlooCollectives(rank, world_size), on_job=_tell_parent, progress=PIPE_PROGRESS)
 
 
 def _thread_rank_batch(payload, coll: Collectives, tally: JobTally):
@@ -126,17 +131,18 @@ def run_jobs(jobs: list[Job], *, on_job=None, on_wait=None, trace: Trace | None 
         if any(j.engine.name in REAL_ENGINES for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.loading.preload",)
             forkserver.ask([choice.forkserver_build() for choice in dict.fromkeys(j.engine for j in jobs) if not choice.is_reference])
-        per_rank = run_world(
-            gloo_rank_batch,
-            payload,
-            world_size=world,
-            pg_timeout_s=timeout,
-            deadline_s=options.deadline_for(len(jobs)),
-            preload=preload,
-            on_event=tally.on_event,
-            on_wait=on_wait,
-            phase_order=STEP_PHASES,
-        )
+        with shared_streams_of(jobs) as streams:
+            per_rank = run_world(
+                gloo_rank_batch,
+                (*payload, streams),
+                world_size=world,
+                pg_timeout_s=timeout,
+                deadline_s=options.deadline_for(len(jobs)),
+                preload=preload,
+                on_event=tally.on_event,
+                on_wait=on_wait,
+                phase_order=STEP_PHASES,
+            )
     launcher.complete(f"{'threads' if in_process else 'gloo world'} of {world} ranks", "launcher", started)
     started = launcher.now()
     merged = [merge_rank_reports([reports[k] for reports, _ in per_rank]) for k in range(len(jobs))]

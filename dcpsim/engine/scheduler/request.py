@@ -16,6 +16,7 @@ from dcpsim.model.content import (
     stable_seed,
 )
 from dcpsim.model.scenario import RequestSpec
+from dcpsim.model.shared_streams import Streams, shared_streams
 
 
 class Status(enum.Enum):
@@ -48,7 +49,15 @@ class Request:
     # configuration (every cell of the full matrix) never pays for it.
 
     @functools.cached_property
+    def _shared(self) -> Streams | None:
+        """The streams the launcher drew and hashed once for the world, if it shares this
+        request's (``model.shared_streams``: the same arrays, mapped read-only)."""
+        return shared_streams(self._seed, self.spec)
+
+    @functools.cached_property
     def tokens(self) -> np.ndarray:
+        if self._shared is not None:
+            return self._shared.tokens
         spec = self.spec
         own = random_tokens(
             stable_seed(self._seed, "request", spec.request_id),
@@ -59,11 +68,11 @@ class Request:
 
     @functools.cached_property
     def raw_hash(self) -> np.ndarray:
-        return raw_prefix_hash(self.tokens)
+        return self._shared.raw if self._shared is not None else raw_prefix_hash(self.tokens)
 
     @functools.cached_property
     def fingerprints(self) -> np.ndarray:
-        return prefix_fingerprints(self.tokens, self.raw_hash)
+        return self._shared.fingerprints if self._shared is not None else prefix_fingerprints(self.tokens, self.raw_hash)
 
     @functools.cached_property
     def _accept_rng(self) -> np.random.Generator:

@@ -38,3 +38,20 @@ def test_fingerprints_reuse_the_raw_hash_and_extend_for_drafts():
     assert np.array_equal(fp, content.mix64(np.array(sequential_hash(tokens), dtype=np.uint64)).view(np.int64))
     assert np.array_equal(content.extend_fingerprints(int(raw[1499]), tokens[1500:]), fp[1500:])
     assert len(set(fp.tolist())) == len(fp)  # distinct prefixes, distinct fingerprints
+
+
+@pytest.mark.parametrize("n", [1, 4, 5, 9, 10, 11, 23])
+def test_chunked_hash_carries_across_chunk_seams(monkeypatch, n):
+    """The hash goes a chunk at a time (``HASH_CHUNK``); a small chunk puts seams at every
+    few positions, and each chunk must carry in the hash of all positions before it."""
+    monkeypatch.setattr(content, "HASH_CHUNK", 5)
+    tokens = content.random_tokens([11, n], n)
+    want = sequential_hash(tokens)
+    assert content.raw_prefix_hash(tokens).tolist() == want
+    assert np.array_equal(content.prefix_fingerprints(tokens), content.mix64(np.array(want, dtype=np.uint64)).view(np.int64))
+
+
+def test_hash_of_a_long_stream_across_the_real_chunk_seam():
+    n = 2 * content.HASH_CHUNK + 3
+    tokens = content.random_tokens([13], n)
+    assert content.raw_prefix_hash(tokens).tolist() == sequential_hash(tokens)

@@ -19,6 +19,22 @@ def test_has_repeats_says_whether_a_value_occurs_twice(values):
     assert has_repeats(values) == (len(set(values.tolist())) < len(values))
 
 
+long_ints = st.lists(st.integers(-5, 500), min_size=64, max_size=200)
+in_order = long_ints.map(lambda v: np.array(sorted(v), dtype=np.int64))  # already sorted: no sort needed
+almost = long_ints.map(lambda v: np.array(sorted(v)[1:] + sorted(v)[:1], dtype=np.int64))  # one value out of order
+
+
+@given(st.one_of(in_order, almost, long_ints.map(lambda v: np.array(v, dtype=np.int64))))
+def test_long_arrays_in_order_or_not(values):
+    """From 64 values on, an array in order skips the sort: the same answers either way."""
+    original = values.copy()
+    got = sorted_distinct(values)
+    assert np.array_equal(got, np.unique(values))
+    assert has_repeats(values) == (len(set(values.tolist())) < len(values))
+    got[:] = -1  # a new array: the caller's is untouched
+    assert np.array_equal(values, original)
+
+
 @given(ints, ints)
 def test_member_of_is_np_isin(values, pool):
     got = member_of(values, pool)
