@@ -38,8 +38,17 @@ def rank_key_positions(group: ExpectedGroup, length: int, rank: int, request_id:
 
 def expected_visible(group: ExpectedGroup, context: int, q: int, rank: int, request_id: str | None = None) -> np.ndarray:
     """``[q, n]`` bool: query token ``j`` (position ``context + j``) may see local key ``l``."""
+    if not group.helix:  # the rank's keys ascend: row j shows the first owned_count(context + j + 1) of them
+        seen = np.array([_owned_count(group, rank, context + j + 1) for j in range(q)], dtype=np.int64)
+        return np.arange(_owned_count(group, rank, context + q), dtype=np.int64)[None, :] < seen[:, None]
     keys = rank_key_positions(group, context + q, rank, request_id)
     return keys[None, :] <= context + np.arange(q, dtype=np.int64)[:, None]
+
+
+def _owned_count(group: ExpectedGroup, rank: int, stop: int) -> int:
+    """How many positions ``< stop`` the rank holds (``rank_key_positions``' length)."""
+    I, span = group.interleave_size, group.interleave_size * group.dcp_size
+    return (stop // span) * I + min(max(stop % span - rank * I, 0), I)
 
 
 @dataclass(frozen=True)

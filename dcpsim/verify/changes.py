@@ -48,7 +48,8 @@ def owned_count(group: ExpectedGroup, rank: int, stop: int) -> int:
 def owned_index(group: ExpectedGroup, rank: int, local: np.ndarray) -> np.ndarray:
     """The index that the rank's ``local``-th owned entry of a sharded group holds."""
     I = group.interleave_size
-    return (local // I) * I * group.dcp_size + rank * I + local % I
+    run, offset = np.divmod(local, I)
+    return run * (I * group.dcp_size) + (offset + rank * I)
 
 
 def locals_of_slots(row: np.ndarray, slots: np.ndarray, page: int) -> np.ndarray:
@@ -67,12 +68,13 @@ def locals_of_slots(row: np.ndarray, slots: np.ndarray, page: int) -> np.ndarray
     return np.repeat(hit, counts) * page + picked % page
 
 
-def locals_of_slots_per_row(rows: list[np.ndarray], slots: np.ndarray, page: int) -> list[np.ndarray]:
-    """``locals_of_slots`` of each of ``rows`` (a group's requests), in one pass."""
+def locals_of_slots_per_row(rows: list[np.ndarray], slots: np.ndarray, page: int, flat: np.ndarray | None = None) -> list[np.ndarray]:
+    """``locals_of_slots`` of each of ``rows`` (a group's requests), in one pass (``flat``:
+    the rows concatenated, when the caller has them)."""
     if not len(slots) or not rows:
         return [NO_LOCALS] * len(rows)
     lens = np.array([len(r) for r in rows], dtype=np.int64)
-    flat = np.concatenate(rows)
+    flat = np.concatenate(rows) if flat is None else flat
     blocks = slots // page  # sorted, as the slots are
     # the columns whose block holds a written slot, by a table over the written blocks'
     # range (a pass over the rows at memory speed), then a binary search for those only:
@@ -132,12 +134,12 @@ class ChangeTracker:
         """The sorted local indices of the item to re-read, or None: read all of them."""
         return self.locals_to_read_all(g, group, [view], [row], rank)[0]
 
-    def locals_to_read_all(self, g: int, group: ExpectedGroup, views: list, rows: list, rank: int) -> list:
-        """``locals_to_read`` of each of a group's requests ``views`` (their rows ``rows``),
-        the written slots mapped through every row in one pass."""
+    def locals_to_read_all(self, g: int, group: ExpectedGroup, views: list, rows: list, rank: int, flat: np.ndarray | None = None) -> list:
+        """``locals_to_read`` of each of a group's requests ``views`` (their rows ``rows``;
+        ``flat``: them concatenated, if known), the written slots mapped through every row in one pass."""
         if group.storage in (Storage.RING, Storage.STATE):
             return [None] * len(views)
-        rewritten = locals_of_slots_per_row(rows, self.written[g], group.page_states)
+        rewritten = locals_of_slots_per_row(rows, self.written[g], group.page_states, flat)
         return [self._to_read(g, group, v, again, rank) for v, again in zip(views, rewritten)]
 
     def _to_read(self, g: int, group: ExpectedGroup, view: RequestView, rewritten: np.ndarray, rank: int) -> np.ndarray | None:

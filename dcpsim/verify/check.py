@@ -34,7 +34,7 @@ import torch
 
 from dcpsim.collectives import Collectives
 from dcpsim.model.kinds import Storage
-from dcpsim.model.kv_entry import CONTENT, GROUP, INDEX, STEP, WRITER
+from dcpsim.model.kv_entry import CONTENT, FIELDS, GROUP, INDEX, STEP, WRITER
 from dcpsim.model.plan import RequestView, StepPlan
 from dcpsim.model.rank_view import RankView
 from dcpsim.plural import plural
@@ -50,9 +50,10 @@ from dcpsim.verify.options import CheckOptions
 from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
 from dcpsim.verify.pcp_mask import judge_pcp_keys
 from dcpsim.verify.prefix_hit import PrefixHitJudge, hits_judged
-from dcpsim.verify.read import read_slots, read_slots_all
+from dcpsim.verify.read import read_slots, read_slots_flat
 from dcpsim.verify.report import Failure, FailureKind, Holding
 from dcpsim.verify.retention import RetentionJudge
+from dcpsim.verify.step_reads import StepReads, expected_partial
 from dcpsim.verify.table_digest import TableDigests
 from dcpsim.verify.write_guard import WriteGuard
 
@@ -77,6 +78,26 @@ def _replicas_differ(rows: np.ndarray) -> bool:
     """Whether every rank re-read the same local indices of an item (``LOCALS``; ``rows``:
     the ranks' rows of it) yet their ``ORDERED`` digests differ."""
     return bool((rows[:, LOCALS] == rows[0, LOCALS]).all() and (rows[:, ORDERED] != rows[0, ORDERED]).any())
+
+
+def _concatenated(rows: list[np.ndarray]) -> np.ndarray:
+    """A group's block-table rows as one int64 array (a copy)."""
+    if len(rows) == 1:
+        return np.array(rows[0], dtype=np.int64)
+    return np.concatenate(rows).astype(np.int64, copy=False) if rows else np.zeros(0, np.int64)
+
+
+def _concatenated_reads(index: list, got: list, bad: list, counts: list[int]) -> StepReads:
+    """The groups' reads of a check as one ``StepReads`` (items group by group)."""
+    if not counts:
+        return StepReads(np.zeros(0, np.int64), np.zeros((0, len(FIELDS)), np.int64), np.zeros(0, bool), np.zeros(0, np.int64))
+    one = len(index) == 1
+    return StepReads(
+        index[0] if one else np.concatenate(index),
+        got[0] if one else np.concatenate(got),
+        bad[0] if one else np.concatenate(bad),
+        np.array(counts, dtype=np.int64),
+    )
 
 
 class StaleFailure(Exception):
@@ -167,16 +188,20 @@ class Checker:
         """Each request's last write (start, stop, drafts): where its Mamba states went."""
         self._pending: list[_Pending] = []
         """Steps read (``read``) whose rows wait for the next ``exchange``."""
-        self._last_reads: list | None = None
+        self._last_reads: StepReads | None = None
         self._tables = TableDigests()
+        self._store_shapes: dict[int, tuple[int, int]] = {}
+        """Store -> (blocks, states per block), as the view first gave it."""
 
     # --- every step: the write log ----------------------------------------------------
 
     def record_writes(self, plan: StepPlan) -> None:
         """Judge what the rank wrote in this step (before the next step's writes)."""
         writes = self.view.step_writes()
-        shapes = {w.group: self.view.store_shape(w.group) for w in writes}
-        self.guard.judge(plan, writes, shapes)
+        for w in writes:  # a store's shape is fixed when the rank is set up: asked once
+            if w.group not in self._store_shapes:
+                self._store_shapes[w.group] = self.view.store_shape(w.group)
+        self.guard.judge(plan, writes, self._store_shapes)
         self.retention.judge(plan, self.view)
         if self.metadata is not None:
             self.metadata.judge(plan, self.view.step_attention_metadata())
@@ -216,33 +241,36 @@ class Checker:
         index, content = expected_at(group, view, self.rank, local)
         return index, content, local
 
-    def _read_group(self, g: int, views, table: list, local: list):
+    def _read_group(self, g: int, views, table: list, local: list, flat: np.ndarray):
         """Read the expected entries of group ``g`` for every request of ``views`` (its
-        block-table rows ``table``, local indices ``local``) in one store read, and judge
-        them; per request (index, got, bad), and all of them concatenated (index, content, got, bad)."""
-        expected = [self._expected(g, v, loc) for v, loc in zip(views, local)]
-        index = np.concatenate([e[0] for e in expected])
-        content = np.concatenate([e[1] for e in expected])
+        block-table rows ``table``, concatenated ``flat``; local indices ``local``) in one store
+        read, and judge them; all of them concatenated (index, got, bad) and each request's count."""
+        group = self.groups[g]
+        if not any(x is None for x in local) and group.storage not in (Storage.STATE, Storage.RING) and not group.helix:
+            index, content, local_flat = expected_partial(group, views, self.rank, local)  # the usual incremental check
+            counts = [len(x) for x in local]
+        else:
+            expected = [self._expected(g, v, loc) for v, loc in zip(views, local)]
+            index = np.concatenate([e[0] for e in expected])
+            content = np.concatenate([e[1] for e in expected])
+            counts = [len(e[0]) for e in expected]
+            local_flat = np.concatenate([np.asarray(e[2], dtype=np.int64) for e in expected])
         store = self.store_of[g]
-        slots = read_slots_all(self.groups[g], table, [e[2] for e in expected])
+        slots = read_slots_flat(group, table, counts, local_flat, flat=flat)
         got = self.view.read_entries(store, slots)
         bad = (got[:, INDEX] != index) | (got[:, CONTENT] != content) | (got[:, GROUP] != store)
-        reads, at = [], 0
-        for e in expected:
-            n = len(e[0])
-            reads.append((index[at : at + n], got[at : at + n], bad[at : at + n]))
-            at += n
-        return reads, got, bad
+        return index, got, bad, counts
 
-    def _locals(self, plan: StepPlan, items, table: list) -> list[np.ndarray | None]:
-        """Per item, the local indices to read (None: all); ``table``: the items' rows."""
+    def _locals(self, plan: StepPlan, items, table: list, flats: list) -> list[np.ndarray | None]:
+        """Per item, the local indices to read (None: all); ``table``: the items' rows
+        (``flats``: each group's, concatenated)."""
         if not self.incremental or plan.last:
             return [None] * len(items)
         n = len(plan.views)
         local = []
         for g, group in enumerate(self.groups):
             part = slice(g * n, (g + 1) * n)
-            local += self.changes.locals_to_read_all(g, group, plan.views, table[part], self.rank)
+            local += self.changes.locals_to_read_all(g, group, plan.views, table[part], self.rank, flats[g])
         return [None if view.finished else x for (_, view), x in zip(items, local)]
 
     def verify(self, plan: StepPlan) -> Failure | None:
@@ -258,19 +286,22 @@ class Checker:
         views = plan.views
         items = [(g, v) for g in range(len(self.groups)) for v in views]
         table = [self._row(g, v) for g, v in items]  # each row once per check
-        local = self._locals(plan, items, table)
+        n = len(views)
+        flats = [_concatenated(table[g * n : (g + 1) * n]) for g in range(len(self.groups))]
+        local = self._locals(plan, items, table, flats)
         if all(x is None for x in local):
             self.full_sweeps += 1
-        reads, got, bad = [], [], []
-        n = len(views)
+        index, got, bad, counts = [], [], [], []
         for g in range(len(self.groups) if n else 0):
             part = slice(g * n, (g + 1) * n)
-            group_reads, group_got, group_bad = self._read_group(g, views, table[part], local[part])
-            reads.extend(group_reads)
+            group_index, group_got, group_bad, group_counts = self._read_group(g, views, table[part], local[part], flats[g])
+            index.append(group_index)
             got.append(group_got)
             bad.append(group_bad)
-        rows = self._digest_rows(items, local, reads, got, bad)
-        tables = self._table_digests(views, table)
+            counts += group_counts
+        reads = _concatenated_reads(index, got, bad, counts)
+        rows = self._digest_rows(items, local, reads)
+        tables = self._tables.digests(len(self.groups), [v.req_index for v in views], table, flats)  # kept across checks
         meta_count = self.metadata.count if self.metadata is not None else 0
         event_count = self.router.count if self.router is not None else 0
         mask_count = self.masks.count if self.masks is not None else 0
@@ -282,27 +313,34 @@ class Checker:
         self._pending.append(_Pending(plan, items, local, np.concatenate([header, rows.reshape(-1)]), len(header)))
         self._last_reads = reads  # kept for the details of a failure at this step
 
-    def _digest_rows(self, items, local: list, reads: list, got: list, bad: list) -> np.ndarray:
-        """The items' rows from their reads (``got``, ``bad``: every group's, concatenated):
-        bad count, entries read and the digests, for the whole step at once."""
+    def _digest_rows(self, items, local: list, reads: StepReads) -> np.ndarray:
+        """The items' rows from their reads (every group's, concatenated): bad count,
+        entries read and the digests, for the whole step at once."""
         rows = np.zeros((len(items), len(_ROW)), dtype=np.int64)
         if not items:
             return rows
-        got, bad = np.concatenate(got), np.concatenate(bad)
-        lengths = np.array([len(r[1]) for r in reads], dtype=np.int64)
+        got, bad, lengths = reads.got, reads.bad, reads.lengths
         ends = np.cumsum(lengths)
         bad_run = np.zeros(len(bad) + 1, dtype=np.int64)
         np.cumsum(bad, out=bad_run[1:])
         rows[:, BAD], rows[:, COUNT] = bad_run[ends] - bad_run[ends - lengths], lengths
         sharded = np.array([self.groups[g].sharded for g, _ in items], dtype=bool)
         partial = np.array([x is not None for x in local], dtype=bool)
-        digests = as_int64s(run_digests(got[:, INDEX], got[:, CONTENT], lengths, ~sharded))
         # Sharded: a full read's pieces must add up to the full context (_judge). A partial
         # read sends no digest: with every entry equal to the rank's expectation (BAD 0
         # everywhere) the pieces add up to the expectations' sum by construction; the full
-        # sweeps prove the whole reassembly.
+        # sweeps prove the whole reassembly. Replicated: the replicas must agree wherever
+        # every rank read the same local indices. So only the items that send a digest are
+        # hashed (each run's digest is its own: the others' entries change none).
+        sends = ~sharded | ~partial
+        if sends.all():
+            digests = as_int64s(run_digests(got[:, INDEX], got[:, CONTENT], lengths, ~sharded))
+        else:
+            digests = np.zeros(len(items), dtype=np.int64)
+            if sends.any():
+                entries = np.repeat(sends, lengths)
+                digests[sends] = as_int64s(run_digests(got[entries, INDEX], got[entries, CONTENT], lengths[sends], ~sharded[sends]))
         rows[:, MULTISET] = np.where(sharded & ~partial, digests, 0)
-        # Replicated: the replicas must agree wherever every rank read the same local indices.
         rows[:, ORDERED] = np.where(sharded, 0, digests)
         again = partial & ~sharded
         if again.any():
@@ -461,11 +499,6 @@ class Checker:
             request_id=first.request_id if first else None,
             details=[str(m) for m in kept[:10]] + ([f"... and {total - 10} more"] if total > 10 else []),
         )
-
-    def _table_digests(self, views, table: list) -> np.ndarray:
-        """Per group, the ordered digest of ``req_index, len(row), *row`` over the step's
-        requests in order (``table``: the rows, group by group, as the step's items), as int64s."""
-        return self._tables.digests(len(self.groups), [v.req_index for v in views], table)  # kept across checks
 
     # --- phase 2: details of the first problem --------------------------------------
 

@@ -37,12 +37,10 @@ def owned_below(length: np.ndarray, rank: int, group: ExpectedGroup) -> np.ndarr
     if not group.sharded:
         return length.copy()
     W, I = group.dcp_size, group.interleave_size
-    runs = -(-length // I)  # runs started below the length; run k belongs to rank k % W
-    mine = np.where(runs > rank, (runs - 1 - rank) // W + 1, 0)  # runs r, r + W, ... < runs
-    last = runs - 1
-    partial = length - last * I  # keys of the last run
-    has_last = (runs > 0) & (last % W == rank)
-    return mine * I - np.where(has_last, I - partial, 0)
+    # run k belongs to rank k % W: every whole cycle of W runs gives the rank I indices, and
+    # the cycle's part below the length those of its run (I * rank onwards) that lie there
+    cycles, rest = np.divmod(np.maximum(length, 0), W * I)
+    return cycles * I + np.minimum(np.maximum(rest - rank * I, 0), I)
 
 
 def expected_width(group: ExpectedGroup, max_model_len: int) -> int:
@@ -108,13 +106,20 @@ class StepSpans:
     token_run: np.ndarray
     """Each written token's write (``_runs``), and its place in the write:"""
     token_at: np.ndarray
+    token_ends: np.ndarray
+    """Each written token's position + 1 (the keys up to it)."""
+    query_start_loc: np.ndarray
+    """Where each write's query tokens start, and their total (no dummy request)."""
 
     @staticmethod
     def of(plan: StepPlan) -> StepSpans:
         starts = np.array([w.start for w in plan.writes], dtype=np.int64)
         stops = starts + np.array([len(w.contents) for w in plan.writes], dtype=np.int64)  # ReqWrite.stop
         run, j = _runs(stops - starts)
-        return StepSpans(starts, stops, (stops - starts).tolist(), run, j)
+        q_lens = stops - starts
+        query_start_loc = np.zeros(len(q_lens) + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=query_start_loc[1:])
+        return StepSpans(starts, stops, q_lens.tolist(), run, j, starts[run] + j + 1, query_start_loc)
 
 
 def expected_metadata(
@@ -134,16 +139,17 @@ def expected_metadata(
     R = group.tokens_per_state if group.storage is Storage.RECORDS else 1
     writes = plan.writes
     spans = spans if spans is not None else StepSpans.of(plan)
-    starts, stops = spans.starts, spans.stops
+    stops = spans.stops
     dummies = uniform_decode_padding(group, spans.q_lens, capture_sizes)
     q = 1 + group.num_speculative_tokens
     dummy_len = group.dcp_size * group.interleave_size
-    q_lens = np.concatenate([stops - starts, np.full(dummies, q, np.int64)])
-    seq = np.concatenate([stops // R, np.full(dummies, dummy_len, np.int64)])
-    local = owned_below(seq, rank, group)
-    # the keys query token j of a request sees: positions <= start + j, in records of R
-    run, j = spans.token_run, spans.token_at
-    bounds = owned_below((starts[run] + j + 1) // R, rank, group)
+    query_start_loc = spans.query_start_loc
+    if dummies:
+        query_start_loc = np.concatenate([query_start_loc, query_start_loc[-1] + q * np.arange(1, dummies + 1, dtype=np.int64)])
+    seq = np.concatenate([stops // R, np.full(dummies, dummy_len, np.int64)]) if dummies else stops // R
+    # the keys query token j of a request sees: positions <= start + j, in records of R (both in one call)
+    owned = owned_below(np.concatenate([seq, spans.token_ends // R if R > 1 else spans.token_ends]), rank, group)
+    local, bounds = owned[: len(seq)], owned[len(seq) :]
     if dummies:
         bounds = np.concatenate([bounds, np.full(dummies * q, local[-1], np.int64)])
     held = [np.asarray(rows.get(w.req_index, _NONE), dtype=np.int64) for w in writes] + [_NONE] * dummies
@@ -157,7 +163,7 @@ def expected_metadata(
     return dict(
         request_ids=tuple(w.request_id for w in writes) + (PAD_REQUEST,) * dummies,
         seq_lens=seq,
-        query_start_loc=np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int64),
+        query_start_loc=query_start_loc,
         dcp_local_seq_lens=local,
         query_local_bounds=bounds,
         kv_indptr=np.concatenate([[0], np.cumsum(pages)]).astype(np.int64),

@@ -116,6 +116,12 @@ class PrefixHitJudge:
         end = (k + 1) * self.spans[g]
         return int(fingerprints[end - 1]) if end <= len(fingerprints) else None
 
+    def _keys(self, fingerprints: np.ndarray, g: int, n: int) -> list:
+        """``_key`` of blocks ``0 .. n - 1`` of group ``g``, in one slice."""
+        span = self.spans[g]
+        keys = fingerprints[span - 1 : n * span : span].tolist()
+        return keys + [None] * (n - len(keys))
+
     def judge(self, plan: StepPlan) -> None:
         views = {v.req_index: v for v in plan.views}
         self._hand_out(plan, views)
@@ -131,8 +137,7 @@ class PrefixHitJudge:
         handed out again, so their prefixes are gone (in every group while the pool may be
         shared, else in that group)."""
         if self.shared_pool and len(plan.rows_before) > 1:
-            seen = [{int(b) for row in rows.values() for b in np.asarray(row).tolist() if b} for rows in plan.rows_before]
-            self.shared_pool = not any(seen[i] & seen[j] for i in range(len(seen)) for j in range(i + 1, len(seen)))
+            self.shared_pool = not _some_id_in_two(plan.rows_before)
         hits = {e.request_id: e.prefix_hit for e in plan.events if e.kind is EventKind.ADMITTED}
         before, self.rows = self.rows, {}
         for g, rows in enumerate(plan.rows_before):
@@ -144,10 +149,11 @@ class PrefixHitJudge:
                 admitted = view.request_id in hits
                 last = () if admitted else before.get((g, ri), ()).tolist()
                 reused = hits.get(view.request_id, 0) // self.spans[g]  # the hit's blocks: found, not handed out
+                keys = self._keys(view.fingerprints, g, len(row))
                 for k, b in enumerate(row.tolist()):
                     held = self.holds.get(b)
                     fresh = k >= reused and (k >= len(last) or last[k] != b)
-                    if b and held and (fresh or held.get(g, _NONE) != self._key(view.fingerprints, g, k)):
+                    if b and held and (fresh or held.get(g, _NONE) != keys[k]):
                         if self.shared_pool:
                             del self.holds[b]
                         else:
@@ -162,9 +168,10 @@ class PrefixHitJudge:
                 if view is None:
                     continue
                 whole = view.num_committed // self.unit * self.unit  # whole units only: what is registered
-                for k, b in enumerate(np.asarray(row)[: whole // span].tolist()):
+                blocks = np.asarray(row)[: whole // span].tolist()
+                for b, key in zip(blocks, self._keys(view.fingerprints, g, len(blocks))):
                     if b:
-                        self.holds.setdefault(b, {})[g] = self._key(view.fingerprints, g, k)
+                        self.holds.setdefault(b, {})[g] = key
         self.committed.update((v.request_id, v.num_committed) for v in plan.views)
 
     def longest_hit(self, fingerprints: np.ndarray, limit: int) -> tuple[int, tuple[int, ...]]:
@@ -191,6 +198,16 @@ class PrefixHitJudge:
             self.count += 1
             if len(self.kept) < MAX_KEPT:
                 self.kept.append(HitShort(self.rank, plan.step, request_id, hit, longest, runs, self.eagle, self.unit))
+
+
+def _some_id_in_two(rows_before: list[dict]) -> bool:
+    """Whether some nonzero block id is in the rows of two groups at once."""
+    seen = []
+    for rows in rows_before:
+        ids = np.unique(np.concatenate([np.asarray(row, dtype=np.int64) for row in rows.values()])) if rows else np.zeros(0, np.int64)
+        seen.append(ids[ids != 0])
+    every = np.concatenate(seen)
+    return len(np.unique(every)) < len(every)
 
 
 def hits_judged(groups: list[ExpectedGroup], config) -> bool:

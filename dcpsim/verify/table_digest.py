@@ -57,15 +57,26 @@ class TableDigests:
         self._kept: dict[tuple[int, int], tuple[int, np.ndarray, int]] = {}
         """(group, request) -> (the place of its row's first entry, the row as digested, the
         sum of the row's terms)."""
+        self._same: dict[int, tuple] = {}
+        """Group -> ((its requests, their rows' lengths), the rows concatenated, its digest) at the last call."""
 
-    def digests(self, num_groups: int, req_indices: list[int], table: list[np.ndarray]) -> np.ndarray:
+    def digests(self, num_groups: int, req_indices: list[int], table: list[np.ndarray], flats: list | None = None) -> np.ndarray:
         """Per group, the digest of the requests ``req_indices`` in order (``table``: their
-        rows, group by group), as int64s. Forgets the rows of requests not in the step."""
+        rows, group by group), as int64s. Forgets the rows of requests not in the step. A
+        group whose requests and rows are those of the last call keeps its digest: most
+        steps change no row (``_unchanged``; ``flats``: each group's rows concatenated, if known)."""
         kept, self._kept = self._kept, {}
+        same, self._same = self._same, {}
         n = len(req_indices)
         pieces = _Pieces()
         plans = []  # per (group, request): (group, key, place, row, kept body, [(sign, piece)]), header first
+        out = [0] * num_groups
         for g in range(num_groups):
+            if self._unchanged(g, same.get(g), req_indices, table[g * n : (g + 1) * n], None if flats is None else flats[g]):
+                out[g] = self._same[g][2]
+                for req in req_indices:
+                    self._kept[(g, req)] = kept[(g, req)]
+                continue
             place = 1  # places count from 1 within a group's sequence
             for req, row in zip(req_indices, table[g * n : (g + 1) * n]):
                 row = np.asarray(row, dtype=np.int64)
@@ -74,7 +85,6 @@ class TableDigests:
                 plans.append((g, (g, req), place + 2, row, body, [(1, header)] + parts))
                 place += len(row) + 2
         sums = pieces.sums()
-        out = [0] * num_groups
         for g, key, first, row, body, parts in plans:
             header, parts = sums[parts[0][1]], parts[1:]
             for sign, piece in parts:
@@ -82,7 +92,22 @@ class TableDigests:
             body &= _MASK
             self._kept[key] = (first, row, body)
             out[g] += header + body
-        return as_int64s(np.array([total & _MASK for total in out], dtype=np.uint64))
+        out = [total & _MASK for total in out]
+        for g, total in enumerate(out):
+            self._same[g] = (*self._same[g][:2], total)
+        return as_int64s(np.array(out, dtype=np.uint64))
+
+    def _unchanged(self, g: int, before: tuple | None, req_indices: list[int], rows: list[np.ndarray], flat=None) -> bool:
+        """Whether group ``g``'s requests and rows are those of the last call (``before``: what
+        it kept then), by one comparison of the rows concatenated; keeps them for the next call."""
+        signature = (tuple(req_indices), tuple(len(row) for row in rows))
+        if flat is None:
+            flat = np.concatenate(rows) if len(rows) > 1 else np.array(rows[0]) if rows else np.zeros(0, np.int64)
+        if before is not None and before[0] == signature and bool((before[1] == flat).all()):
+            self._same[g] = before
+            return True
+        self._same[g] = (signature, flat)
+        return False
 
     @staticmethod
     def _body_pieces(before: tuple[int, np.ndarray, int] | None, row: np.ndarray, first: int, pieces: _Pieces):
