@@ -216,7 +216,7 @@ class ReferenceEngine(Engine):
 
     def spec_decode_mask(self, geometry, context_lens, query_lens, dcp_rank):
         if not isinstance(geometry, HelixGeometry):
-            return super().spec_decode_mask(geometry, context_lens, query_lens, dcp_rank)
+            return self._bounded_masks(geometry, context_lens, query_lens, dcp_rank)
         # the verify rows the worker asks about: the step's decode rows of 1 <= q <= 1 + k tokens past a context
         q_max = 1 + geometry.num_speculative_tokens
         step = self._helix_step_rows().get((threading.get_ident(), geometry.group_id, dcp_rank), ())
@@ -230,6 +230,21 @@ class ReferenceEngine(Engine):
             positions, _ = helix_local_keys(c + q, prompt_len=P, block_size=B, dcp_size=W, dcp_rank=dcp_rank)
             out.append(positions[None, :] <= c + np.arange(q, dtype=np.int64)[:, None])
         return out
+
+    def _bounded_masks(self, g: GroupGeometry, context_lens, query_lens, dcp_rank: int) -> list[np.ndarray]:
+        """``Engine.spec_decode_mask``'s masks (key ``l`` visible below token ``j``'s local
+        bound), every row's bounds in one vectorized pass when this engine keeps the reference's
+        ``query_local_bounds`` and ``local_seq_lens`` (``_step_query_bounds``); a row's local
+        keys are its last token's bound (that token sees the row's whole length)."""
+        if _overridden(self, "query_local_bounds") or _overridden(self, "local_seq_lens") or g.storage is not Storage.PAGED:
+            return super().spec_decode_mask(g, context_lens, query_lens, dcp_rank)
+        starts, q_lens = np.asarray(context_lens, np.int64), np.asarray(query_lens, np.int64)
+        if not len(q_lens) or starts.min() < 0 or q_lens.min() < 1:
+            return super().spec_decode_mask(g, context_lens, query_lens, dcp_rank)
+        bounds = self._step_query_bounds(g, None, starts, q_lens, dcp_rank)
+        ends = q_lens.cumsum()
+        keys = np.arange(int(bounds[ends - 1].max()), dtype=np.int64)
+        return [keys[None, : bounds[b - 1]] < bounds[b - q : b, None] for q, b in zip(q_lens.tolist(), ends.tolist())]
 
     def _helix_rows(self) -> dict:
         """(group, first block id of a row) -> the request writing through it (Helix): with
@@ -537,7 +552,12 @@ class ReferenceEngine(Engine):
     def draft_geometry(self, geometry):
         # a draft shares the target's layout (sharded, at the target's W) or reads a replicated
         # cache, which any W reads whole: either way the group's own geometry
-        return dataclasses.replace(geometry, model="draft")
+        # made once per geometry (the worker asks twice a step per group of draft layers)
+        made = self.__dict__.setdefault("_draft_geometries", {})
+        pair = made.get(id(geometry))
+        if pair is None or pair[0] is not geometry:
+            pair = made[id(geometry)] = (geometry, dataclasses.replace(geometry, model="draft"))
+        return pair[1]
 
     @staticmethod
     def cudagraph_dummies(g: GroupGeometry, q_lens: np.ndarray) -> tuple[int, int]:

@@ -16,13 +16,14 @@ _NEG_INF = float("-inf")
 
 
 def _masked_logits(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """``[H, nq, n]`` logits ``scale * q . k`` with -inf where ``mask`` is False (one batched
-    GEMM over heads with the mask as an additive bias: all heads share the single KV head)."""
+    """``[nq, H, n]`` logits ``scale * q . k`` plus -inf where ``mask`` is False: one GEMM of
+    every (token, head) row against the single KV head, read in place (``k`` may be a strided
+    view of the store's rows: BLAS takes its transpose as it lies, no copy)."""
     nq, H, dk = q.shape
     n = k.shape[0]
-    bias = torch.zeros((nq, n), dtype=q.dtype).masked_fill_(~mask, _NEG_INF)
-    heads_first = q.transpose(0, 1).contiguous()  # (strided operands take a slow GEMM path)
-    return torch.baddbmm(bias.unsqueeze(0), heads_first, k.t().contiguous().unsqueeze(0).expand(H, dk, n), alpha=scale)
+    bias = torch.zeros((nq, 1, n), dtype=q.dtype).masked_fill_(~mask.unsqueeze(1), _NEG_INF)
+    s = torch.mm(q.reshape(nq * H, dk), k.t()).view(nq, H, n)
+    return s.mul_(scale).add_(bias)  # added, not filled: a NaN logit stays NaN under the mask
 
 
 CHUNK_LOGITS = 1 << 20
@@ -45,7 +46,6 @@ def attend(
     n, dv = v.shape
     if nq == 0 or n == 0:
         return q.new_zeros((nq, H, dv)), q.new_full((nq, H), _NEG_INF)
-    v = v.contiguous()
     step = max(1, CHUNK_LOGITS // max(1, H * n))  # a rank may hold no head (H = 0)
     if step >= nq:
         return _attend_rows(q, k, v, mask, scale, base)
@@ -56,10 +56,11 @@ def attend(
 
 
 def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, base: str):
-    """``attend`` of some query tokens at once (``v`` contiguous, ``n > 0``)."""
-    H = q.shape[1]
+    """``attend`` of some query tokens at once (``n > 0``): token-major ``[nq, H, n]`` logits,
+    so that the output and the LSE come out in the caller's layout without a transpose."""
+    nq, H = q.shape[:2]
     n, dv = v.shape
-    s = _masked_logits(q, k, mask, scale if base == "e" else scale * _LOG2E)  # [H, nq, n]
+    s = _masked_logits(q, k, mask, scale if base == "e" else scale * _LOG2E)  # [nq, H, n]
     m = s.amax(dim=-1, keepdim=True)
     m = torch.where(m == _NEG_INF, torch.zeros_like(m), m)
     s.sub_(m)
@@ -67,8 +68,8 @@ def _attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
         s.exp_()
     else:
         s.exp2_()
-    denom = s.sum(dim=-1)  # [H, nq]
-    o = torch.bmm(s, v.unsqueeze(0).expand(H, n, dv)) / denom.unsqueeze(-1)
+    denom = s.sum(dim=-1)  # [nq, H]
+    o = torch.mm(s.view(nq * H, n), v).view(nq, H, dv) / denom.unsqueeze(-1)
     o = torch.where((denom == 0).unsqueeze(-1), torch.zeros_like(o), o)  # NaN stays NaN
     lse = m.squeeze(-1) + (torch.log(denom) if base == "e" else torch.log2(denom))
-    return o.transpose(0, 1), lse.transpose(0, 1)
+    return o, lse

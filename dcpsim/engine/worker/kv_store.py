@@ -34,6 +34,8 @@ class KVStore:
         """Slots written since the last ``take_written``: the store's change record."""
         self.vector_dim = vector_dim
         self.vectors = torch.full((num_blocks, states_per_page, vector_dim), float("nan"), dtype=torch.float32) if vector_dim else None
+        self._vector_rows = self.vectors.view(-1, vector_dim).numpy() if vector_dim else None
+        """The same memory as ``vectors``, as numpy ``[slots, vector_dim]`` (a step reads short runs)."""
 
     @property
     def num_slots(self) -> int:
@@ -53,13 +55,13 @@ class KVStore:
     def read_vectors(self, slots: np.ndarray) -> torch.Tensor:
         """``[len(slots), vector_dim]`` float32 at ``slots``; a slot outside the store reads NaN."""
         slots = np.asarray(slots, dtype=np.int64)
-        flat = self.vectors.view(-1, self.vector_dim)
-        ok = (slots >= 0) & (slots < self.num_slots)
-        if ok.all():
-            return flat[torch.from_numpy(slots)]
-        out = torch.full((len(slots), self.vector_dim), float("nan"), dtype=torch.float32)
-        out[torch.from_numpy(ok)] = flat[torch.from_numpy(slots[ok])]
-        return out
+        flat = self._vector_rows
+        if not len(slots) or (0 <= slots.min() and slots.max() < len(flat)):
+            return torch.from_numpy(flat[slots])  # a copy (fancy indexing)
+        ok = (slots >= 0) & (slots < len(flat))
+        out = np.full((len(slots), self.vector_dim), np.nan, dtype=np.float32)
+        out[ok] = flat[slots[ok]]
+        return torch.from_numpy(out)
 
     def write(self, slots: np.ndarray, rows: np.ndarray) -> None:
         if len(slots):

@@ -68,3 +68,48 @@ def test_an_override_is_not_bypassed():
             assert (meta.query_local_bounds[:n] == base.query_local_bounds[:n] + 7).all()
             seen += 1
     assert seen
+
+
+def _verify_rows(sched, plan, g):
+    """The (context, query length) of the step's verify rows, as the worker asks for its mask."""
+    q_max = 1 + g.num_speculative_tokens
+    rows = [w for w in plan.writes if not w.prefill and w.start > 0 and 1 <= len(w.contents) <= q_max]
+    return np.array([w.start for w in rows], np.int64), np.array([len(w.contents) for w in rows], np.int64)
+
+
+@pytest.mark.parametrize("name,W,I", [("mtp-mask-interleave", 2, 16), ("dsv3-mtp", 4, 1), ("dsv3-mtp", 8, 2)])
+def test_batched_spec_decode_masks_equal_the_per_row_ones(name, W, I):
+    """The reference's spec-decode masks (one vectorized pass over the step's verify rows) are
+    the interface's per-row default (``query_local_bounds`` and ``local_seq_lens`` per row)."""
+    engine, rows_seen = ReferenceEngine(), 0
+    for sched, plan in _steps(name, W, I):
+        for g in sched.geometries:
+            context, q_lens = _verify_rows(sched, plan, g)
+            if not (g.sharded and g.storage is Storage.PAGED and g.num_speculative_tokens and len(q_lens)):
+                continue
+            for r in range(W):
+                got = engine.spec_decode_mask(g, context, q_lens, r)
+                want = Engine.spec_decode_mask(engine, g, context, q_lens, r)
+                assert [(m.dtype, m.shape, m.tolist()) for m in got] == [(m.dtype, m.shape, m.tolist()) for m in want]
+            rows_seen += len(q_lens)
+    assert rows_seen
+
+
+class _Lowered(ReferenceEngine):
+    def query_local_bounds(self, geometry, start, stop, dcp_rank):
+        return np.maximum(super().query_local_bounds(geometry, start, stop, dcp_rank) - 1, 0)
+
+
+def test_an_overridden_bound_reaches_the_spec_decode_mask():
+    """A subclass's ``query_local_bounds`` (a fault's, an adapter's) shapes its masks: the
+    vectorized pass stands for the reference's bounds only."""
+    engine, ref, seen = _Lowered(), ReferenceEngine(), 0
+    for sched, plan in _steps("dsv3-mtp", 4):
+        for g in sched.geometries:
+            context, q_lens = _verify_rows(sched, plan, g)
+            if not len(q_lens):
+                continue
+            got, base = engine.spec_decode_mask(g, context, q_lens, 1), ref.spec_decode_mask(g, context, q_lens, 1)
+            assert [np.maximum(m.sum(axis=1) - 1, 0).tolist() for m in base] == [m.sum(axis=1).tolist() for m in got]
+            seen += 1
+    assert seen
