@@ -1,7 +1,8 @@
 """``dcpsim.run``: the same world as ``python -m dcpsim run``, with a typed report.
 
 Every built-in through ``dcpsim.run(..., in_process=True)`` gives the verdict and the JSON
-document (but for what is measured: times, memory) of ``run --in-process --json``; the
+document (but for what is measured: times, memory) of ``run --in-process --json``: both build
+the same ``Job``, whose world runs once (``one_world``); the
 example plugin's broken engine fails with its kind; bad options are ``ConfigError``s that
 name them. Real gloo worlds: tests/dist/test_api_gloo.py.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import dcpsim
+from dcpsim.harness import launch
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.scenarios.registry import builtin_scenario_names
 from support.helpers import without_timings
@@ -22,11 +24,35 @@ ONE_INSTANCE = [n for n in builtin_scenario_names() if load_scenario(n).disaggre
 OFF_BY_ONE = "dcpsim.engine.example_plugin:OffByOneExampleEngine"
 
 
+@pytest.fixture
+def one_world(monkeypatch):
+    """The first launch's world runs (``harness.launch.run_jobs``); every later launch of the
+    test must ask for the very same ``Job`` (the same scenario, overrides and run options) and
+    gets the first world's reports: the CLI and ``dcpsim.run`` are two ways into one
+    ``launch_job``, so a second world would only show that a world is deterministic (the full
+    matrix's cells and the replay tests show that). Returns the jobs launched."""
+    jobs, reports = [], []
+    real = launch.run_jobs
+
+    def run_once(batch, **kwargs):
+        (job,) = batch
+        if jobs:
+            assert job == jobs[0], "the command and dcpsim.run built different jobs"
+        else:
+            reports.extend(real(batch, **kwargs))
+        jobs.append(job)
+        return list(reports)
+
+    monkeypatch.setattr(launch, "run_jobs", run_once)
+    return jobs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ONE_INSTANCE)
-def test_every_builtin_gives_the_cli_verdict_and_document(name, run_json):
+def test_every_builtin_gives_the_cli_verdict_and_document(name, run_json, one_world):
     code, cli = run_json("run", name, "--in-process")
     report = dcpsim.run(name, in_process=True)
+    assert len(one_world) == 2
     assert report.passed is (code == 0) is True
     assert without_timings(report.to_dict()) == without_timings(cli)
     assert report.steps == cli["steps"] > 0 and report.verified_indices == cli["verified_indices"] > 0
@@ -34,10 +60,11 @@ def test_every_builtin_gives_the_cli_verdict_and_document(name, run_json):
 
 
 @pytest.mark.slow
-def test_the_options_reach_the_run_as_the_flags_do(run_json):
+def test_the_options_reach_the_run_as_the_flags_do(run_json, one_world):
     flags = ("--dcp", "4", "--interleave", "2", "--block-size", "32", "--seed", "7", "--verify", "full", "--attention")
     code, cli = run_json("run", "dsv3", "--in-process", *flags)
     report = dcpsim.run("dsv3", dcp=4, interleave=2, block_size=32, seed=7, verify="full", attention=True, in_process=True)
+    assert len(one_world) == 2
     doc = report.to_dict()
     assert without_timings(doc) == without_timings(cli)
     assert (doc["dcp_size"], doc["interleave_size"], doc["verify_mode"], doc["replay"]["scenario"]["seed"]) == (4, 2, "full", 7)
@@ -46,7 +73,10 @@ def test_the_options_reach_the_run_as_the_flags_do(run_json):
 
 @pytest.mark.slow
 def test_a_scenario_object_and_a_path_run_as_the_name_does(tmp_path):
-    by_name = dcpsim.run("llama-gqa", dcp=2, in_process=True).to_dict()
+    """And a passing report raises nothing (``raise_for_failure``)."""
+    passing = dcpsim.run("llama-gqa", dcp=2, in_process=True)
+    assert passing.raise_for_failure() is passing and passing.failure is None
+    by_name = passing.to_dict()
     scenario = load_scenario("llama-gqa")
     by_object = dcpsim.run(scenario, dcp=2, in_process=True).to_dict()
     by_path = dcpsim.run(Path(scenario.source) if Path(scenario.source).is_file() else _builtin_path("llama-gqa"), dcp=2, in_process=True)
@@ -70,12 +100,6 @@ def test_the_broken_example_plugin_fails_with_its_kind_and_the_text_report():
         report.raise_for_failure()
     assert str(caught.value) == report.text() and "FAIL at step 0" in str(caught.value)
     assert caught.value.report is report and caught.value.exit_code == 1
-
-
-@pytest.mark.slow
-def test_a_passing_report_raises_nothing():
-    report = dcpsim.run("llama-gqa", dcp=2, in_process=True)
-    assert report.raise_for_failure() is report and report.failure is None
 
 
 @pytest.mark.parametrize(

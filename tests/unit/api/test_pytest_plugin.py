@@ -1,8 +1,11 @@
 """The pytest plugin (``dcpsim.pytest_plugin``, the ``pytest11`` entry point), in a folder
-outside this repository (``pytester``, pytest in a subprocess): the fixture, the engine
-options, the matrix items, their shards and their JUnit files, which ``dcpsim merge`` joins; the
-matrix's worlds (one per (scenario, W), counted by a conftest around ``harness.runner.run_jobs``,
-with and without pytest-xdist) and a bad cell's failure on its own item."""
+outside this repository (``pytester``, pytest in a subprocess; in this process where nothing is
+patched and no world starts, or one in threads): the fixture, the engine options, the matrix
+items, their shards and their JUnit files, which ``dcpsim merge`` joins; the matrix's worlds (one
+per (scenario, W), counted by a conftest around ``harness.runner.run_jobs``, with and without
+pytest-xdist) and a bad cell's failure on its own item. The fixture passing on the reference
+engine, in a subprocess: ``test_ci_recipe.py``'s engine repository test file (dsv3 at two ranks
+among its four tests)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from dcpsim.campaigns.matrix_plan import matrix_cells
+from dcpsim.cli import main
 from support.helpers import run_cli
 
 pytest_plugins = ["pytester"]
@@ -35,14 +39,9 @@ def engine_repo(pytester):
 
 
 @pytest.mark.slow
-def test_the_fixture_passes_with_the_reference_engine(engine_repo):
-    result = engine_repo.runpytest_subprocess("-p", "no:cacheprovider", "--dcpsim-in-process")
-    result.assert_outcomes(passed=1)
-
-
-@pytest.mark.slow
 def test_a_broken_engine_fails_the_test_with_the_text_report(engine_repo):
-    result = engine_repo.runpytest_subprocess("-p", "no:cacheprovider", "--dcpsim-in-process", "--dcpsim-engine", OFF_BY_ONE)
+    """In this process (the ranks as threads, nothing patched)."""
+    result = engine_repo.runpytest_inprocess("-p", "no:cacheprovider", "--dcpsim-in-process", "--dcpsim-engine", OFF_BY_ONE)
     result.assert_outcomes(failed=1, errors=0)
     result.stdout.fnmatch_lines(["*the engine under test failed dcpsim's check*", "*FAIL at step 0*", "*first bad position: 0*"])
     assert "Traceback" not in result.stdout.str()
@@ -61,14 +60,16 @@ def test_a_broken_engine_fails_the_test_with_the_text_report(engine_repo):
     ],
 )
 def test_a_bad_option_is_a_usage_error(engine_repo, args, words):
-    result = engine_repo.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    """In this process: the session ends in ``pytest_configure``, before any test runs."""
+    result = engine_repo.runpytest_inprocess("-p", "no:cacheprovider", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert words in result.stderr.str()
 
 
 @pytest.mark.slow
 def test_the_matrix_collects_one_item_per_cell_of_dcpsim_matrix(engine_repo):
-    result = engine_repo.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only", "-q", "--dcpsim-matrix")
+    """In this process: collecting starts no world."""
+    result = engine_repo.runpytest_inprocess("-p", "no:cacheprovider", "--collect-only", "-q", "--dcpsim-matrix")
     lines = result.stdout.lines
     ids = lines[: lines.index("")]  # -q --collect-only: one node id a line, a blank line, the summary
     assert ids == [c.cell.id for c in matrix_cells()]
@@ -77,7 +78,10 @@ def test_the_matrix_collects_one_item_per_cell_of_dcpsim_matrix(engine_repo):
 
 @pytest.mark.slow
 def test_the_shards_junit_files_merge_with_a_shard_of_the_command(engine_repo, tmp_path):
-    """pytest shard 1/2 of llama-gqa's matrix, and the command's shard 2/2: one matrix."""
+    """pytest shard 1/2 of llama-gqa's matrix, and the command's shard 2/2: one matrix, every
+    cell an item of its own with its id, passed or skipped as planned. Without pytest-xdist the
+    cells of one (scenario, W) share one world (with it: ``test_the_matrix_starts_one_world_per_scenario_and_w``)."""
+    engine_repo.makeconftest(WORLD_COUNTER)
     cli = run_cli(["matrix", "llama-gqa", "--in-process", "--shard", "2/2", "--json"], cwd=tmp_path)
     assert cli.returncode == 0, cli.stderr
     (tmp_path / "shard2.json").write_text(cli.stdout, encoding="utf-8")
@@ -86,31 +90,39 @@ def test_the_shards_junit_files_merge_with_a_shard_of_the_command(engine_repo, t
         "-p", "no:cacheprovider", "--dcpsim-in-process", "--dcpsim-matrix=llama-gqa", "--dcpsim-shard", "1/2", f"--junitxml={junit}"
     )
     outcomes = result.parseoutcomes()
-    cases = ET.parse(junit).getroot().findall(".//testcase")
+    cases = _cases(junit)
     assert len(cases) == outcomes["passed"] + outcomes.get("skipped", 0) and outcomes.get("failed", 0) == 0
+    everything = matrix_cells(["llama-gqa"])
+    shard1 = [c for c in everything if c.cell.id in cases]
+    assert cases == {c.cell.id: "passed" if c.status == "pending" else "skipped" for c in shard1}
+    per_world: dict[str, int] = {}
+    for c in shard1:
+        if c.status == "pending":
+            per_world[c.cell.group] = per_world.get(c.cell.group, 0) + 1
+    assert sorted(_worlds(engine_repo)) == sorted(per_world.items()) and max(per_world.values()) > 1
     merged = tmp_path / "merged.json"
     proc = run_cli(["merge", str(junit), str(tmp_path / "shard2.json"), "--json-out", str(merged)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cells = json.loads(merged.read_text(encoding="utf-8"))
-    assert [c["cell"] for c in cells] == [c.cell.id for c in matrix_cells(["llama-gqa"])]
+    assert [c["cell"] for c in cells] == [c.cell.id for c in everything]
+    assert [c["status"] for c in cells] == ["pass" if c.status == "pending" else "skipped" for c in everything]
 
 
 @pytest.mark.slow
-def test_failing_cells_fail_their_items_and_merge_as_failed(engine_repo, tmp_path):
+def test_failing_cells_fail_their_items_and_merge_as_failed(engine_repo, tmp_path, capsys):
+    """The merge in this process (``main``; the command in a process of its own:
+    ``test_the_shards_junit_files_merge_with_a_shard_of_the_command``). A JUnit file of part of
+    the matrix (``-k``): ``test_a_failing_cell_fails_its_own_item_and_no_other_of_its_world``."""
     junit = tmp_path / "llama-gqa.xml"
     args = ("-p", "no:cacheprovider", "--dcpsim-in-process", "--dcpsim-engine", OFF_BY_ONE, "--dcpsim-matrix=llama-gqa")
     result = engine_repo.runpytest_subprocess(*args, f"--junitxml={junit}")
     outcomes = result.parseoutcomes()
     assert outcomes["failed"] >= 1 and "errors" not in outcomes
     result.stdout.fnmatch_lines(["*FAIL at step 0*"])
-    proc = run_cli(["merge", str(junit)])
-    assert proc.returncode == 1, proc.stderr
-    assert sum(" FAIL: " in line for line in proc.stdout.splitlines()) == outcomes["failed"]
-    # -k leaves out cells: merge says the matrix is not whole
-    result = engine_repo.runpytest_subprocess(*args, "-k", "dcp2-il1-", f"--junitxml={junit}")
-    result.assert_outcomes(failed=1)
-    proc = run_cli(["merge", str(junit)])
-    assert proc.returncode == 2 and "the shards hold 1 of the matrix's 25 cells" in proc.stderr
+    capsys.readouterr()
+    assert main(["merge", str(junit)]) == 1
+    out = capsys.readouterr().out
+    assert sum(" FAIL: " in line for line in out.splitlines()) == outcomes["failed"]
 
 
 WORLD_COUNTER = """
@@ -168,16 +180,19 @@ def _cases(junit) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["one-process", "xdist"])
-def test_the_matrix_starts_one_world_per_scenario_and_w(engine_repo, tmp_path, xdist):
+def test_the_matrix_starts_one_world_per_scenario_and_w(engine_repo, tmp_path):
     """Every cell is an item of its own, with its id; the cells of one (scenario, W) share one
-    world, with pytest-xdist too (a world's items go to one worker: none runs twice)."""
+    world with pytest-xdist (a world's items go to one worker: none runs twice), here on the
+    worlds of W = 1, 2 and 3 (three worlds for two workers; W = 4 and 8 add threads, not
+    worlds to share out). Without xdist, and every cell's id: ``test_the_shards_junit_files_merge_with_a_shard_of_the_command``."""
     engine_repo.makeconftest(WORLD_COUNTER)
     junit = tmp_path / "matrix.xml"
     result = engine_repo.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--dcpsim-in-process", "--dcpsim-matrix=llama-gqa", f"--junitxml={junit}", *xdist
-    )
-    cells = matrix_cells(["llama-gqa"])
+        "-p", "no:cacheprovider", "--dcpsim-in-process", "--dcpsim-matrix=llama-gqa", "-k", "dcp1- or dcp2- or dcp3-",
+        f"--junitxml={junit}", "-n", "2",
+    )  # fmt: skip
+    cells = [c for c in matrix_cells(["llama-gqa"]) if c.cell.dcp in (1, 2, 3)]
+    assert len({c.cell.group for c in cells}) == 3
     pending = [c for c in cells if c.status == "pending"]
     result.assert_outcomes(passed=len(pending), skipped=len(cells) - len(pending))
     assert _cases(junit) == {c.cell.id: "passed" if c.status == "pending" else "skipped" for c in cells}
@@ -196,10 +211,11 @@ def test_the_matrix_starts_one_world_per_scenario_and_w(engine_repo, tmp_path, x
         ("BreaksAtInterleave4", "llama-gqa-dcp2-il4-bs16", "*rank ? failed: RuntimeError: planted: the engine breaks its world at I = 4*"),
     ],
 )
-def test_a_failing_cell_fails_its_own_item_and_no_other_of_its_world(engine_repo, tmp_path, engine, bad, text):
+def test_a_failing_cell_fails_its_own_item_and_no_other_of_its_world(engine_repo, tmp_path, capsys, engine, bad, text):
     """A cell that fails its check, or breaks its world, in the middle of its world's cells:
     its item fails with its own text, the others of the world pass; a broken world's cells
-    that had not ended are rerun each in a world of its own (``harness.runner.run_each``)."""
+    that had not ended are rerun each in a world of its own (``harness.runner.run_each``).
+    ``-k`` left out the other worlds' cells: merge says the matrix is not whole."""
     engine_repo.makeconftest(WORLD_COUNTER)
     engine_repo.makepyfile(planted=PLANTED)
     junit = tmp_path / "matrix.xml"
@@ -214,6 +230,10 @@ def test_a_failing_cell_fails_its_own_item_and_no_other_of_its_world(engine_repo
     worlds = _worlds(engine_repo)
     assert worlds[0] == ("llama-gqa-dcp2", len(world))  # one world for the five cells
     assert worlds[1:] == ([] if engine.startswith("OffByOne") else [("llama-gqa-dcp2", 1)] * len(worlds[1:]))
+    capsys.readouterr()
+    assert main(["merge", str(junit)]) == 2
+    cells = len(matrix_cells(["llama-gqa"]))
+    assert f"the shards hold {len(world)} of the matrix's {cells} cells" in capsys.readouterr().err
 
 
 BATCH_BREAKS = """

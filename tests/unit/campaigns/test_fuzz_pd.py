@@ -44,13 +44,20 @@ def test_drawn_scenarios_are_pd_runs_the_faults_can_meet(scenario):
 @pytest.mark.dist
 # (not nixl-stride-by-dcp: it needs a NIXL producer with PCP and rows side by side; 25 examples of
 # seed 0 found it on the development machine, 30 did not on CI's, whose Hypothesis draws differ)
-@pytest.mark.parametrize("fault", ["nixl-skips-empty-rank-notice", "reshard-ignores-interleave"])
+@pytest.mark.parametrize("fault", ["reshard-ignores-interleave"])
 def test_the_pd_fuzz_finds_and_shrinks_a_pd_fault(fault):
+    """nixl-skips-empty-rank-notice: found and shrunk by the command
+    (``test_fuzz_pd_on_the_command_line_writes_a_scenario_that_reruns_as_pd``, the same checks)."""
     found = find_failure(fault, max_examples=30, seed=0, pd=True)
     assert found is not None, f"{fault}: no failing P/D run in 30 examples"
     assert not check_pd(found, fault).passed
     assert check_pd(found).passed, "the same run passes without the fault"
-    assert len(found.requests) <= 3 and all(r.output_len == 1 for r in found.requests), describe(found)  # shrunk
+    _assert_shrunk(found, fault)
+
+
+def _assert_shrunk(found, fault: str) -> None:
+    """A shrunk P/D run of ``fault``: few requests of one output token, the fault's connector."""
+    assert len(found.requests) <= 3 and all(r.output_len == 1 for r in found.requests), describe(found)
     if fault == "nixl-skips-empty-rank-notice":
         assert "pd-empty-decode-rank" in pd_situations(found)
     assert PD_FAULTS[fault].kv_connector == found.disaggregated.kv_connector
@@ -65,11 +72,14 @@ def test_the_reference_passes_the_pd_runs_it_draws():
 @pytest.mark.slow
 @pytest.mark.dist
 def test_fuzz_pd_on_the_command_line_writes_a_scenario_that_reruns_as_pd(tmp_path, capsys):
+    """The search finds and shrinks nixl-skips-empty-rank-notice; the scenario it writes fails
+    with the fault and passes without it."""
     code = main(["fuzz", "--pd", "--inject", "nixl-skips-empty-rank-notice", "--examples", "20", "--seed", "3", "--out", str(tmp_path)])
     out = capsys.readouterr()
     assert code == 1, out.out + out.err
     (path,) = tmp_path.glob("*.toml")
     assert "[disaggregated]" in path.read_text() and "never notified" in out.out
+    _assert_shrunk(load_scenario(str(path)), "nixl-skips-empty-rank-notice")
     assert main(["run", str(path), "--inject", "nixl-skips-empty-rank-notice"]) == 1
     assert main(["run", str(path)]) == 0
     assert main(["fuzz", "--pd", "--inject", "helix-decode-owner-unclamped", "--examples", "1"]) == 2  # not a P/D fault

@@ -1,7 +1,8 @@
 """Every bad input of issue 12, as a new user would type it: one clear message and the
 right exit code, no traceback, bounded memory (``run_cli``'s address-space limit) and
 time. What could run away runs the CLI in a subprocess, as the user would; the usage
-errors run ``main`` in this process."""
+errors, the refusals of the estimate (arithmetic: nothing is allocated) and the notes of a
+tiny run run ``main`` in this process."""
 
 from __future__ import annotations
 
@@ -90,11 +91,12 @@ def test_the_estimate_refuses_before_anything_is_allocated(tmp_path, capsys, cas
 
 
 @pytest.mark.slow
-def test_json_gets_the_refusal_as_one_document(tmp_path):
-    result = run_cli(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 9 * 10**18}), "--json"])
-    check(result, 2)
-    error = json_error(result)
-    assert error["kind"] == "ConfigError" and "of KV stores" in error["message"]
+def test_json_gets_the_refusal_as_one_document(tmp_path, capsys):
+    code = main(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 9 * 10**18}), "--json"])
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert code == doc["exit_code"] == 2 and "Traceback" not in err, err
+    assert doc["error"]["kind"] == "ConfigError" and "of KV stores" in doc["error"]["message"]
 
 
 @pytest.mark.slow
@@ -185,16 +187,20 @@ def test_json_gets_a_usage_error_as_one_document(tmp_path, capsys, no_torchrun, 
 
 
 @pytest.mark.slow
-def test_a_pool_below_the_largest_request_says_what_was_used(tmp_path):
-    result = run_cli(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 1}), "--in-process"])
-    check(result, 0, "kv_cache_tokens = 1 does not hold the largest request", "FullAttention[layers.0.attn+1] 4 blocks (128 tokens)")
+def test_a_pool_below_the_largest_request_says_what_was_used(tmp_path, capsys):
+    code = main(["run", scenario_file(tmp_path, top={"kv_cache_tokens": 1}), "--in-process"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+    assert "kv_cache_tokens = 1 does not hold the largest request" in err and "FullAttention[layers.0.attn+1] 4 blocks (128 tokens)" in err
 
 
 @pytest.mark.slow
-def test_a_preemption_that_never_fires_is_said(tmp_path):
-    result = run_cli(["run", scenario_file(tmp_path, request={"preempt_at_steps": [3, 50]}), "--in-process"])
-    check(result, 0, "request 'r0': preempt_at_steps 50 never fires", "the schedule has")
-    assert "preempt_at_steps 3 " not in result.stderr  # the one that fired
+def test_a_preemption_that_never_fires_is_said(tmp_path, capsys):
+    code = main(["run", scenario_file(tmp_path, request={"preempt_at_steps": [3, 50]}), "--in-process"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+    assert "request 'r0': preempt_at_steps 50 never fires" in err and "the schedule has" in err
+    assert "preempt_at_steps 3 " not in err  # the one that fired
 
 
 @pytest.mark.slow
