@@ -12,6 +12,7 @@ what the reference made.
 
 from __future__ import annotations
 
+import functools
 import shutil
 
 import pytest
@@ -24,6 +25,7 @@ from dcpsim.engine.sglang.releases import SGLANG_RELEASES, SGLANG_TABLE
 from dcpsim.engine.vllm.adapter import FULL_SCHEDULER_RELEASES
 from dcpsim.engine.vllm.releases import VLLM_RELEASES, vllm_table
 from support.helpers import patched_copy
+from support.job_batch import job_of, run_batched
 
 SWEEP = {
     "vllm": [("dsv3", dict(dcp=2)), ("llama-gqa", dict(dcp=4, attention=True)), ("dsv41-hybrid", dict(dcp=4))],
@@ -46,12 +48,9 @@ RELEASES = [("vllm", r) for r in VLLM_RELEASES] + [("sglang", r) for r in SGLANG
 @pytest.fixture(scope="module")
 def reference_verdicts():
     """The reference engine's verdict (passed, failure kind) of each sweep scenario."""
-    cases = {(name, tuple(sorted(o.items()))) for runs in SWEEP.values() for name, o in runs}
-    out = {}
-    for name, options in sorted(cases):
-        report = dcpsim.run(name, **dict(options))
-        out[(name, options)] = (report.passed, report.failure and report.failure.kind)
-    return out
+    cases = sorted({(name, tuple(sorted(o.items()))) for runs in SWEEP.values() for name, o in runs})
+    reports = run_batched([job_of(name, **dict(options)) for name, options in cases])
+    return {case: (report.passed, report.failure and report.failure.kind) for case, report in zip(cases, reports)}
 
 
 @pytest.mark.dist
@@ -76,35 +75,53 @@ def test_every_decision_binds_to_a_shape_of_the_release(engine, release, release
 @pytest.mark.slow
 @pytest.mark.parametrize("engine, release", RELEASES, ids=[f"{e}-{r}" for e, r in RELEASES])
 def test_a_release_gives_the_reference_verdicts_and_its_known_bugs(engine, release, release_source, reference_verdicts):
-    tree = str(release_source(engine, release))
-    source = {f"{engine}_source": tree}
-    bindings = bind(tree, TABLES[engine], release=release, label=LABELS[engine], flag=f"--{engine}-source")
+    """Every run of the release in two worlds (one per W), each job's verdict as ``dcpsim.run``'s;
+    the refusals are ``ConfigError`` as each job is built, before any world starts."""
+    source = {f"{engine}_source": str(release_source(engine, release))}
+    bindings = bind(source[f"{engine}_source"], TABLES[engine], release=release, label=LABELS[engine], flag=f"--{engine}-source")
+    runs = []  # (job, judge(report)): every run of the release, judged once all have run
     for name, options in SWEEP[engine]:
         refused = _refusal(engine, name, bindings)
         if refused:
             with pytest.raises(dcpsim.ConfigError, match=refused):
-                dcpsim.run(name, engine=engine, **source, **options)
+                job_of(name, engine=engine, **source, **options)
             continue
-        report = dcpsim.run(name, engine=engine, **source, **options)
-        got = (report.passed, report.failure and report.failure.kind)
-        assert got == reference_verdicts[(name, tuple(sorted(options.items())))], (name, report.text())
+        want = reference_verdicts[(name, tuple(sorted(options.items())))]
+        runs.append((job_of(name, engine=engine, **source, **options), functools.partial(_gives, want, name)))
     for (bug_engine, name, options), (releases, kind, words) in FINDINGS.items():
-        if bug_engine != engine:
-            continue
-        report = dcpsim.run(name, engine=engine, **source, **dict(options))
-        if release in releases:
-            assert not report.passed and report.failure.kind == kind and words in report.failure.message, report.text()
-        else:
-            assert report.passed, report.text()
-    if engine == "vllm":  # an EAGLE drafter's group beside the target's: refused, then bug class 47, then fixed
-        _eagle_draft_hit(release, source)
-    if engine == "vllm":  # the drafter's lookahead: every release's scheduler reserves k slots for EAGLE / MTP
-        _lookahead_preempts(release, source)
-    if engine == "vllm":  # PCP 2: releases that shard over PCP x DCP run it as their PCP 2, DCP 1
-        assert dcpsim.run("glm-pcp2-dcp2", engine=engine, **source).passed
-        if release in PCP_BLIND:  # DCP over the whole grid: their shards are PCP-major, dcpsim's TP-major
-            with pytest.raises(dcpsim.ConfigError, match=r"scheduler.py:\d+: pcp_world_size=self.pcp_world_size.*PCP-major"):
-                dcpsim.run("glm-pcp2-dcp2", engine=engine, tp=2, dcp=4, **source)
+        if bug_engine == engine:
+            judge = functools.partial(_fails_as, kind, words) if release in releases else _passes
+            runs.append((job_of(name, engine=engine, **source, **dict(options)), judge))
+    if engine == "vllm":
+        runs += _vllm_runs(release, source)
+    reports = run_batched([job for job, _ in runs])
+    for (_, judge), report in zip(runs, reports):
+        judge(report)
+
+
+def _gives(want: tuple, name: str, report) -> None:
+    assert (report.passed, report.failure and report.failure.kind) == want, (name, report.text())
+
+
+def _fails_as(kind: str, words: str, report) -> None:
+    assert not report.passed and report.failure.kind == kind and words in report.failure.message, report.text()
+
+
+def _passes(report) -> None:
+    assert report.passed, report.text()
+
+
+def _vllm_runs(release: str, source: dict) -> list:
+    """A vLLM release's runs beyond the sweep, each with its judge: an EAGLE drafter's group beside
+    the target's (refused, then bug class 47, then fixed), the drafter's lookahead (every release's
+    scheduler reserves k slots for EAGLE / MTP), and PCP 2 (releases that shard over PCP x DCP run
+    it as their PCP 2, DCP 1)."""
+    runs = _eagle_draft_hit(release, source) + _lookahead_preempts(release, source)
+    runs.append((job_of("glm-pcp2-dcp2", engine="vllm", **source), _passes))
+    if release in PCP_BLIND:  # DCP over the whole grid: their shards are PCP-major, dcpsim's TP-major
+        with pytest.raises(dcpsim.ConfigError, match=r"scheduler.py:\d+: pcp_world_size=self.pcp_world_size.*PCP-major"):
+            job_of("glm-pcp2-dcp2", engine="vllm", tp=2, dcp=4, **source)
+    return runs
 
 
 EAGLE_GROUPS_UNFLAGGED = ("0.31.0", "0.32.0")
@@ -114,28 +131,34 @@ one block past the aligned boundary: at step 2 the target group advertises the p
 ``[672, 688)`` whose parent (the hash ending at 672) no event has carried (README, upstream bugs)."""
 
 
-def _eagle_draft_hit(release: str, source: dict) -> None:
+def _eagle_draft_hit(release: str, source: dict) -> list:
     if VLLM_RELEASES.index(release) < VLLM_RELEASES.index(EAGLE_GROUPS_UNFLAGGED[0]):
         with pytest.raises(dcpsim.ConfigError, match="has no dcp_sharded field"):
-            dcpsim.run("eagle-draft-hit", engine="vllm", **source)
-        return
-    report = dcpsim.run("eagle-draft-hit", engine="vllm", **source)
-    if release in EAGLE_GROUPS_UNFLAGGED:
-        assert not report.passed and report.failure.kind == "kv-events", report.text()
-        assert "KV event [672, 688) of group FullAttention" in report.text(), report.text()
-    else:
-        assert report.passed, report.text()
+            job_of("eagle-draft-hit", engine="vllm", **source)
+        return []
+    return [(job_of("eagle-draft-hit", engine="vllm", **source), _passes if release not in EAGLE_GROUPS_UNFLAGGED else _unflagged_group)]
 
 
-def _lookahead_preempts(release: str, source: dict) -> None:
+def _unflagged_group(report) -> None:
+    assert not report.passed and report.failure.kind == "kv-events", report.text()
+    assert "KV event [672, 688) of group FullAttention" in report.text(), report.text()
+
+
+def _lookahead_preempts(release: str, source: dict) -> list:
     """``lookahead_pressure``: the EAGLE drafter's lookahead forces the reference's one preemption
     under the release's ``KVCacheManager`` (and its v1 ``Scheduler``, where dcpsim's stand-in config
     covers it), each row judged with the lookahead (``blocks held``; ngram's run, without it, is
     ``test_vllm_scheduler``'s)."""
-    for mode in ["manager"] + (["full"] if release in FULL_SCHEDULER_RELEASES else []):
-        report = dcpsim.run(lookahead_pressure("eagle"), engine="vllm", vllm_scheduler=mode, **source)
-        assert report.passed, (mode, report.text())
-        assert report.source.schedule["preemptions"] == 1, (mode, report.source.schedule)
+    modes = ["manager"] + (["full"] if release in FULL_SCHEDULER_RELEASES else [])
+    return [
+        (job_of(lookahead_pressure("eagle"), engine="vllm", vllm_scheduler=m, **source), functools.partial(_one_preemption, m))
+        for m in modes
+    ]
+
+
+def _one_preemption(mode: str, report) -> None:
+    assert report.passed, (mode, report.text())
+    assert report.source.schedule["preemptions"] == 1, (mode, report.source.schedule)
 
 
 PCP_BLIND = ("0.23.0", "0.24.0", "0.25.1")
@@ -184,10 +207,10 @@ def _checkout(tmp_path, tree, name="checkout"):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_a_checkout_of_the_newest_release_binds_by_its_code(capsys, tmp_path, release_source):
-    newest = release_source("vllm", VLLM_RELEASES[-1])
-    assert main(["run", "dsv3", "--dcp", "2", "--engine", "vllm", "--vllm-source", str(_checkout(tmp_path, newest))]) == 0
-    capsys.readouterr()
-    root = _checkout(tmp_path, newest, "main")
+    """A checkout whose code moved: exit 2 listing each mismatch, or, with ``--engine-partial``, a
+    run. (An unchanged checkout passing ``dsv3 --dcp 2`` by its code alone is the CI recipe's
+    ``test_deepseek_v3_layout[2-1]``, ``test_the_ci_recipe_runs_in_a_checkout_of_the_newest_release``.)"""
+    root = _checkout(tmp_path, release_source("vllm", VLLM_RELEASES[-1]), "main")
     utils = root / "vllm/v1/attention/backends/utils.py"
     utils.write_text(utils.read_text().replace("def get_dcp_local_seq_lens(", "def get_dcp_local_lengths("))
     kernel = root / "vllm/v1/worker/gpu/block_table.py"

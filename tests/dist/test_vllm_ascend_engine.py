@@ -25,6 +25,7 @@ from dcpsim.errors import ConfigError
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from support.helpers import builtin, builtin_names_at, patched_copy, run
+from support.job_batch import job_of, run_batched
 
 CASES = [("dsv3", False), ("llama-gqa", True)]
 """(built-in, attention): the runs whose every decision is checked to be the plugin's, at W = 2 and 4
@@ -138,13 +139,13 @@ def fixed_mask(trees, tmp_path_factory):
 )
 def test_the_releases_verify_mask_fails_at_an_interleave_and_the_fix_passes(name, options, trees, fixed_mask):
     ascend, vllm = trees
-    assert dcpsim.run(name, **options).passed
-    report = dcpsim.run(name, engine="vllm-ascend", vllm_ascend_source=ascend, vllm_source=vllm, **options)
+    jobs = [job_of(name, engine="vllm-ascend", vllm_ascend_source=tree, vllm_source=vllm, **options) for tree in (ascend, fixed_mask)]
+    reference, report, fixed = run_batched([job_of(name, **options), *jobs])  # one world: the three runs in turn
+    assert reference.passed, reference.text()
     assert not report.passed and report.failure.kind == "attention-mask", report.text()
     assert "the query at position" in report.text() and "the key at position" in report.text(), report.text()
     if name == "mtp-mask-interleave":  # the scenario's own case: a later draft on rank 1, a lost key on rank 0
         assert "rank 1 step 1" in report.text() and "the query at position 250 sees the key at position 251" in report.text()
-    fixed = dcpsim.run(name, engine="vllm-ascend", vllm_ascend_source=fixed_mask, vllm_source=vllm, **options)
     assert fixed.passed, fixed.text()
 
 
@@ -265,13 +266,13 @@ of ``AscendHybridKVCacheCoordinator`` (what vLLM's own coordinator takes)."""
 @pytest.mark.parametrize("W, right, short", [(4, 576, 512), (2, 608, 576)], ids=["W4", "W2"])
 def test_the_releases_hybrid_eagle_hit_is_short_and_the_fix_passes(W, right, short, trees, tmp_path):
     ascend, vllm = trees
-    report = dcpsim.run("eagle-hybrid-hit", dcp=W, engine="vllm-ascend", vllm_ascend_source=ascend, vllm_source=vllm)
+    fixed = str(patched_copy(ascend, tmp_path / "fixed-margin", COORDINATOR, *MARGIN_FIX))
+    jobs = [job_of("eagle-hybrid-hit", dcp=W, engine="vllm-ascend", vllm_ascend_source=tree, vllm_source=vllm) for tree in (ascend, fixed)]
+    report, good = run_batched(jobs)  # one world: the release, then the fix
     assert not report.passed and report.failure.kind == "prefix-hit-short", report.text()
     assert f"request reader: a prefix-cache hit of {short} tokens where the cache allows {right}" in report.text(), report.text()
     decisions = report.to_dict()["engine"]["decisions"]
     assert "patch_kv_cache_coordinator.py::get_kv_cache_coordinator" in decisions["prefix_hit_tokens"], decisions
-    fixed = patched_copy(ascend, tmp_path / "fixed-margin", COORDINATOR, *MARGIN_FIX)
-    good = dcpsim.run("eagle-hybrid-hit", dcp=W, engine="vllm-ascend", vllm_ascend_source=str(fixed), vllm_source=vllm)
     assert good.passed and good.to_dict()["schedule"]["prefix_hit_tokens"] == right, good.text()
 
 

@@ -72,9 +72,8 @@ def test_a_kernel_that_ignores_the_interleave_is_caught(capsys, tmp_path, vllm_s
     code, report = vllm_run(capsys, copy, "dsv3", "--dcp", "2", "--interleave", "16", "--vllm-runner", runner)
     assert code == 1
     assert report["failure"]["kind"] in ("wrong-content", "write-violation"), report["failure"]
-    # the clean tree passes the same run
-    code, report = vllm_run(capsys, vllm_source, "dsv3", "--dcp", "2", "--interleave", "16", "--vllm-runner", runner)
-    assert code == 0
+    # the clean tree passes the same layout (dsv3 at W = 2, I = 16, the runner's kernel, the very same
+    # schedule): test_builtins_get_the_reference_verdicts[2-16-runner]
 
 
 def test_local_lengths_one_too_long_are_caught_by_the_attention_check(capsys, tmp_path, vllm_source):

@@ -120,5 +120,13 @@ def test_a_bug_planted_in_a_combine_wrapper_is_caught(capsys, tmp_path, vllm_sou
     argv = ("dsv3", "--dcp", "2", "--attention", "--attention-merge", variant)
     code, report = vllm_run(capsys, copy, *argv)
     assert code == 1 and report["failure"]["kind"] == "attention-mismatch", report.get("failure")
-    code, report = vllm_run(capsys, vllm_source, *argv)  # the clean tree passes
+    # the clean tree passes the same run: test_the_clean_tree_passes_each_merge_alone[variant]
+
+
+@pytest.mark.parametrize("variant", ["allgather", "alltoall"])
+def test_the_clean_tree_passes_each_merge_alone(capsys, vllm_source, variant):
+    """The clean tree's run of each ``PLANTED`` bug (``--attention-merge VARIANT``) passes, each
+    merge run by its wrapper."""
+    code, report = vllm_run(capsys, vllm_source, "dsv3", "--dcp", "2", "--attention", "--attention-merge", variant)
     assert code == 0, report.get("failure")
+    assert report["attention_merged_by"][{"allgather": ALLGATHER, "alltoall": ALLTOALL}[variant]]["merges"] > 0, report
