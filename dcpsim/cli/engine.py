@@ -12,6 +12,7 @@ from dcpsim.cli.flags import add_flags, flag_values
 from dcpsim.cli.options import add_engine_arguments, engine_choice
 from dcpsim.engine.choice import EngineChoice
 from dcpsim.engine.loading.fetch import PACKAGES, fetch, pinned
+from dcpsim.engine.loading.launch_cache import describe as describe_launches
 from dcpsim.engine.registry import engine_info
 from dcpsim.engine.release_tables import RELEASE_TABLES, table_document, tree_document
 from dcpsim.engine.vllm_ascend.releases import VLLM_OF
@@ -76,6 +77,7 @@ def _info(args) -> int:
         info["source"] = str(tree.root)
         info["loaded"] = sorted(tree.modules)
         info["stubbed"] = sorted(tree.stubbed)
+        info["kernel_launches"] = describe_launches()
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_OK
@@ -86,6 +88,7 @@ def _info(args) -> int:
         print(f"  source: {info['source']}")
         print(f"  loaded: {', '.join(info['loaded'])}")
         print(f"  stubbed: {plural(len(info['stubbed']), 'module')}")
+        print(f"  kernel launches: {info['kernel_launches']}")
     if info.get("partial"):
         print(f"  --engine-partial: the reference makes {', '.join(info['partial'])} (the tree holds them in no known shape)")
     for decision, who in info["decisions"].items():

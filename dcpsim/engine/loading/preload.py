@@ -11,9 +11,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import triton
 import triton.language  # noqa: F401 - imported once, in the forkserver
 
+from dcpsim.engine.loading import launch_cache
 from dcpsim.engine.loading.forkserver import run_asked
 from dcpsim.engine.loading.interpreter import mend_interpreter_bools, quicken_interpreter
 
 mend_interpreter_bools()
 quicken_interpreter()
+launch_cache.install()
 run_asked()

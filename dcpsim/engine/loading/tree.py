@@ -34,6 +34,7 @@ import traceback
 import types
 from pathlib import Path
 
+from dcpsim.engine.loading import launch_cache
 from dcpsim.engine.loading.code_cache import CachedSourceLoader
 from dcpsim.engine.loading.interpreter import drop_dead_overflow_checks, mend_interpreter_bools, quicken_interpreter
 from dcpsim.engine.loading.placeholders import StubModule
@@ -242,6 +243,7 @@ class SourceTree:
         mend_interpreter_bools()
         drop_dead_overflow_checks()  # a third of each interpreted kernel, asserting nothing
         quicken_interpreter()  # costs of the interpreter that change no result
+        launch_cache.install()  # a launch whose kernel and inputs repeat: replayed
         finder = _Finder(self, set(names))
         before = {k: m for k, m in self._imported.items() if k not in names or not getattr(m, "__dcpsim_stub__", False)}
         with self._installed(finder, before):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dcpsim.engine.loading.launch_key import pointers_to
 from dcpsim.engine.vllm.functions import call
 from dcpsim.model.layout import PAD
 
@@ -63,7 +64,7 @@ def _launch_v2(shape, kernel, g, n, total, qsl, positions, table, width, dcp_ran
         torch.arange(n, dtype=torch.int32),
         qsl,
         positions,
-        torch.tensor([table.data_ptr()], dtype=torch.int64),
+        pointers_to(table),  # the kernel loads the table's address (_load_ptr)
         torch.tensor([width], dtype=torch.int32),
         *per_group,
         out,
