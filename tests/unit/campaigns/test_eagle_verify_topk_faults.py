@@ -130,6 +130,7 @@ def test_the_interleave_one_rule_agrees_only_at_interleave_one():
     assert fault.applies_to_scenario(builtin("dsv32-sparse", 2, 16), geometries(builtin("dsv32-sparse", 2, 16)))
 
 
+@pytest.mark.slow  # two in-process dsv32-sparse runs with attention: about 9 s
 def test_sparse_keys_localized_with_interleave_one_are_an_attention_mismatch():
     sc = builtin("dsv32-sparse", 2, 16)
     assert run(sc, attention=True).passed
