@@ -176,7 +176,6 @@ def test_rank_that_exits_is_reported(capsys):
 
 @pytest.mark.slow
 def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process():
-    start = time.monotonic()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -189,7 +188,7 @@ def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process
             "--timeout",
             "3",
             "--deadline",
-            "120",
+            "600",
             "--simulate-rank-failure",
             "hang:2:3",
         ],
@@ -200,17 +199,24 @@ def test_rank_that_hangs_ends_in_exit_3_within_the_timeout_and_leaves_no_process
     time.sleep(1.0)
     helpers = _children_of(proc.pid)
     ranks = [c for h in helpers for c in _children_of(h)]
-    _, err = proc.communicate(timeout=60)
-    elapsed = time.monotonic() - start
+    try:
+        _, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     assert proc.returncode == 3, err
-    # ended by the 3 s process-group timeout, long before the 120 s deadline (rank start-up
-    # on 2 loaded cores takes most of the time)
-    assert elapsed < 60, err
+    # ended by the 3 s process-group timeout, not by the 600 s deadline (the wide bounds are for
+    # rank start-up: about 15 s on 2 quiet cores, minutes at a load average of 40)
     assert "Timed out waiting 3000ms" in err and "deadline" not in err
     assert "rank 2 at step 3" in err
-    time.sleep(0.5)
-    alive = [p for p in helpers + ranks if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
-    assert not alive, f"left-over processes {alive}"
+
+    def alive():
+        return [p for p in helpers + ranks if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+
+    gone_by = time.monotonic() + 30
+    while alive() and time.monotonic() < gone_by:
+        time.sleep(0.1)
+    assert not alive(), f"left-over processes {alive()}"
 
 
 @pytest.mark.slow
