@@ -10,13 +10,16 @@ one worker, but with pytest 9 and xdist 3.8 it silently stops grouping.)
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import pickle
 
 import pytest
 
 from dcpsim.campaigns import matrix as mx
+from dcpsim.campaigns.grid import full_grid
 from dcpsim.scenarios.registry import builtin_scenario_names
+from support.matrix_cover import covered, same_run
 
 CELLS = mx.expand(builtin_scenario_names(), dry_run=False)
 VALID = [c for c in CELLS if c.status == "pending"]
@@ -60,6 +63,18 @@ def test_cell(cell, shared_dir):
 def test_the_matrix_is_large_enough():
     assert len(VALID) >= 200, f"only {len(VALID)} valid cells"
     assert {c.cell.scenario for c in VALID} == set(builtin_scenario_names())
+
+
+@pytest.mark.slow
+def test_every_default_cell_runs_in_the_full_matrix():
+    """Why ``conftest.py`` may deselect ``test_cell``: each valid default cell is a full-grid cell
+    of the same id whose block-size override changes nothing (``support.matrix_cover``)."""
+    full = [c for c in full_grid(builtin_scenario_names()) if c.status == "pending"]
+    assert covered(VALID, full) == {c.cell.id for c in VALID}
+    # a full cell at another page is another run, even under the default cell's id
+    default = next(c for c in VALID if c.cell.id == "dsv3-dcp2-il16-bs64")
+    half = next(c for c in full if c.cell.id == "dsv3-dcp2-il16-bs32")
+    assert not same_run(default, dataclasses.replace(half, cell=default.cell))
 
 
 def test_skipped_cells_say_why():
