@@ -114,16 +114,18 @@ def _cached(fn, args: tuple, kwargs: dict, grid, launch):
         _TAG.append(runtime_tag())
     kernel = digest(_TAG[0], identity)
     structure = digest(kernel, arguments.structure)
-    for outputs in STORE.outputs(structure):
+    known = STORE.outputs(structure)
+    for outputs in known:
         effect = STORE.get(arguments.key(kernel, frozenset(outputs)))
         if effect is not None:
             COUNTS["hit"] += 1
             replay(effect, arguments.storages, storage_bytes)
             return None
     COUNTS["miss"] += 1
-    for i in range(len(arguments.storages)):  # the bytes before the launch
+    recording = Recording(arguments.storages, arguments.tables, _deferred(arguments, known), arguments.storage_digest)
+    for i in set(range(len(arguments.storages))) - recording.deferred - arguments.tables:  # the bytes before the launch
         arguments.storage_digest(i)
-    with Recording(arguments.storages, arguments.tables) as recording:
+    with recording:
         result = launch()
     if recording.replayable:
         outputs = recording.outputs()
@@ -132,3 +134,18 @@ def _cached(fn, args: tuple, kwargs: dict, grid, launch):
     else:
         COUNTS["unreplayable"] += 1
     return result
+
+
+def _deferred(arguments: Arguments, known: list) -> set[int]:
+    """The storages whose bytes a recorded launch digests at its first load only: those every
+    earlier launch of its structure only stored to (``known``: their output sets), never digested
+    by a look-up (say a large KV buffer the kernel writes). None when the structure is new, or when
+    storages overlap (a store through one would change the other's bytes before its load)."""
+    if not known or _overlap(arguments.storages):
+        return set()
+    return {i for i in set.intersection(*(set(o) for o in known)) if not arguments.digested(i)}
+
+
+def _overlap(storages: list) -> bool:
+    spans = sorted((s.data_ptr(), s.data_ptr() + s.nbytes()) for s in storages)
+    return any(end > start for (_, end), (start, _) in zip(spans, spans[1:]))

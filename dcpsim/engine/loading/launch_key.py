@@ -190,10 +190,15 @@ class Arguments:
         return digest(kernel, self.structure, tuple(sorted(outputs)), *((i, self.storage_digest(i)) for i in inputs))
 
     def storage_digest(self, i: int) -> bytes:
-        """The digest of storage ``i``'s bytes (as they are at its first asking)."""
+        """The digest of storage ``i``'s bytes (as they are at its first asking; SHA-256, about
+        twice as fast as BLAKE2b where the CPU has SHA instructions)."""
         if i not in self._digests:
-            self._digests[i] = hashlib.blake2b(storage_bytes(self.storages[i]), digest_size=20).digest()
+            self._digests[i] = hashlib.sha256(storage_bytes(self.storages[i])).digest()
         return self._digests[i]
+
+    def digested(self, i: int) -> bool:
+        """Whether storage ``i``'s bytes have been digested (they are in a key already asked for)."""
+        return i in self._digests
 
     @staticmethod
     def _grid(grid):

@@ -12,6 +12,7 @@ the kernel would.
 
 from __future__ import annotations
 
+import bisect
 import threading
 
 import numpy as np
@@ -21,18 +22,21 @@ _ACTIVE = threading.local()
 
 class Recording:
     """The accesses of one launch over ``storages`` (torch storages; positions in ``tables``:
-    pointer tables, which must not be written)."""
+    pointer tables, which must not be written). The bytes of a storage in ``deferred`` are digested
+    only at its first load (``first_load(position)``, before any store of the launch changed them): a
+    storage the launch only stores to (an output) is never digested; one stored to before it is
+    loaded from makes the launch unreplayable (its bytes before the launch are gone)."""
 
-    def __init__(self, storages: list, tables: set[int]):
+    def __init__(self, storages: list, tables: set[int], deferred: set[int] = frozenset(), first_load=None):
         self.storages, self.tables = storages, tables
-        starts = np.array([s.data_ptr() for s in storages], dtype=np.uint64)
-        order = np.argsort(starts, kind="stable")
-        self.order = order
-        self.starts = starts[order]
-        self.ends = self.starts + np.array([storages[i].nbytes() for i in order], dtype=np.uint64)
+        starts = [s.data_ptr() for s in storages]
+        self.order = sorted(range(len(storages)), key=starts.__getitem__)
+        self.starts = [starts[i] for i in self.order]
+        self.ends = [starts[i] + storages[i].nbytes() for i in self.order]
+        self.deferred, self.first_load = set(deferred), first_load
         self.replayable = True
         self.read: set[int] = set()  # the positions of the storages loaded from
-        self.written: list[tuple[np.ndarray, np.ndarray, int]] = []  # (storage position, offset, itemsize)
+        self.written: dict[int, list[tuple[np.ndarray, int]]] = {}  # position: [(offsets, itemsize)]
 
     def __enter__(self):
         _ACTIVE.recording = self
@@ -42,41 +46,53 @@ class Recording:
         _ACTIVE.recording = None
 
     def access(self, ptrs: np.ndarray, mask, itemsize: int, write: bool) -> None:
-        addresses = np.asarray(ptrs, dtype=np.uint64)
+        addresses = ptrs if isinstance(ptrs, np.ndarray) and ptrs.dtype == np.uint64 else np.asarray(ptrs, dtype=np.uint64)
         if mask is not None:
             mask = np.asarray(mask, dtype=bool)
             if not mask.all():
                 addresses = addresses[np.broadcast_to(mask, addresses.shape)]
-        addresses = addresses.ravel()
-        if not len(addresses):
+        if not addresses.size:
             return
-        if not len(self.starts):
-            self.replayable = False
+        low, high = int(addresses.min()), int(addresses.max()) + itemsize
+        slot = bisect.bisect_right(self.starts, low) - 1
+        if slot >= 0 and high <= self.ends[slot]:  # one storage: the usual case
+            position = self.order[slot]
+            if write:
+                self._store(position, addresses.ravel() - np.uint64(self.starts[slot]), itemsize)
+            else:
+                self._load(position)
             return
-        slot = int(np.searchsorted(self.starts, addresses.min(), side="right")) - 1
-        if slot >= 0 and addresses.max() + np.uint64(itemsize) <= self.ends[slot]:  # one storage: the usual case
-            position = int(self.order[slot])
-            if not write:
-                self.read.add(position)
-                return
-            self._touch(np.array([position]), addresses - self.starts[slot], itemsize, write)
-            return
-        slots = np.searchsorted(self.starts, addresses, side="right").astype(np.int64) - 1
+        self._spread(addresses.ravel(), itemsize, write)
+
+    def _spread(self, addresses: np.ndarray, itemsize: int, write: bool) -> None:
+        """An access over several storages (or outside them all: unreplayable)."""
+        starts, ends = np.array(self.starts, dtype=np.uint64), np.array(self.ends, dtype=np.uint64)
+        slots = np.searchsorted(starts, addresses, side="right").astype(np.int64) - 1
         inside = slots >= 0
         slots = np.maximum(slots, 0)
-        if not (inside & (addresses + np.uint64(itemsize) <= self.ends[slots])).all():
+        if not len(starts) or not (inside & (addresses + np.uint64(itemsize) <= ends[slots])).all():
             self.replayable = False
             return
-        self._touch(self.order[slots], addresses - self.starts[slots], itemsize, write)
+        for slot in np.unique(slots).tolist():
+            position = self.order[slot]
+            if write:
+                self._store(position, addresses[slots == slot] - starts[slot], itemsize)
+            else:
+                self._load(position)
 
-    def _touch(self, positions: np.ndarray, offsets: np.ndarray, itemsize: int, write: bool) -> None:
-        """A load or store at ``offsets`` of the storages at ``positions`` (one, or one per offset)."""
-        if not write:
-            self.read.update(int(p) for p in np.unique(positions))
-            return
-        if any(int(p) in self.tables for p in np.unique(positions)):
+    def _load(self, position: int) -> None:
+        if position in self.deferred:
+            self.deferred.discard(position)
+            if position in self.written:
+                self.replayable = False
+            else:
+                self.first_load(position)
+        self.read.add(position)
+
+    def _store(self, position: int, offsets: np.ndarray, itemsize: int) -> None:
+        if position in self.tables:
             self.replayable = False
-        self.written.append((np.broadcast_to(positions, offsets.shape), offsets.astype(np.int64), itemsize))
+        self.written.setdefault(position, []).append((offsets.astype(np.int64), itemsize))
 
     def outputs(self) -> frozenset:
         """The storages never loaded from (pointer tables aside): the kernel's result does not
@@ -87,17 +103,14 @@ class Recording:
         """Per written storage: ``(position, run starts, run lengths, bytes)`` (numpy arrays as
         bytes), the bytes read from ``storage_bytes(storage)`` now."""
         out = []
-        if not self.written:
-            return ()
-        offsets = np.concatenate([(o[:, None] + np.arange(size)).ravel() for _, o, size in self.written])
-        owners = np.concatenate([np.repeat(p, size) for p, _, size in self.written])
-        for position in np.unique(owners):
-            mine = np.unique(offsets[owners == position])
+        for position in sorted(self.written):
+            stores = self.written[position]
+            mine = np.unique(np.concatenate([(o[:, None] + np.arange(size)).ravel() for o, size in stores]))
             breaks = np.flatnonzero(np.diff(mine) != 1) + 1
             starts = mine[np.r_[0, breaks]]
             lengths = np.diff(np.r_[np.r_[0, breaks], len(mine)])
-            data = storage_bytes(self.storages[int(position)])[mine]
-            out.append((int(position), starts.astype(np.int64).tobytes(), lengths.astype(np.int64).tobytes(), data.tobytes()))
+            data = storage_bytes(self.storages[position])[mine]
+            out.append((position, starts.astype(np.int64).tobytes(), lengths.astype(np.int64).tobytes(), data.tobytes()))
         return tuple(out)
 
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -39,6 +40,23 @@ def scale(x_ptr, n, out_ptr, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
 def accumulate(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.load(out_ptr + offs, mask=offs < n) + tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def maybe_accumulate(x_ptr, flag_ptr, n, out_ptr, BLOCK: tl.constexpr):  # loads out only when the flag is set
+    offs = tl.arange(0, BLOCK)
+    flag = tl.load(flag_ptr)
+    old = tl.load(out_ptr + offs, mask=(offs < n) & (flag != 0), other=0)
+    tl.store(out_ptr + offs, old + tl.load(x_ptr + offs, mask=offs < n, other=0), mask=offs < n)
+
+
+@triton.jit
+def store_then_maybe_load(x_ptr, flag_ptr, n, out_ptr, BLOCK: tl.constexpr):  # loads out after storing to it
+    offs = tl.arange(0, BLOCK)
+    flag = tl.load(flag_ptr)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n, other=0), mask=offs < n)
+    again = tl.load(out_ptr + offs, mask=(offs < n) & (flag != 0), other=0)
+    tl.store(out_ptr + offs, again * 2, mask=(offs < n) & (flag != 0))
 
 
 @triton.jit
@@ -96,6 +114,15 @@ launch("source_byte", edited.scale, x, 6, FACTOR=3, BLOCK=8)
 kern.SHIFT = 6
 launch("global_value", kern.scale, x, 6, FACTOR=3, BLOCK=8)
 kern.SHIFT = 5
+
+# out only stored to by the first launch of a structure: a later one digests it at its first load only
+off_flag, on_flag = torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+launch("flag_off", kern.maybe_accumulate, x, off_flag, 6, BLOCK=8)
+launch("flag_on", kern.maybe_accumulate, x, on_flag, 6, BLOCK=8)
+launch("flag_on_other_output_bytes", kern.maybe_accumulate, x, on_flag, 6, BLOCK=8, fill=99)
+launch("flag_on_again", kern.maybe_accumulate, x, on_flag, 6, BLOCK=8)
+launch("late_load_off", kern.store_then_maybe_load, x, off_flag, 6, BLOCK=8)
+launch("late_load_on", kern.store_then_maybe_load, x, on_flag, 6, BLOCK=8)
 
 table_source = torch.arange(10, 18, dtype=torch.int32)
 launch("table_first", kern.through_table, pointers_to(table_source), 6, BLOCK=8)
@@ -156,7 +183,7 @@ def test_an_identical_launch_hits_and_restores_the_exact_bytes(runs):
     assert off["first"]["out"] == [3 * i + 5 for i in range(6)] + [-7, -7]
     assert off["first"]["counted"] == [] and off["again"]["counted"] == []  # DCPSIM_LAUNCH_CACHE=0: never asked
     assert cold["first"]["counted"] == ["miss"] and cold["again"]["counted"] == ["hit"]  # in the process
-    assert all(warm[name]["counted"] == ["hit"] for name in ("first", "again", "tensor_byte", "source_byte", "table_first"))
+    assert all(warm[name]["counted"] == ["hit"] for name in ("first", "again", "tensor_byte", "source_byte", "table_first", "flag_on"))
     for run in (cold, warm, runs["corrupt"]):
         for name, launch in run.items():
             if isinstance(launch, dict):
@@ -189,6 +216,19 @@ def test_a_changed_stride_or_source_changes_the_key(runs):
 
 
 @pytest.mark.slow
+def test_a_storage_digested_at_its_first_load_is_keyed_by_its_bytes_before_the_launch(runs):
+    off, cold = runs["off"], runs["cold"]
+    assert cold["flag_off"]["counted"] == ["miss"] and cold["flag_on"]["counted"] == ["miss"]
+    assert cold["flag_on_other_output_bytes"]["counted"] == ["miss"]  # out is loaded from: its bytes are keyed
+    assert off["flag_on_other_output_bytes"]["out"] == [99 + i for i in range(6)] + [99, 99]
+    assert cold["flag_on_again"]["counted"] == ["hit"]  # the bytes before the launch, not after it
+    assert off["flag_on_again"]["out"] == [i - 7 for i in range(6)] + [-7, -7]
+    # out stored to before its first load: its bytes before the launch are gone, so it is not kept
+    assert cold["late_load_off"]["counted"] == ["miss"] and cold["late_load_on"]["counted"] == ["miss", "unreplayable"]
+    assert off["late_load_on"]["out"] == [2 * i for i in range(6)] + [-7, -7]
+
+
+@pytest.mark.slow
 def test_a_pointer_table_is_keyed_by_what_it_points_to(runs):
     cold = runs["cold"]
     assert cold["table_first"]["counted"] == ["miss"]
@@ -206,3 +246,25 @@ def test_a_corrupt_or_cut_file_is_a_miss(runs):
     corrupt = runs["corrupt"]
     assert corrupt["first"]["counted"] == ["miss"] and corrupt["again"]["counted"] == ["hit"]
     assert corrupt["table_first"]["counted"] == ["miss"]
+
+
+def test_a_folder_is_pruned_once_in_prune_every_seconds(tmp_path, monkeypatch):
+    """The first store of each process prunes the folder only when no process did in the last
+    ``PRUNE_EVERY`` seconds (its stamp's mtime)."""
+    from dcpsim.engine.loading import launch_store
+
+    monkeypatch.setenv(launch_store.LIMIT_ENV, str(2000 / (1 << 20)))  # 2,000 bytes
+
+    def fill(process: int, n: int) -> None:  # a new process's store, keeping n effects of 500 bytes
+        store = launch_store.LaunchStore(tmp_path)
+        for i in range(n):
+            assert store.put(f"{process}{i:04d}".ljust(40, "0"), ((0, b"", b"", bytes(500)),))
+
+    fill(1, 8)  # the first store pruned the folder (then one file), and stamped it
+    fill(2, 8)
+    assert len(list(tmp_path.glob("*/*.launch"))) == 16  # the stamp is fresh: not pruned
+    old = time.time() - launch_store.PRUNE_EVERY - 1
+    os.utime(tmp_path / launch_store.PRUNED, (old, old))
+    fill(3, 1)
+    assert len(list(tmp_path.glob("*/*.launch"))) <= 3  # under the 2,000 bytes
+    assert time.time() - (tmp_path / launch_store.PRUNED).stat().st_mtime < 60
