@@ -71,32 +71,58 @@ def locals_of_slots(row: np.ndarray, slots: np.ndarray, page: int) -> np.ndarray
 def locals_of_slots_per_row(rows: list[np.ndarray], slots: np.ndarray, page: int, flat: np.ndarray | None = None) -> list[np.ndarray]:
     """``locals_of_slots`` of each of ``rows`` (a group's requests), in one pass (``flat``:
     the rows concatenated, when the caller has them)."""
-    if not len(slots) or not rows:
-        return [NO_LOCALS] * len(rows)
-    lens = np.array([len(r) for r in rows], dtype=np.int64)
-    flat = np.concatenate(rows) if flat is None else flat
-    blocks = slots // page  # sorted, as the slots are
-    # the columns whose block holds a written slot, by a table over the written blocks'
-    # range (a pass over the rows at memory speed), then a binary search for those only:
-    # a row is the whole context (164K columns at 10M tokens), a step writes a few blocks
-    first = int(blocks[0])
-    written = np.zeros(int(blocks[-1]) - first + 1, dtype=bool)
-    written[blocks - first] = True
-    near = flat - first
-    inside = (near >= 0) & (near < len(written))
-    hit = np.flatnonzero(inside)
+    return locals_of_slots_groups([rows], [slots], [page], [flat])[0]
+
+
+def locals_of_slots_groups(rows_of: list[list], slots_of: list[np.ndarray], pages: list[int], flats: list) -> list[list[np.ndarray]]:
+    """``locals_of_slots_per_row`` of several groups (each its rows, sorted and distinct written
+    slots, page and rows concatenated or None), in one pass over all of them: the blocks of
+    group ``k`` are numbered apart from the others' (shifted past them), so one look-up serves all."""
+    out = [[NO_LOCALS] * len(rows) for rows in rows_of]
+    keys, within, nears, lens, row_pages, whose = [], [], [], [], [], []
+    offset = 0
+    for k, (rows, slots, page) in enumerate(zip(rows_of, slots_of, pages)):
+        if not len(slots) or not rows:
+            continue
+        flat = np.concatenate(rows) if flats[k] is None else flats[k]
+        blocks = slots // page  # sorted, as the slots are
+        first, span = int(blocks[0]), int(blocks[-1]) - int(blocks[0]) + 1
+        # the columns whose block lies in the written blocks' range, by a table over that
+        # range (a pass over the rows at memory speed), then a binary search for those only:
+        # a row is the whole context (164K columns at 10M tokens), a step writes a few blocks
+        near = flat - first
+        nears.append(np.where((near >= 0) & (near < span), near + offset, -1))
+        keys.append(blocks + (offset - first))
+        within.append(slots % page)
+        lens += [len(r) for r in rows]
+        row_pages.append(np.full(len(rows), page, dtype=np.int64))
+        whose.append(k)
+        offset += span
+    if not keys:
+        return out
+    key, within, near = (np.concatenate(x) if len(x) > 1 else x[0] for x in (keys, within, nears))
+    written = np.zeros(offset, dtype=bool)
+    written[key] = True
+    hit = np.flatnonzero(near >= 0)
     hit = hit[written[near[hit]]]
     if not len(hit):
-        return [NO_LOCALS] * len(rows)
-    lo = np.searchsorted(blocks, flat[hit], side="left")
-    counts = np.searchsorted(blocks, flat[hit], side="right") - lo
+        return out
+    lo = np.searchsorted(key, near[hit], side="left")
+    counts = np.searchsorted(key, near[hit], side="right") - lo
     starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
-    picked = slots[np.arange(int(counts.sum())) + starts]
+    picked = within[np.arange(int(counts.sum())) + starts]
+    lens = np.array(lens, dtype=np.int64)
     row_start = np.cumsum(lens) - lens
     owner = np.searchsorted(row_start, hit, side="right") - 1  # the row of each hit column
-    local = np.repeat(hit - row_start[owner], counts) * page + picked % page
-    bounds = np.searchsorted(np.repeat(owner, counts), np.arange(len(rows) + 1)).tolist()
-    return [local[bounds[k] : bounds[k + 1]] for k in range(len(rows))]
+    page = np.concatenate(row_pages) if len(row_pages) > 1 else row_pages[0]
+    local = np.repeat((hit - row_start[owner]) * page[owner], counts) + picked
+    bounds = np.searchsorted(np.repeat(owner, counts), np.arange(len(lens) + 1)).tolist()
+    first_row = 0
+    for k in whose:
+        rows = len(rows_of[k])
+        out[k] = [local[bounds[first_row + r] : bounds[first_row + r + 1]] for r in range(rows)]
+        first_row += rows
+    return out
 
 
 def locals_of_columns(columns: np.ndarray, page: int) -> np.ndarray:
@@ -130,6 +156,13 @@ class ChangeTracker:
     def checked(self, g: int, group: ExpectedGroup, view: RequestView) -> None:
         self.stop[(g, view.req_index)] = expected_span(group, view.num_committed)[1]
 
+    def checked_all(self, groups: list[ExpectedGroup], views: list) -> None:
+        """``checked`` of every group's requests ``views``: the stop of a span is the committed
+        length, in records of ``R`` for a records group (``expected_span``)."""
+        for g, group in enumerate(groups):
+            R = group.tokens_per_state if group.storage is Storage.RECORDS else 1
+            self.stop.update(((g, v.req_index), v.num_committed // R) for v in views)
+
     def locals_to_read(self, g: int, group: ExpectedGroup, view: RequestView, row: np.ndarray, rank: int) -> np.ndarray | None:
         """The sorted local indices of the item to re-read, or None: read all of them."""
         return self.locals_to_read_all(g, group, [view], [row], rank)[0]
@@ -142,6 +175,27 @@ class ChangeTracker:
         rewritten = locals_of_slots_per_row(rows, self.written[g], group.page_states, flat)
         return [self._to_read(g, group, v, again, rank) for v, again in zip(views, rewritten)]
 
+    def locals_to_read_groups(self, groups: list[ExpectedGroup], views: list, table: list, rank: int, flats: list) -> list:
+        """``locals_to_read_all`` of every group at once, item by item (group-major; ``table``:
+        the items' rows, ``flats``: each group's concatenated), the written slots of all groups
+        mapped through their rows in one pass."""
+        n = len(views)
+        paged = [g for g, group in enumerate(groups) if group.storage not in (Storage.RING, Storage.STATE)]
+        rewritten = locals_of_slots_groups(
+            [table[g * n : (g + 1) * n] for g in paged],
+            [self.written[g] for g in paged],
+            [groups[g].page_states for g in paged],
+            [flats[g] for g in paged],
+        )
+        out = []
+        again_of = dict(zip(paged, rewritten))
+        for g, group in enumerate(groups):
+            if g not in again_of:
+                out += [None] * n
+                continue
+            out += [self._to_read(g, group, v, again, rank) for v, again in zip(views, again_of[g])]
+        return out
+
     def _to_read(self, g: int, group: ExpectedGroup, view: RequestView, rewritten: np.ndarray, rank: int) -> np.ndarray | None:
         """One item's local indices to re-read (``rewritten``: those its row maps the
         written slots to), or None."""
@@ -152,11 +206,12 @@ class ChangeTracker:
             return None
         if group.sharded:
             lo, hi = 0, owned_count(group, rank, stop)
-            new = np.arange(owned_count(group, rank, last), hi, dtype=np.int64)
+            begin = owned_count(group, rank, last)
         else:
             lo, hi = first, stop
-            new = np.arange(max(last, first), stop, dtype=np.int64)
-        if not len(changed) and (not len(rewritten) or (len(new) and rewritten[0] >= new[0] and rewritten[-1] < hi)):
+            begin = max(last, first)
+        new = np.arange(begin, hi, dtype=np.int64)
+        if not len(changed) and (not len(rewritten) or (begin < hi and int(rewritten[0]) >= begin and int(rewritten[-1]) < hi)):
             # only the new indices (sorted, distinct, inside [lo, hi)): most steps, whose
             # writes all map to new indices (``rewritten`` is sorted: by column, then slot)
             return new

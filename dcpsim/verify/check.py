@@ -41,7 +41,7 @@ from dcpsim.plural import plural
 from dcpsim.verify.attention_mask import MaskJudge
 from dcpsim.verify.changes import ChangeTracker, expected_at
 from dcpsim.verify.context_gather import judge_gathers
-from dcpsim.verify.digest import as_int64s, multiset_digest, ordered_digests, run_digests
+from dcpsim.verify.digest import as_int64s, multiset_digest, run_digests
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.helix import helix_local_of
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
@@ -266,11 +266,7 @@ class Checker:
         (``flats``: each group's, concatenated)."""
         if not self.incremental or plan.last:
             return [None] * len(items)
-        n = len(plan.views)
-        local = []
-        for g, group in enumerate(self.groups):
-            part = slice(g * n, (g + 1) * n)
-            local += self.changes.locals_to_read_all(g, group, plan.views, table[part], self.rank, flats[g])
+        local = self.changes.locals_to_read_groups(self.groups, plan.views, table, self.rank, flats)
         return [None if view.finished else x for (_, view), x in zip(items, local)]
 
     def verify(self, plan: StepPlan) -> Failure | None:
@@ -308,8 +304,7 @@ class Checker:
         hit_count = self.hits.count if self.hits is not None else 0
         counts = [self.guard.count, meta_count, event_count, mask_count, hit_count, self.retention.count, len(tables)]
         header = np.concatenate([np.array(counts, dtype=np.int64), tables])
-        for g, view in items:  # as if it passes: a failure found later ends the run anyway
-            self.changes.checked(g, self.groups[g], view)
+        self.changes.checked_all(self.groups, views)  # as if it passes: a failure found later ends the run anyway
         self._pending.append(_Pending(plan, items, local, np.concatenate([header, rows.reshape(-1)]), len(header)))
         self._last_reads = reads  # kept for the details of a failure at this step
 
@@ -333,20 +328,32 @@ class Checker:
         # every rank read the same local indices. So only the items that send a digest are
         # hashed (each run's digest is its own: the others' entries change none).
         sends = ~sharded | ~partial
-        if sends.all():
-            digests = as_int64s(run_digests(got[:, INDEX], got[:, CONTENT], lengths, ~sharded))
-        else:
-            digests = np.zeros(len(items), dtype=np.int64)
-            if sends.any():
-                entries = np.repeat(sends, lengths)
-                digests[sends] = as_int64s(run_digests(got[entries, INDEX], got[entries, CONTENT], lengths[sends], ~sharded[sends]))
-        rows[:, MULTISET] = np.where(sharded & ~partial, digests, 0)
-        rows[:, ORDERED] = np.where(sharded, 0, digests)
         again = partial & ~sharded
+        # one hashing pass: the items' entries that send a digest, then the local indices of
+        # the replicated items read in part (``LOCALS``: a digest of the pairs (i, i))
+        parts = []  # (index, content, run lengths, ordered) of each kind of run
+        if sends.all():
+            parts.append((got[:, INDEX], got[:, CONTENT], lengths, ~sharded))
+        elif sends.any():
+            entries = np.repeat(sends, lengths)
+            parts.append((got[entries, INDEX], got[entries, CONTENT], lengths[sends], ~sharded[sends]))
         if again.any():
             read = [x for x, k in zip(local, again) if k]
             flat = np.concatenate(read)
-            rows[again, LOCALS] = as_int64s(ordered_digests(flat, flat, np.array([len(x) for x in read], dtype=np.int64)) | np.uint64(1))
+            parts.append((flat, flat, np.array([len(x) for x in read], dtype=np.int64), np.ones(len(read), dtype=bool)))
+        if not parts:
+            return rows
+        columns = parts[0] if len(parts) == 1 else [np.concatenate(x) for x in zip(*parts)]
+        digests = as_int64s(run_digests(*columns))
+        sent = int(sends.sum())
+        if sent:
+            mine = digests[:sent] if sends.all() else np.zeros(len(items), dtype=np.int64)
+            if not sends.all():
+                mine[sends] = digests[:sent]
+            rows[:, MULTISET] = np.where(sharded & ~partial, mine, 0)
+            rows[:, ORDERED] = np.where(sharded, 0, mine)
+        if again.any():
+            rows[again, LOCALS] = digests[sent:] | np.int64(1)
         return rows
 
     @property

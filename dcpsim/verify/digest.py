@@ -73,9 +73,15 @@ def run_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray, ord
     """Per run of ``lengths`` consecutive pairs, its ``ordered_digest`` where ``ordered`` (a
     bool per run) is set, else its ``multiset_digest``; all runs in one pass (uint64)."""
     lengths = np.asarray(lengths, dtype=np.int64)
+    ordered = np.asarray(ordered, dtype=bool)
     values = _pair_hash(index, content)
-    each = np.repeat(np.asarray(ordered, dtype=bool), lengths)
-    if each.any():
-        order = np.arange(1, len(values) + 1, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        values[each] = mix64(values[each] ^ order[each].view(np.uint64) * _K2)
+    if not ordered.any():
+        return _segment_sums(values, lengths)
+    order = np.arange(1, len(values) + 1, dtype=np.int64)
+    if len(lengths) > 1:
+        order -= np.repeat(np.cumsum(lengths) - lengths, lengths)
+    if ordered.all():  # no mask (a replicated group's runs, the block tables)
+        return _segment_sums(mix64(values ^ order.view(np.uint64) * _K2), lengths)
+    each = np.repeat(ordered, lengths)
+    values[each] = mix64(values[each] ^ order[each].view(np.uint64) * _K2)
     return _segment_sums(values, lengths)

@@ -13,15 +13,23 @@ The terms of a check are hashed in one pass: every (group, request) lists the pi
 needs (its header ``req_index, len(row)``, and its whole row or only the entries that
 changed, were appended or were cut off), and one ``ordered_terms`` call over all the pieces,
 then a segment sum, gives each piece's sum (mod 2**64, so the grouping changes no digest).
+
+A group whose rows are short (fewer than ``scratch_below`` entries in all: every matrix
+cell) is digested from scratch instead, all such groups in one ``ordered_digests`` pass over
+their sequences (a group's places run from 1 over its whole sequence): the bookkeeping per
+row costs more than hashing a few hundred entries. Its rows are not kept; should it grow
+past the limit, its rows are hashed whole once, then kept.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from dcpsim.verify.digest import as_int64s, ordered_terms
+from dcpsim.verify.digest import as_int64s, ordered_digests, ordered_terms
 
 _MASK = (1 << 64) - 1
+SCRATCH_BELOW = 4096
+"""Entries of a group's rows below which it is digested from scratch (``TableDigests``)."""
 
 
 class _Pieces:
@@ -52,8 +60,22 @@ class _Pieces:
         return (running[ends] - running[ends - lengths]).tolist()  # wraps mod 2**64
 
 
+def _sequence(req_indices: list[int], lengths: np.ndarray, flat: np.ndarray) -> np.ndarray:
+    """A group's digested sequence ``req_index, len(row), *row`` over its requests in order
+    (``flat``: the rows concatenated, ``lengths``: theirs)."""
+    heads = np.cumsum(lengths + 2) - (lengths + 2)
+    seq = np.empty(len(flat) + 2 * len(lengths), dtype=np.int64)
+    body = np.ones(len(seq), dtype=bool)
+    body[heads] = body[heads + 1] = False
+    seq[heads] = req_indices
+    seq[heads + 1] = lengths
+    seq[body] = flat
+    return seq
+
+
 class TableDigests:
-    def __init__(self):
+    def __init__(self, scratch_below: int = SCRATCH_BELOW):
+        self.scratch_below = scratch_below
         self._kept: dict[tuple[int, int], tuple[int, np.ndarray, int]] = {}
         """(group, request) -> (the place of its row's first entry, the row as digested, the
         sum of the row's terms)."""
@@ -71,11 +93,16 @@ class TableDigests:
         pieces = _Pieces()
         plans = []  # per (group, request): (group, key, place, row, kept body, [(sign, piece)]), header first
         out = [0] * num_groups
+        small: list[int] = []  # groups digested from scratch
         for g in range(num_groups):
             if self._unchanged(g, same.get(g), req_indices, table[g * n : (g + 1) * n], None if flats is None else flats[g]):
                 out[g] = self._same[g][2]
                 for req in req_indices:
-                    self._kept[(g, req)] = kept[(g, req)]
+                    if (g, req) in kept:  # a small group keeps no rows
+                        self._kept[(g, req)] = kept[(g, req)]
+                continue
+            if len(self._same[g][1]) < self.scratch_below:
+                small.append(g)
                 continue
             place = 1  # places count from 1 within a group's sequence
             for req, row in zip(req_indices, table[g * n : (g + 1) * n]):
@@ -92,6 +119,12 @@ class TableDigests:
             body &= _MASK
             self._kept[key] = (first, row, body)
             out[g] += header + body
+        if small:
+            seqs = [_sequence(req_indices, np.array(self._same[g][0][1], dtype=np.int64), self._same[g][1]) for g in small]
+            flat = np.concatenate(seqs) if len(seqs) > 1 else seqs[0]
+            lengths = np.array([len(x) for x in seqs], dtype=np.int64)
+            for g, total in zip(small, ordered_digests(flat, np.zeros(len(flat), np.int64), lengths).tolist()):
+                out[g] = total
         out = [total & _MASK for total in out]
         for g, total in enumerate(out):
             self._same[g] = (*self._same[g][:2], total)

@@ -15,7 +15,15 @@ from dcpsim.engine.worker.block_table import ALL_COLUMNS, BlockTable
 from dcpsim.engine.worker.kv_store import KVStore
 from dcpsim.model.layout import PAD
 from dcpsim.model.plan import RequestView, ReqWrite
-from dcpsim.verify.changes import expected_at, locals_of_columns, locals_of_slots, locals_of_slots_per_row, owned_count, owned_index
+from dcpsim.verify.changes import (
+    expected_at,
+    locals_of_columns,
+    locals_of_slots,
+    locals_of_slots_groups,
+    locals_of_slots_per_row,
+    owned_count,
+    owned_index,
+)
 from dcpsim.verify.geometry import expected_groups
 from dcpsim.verify.oracle import expected_on_rank
 from dcpsim.verify.read import read_slots
@@ -92,6 +100,25 @@ def test_written_slots_map_through_a_groups_rows_at_once_as_one_by_one():
         together = locals_of_slots_per_row(rows, slots, page)
         assert [x.tolist() for x in together] == [locals_of_slots(r, slots, page).tolist() for r in rows]
         assert all((np.diff(x) > 0).all() for x in together)  # sorted and distinct: locals_to_read relies on it
+
+
+def test_written_slots_map_through_every_groups_rows_at_once_as_group_by_group():
+    """The checker maps every group's written slots through its rows in one pass (blocks
+    numbered apart per group, pages of their own): the same as group by group (groups with
+    no rows, no writes, overlapping block ids)."""
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        groups = int(rng.integers(1, 5))
+        pages = [int(rng.choice([1, 2, 4, 16])) for _ in range(groups)]
+        rows_of = [[rng.integers(0, 10, size=rng.integers(0, 5)) for _ in range(int(rng.integers(0, 4)))] for _ in range(groups)]
+        slots_of = [np.unique(rng.integers(0, 10 * p, size=rng.integers(0, 12))) for p in pages]
+        flats = [np.concatenate(r) if r and rng.random() < 0.5 else None for r in rows_of]
+        together = locals_of_slots_groups(rows_of, slots_of, pages, flats)
+        alone = [locals_of_slots_per_row(r, s, p) if r else [] for r, s, p in zip(rows_of, slots_of, pages)]
+        assert [[x.tolist() for x in g] for g in together] == [[x.tolist() for x in g] for g in alone]
+        assert [[x.tolist() for x in g] for g in together] == [
+            [locals_of_slots(r, s, p).tolist() for r in rows] for rows, s, p in zip(rows_of, slots_of, pages)
+        ]
 
 
 # ----------------------------------------------------------------------------- late faults

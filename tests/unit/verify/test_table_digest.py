@@ -1,6 +1,7 @@
 """The block tables' digests kept across checks equal the digests from scratch."""
 
 import numpy as np
+import pytest
 
 from dcpsim.verify.digest import as_int64s, ordered_digests
 from dcpsim.verify.table_digest import TableDigests
@@ -32,11 +33,14 @@ def evolve(rng, row: np.ndarray) -> np.ndarray:
     return row
 
 
-def test_kept_digests_equal_the_digests_from_scratch_as_rows_change():
+@pytest.mark.parametrize("scratch_below", [0, 12, 10**6], ids=["kept", "both", "scratch"])
+def test_kept_digests_equal_the_digests_from_scratch_as_rows_change(scratch_below):
+    """Kept row by row (``0``), digested from scratch (small groups: the default in a matrix
+    cell), and groups crossing the limit as they grow and shrink (``12``)."""
     rng = np.random.default_rng(7)
     for _ in range(40):
         groups = int(rng.integers(1, 4))
-        kept = TableDigests()
+        kept = TableDigests(scratch_below)
         live = {int(r): [rng.integers(0, 40, size=rng.integers(0, 6)) for _ in range(groups)] for r in rng.choice(9, 3, replace=False)}
         for _ in range(25):
             for req in list(live):
@@ -51,8 +55,9 @@ def test_kept_digests_equal_the_digests_from_scratch_as_rows_change():
             assert kept.digests(groups, reqs, table).tolist() == from_scratch(groups, reqs, table).tolist()
 
 
-def test_a_changed_entry_changes_the_kept_digest():
-    kept = TableDigests()
+@pytest.mark.parametrize("scratch_below", [0, 10**6])
+def test_a_changed_entry_changes_the_kept_digest(scratch_below):
+    kept = TableDigests(scratch_below)
     row = np.arange(1, 200, dtype=np.int64)
     first = kept.digests(1, [0], [row])
     again = row.copy()
