@@ -15,7 +15,8 @@ from dcpsim.cli import main
 from dcpsim.errors import ConfigError
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
-from support.helpers import builtin, builtin_names_at, run
+from support.helpers import builtin, builtin_names_at
+from support.reference_runs import reference_run
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -65,13 +66,13 @@ def test_builtins_get_the_reference_verdicts_or_sglangs_reason(sglang_source, W)
         assert "SGLang 0.5.23 cannot run this" in message and REFUSED[name] in message, message
         assert "SGLang's rule: sglang/" in message, message
     for name, got in zip(names, run_jobs(jobs)):  # one world per W: every job's ranks share it
-        ref = run(builtin(name, W))
+        ref = reference_run(builtin(name, W))
         assert ref.passed, name
         assert got.engine["name"] == "sglang" and got.engine["version"] == "0.5.23"
         if name == "llama-gqa":  # MHA writes through SGLang's Triton backend (test_mha_writes_run_sglangs_backend_and_pool's release run)
             assert "TritonAttnBackend._set_kv_buffer" in got.engine["decisions"]["write_slots"], got.engine["decisions"]
         if name == "mla-norope":  # sglang#36886: caught, not the reference's verdict
-            assert not got.passed and got.failure.kind == "write-violation", got.text()
+            _is_sglang_36886(got.failure, got.text())
             continue
         want = (ref.passed, ref.steps, ref.verified_indices)
         have = (got.passed, got.steps, got.verified_indices)
@@ -106,12 +107,18 @@ def test_npu_deals_whole_pages_and_cuda_refuses_an_interleave(capsys, sglang_sou
     assert code == 2 and "interleave_size=self.page_size" in err, err
 
 
+def _is_sglang_36886(failure, text: str) -> None:
+    """``mla-norope --dcp 2`` on the release (the W = 2 sweep's run): a write violation naming the
+    first bad position and the rank that wrote it."""
+    assert failure is not None and failure.kind == "write-violation", text
+    assert failure.index is not None and failure.details[0].startswith("rank "), text
+    assert f"index {failure.index} " in " ".join(failure.details), text
+
+
 def test_mla_norope_is_sglang_36886(capsys, tmp_path, sglang_source):
-    code, report = sglang_run(capsys, sglang_source, "mla-norope", "--dcp", "2")
-    failure = report["failure"]
-    assert code == 1 and failure["kind"] == "write-violation", failure
-    assert failure["index"] is not None and failure["details"][0].startswith("rank "), failure
-    assert f"index {failure['index']} " in " ".join(failure["details"])  # the first bad position and the rank that wrote it
+    """The release fails (``_is_sglang_36886``, in the W = 2 sweep's world:
+    ``test_builtins_get_the_reference_verdicts_or_sglangs_reason[2]``); the reference and the
+    release with the owner rule planted pass."""
     assert main(["run", "mla-norope", "--dcp", "2", "--in-process"]) == 0  # the reference engine passes
     capsys.readouterr()
     fixed = patched_copy(sglang_source, tmp_path / "sglang-fixed", WRITES, *NOROPE_FIX)

@@ -12,7 +12,8 @@ import pytest
 from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
-from support.helpers import builtin, builtin_names_at, patched_copy, run
+from support.helpers import builtin, builtin_names_at, patched_copy
+from support.reference_runs import reference_run
 
 pytestmark = pytest.mark.slow  # gloo worlds running an engine's kernels; the fast loop leaves them out
 
@@ -33,7 +34,7 @@ def test_builtins_get_the_reference_verdicts(vllm_source, runner, W, I):
     """With dcpsim's own scheduler (only vLLM's worker-side code), the very same schedule."""
     names = builtin_names_at(W)  # gqa-pcp2-heads's heads are refused at W = 4
     scenarios = [builtin(name, W, I) for name in names]
-    reference = [run(sc) for sc in scenarios]
+    reference = [reference_run(sc) for sc in scenarios]
     jobs = [
         Job.from_options(sc, engine="vllm", vllm_source=str(vllm_source), vllm_runner=runner, vllm_scheduler="dcpsim", timeout=60)
         for sc in scenarios

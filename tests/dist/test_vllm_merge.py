@@ -21,14 +21,19 @@ def vllm_run(capsys, source, *argv):
     return _vllm_run(capsys, source, *argv, "--deadline", "900")
 
 
-@pytest.mark.parametrize("W", [2, 4])
-def test_every_merge_runs_vllms_wrappers(capsys, vllm_source, W):
-    code, report = vllm_run(capsys, vllm_source, "dsv3", "--dcp", str(W), "--attention")
+def test_every_merge_runs_vllms_wrappers(capsys, vllm_source):
+    """At W = 4, the default merge alternating both wrappers (at W = 2 each wrapper's run alone:
+    ``test_the_clean_tree_passes_each_merge_alone``)."""
+    code, report = vllm_run(capsys, vllm_source, "dsv3", "--dcp", "4", "--attention")
     assert code == 0, report.get("failure")
     by, merges = report["attention_merged_by"], report["attention_merges"]
     assert by[ALLGATHER]["merges"] == merges["allgather"] > 5 and by[ALLTOALL]["merges"] == merges["alltoall"] > 5
-    for tally in by.values():  # a sample of the rows of the big merges, every row of the small ones
-        assert 0 < tally["rows"] < tally["of"]
+    _merged_by_vllm_in_base_e(report)
+
+
+def _merged_by_vllm_in_base_e(report) -> None:
+    for tally in report["attention_merged_by"].values():  # a sample of the rows of the big merges, every row of the small ones
+        assert 0 < tally["rows"] < tally["of"], report["attention_merged_by"]
     assert report["attention"]["lse_base"] == "e"  # FLASHMLA, the default backend
     assert "is_lse_base_on_e=True (FLASHMLA)" in report["engine"]["decisions"]["merge_across_ranks"]
 
@@ -125,8 +130,12 @@ def test_a_bug_planted_in_a_combine_wrapper_is_caught(capsys, tmp_path, vllm_sou
 
 @pytest.mark.parametrize("variant", ["allgather", "alltoall"])
 def test_the_clean_tree_passes_each_merge_alone(capsys, vllm_source, variant):
-    """The clean tree's run of each ``PLANTED`` bug (``--attention-merge VARIANT``) passes, each
-    merge run by its wrapper."""
+    """The clean tree's run of each ``PLANTED`` bug (``--attention-merge VARIANT``) passes, every
+    merge run by its wrapper (the default merge's run at W = 2, alternating both, was a test of
+    its own until issue 29's third pass; ``test_every_merge_runs_vllms_wrappers`` runs it at W = 4)."""
     code, report = vllm_run(capsys, vllm_source, "dsv3", "--dcp", "2", "--attention", "--attention-merge", variant)
     assert code == 0, report.get("failure")
-    assert report["attention_merged_by"][{"allgather": ALLGATHER, "alltoall": ALLTOALL}[variant]]["merges"] > 0, report
+    by = report["attention_merged_by"]
+    assert list(by) == [{"allgather": ALLGATHER, "alltoall": ALLTOALL}[variant]], by
+    assert by[list(by)[0]]["merges"] == report["attention_merges"][variant] > 5, report["attention_merges"]
+    _merged_by_vllm_in_base_e(report)

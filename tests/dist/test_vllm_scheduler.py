@@ -16,6 +16,7 @@ from dcpsim.cli import main
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from support.helpers import builtin, builtin_names_at, make_scenario, mla_spec, request_spec, run
+from support.reference_runs import reference_run
 
 pytestmark = pytest.mark.slow  # gloo worlds running an engine's kernels; the fast loop leaves them out
 
@@ -45,7 +46,7 @@ def test_builtins_get_the_reference_verdicts_with_vllms_scheduler(vllm_source, W
     for ks in by_world.values():  # one gloo world per world size (a PCP built-in has its own)
         jobs = [Job.from_options(scenarios[k], engine="vllm", vllm_source=str(vllm_source), vllm_scheduler=mode, timeout=60) for k in ks]
         for k, got in zip(ks, run_jobs(jobs)):
-            ref = run(scenarios[k])
+            ref = reference_run(scenarios[k])
             assert DRIVER[mode] in got.engine["decisions"]["make_scheduler"], got.engine
             assert ref.passed, names[k]
             assert got.passed, f"{names[k]} at W = {W} under --vllm-scheduler {mode}:\n{got.text()}"
@@ -74,9 +75,8 @@ def test_vllm_50118_is_an_engine_error_naming_vllms_assertion(capsys, vllm_sourc
     assert code == 1 and failure["kind"] == "engine-error" and "Scheduler.schedule" in failure["message"], failure
     assert failure["details"][0] == "raised by vllm.v1.core.kv_cache_utils.resolve_block_hashes, vllm/v1/core/kv_cache_utils.py:1262"
     assert any("scheduler.py" in d and " schedule" in d for d in failure["details"]), failure["details"]
-    # at W = 1 the spec's block size is the manager's: it passes, as the reference does at W = 4
-    code, report = vllm_run(capsys, vllm_source, UPSTREAM_BUG, "--dcp", "1")
-    assert code == 0, report.get("failure")
+    # at W = 1 the spec's block size is the manager's: it passes (test_builtins_get_the_reference_verdicts_with_vllms_scheduler[1-manager]
+    # runs it), as the reference does at W = 4
     assert main(["run", UPSTREAM_BUG, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["schedule"]["prefix_hit_tokens"] > 0
 
@@ -234,11 +234,14 @@ def test_the_drafters_lookahead_gives_vllms_blocks_and_preemptions_in_both_modes
     (``blocks held`` counts the lookahead) and the preemption it forces is the same under
     ``--vllm-scheduler manager``, ``full`` and the reference."""
     keys = ("preemptions", "steps", "finished", "reused_blocks")
-    for method, preemptions in (("eagle", 1), ("mtp", 1), ("ngram", 0)):
-        sc = lookahead_pressure(method)
-        ref = run(sc)
+    cases = [(method, preemptions, mode) for method, preemptions in (("eagle", 1), ("mtp", 1), ("ngram", 0)) for mode in DRIVER]
+    jobs = [
+        Job.from_options(lookahead_pressure(m), engine="vllm", vllm_source=str(vllm_source), vllm_scheduler=d, timeout=60)
+        for m, _, d in cases
+    ]
+    refs = {method: run(lookahead_pressure(method)) for method in ("eagle", "mtp", "ngram")}
+    for (method, preemptions, mode), got in zip(cases, run_jobs(jobs)):  # one world: the six runs in turn
+        ref = refs[method]
         assert ref.passed and ref.schedule["preemptions"] == preemptions, (method, ref.text())
-        jobs = [Job.from_options(sc, engine="vllm", vllm_source=str(vllm_source), vllm_scheduler=m, timeout=60) for m in DRIVER]
-        for mode, got in zip(DRIVER, run_jobs(jobs)):
-            assert got.passed, f"{method} under --vllm-scheduler {mode}:\n{got.text()}"
-            assert {k: got.schedule[k] for k in keys} == {k: ref.schedule[k] for k in keys}, (method, mode)
+        assert got.passed, f"{method} under --vllm-scheduler {mode}:\n{got.text()}"
+        assert {k: got.schedule[k] for k in keys} == {k: ref.schedule[k] for k in keys}, (method, mode)
