@@ -35,8 +35,13 @@ NO_LOCALS = np.zeros(0, dtype=np.int64)
 def expected_span(group: ExpectedGroup, num_committed: int) -> tuple[int, int]:
     """``[first, stop)`` of the indices (positions, or records) the group must hold."""
     if group.storage is Storage.RECORDS:
-        return 0, num_committed // group.tokens_per_state
+        return 0, expected_stop(group, num_committed)
     return retained_start(group, num_committed), num_committed
+
+
+def expected_stop(group: ExpectedGroup, num_committed: int) -> int:
+    """The ``stop`` of ``expected_span``: the committed length, in records for a records group."""
+    return num_committed // group.tokens_per_state if group.storage is Storage.RECORDS else num_committed
 
 
 def owned_count(group: ExpectedGroup, rank: int, stop: int) -> int:
@@ -153,32 +158,16 @@ class ChangeTracker:
         live = {v.req_index for v in views}
         self.stop = {key: stop for key, stop in self.stop.items() if key[1] in live}
 
-    def checked(self, g: int, group: ExpectedGroup, view: RequestView) -> None:
-        self.stop[(g, view.req_index)] = expected_span(group, view.num_committed)[1]
-
     def checked_all(self, groups: list[ExpectedGroup], views: list) -> None:
-        """``checked`` of every group's requests ``views``: the stop of a span is the committed
-        length, in records of ``R`` for a records group (``expected_span``)."""
+        """Every group's requests ``views`` were checked up to their ``expected_stop``."""
         for g, group in enumerate(groups):
-            R = group.tokens_per_state if group.storage is Storage.RECORDS else 1
-            self.stop.update(((g, v.req_index), v.num_committed // R) for v in views)
-
-    def locals_to_read(self, g: int, group: ExpectedGroup, view: RequestView, row: np.ndarray, rank: int) -> np.ndarray | None:
-        """The sorted local indices of the item to re-read, or None: read all of them."""
-        return self.locals_to_read_all(g, group, [view], [row], rank)[0]
-
-    def locals_to_read_all(self, g: int, group: ExpectedGroup, views: list, rows: list, rank: int, flat: np.ndarray | None = None) -> list:
-        """``locals_to_read`` of each of a group's requests ``views`` (their rows ``rows``;
-        ``flat``: them concatenated, if known), the written slots mapped through every row in one pass."""
-        if group.storage in (Storage.RING, Storage.STATE):
-            return [None] * len(views)
-        rewritten = locals_of_slots_per_row(rows, self.written[g], group.page_states, flat)
-        return [self._to_read(g, group, v, again, rank) for v, again in zip(views, rewritten)]
+            self.stop.update(((g, v.req_index), expected_stop(group, v.num_committed)) for v in views)
 
     def locals_to_read_groups(self, groups: list[ExpectedGroup], views: list, table: list, rank: int, flats: list) -> list:
-        """``locals_to_read_all`` of every group at once, item by item (group-major; ``table``:
-        the items' rows, ``flats``: each group's concatenated), the written slots of all groups
-        mapped through their rows in one pass."""
+        """The sorted local indices of each item to re-read, or None (read all of them; always
+        for a ring or state group), item by item (group-major; ``table``: the items' rows,
+        ``flats``: each group's concatenated), the written slots of all groups mapped through
+        their rows in one pass."""
         n = len(views)
         paged = [g for g, group in enumerate(groups) if group.storage not in (Storage.RING, Storage.STATE)]
         rewritten = locals_of_slots_groups(

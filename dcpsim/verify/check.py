@@ -346,12 +346,10 @@ class Checker:
         columns = parts[0] if len(parts) == 1 else [np.concatenate(x) for x in zip(*parts)]
         digests = as_int64s(run_digests(*columns))
         sent = int(sends.sum())
-        if sent:
-            mine = digests[:sent] if sends.all() else np.zeros(len(items), dtype=np.int64)
-            if not sends.all():
-                mine[sends] = digests[:sent]
-            rows[:, MULTISET] = np.where(sharded & ~partial, mine, 0)
-            rows[:, ORDERED] = np.where(sharded, 0, mine)
+        mine = np.zeros(len(items), dtype=np.int64)
+        mine[sends] = digests[:sent]
+        rows[:, MULTISET] = np.where(sharded & ~partial, mine, 0)
+        rows[:, ORDERED] = np.where(sharded, 0, mine)
         if again.any():
             rows[again, LOCALS] = digests[sent:] | np.int64(1)
         return rows

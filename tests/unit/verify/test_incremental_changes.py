@@ -99,7 +99,7 @@ def test_written_slots_map_through_a_groups_rows_at_once_as_one_by_one():
         slots = np.unique(rng.integers(0, 10 * page, size=rng.integers(0, 12)))
         together = locals_of_slots_per_row(rows, slots, page)
         assert [x.tolist() for x in together] == [locals_of_slots(r, slots, page).tolist() for r in rows]
-        assert all((np.diff(x) > 0).all() for x in together)  # sorted and distinct: locals_to_read relies on it
+        assert all((np.diff(x) > 0).all() for x in together)  # sorted and distinct: locals_to_read_groups relies on it
 
 
 def test_written_slots_map_through_every_groups_rows_at_once_as_group_by_group():
