@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dcpsim.engine.scheduler.request import Request
-from dcpsim.harness import streams
+from dcpsim.harness import streams, world_dir
 from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from dcpsim.harness.streams import shared_streams_of
@@ -62,7 +62,7 @@ def test_the_directory_goes_when_the_world_is_done_and_with_a_killed_launcher(tm
     import subprocess
     import sys
 
-    monkeypatch.setattr(streams, "_SHARED_MEMORY", str(tmp_path))
+    monkeypatch.setattr(world_dir, "SHARED_MEMORY", str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     orphan = tmp_path / f"dcpsim-streams-{int(dead.stdout)}-abc"  # its launcher was killed
     orphan.mkdir()
