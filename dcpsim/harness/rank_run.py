@@ -33,6 +33,7 @@ from dcpsim.engine.worker.pcp_prefill import GATHER_PHASE, pcp_prefill
 from dcpsim.engine.worker.view import WorkerView
 from dcpsim.harness.groups import build_groups
 from dcpsim.harness.job import Job, RankFailureKind
+from dcpsim.harness.parent_schedule import ReplayedScheduler, load_schedule
 from dcpsim.harness.progress import NO_PROGRESS, Progress
 from dcpsim.harness.rank_report import rank_report
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder
@@ -49,32 +50,36 @@ STEP_PHASES = ("write", GATHER_PHASE, "verify", "attention", "metadata", "agree"
 
 def run_rank(
     job: Job, coll: Collectives, *, engine: Engine | None = None, progress: Progress = NO_PROGRESS,
-    recorder: NullRecorder = NULL_RECORDER, instance=None,
+    recorder: NullRecorder = NULL_RECORDER, instance=None, schedule: str | None = None,
 ) -> RunReport:  # fmt: skip
     """One rank's run of ``job`` (see ``RankRun``). With ``job.check.exchange_every > 1`` the
     ranks exchange their verification rows every that many verified steps; if an exchange
     finds a failure at an older step than its newest, every rank of the DCP group (they
     judged the same data) runs the job again in lockstep, which reports that failure with
     the stores as they were at its step."""
+    options = dict(engine=engine, progress=progress, recorder=recorder, instance=instance, schedule=schedule)
     try:
-        return RankRun(job, coll, engine=engine, progress=progress, recorder=recorder, instance=instance).run()
+        return RankRun(job, coll, **options).run()
     except StaleFailure:
         lockstep = dataclasses.replace(job, check=dataclasses.replace(job.check, exchange_every=1))
-        return RankRun(lockstep, coll, engine=engine, progress=progress, recorder=recorder, instance=instance).run()
+        return RankRun(lockstep, coll, **options).run()
 
 
 class RankRun:
     """``engine`` replaces the job's engine under test (tests of the checker run hand-made
     engine variants this way). ``instance`` (an instance of a disaggregated run,
     ``harness.pd``) gives the scheduler's KV connector (``connector``) and hears each step before its writes
-    (``before_write(plan, runner)``) and after its checks (``after_step(plan, runner, scheduler)``)."""
+    (``before_write(plan, runner)``) and after its checks (``after_step(plan, runner, scheduler)``).
+    ``schedule``: the file of the launcher's run of the scheduler (``harness.parent_schedule``),
+    whose plans the rank's scheduler replays; None: the rank's scheduler makes them."""
 
     def __init__(
         self, job: Job, coll: Collectives, *, engine: Engine | None = None, progress: Progress = NO_PROGRESS,
-        recorder: NullRecorder = NULL_RECORDER, instance=None,
+        recorder: NullRecorder = NULL_RECORDER, instance=None, schedule: str | None = None,
     ) -> None:  # fmt: skip
         started = recorder.now()
         self.job, self.progress, self.rec, self.instance = job, progress, recorder, instance
+        self.schedule = schedule
         self.engine = job.build_engine() if engine is None else engine
         self.attention_on = job.attention_on(self.engine)
         self.par = build_groups(job.scenario.config, coll)  # the world's DCP, PCP and TP groups
@@ -95,6 +100,8 @@ class RankRun:
             self.scheduler = engine.make_scheduler(scenario, self.geometries, connector=connector)
         else:
             self.scheduler = engine.make_scheduler(scenario, self.geometries)
+        if self.schedule is not None:
+            self.scheduler = ReplayedScheduler(self.scheduler, load_schedule(self.schedule))
         self.request_ids = {r.index: r.request_id for r in self.scheduler.requests}
         # the groups with KV heads (a scenario that states its heads): this rank's, the engine's way
         heads = group_heads(engine, self.geometries, scenario.config, self.par.layout, self.world.rank) if self.attention_on else {}

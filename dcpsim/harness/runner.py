@@ -22,6 +22,7 @@ from dcpsim.engine.loading import forkserver
 from dcpsim.harness.caller_main import check_plugins
 from dcpsim.harness.collectives import GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
+from dcpsim.harness.parent_schedule import parent_schedules_of, schedule_file
 from dcpsim.harness.progress import NO_PROGRESS, Progress
 from dcpsim.harness.rank_process import PIPE_PROGRESS, send_event
 from dcpsim.harness.rank_run import STEP_PHASES, run_rank
@@ -35,43 +36,48 @@ from dcpsim.verify.report import Failure, FailureKind, RunReport
 
 
 def run_batch(
-    jobs: list[Job], coll: Collectives, on_job=None, recorder: NullRecorder = NULL_RECORDER, progress: Progress = NO_PROGRESS
-) -> list[RunReport]:
+    jobs: list[Job], coll: Collectives, on_job=None, recorder: NullRecorder = NULL_RECORDER, progress: Progress = NO_PROGRESS,
+    schedules: str | None = None,
+) -> list[RunReport]:  # fmt: skip
     """What every rank runs: the jobs in turn, over one ``Collectives``; ``on_job(k, report,
-    seconds)`` after each, with this rank's report and the time it took."""
+    seconds)`` after each, with this rank's report and the time it took. ``schedules``: the
+    directory of the launcher's schedules (``harness.parent_schedule``), or None."""
     reports = []
     for k, job in enumerate(jobs):
         start = time.perf_counter()
         with recorder.span(f"job {k}: {job.scenario.name}", "job"):
-            reports.append(run_rank(job, coll, recorder=recorder, progress=progress))
+            reports.append(run_rank(job, coll, recorder=recorder, progress=progress, schedule=schedule_file(schedules, k)))
         if on_job is not None:
             on_job(k, reports[-1], time.perf_counter() - start)
     return reports
 
 
 def rank_batch(
-    payload: tuple[list[Job], int | None], coll: Collectives, on_job=None, progress: Progress = NO_PROGRESS
-) -> tuple[list[RunReport], list[dict]]:
+    payload: tuple[list[Job], int | None], coll: Collectives, on_job=None, progress: Progress = NO_PROGRESS,
+    schedules: str | None = None,
+) -> tuple[list[RunReport], list[dict]]:  # fmt: skip
     """A rank's batch: ``payload`` is the jobs and the trace's clock origin (None: no
-    trace). Returns the reports and the rank's trace events."""
+    trace); ``schedules`` as ``run_batch``'s. Returns the reports and the rank's trace events."""
     jobs, origin_ns = payload
     if origin_ns is None:
-        return run_batch(jobs, coll, on_job, progress=progress), []
+        return run_batch(jobs, coll, on_job, progress=progress, schedules=schedules), []
     recorder = TraceRecorder(coll.rank, origin_ns)
-    return run_batch(jobs, TracedCollectives(coll, recorder), on_job, recorder, progress), recorder.events
+    return run_batch(jobs, TracedCollectives(coll, recorder), on_job, recorder, progress, schedules), recorder.events
 
 
 def _tell_parent(k: int, report: RunReport, seconds: float) -> None:
     send_event(("job", k, report, seconds))
 
 
-def gloo_rank_batch(payload: tuple[list[Job], int | None, str | None], rank: int, world_size: int):
+def gloo_rank_batch(payload: tuple[list[Job], int | None, str | None, str | None], rank: int, world_size: int):
     """``world.run_world`` target: ``rank_batch`` over the rank's gloo process group, telling
-    the parent as each job ends. ``payload``: the jobs, the trace's clock origin and the
-    directory of the world's shared streams (``shared_streams_of``)."""
-    jobs, origin_ns, streams = payload
+    the parent as each job ends. ``payload``: the jobs, the trace's clock origin, the
+    directory of the world's shared streams (``shared_streams_of``) and that of the
+    launcher's schedules (``parent_schedules_of``)."""
+    jobs, origin_ns, streams, schedules = payload
     attach(streams)
-    return rank_batch((jobs, origin_ns), GlooCollectives(rank, world_size), on_job=_tell_parent, progress=PIPE_PROGRESS)
+    coll = GlooCollectives(rank, world_size)
+    return rank_batch((jobs, origin_ns), coll, on_job=_tell_parent, progress=PIPE_PROGRESS, schedules=schedules)
 
 
 def _thread_rank_batch(payload, coll: Collectives, tally: JobTally):
@@ -131,10 +137,10 @@ def run_jobs(jobs: list[Job], *, on_job=None, on_wait=None, trace: Trace | None 
         if any(j.engine.name in REAL_ENGINES for j in jobs):  # import Triton once, in the forkserver
             preload += ("dcpsim.engine.loading.preload",)
             forkserver.ask([choice.forkserver_build() for choice in dict.fromkeys(j.engine for j in jobs) if not choice.is_reference])
-        with shared_streams_of(jobs) as streams:
+        with shared_streams_of(jobs) as streams, parent_schedules_of(jobs) as schedules:
             per_rank = run_world(
                 gloo_rank_batch,
-                (*payload, streams),
+                (*payload, streams, schedules),
                 world_size=world,
                 pg_timeout_s=timeout,
                 deadline_s=options.deadline_for(len(jobs)),
