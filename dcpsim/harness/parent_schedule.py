@@ -11,10 +11,10 @@ matrix world). So for such a job (``ships``) the launcher runs the scheduler onc
 (``parent_schedule``), writes its plans, with the scheduler's counters after each step, to the
 world's directory (``parent_schedules_of``), and each rank still builds its own scheduler
 (its requests, pools and admission decision) but takes the steps from the file
-(``ReplayedScheduler``), loaded afresh for each run of the job.
+(``ReplayedScheduler``), loaded afresh for each run of the job. A thread world's ranks
+(``--in-process``) share one copy (``shared_schedules``), its arrays made read-only.
 
-Left to the ranks: thread worlds (``--in-process``, whose ranks share the launcher's process
-anyway), a fault (``--inject``: its scheduler-side calls may keep state its write path reads),
+Left to the ranks: a fault (``--inject``: its scheduler-side calls may keep state its write path reads),
 a disaggregated instance (its connector and loads act between steps), a job with a request long
 enough for the shared streams (its plans would be hundreds of megabytes), and any schedule the
 launcher's run of the scheduler raised on (the ranks meet the error at its step, as before).
@@ -22,11 +22,14 @@ launcher's run of the scheduler raised on (the ranks meet the error at its step,
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
+
+import numpy as np
 
 from dcpsim.harness.job import Job
 from dcpsim.harness.world_dir import world_directory
@@ -73,12 +76,52 @@ def parent_schedule(job: Job) -> ParentSchedule | None:
     return ParentSchedule(tuple(plans), tuple(summaries))
 
 
+ScheduleLoader = Callable[[], ParentSchedule]
+"""What a rank calls for its job's schedule (once for each run of the job)."""
+
+
 def schedule_file(directory: str | None, k: int) -> str | None:
     """Where job ``k``'s schedule is in ``directory``, or None if the launcher left it to the ranks."""
     if directory is None:
         return None
     path = os.path.join(directory, f"{k}.pickle")
     return path if os.path.exists(path) else None
+
+
+def file_loaders(directory: str | None, jobs: int) -> list[ScheduleLoader | None]:
+    """A gloo rank's loaders of the ``jobs`` schedules in ``directory`` (None: left to the rank)."""
+    paths = [schedule_file(directory, k) for k in range(jobs)]
+    return [None if path is None else functools.partial(load_schedule, path) for path in paths]
+
+
+def shared_schedules(jobs: list[Job]) -> list[ScheduleLoader | None]:
+    """A thread world's loaders: one read-only schedule per job that ``ships``, for every rank."""
+    out: list[ScheduleLoader | None] = []
+    for job in jobs:
+        schedule = parent_schedule(job) if ships(job) else None
+        out.append(None if schedule is None else functools.partial(_same, _frozen(schedule)))
+    return out
+
+
+def _same(schedule: ParentSchedule) -> ParentSchedule:
+    return schedule
+
+
+def _frozen(value):
+    """``value`` with every array inside it (plans, their writes and views, rows) made read-only,
+    so that a rank that wrote into its plans would fail loudly instead of changing its peers'."""
+    if isinstance(value, np.ndarray):
+        value.setflags(write=False)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _frozen(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _frozen(item)
+    elif is_dataclass(value) and not isinstance(value, type):
+        for f in fields(value):
+            _frozen(getattr(value, f.name))
+    return value
 
 
 @contextmanager

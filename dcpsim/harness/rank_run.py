@@ -33,7 +33,7 @@ from dcpsim.engine.worker.pcp_prefill import GATHER_PHASE, pcp_prefill
 from dcpsim.engine.worker.view import WorkerView
 from dcpsim.harness.groups import build_groups
 from dcpsim.harness.job import Job, RankFailureKind
-from dcpsim.harness.parent_schedule import ReplayedScheduler, load_schedule
+from dcpsim.harness.parent_schedule import ReplayedScheduler, ScheduleLoader
 from dcpsim.harness.progress import NO_PROGRESS, Progress
 from dcpsim.harness.rank_report import rank_report
 from dcpsim.harness.trace import NULL_RECORDER, NullRecorder
@@ -50,7 +50,7 @@ STEP_PHASES = ("write", GATHER_PHASE, "verify", "attention", "metadata", "agree"
 
 def run_rank(
     job: Job, coll: Collectives, *, engine: Engine | None = None, progress: Progress = NO_PROGRESS,
-    recorder: NullRecorder = NULL_RECORDER, instance=None, schedule: str | None = None,
+    recorder: NullRecorder = NULL_RECORDER, instance=None, schedule: ScheduleLoader | None = None,
 ) -> RunReport:  # fmt: skip
     """One rank's run of ``job`` (see ``RankRun``). With ``job.check.exchange_every > 1`` the
     ranks exchange their verification rows every that many verified steps; if an exchange
@@ -70,12 +70,12 @@ class RankRun:
     engine variants this way). ``instance`` (an instance of a disaggregated run,
     ``harness.pd``) gives the scheduler's KV connector (``connector``) and hears each step before its writes
     (``before_write(plan, runner)``) and after its checks (``after_step(plan, runner, scheduler)``).
-    ``schedule``: the file of the launcher's run of the scheduler (``harness.parent_schedule``),
+    ``schedule``: the loader of the launcher's run of the scheduler (``harness.parent_schedule``),
     whose plans the rank's scheduler replays; None: the rank's scheduler makes them."""
 
     def __init__(
         self, job: Job, coll: Collectives, *, engine: Engine | None = None, progress: Progress = NO_PROGRESS,
-        recorder: NullRecorder = NULL_RECORDER, instance=None, schedule: str | None = None,
+        recorder: NullRecorder = NULL_RECORDER, instance=None, schedule: ScheduleLoader | None = None,
     ) -> None:  # fmt: skip
         started = recorder.now()
         self.job, self.progress, self.rec, self.instance = job, progress, recorder, instance
@@ -101,7 +101,7 @@ class RankRun:
         else:
             self.scheduler = engine.make_scheduler(scenario, self.geometries)
         if self.schedule is not None:
-            self.scheduler = ReplayedScheduler(self.scheduler, load_schedule(self.schedule))
+            self.scheduler = ReplayedScheduler(self.scheduler, self.schedule())
         self.request_ids = {r.index: r.request_id for r in self.scheduler.requests}
         # the groups with KV heads (a scenario that states its heads): this rank's, the engine's way
         heads = group_heads(engine, self.geometries, scenario.config, self.par.layout, self.world.rank) if self.attention_on else {}

@@ -22,7 +22,7 @@ from dcpsim.engine.loading import forkserver
 from dcpsim.harness.caller_main import check_plugins
 from dcpsim.harness.collectives import GlooCollectives, run_in_threads
 from dcpsim.harness.job import Job
-from dcpsim.harness.parent_schedule import parent_schedules_of, schedule_file
+from dcpsim.harness.parent_schedule import ScheduleLoader, file_loaders, parent_schedules_of, shared_schedules
 from dcpsim.harness.progress import NO_PROGRESS, Progress
 from dcpsim.harness.rank_process import PIPE_PROGRESS, send_event
 from dcpsim.harness.rank_run import STEP_PHASES, run_rank
@@ -37,16 +37,17 @@ from dcpsim.verify.report import Failure, FailureKind, RunReport
 
 def run_batch(
     jobs: list[Job], coll: Collectives, on_job=None, recorder: NullRecorder = NULL_RECORDER, progress: Progress = NO_PROGRESS,
-    schedules: str | None = None,
+    schedules: list[ScheduleLoader | None] | None = None,
 ) -> list[RunReport]:  # fmt: skip
     """What every rank runs: the jobs in turn, over one ``Collectives``; ``on_job(k, report,
-    seconds)`` after each, with this rank's report and the time it took. ``schedules``: the
-    directory of the launcher's schedules (``harness.parent_schedule``), or None."""
+    seconds)`` after each, with this rank's report and the time it took. ``schedules``: each
+    job's loader of the launcher's schedule (``harness.parent_schedule``), or None."""
     reports = []
     for k, job in enumerate(jobs):
         start = time.perf_counter()
+        schedule = schedules[k] if schedules else None
         with recorder.span(f"job {k}: {job.scenario.name}", "job"):
-            reports.append(run_rank(job, coll, recorder=recorder, progress=progress, schedule=schedule_file(schedules, k)))
+            reports.append(run_rank(job, coll, recorder=recorder, progress=progress, schedule=schedule))
         if on_job is not None:
             on_job(k, reports[-1], time.perf_counter() - start)
     return reports
@@ -54,7 +55,7 @@ def run_batch(
 
 def rank_batch(
     payload: tuple[list[Job], int | None], coll: Collectives, on_job=None, progress: Progress = NO_PROGRESS,
-    schedules: str | None = None,
+    schedules: list[ScheduleLoader | None] | None = None,
 ) -> tuple[list[RunReport], list[dict]]:  # fmt: skip
     """A rank's batch: ``payload`` is the jobs and the trace's clock origin (None: no
     trace); ``schedules`` as ``run_batch``'s. Returns the reports and the rank's trace events."""
@@ -77,12 +78,13 @@ def gloo_rank_batch(payload: tuple[list[Job], int | None, str | None, str | None
     jobs, origin_ns, streams, schedules = payload
     attach(streams)
     coll = GlooCollectives(rank, world_size)
-    return rank_batch((jobs, origin_ns), coll, on_job=_tell_parent, progress=PIPE_PROGRESS, schedules=schedules)
+    loaders = file_loaders(schedules, len(jobs))
+    return rank_batch((jobs, origin_ns), coll, on_job=_tell_parent, progress=PIPE_PROGRESS, schedules=loaders)
 
 
-def _thread_rank_batch(payload, coll: Collectives, tally: JobTally):
+def _thread_rank_batch(payload, coll: Collectives, tally: JobTally, schedules: list[ScheduleLoader | None]):
     """``run_in_threads`` target: ``rank_batch``, telling the tally as each job ends."""
-    return rank_batch(payload, coll, on_job=functools.partial(tally.add, coll.rank))
+    return rank_batch(payload, coll, on_job=functools.partial(tally.add, coll.rank), schedules=schedules)
 
 
 class JobTally:
@@ -130,7 +132,8 @@ def run_jobs(jobs: list[Job], *, on_job=None, on_wait=None, trace: Trace | None 
     launcher = NULL_RECORDER if trace is None else trace.launcher(world)
     started = launcher.now()
     if in_process:
-        per_rank = run_in_threads(functools.partial(_thread_rank_batch, tally=tally), payload, world, timeout=timeout)
+        rank_fn = functools.partial(_thread_rank_batch, tally=tally, schedules=shared_schedules(jobs))
+        per_rank = run_in_threads(rank_fn, payload, world, timeout=timeout)
     else:
         check_plugins(j.engine.name for j in jobs)
         preload = (RANK_PRELOAD,)

@@ -92,3 +92,29 @@ def test_the_ranks_take_their_steps_from_the_launchers_file(monkeypatch):
     (report,) = run_jobs([job])
     assert not report.passed and report.failure.step == 3
     assert not [p for p in os.listdir(world_dir.SHARED_MEMORY) if p.startswith(f"{ps.SCHEDULES_PREFIX}{os.getpid()}-")]
+
+
+def test_a_thread_worlds_ranks_share_one_read_only_schedule(monkeypatch):
+    """``--in-process``: the launcher's schedule is one object for every rank, its arrays
+    read-only; a change made to it in the launcher fails the run as in a gloo world."""
+    job = Job.from_options(builtin("heavy-rejection", 2), in_process=True)
+    (loader,) = ps.shared_schedules([job])
+    schedule = loader()
+    assert loader() is schedule
+    with pytest.raises(ValueError, match="read-only"):
+        schedule.plans[0].writes[0].contents[0] = 0
+    (shared,) = run_jobs([job])
+    monkeypatch.setattr(ps, "ships", lambda job: False)
+    (own,) = run_jobs([job])
+    assert _figures(shared) == _figures(own) and shared.passed
+    monkeypatch.undo()
+    schedule_of = ps.parent_schedule
+
+    def tampered(job):
+        schedule = schedule_of(job)
+        schedule.plans[2].writes[0].contents[0] += 1
+        return schedule
+
+    monkeypatch.setattr(ps, "parent_schedule", tampered)
+    (report,) = run_jobs([job])
+    assert not report.passed and report.failure.step == 2
