@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 from dcpsim.harness.world import run_world
@@ -63,8 +64,13 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{args.calls} calls of a {args.numel}-int64 row per rank, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     print(f"{'ranks':>5} | {'way':<16} | {'wall ms/call':>12} | {'CPU ms/call (max rank)':>22}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    import bench_collectives  # by module name: the ranks start without this script's __main__
+
     for world in (int(w) for w in args.ranks.split(",")):
-        per_rank = run_world(rank_timings, (args.calls, args.numel), world_size=world, pg_timeout_s=60, deadline_s=600)
+        per_rank = run_world(bench_collectives.rank_timings, (args.calls, args.numel), world_size=world, pg_timeout_s=60, deadline_s=600)
         for way in WAYS:
             wall = max(r[way][0] for r in per_rank) / args.calls * 1e3
             cpu = max(r[way][1] for r in per_rank) / args.calls * 1e3

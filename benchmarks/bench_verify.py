@@ -92,6 +92,7 @@ def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None, sav
     import sys
     import tempfile
 
+    from dcpsim.harness.parent_schedule import parent_schedules_of
     from dcpsim.harness.runner import merge_rank_reports
     from dcpsim.harness.streams import shared_streams_of
     from dcpsim.harness.world import run_world
@@ -102,10 +103,10 @@ def profiled(jobs, timeout: float, top: int, sort: str, callers: str | None, sav
     import bench_verify  # by module name, so the ranks can unpickle the target
 
     path = os.path.join(tempfile.mkdtemp(), "rank0.prof")
-    with shared_streams_of(jobs) as streams:  # as run_jobs does
+    with shared_streams_of(jobs) as streams, parent_schedules_of(jobs) as schedules:  # as run_jobs does
         per_rank = run_world(
             bench_verify.profiled_rank_batch,
-            ((jobs, None, streams), path),
+            ((jobs, None, streams, schedules), path),
             world_size=jobs[0].world_size,
             pg_timeout_s=timeout,
             deadline_s=4 * timeout,
