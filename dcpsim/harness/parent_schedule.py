@@ -1,4 +1,4 @@
-"""The parent's schedule: the reference scheduler run once by a gloo world's launcher, its
+"""The parent's schedule: the reference scheduler run once by a world's launcher, its
 plans replayed by every rank.
 
 vLLM's scheduler runs once, in the engine core, and every worker receives its output. In
@@ -14,7 +14,8 @@ world's directory (``parent_schedules_of``), and each rank still builds its own 
 (``ReplayedScheduler``), loaded afresh for each run of the job. A thread world's ranks
 (``--in-process``) share one copy (``shared_schedules``), its arrays made read-only.
 
-Left to the ranks: a fault (``--inject``: its scheduler-side calls may keep state its write path reads),
+Left to the ranks: a world of one rank (the launcher would do its one rank's work, and add
+the file), a fault (``--inject``: its scheduler-side calls may keep state its write path reads),
 a disaggregated instance (its connector and loads act between steps), a job with a request long
 enough for the shared streams (its plans would be hundreds of megabytes), and any schedule the
 launcher's run of the scheduler raised on (the ranks meet the error at its step, as before).
@@ -52,7 +53,8 @@ def ships(job: Job) -> bool:
     """Whether the launcher schedules ``job`` for its ranks (see the module's docstring)."""
     scenario = job.scenario
     return (
-        job.engine.is_reference
+        job.world_size > 1
+        and job.engine.is_reference
         and job.inject is None
         and scenario.disaggregated is None
         and not any(shareable(spec) for spec in scenario.requests)

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.dist
 def test_which_jobs_the_launcher_schedules():
     job = Job.from_options(builtin("dsv3", 2))
     assert ps.ships(job)
+    assert not ps.ships(Job.from_options(builtin("dsv3", 1)))  # one rank: nothing to save, a file to add
     assert not ps.ships(Job.from_options(builtin("dsv3", 2), inject="foreign-block"))  # a fault's scheduler stays in the ranks
     assert not ps.ships(Job.from_options(builtin("pd-dsv3", 2)))  # a disaggregated run's instances load between steps
     assert not ps.ships(Job.from_options(builtin("long-context-256k", 2)))  # plans of 256K tokens: megabytes a cell
