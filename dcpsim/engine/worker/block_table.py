@@ -34,6 +34,19 @@ ALL_COLUMNS = None
 """A change record's value for a request whose whole row is new (or gone)."""
 
 
+def never_changes(ids) -> bool:
+    """Whether nobody can change the entries of ``ids``: a read-only array, and so is each array
+    it is a view of, down to data it owns (a scheduler's snapshot) or to immutable ``bytes`` (a
+    snapshot unpickled from the launcher's schedule file, ``harness.parent_schedule``)."""
+    if not isinstance(ids, np.ndarray):
+        return False
+    while isinstance(ids, np.ndarray):
+        if ids.flags.writeable:
+            return False
+        ids = ids.base
+    return ids is None or isinstance(ids, bytes)
+
+
 class BlockTable:
     def __init__(self, group: str, max_num_reqs: int, max_num_blocks_per_req: int):
         self.group = group
@@ -107,7 +120,7 @@ class BlockTable:
             if synced.get(req) is ids:  # set from this very (read-only) array: unchanged
                 continue
             self.set_row(req, request_ids.get(req, str(req)), ids)
-            if isinstance(ids, np.ndarray) and not ids.flags.writeable and ids.base is None:  # owns its data: never changes
+            if never_changes(ids):
                 synced[req] = ids
 
     def mark_read(self, reading: bool) -> None:
