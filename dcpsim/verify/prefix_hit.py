@@ -53,7 +53,6 @@ from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.kv_events import prefix_cacheable
 
 MAX_KEPT = 20
-_NONE = object()
 
 
 @dataclass(frozen=True)
@@ -98,8 +97,10 @@ class PrefixHitJudge:
         """Which groups drop their last block: with an EAGLE / MTP drafter, those holding a draft
         layer, or every group when none does."""
         self.prompt_lens = prompt_lens
-        self.holds: dict[int, dict[int, int]] = {}
-        """Block id -> {group: the fingerprint keying the prefix its block holds whole}."""
+        self.held = np.zeros((len(groups), 0), dtype=bool)
+        """[group, block id]: whether the group's block holds a prefix whole."""
+        self.keys = np.zeros((len(groups), 0), dtype=np.int64)
+        """[group, block id]: the fingerprint keying that prefix (where ``held``)."""
         self.shared_pool = True
         """Whether the groups may share one pool of block ids (vLLM's): until one step's tables
         hold an id in two groups at once, a block handed out in one group is gone from all."""
@@ -112,80 +113,113 @@ class PrefixHitJudge:
         """Admissions whose hit was judged."""
         self.kept: list[HitShort] = []
 
-    def _key(self, fingerprints: np.ndarray, g: int, k: int) -> int | None:
+    def _keys(self, fingerprints: np.ndarray, g: int, n: int) -> tuple[np.ndarray, int]:
+        """The keys of blocks ``0 .. n - 1`` of group ``g`` (the fingerprint of each block's last
+        position), in one slice, and how many of them exist (a block past the request's last
+        position, a drafter's lookahead, has none)."""
+        span = self.spans[g]
+        keys = np.asarray(fingerprints[span - 1 : n * span : span], dtype=np.int64)
+        have = len(keys)
+        return (keys if have == n else np.concatenate([keys, np.zeros(n - have, np.int64)])), have
+
+    def key(self, fingerprints: np.ndarray, g: int, k: int) -> int | None:
+        """The key of block ``k`` of group ``g`` of a request (None past its last position)."""
         end = (k + 1) * self.spans[g]
         return int(fingerprints[end - 1]) if end <= len(fingerprints) else None
 
-    def _keys(self, fingerprints: np.ndarray, g: int, n: int) -> list:
-        """``_key`` of blocks ``0 .. n - 1`` of group ``g``, in one slice."""
-        span = self.spans[g]
-        keys = fingerprints[span - 1 : n * span : span].tolist()
-        return keys + [None] * (n - len(keys))
+    def hold(self, block: int, g: int, key: int) -> None:
+        """Group ``g``'s block ``block`` now keeps the prefix keyed ``key``."""
+        self._grow([np.array([block])])
+        self.held[g, block], self.keys[g, block] = True, key
+
+    def held_keys(self, g: int) -> set[int]:
+        """The keys of the prefixes group ``g``'s blocks keep."""
+        return set(self.keys[g, self.held[g]].tolist())
+
+    def _grow(self, rows) -> None:
+        """Room in ``held`` and ``keys`` for every block id in ``rows``."""
+        top = max((int(row.max()) for row in rows if len(row)), default=-1) + 1
+        if top > self.held.shape[1]:
+            size = max(top, 2 * self.held.shape[1])
+            pad = size - self.held.shape[1]
+            self.held = np.pad(self.held, ((0, 0), (0, pad)))
+            self.keys = np.pad(self.keys, ((0, 0), (0, pad)))
 
     def judge(self, plan: StepPlan) -> None:
+        if self.rank != 0:  # every rank's plans are the same: the others would repeat rank 0's bookkeeping
+            return
         views = {v.req_index: v for v in plan.views}
         self._hand_out(plan, views)
-        if self.rank == 0:
-            by_id = {v.request_id: v for v in plan.views}
-            for e in plan.events:
-                if e.kind is EventKind.ADMITTED and not e.loaded and e.request_id in by_id:
-                    self._judge_admission(plan, e.request_id, e.prefix_hit, by_id[e.request_id].fingerprints)
+        by_id = {v.request_id: v for v in plan.views}
+        for e in plan.events:
+            if e.kind is EventKind.ADMITTED and not e.loaded and e.request_id in by_id:
+                self._judge_admission(plan, e.request_id, e.prefix_hit, by_id[e.request_id].fingerprints)
         self._commit(plan, views)
 
     def _hand_out(self, plan: StepPlan, views) -> None:
         """Blocks the step's tables place at an index to hold other content than they keep:
         handed out again, so their prefixes are gone (in every group while the pool may be
-        shared, else in that group)."""
+        shared, else in that group).
+
+        Each entry is judged against the holds as the step found them, and the prefixes gone are
+        dropped once, after: an entry's verdict cannot depend on another's in the same step (a
+        prefix dropped earlier in the step is dropped again, or stays dropped)."""
         if self.shared_pool and len(plan.rows_before) > 1:
             self.shared_pool = not _some_id_in_two(plan.rows_before)
         hits = {e.request_id: e.prefix_hit for e in plan.events if e.kind is EventKind.ADMITTED}
         before, self.rows = self.rows, {}
-        for g, rows in enumerate(plan.rows_before):
+        rows_of = [{ri: np.asarray(row, dtype=np.int64) for ri, row in rows.items()} for rows in plan.rows_before]
+        self._grow([row for rows in rows_of for row in rows.values()])
+        any_held = self.held.any(axis=0)
+        gone = [[] for _ in self.spans]
+        for g, rows in enumerate(rows_of):
             for ri, row in rows.items():
-                self.rows[(g, ri)] = row = np.asarray(row)
+                self.rows[(g, ri)] = row
                 view = views.get(ri)
-                if view is None:
+                if view is None or not len(row):
                     continue
-                admitted = view.request_id in hits
-                last = () if admitted else before.get((g, ri), ()).tolist()
-                reused = hits.get(view.request_id, 0) // self.spans[g]  # the hit's blocks: found, not handed out
-                keys = self._keys(view.fingerprints, g, len(row))
-                for k, b in enumerate(row.tolist()):
-                    held = self.holds.get(b)
-                    fresh = k >= reused and (k >= len(last) or last[k] != b)
-                    if b and held and (fresh or held.get(g, _NONE) != keys[k]):
-                        if self.shared_pool:
-                            del self.holds[b]
-                        else:
-                            held.pop(g, None)
+                index = np.arange(len(row))
+                fresh = index >= hits.get(view.request_id, 0) // self.spans[g]  # the hit's blocks: found, not handed out
+                last = None if view.request_id in hits else before.get((g, ri))
+                if last is not None:
+                    same = min(len(row), len(last))
+                    fresh[:same] &= row[:same] != last[:same]
+                keys, have = self._keys(view.fingerprints, g, len(row))
+                other = ~self.held[g, row] | (self.keys[g, row] != keys) | (index >= have)
+                gone[g].append(row[(row != 0) & any_held[row] & (fresh | other)])
+        for g, ids in enumerate(gone):
+            if ids:
+                ids = np.concatenate(ids)
+                if self.shared_pool:
+                    self.held[:, ids] = False
+                else:
+                    self.held[g, ids] = False
 
     def _commit(self, plan: StepPlan, views) -> None:
         """The blocks whose every position their holder has committed now keep its prefix."""
         for g, rows in enumerate(plan.rows_before):
             span = self.spans[g]
-            for ri, row in rows.items():
+            for ri in rows:
                 view = views.get(ri)
                 if view is None:
                     continue
                 whole = view.num_committed // self.unit * self.unit  # whole units only: what is registered
-                blocks = np.asarray(row)[: whole // span].tolist()
-                for b, key in zip(blocks, self._keys(view.fingerprints, g, len(blocks))):
-                    if b:
-                        self.holds.setdefault(b, {})[g] = key
+                blocks = self.rows[(g, ri)][: whole // span]
+                keys, have = self._keys(view.fingerprints, g, len(blocks))
+                blocks, keys = blocks[:have], keys[:have]  # committed positions always have a fingerprint
+                taken = blocks != 0
+                self.held[g, blocks[taken]] = True
+                self.keys[g, blocks[taken]] = keys[taken]
         self.committed.update((v.request_id, v.num_committed) for v in plan.views)
 
     def longest_hit(self, fingerprints: np.ndarray, limit: int) -> tuple[int, tuple[int, ...]]:
         """The longest hit the cache allows a prompt of ``fingerprints`` within ``limit``
         tokens, and each group's cached run (tokens, whole blocks)."""
-        found = [set() for _ in self.spans]
-        for held in self.holds.values():
-            for g, key in held.items():
-                found[g].add(key)
         runs = []
         for g, span in enumerate(self.spans):
-            n = 0
-            while n < limit // span and self._key(fingerprints, g, n) in found[g]:
-                n += 1
+            keys, have = self._keys(fingerprints, g, max(0, limit // span))
+            found = np.isin(keys[:have], self.keys[g, self.held[g]])
+            n = int(np.argmin(found)) if not found.all() else have
             runs.append(n * span)
         kept = [max(0, t - span) if drop and t else t for t, span, drop in zip(runs, self.spans, self.eagle)]
         return min(kept) // self.unit * self.unit if kept else 0, tuple(runs)

@@ -65,7 +65,7 @@ def _judge_with_document(name: str, W: int, cached: int) -> tuple[PrefixHitJudge
     block = 1
     for g, span in enumerate(judge.spans):
         for k in range(cached // span):
-            judge.holds[block] = {g: judge._key(fingerprints, g, k)}
+            judge.hold(block, g, judge.key(fingerprints, g, k))
             block += 1
     return judge, fingerprints
 
@@ -95,8 +95,8 @@ def test_the_judge_registers_only_whole_units():
         warm = next((v for v in plan.views if v.request_id == "warm"), None)
         if warm is None:
             continue
-        held = {k for b in judge.holds.values() for g, k in b.items() if g == 1}
-        inside = {judge._key(warm.fingerprints, 1, k) for k in range(40, 43)}
+        held = judge.held_keys(1)
+        inside = {judge.key(warm.fingerprints, 1, k) for k in range(40, 43)}
         seen.append((warm.num_committed, inside <= held, bool(inside & held)))
     assert (700, False, False) in seen, seen  # committed whole, but their unit is not
     assert all(whole == (n >= 704) and any_ == whole for n, whole, any_ in seen), seen
