@@ -75,7 +75,11 @@ class KVEventRouter:
     def judge(self, plan: StepPlan) -> None:
         """Every event of the step (``_problem``; the step's events are one batch, so a block
         may chain on one advertised later in it), then: a request's own hash-block events of
-        the step end on a whole hit unit."""
+        the step end on a whole hit unit. Rank 0 only: every rank's plans hold the same events
+        (the scheduler knows no rank), and each rank judging them would count each wrong event
+        once per rank."""
+        if self.rank != 0:
+            return
         self._fingerprints.update((v.request_id, v.fingerprints) for v in plan.views)
         events, self._pending = [*self._pending, *plan.kv_events], []
         ready = []

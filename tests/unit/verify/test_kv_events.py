@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 
+from dcpsim.engine.faults import FAULTS
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import KVEvent, RequestView, StepPlan
 from dcpsim.verify.geometry import ExpectedGroup
@@ -68,6 +69,18 @@ def test_events_at_the_spec_block_size_are_caught():
     report = run(builtin("dsv3", 2), inject="kv-events-hash-unit-b")
     assert report.failure.kind == "kv-events"
     assert any("not one hash block" in d for d in report.failure.details)
+
+
+def test_each_wrong_event_counts_once_whatever_the_number_of_ranks():
+    """Every rank's plans hold the same events: rank 0 judges them (each rank did, and the count
+    was W times the events)."""
+    for W in (2, 4):
+        sc = builtin("kv-events-full", W)
+        report = run(sc, inject="kv-events-hash-unit-b")
+        assert report.failure.kind == "kv-events" and all(d.startswith("rank 0 ") for d in report.failure.details[:10])
+        plans = scheduler(sc, FAULTS["kv-events-hash-unit-b"]).plans()
+        wrong = [e for plan in plans if plan.step == report.failure.step for e in plan.kv_events]  # 16 tokens each: all wrong
+        assert report.failure.message == f"{len(wrong)} advertised prefix-cache event(s) a router cannot match", (W, len(wrong))
 
 
 def test_group_events_are_held_to_their_groups_manager_block_size():
