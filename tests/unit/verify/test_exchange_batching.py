@@ -2,7 +2,8 @@
 of its own state, only the rows travel together; a failure at a step older than the
 newest queued one has the run redone in lockstep. So every fault of the catalogue must
 end in exactly the report one exchange a step gives (kind, step, place, message, what
-every rank held), on the first case selftest runs it in (ranks as threads)."""
+every rank held), on the first case selftest runs it in (ranks as threads): that comparison is
+``test_incremental_parity``'s, whose default run is the step queue's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dcpsim.harness.job import Job
 from dcpsim.harness.runner import run_jobs
 from dcpsim.scenarios.load import load_scenario
 from dcpsim.verify.check import Checker, StaleFailure
-from tests.unit.verify.test_incremental_parity import FAULT_NAMES, first_case_job
+from tests.unit.verify.test_incremental_parity import first_case_job
 
 
 def run(job: Job, every: int):
@@ -44,21 +45,6 @@ def exchanges(monkeypatch):
 
     monkeypatch.setattr(Checker, "exchange", counting)
     return seen
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", FAULT_NAMES)
-def test_a_step_queue_reports_every_fault_as_lockstep_does(name, exchanges):
-    job = first_case_job(name)
-    lockstep = run(job, 1)
-    assert not lockstep.passed, f"{name}: lockstep misses its own selftest case"
-    queued = run(job, 16)
-    assert failure_record(queued) == failure_record(lockstep)
-    assert (queued.steps, queued.verifications, queued.verified_indices) == (
-        lockstep.steps,
-        lockstep.verifications,
-        lockstep.verified_indices,
-    )
 
 
 def test_a_passing_run_exchanges_once_per_queue_and_at_the_last_step(exchanges):

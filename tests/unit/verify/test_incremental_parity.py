@@ -1,6 +1,8 @@
 """Mutation tests of ``--verify incremental``: every fault of the catalogue is caught the
 same way (failure kind, step, group, request, index) as by ``--verify full``, on the first
-case selftest runs it in (ranks as threads).
+case selftest runs it in (ranks as threads). The same default run is also held to the report
+of one exchange a step (``test_exchange_batching``'s step queue: kind, step, place, message,
+what every rank held), so each fault's default run serves both comparisons.
 
 Twice: with the whole checker, and with the write guard switched off, so that a wrong
 slot or a missing write must show where it matters to the incremental read path itself
@@ -9,6 +11,8 @@ index is re-read).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -34,20 +38,28 @@ def first_case_job(name: str) -> Job:
     return Job.from_options(scenario, inject=name, **fields)
 
 
-def detection(job: Job, mode: str):
-    (report,) = run_jobs([job.with_options(verify=mode, in_process=True)])
+def detection(job: Job, mode: str, **options):
+    (report,) = run_jobs([job.with_options(verify=mode, in_process=True, **options)])
     f = report.failure
     return report, (report.passed, f and f.kind, f and f.step, f and f.group, f and f.request_id, f and f.index)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FAULT_NAMES)
-def test_incremental_catches_every_fault_as_full_does(name):
+def test_incremental_and_the_step_queue_catch_every_fault_as_full_and_lockstep_do(name):
     job = first_case_job(name)
     full_report, full = detection(job, "full")
-    incremental_report, incremental = detection(job, "incremental")
+    incremental_report, incremental = detection(job, "incremental")  # the default: a step queue of 16
     assert not full_report.passed, f"{name}: the full check misses its own selftest case"
     assert incremental == full
+    assert job.check.exchange_every == 16, "the default run is a step queue"
+    lockstep, _ = detection(job, "incremental", exchange_every=1)
+    assert dataclasses.asdict(incremental_report.failure) == dataclasses.asdict(lockstep.failure)
+    assert (incremental_report.steps, incremental_report.verifications, incremental_report.verified_indices) == (
+        lockstep.steps,
+        lockstep.verifications,
+        lockstep.verified_indices,
+    )
     # Under Helix the checker reads in full in both modes (verify.changes tracks vLLM's local order)
     helix = job.scenario.config.kv_cache_layout == "helix"
     assert incremental_report.verify_mode == ("full" if helix else "incremental") and full_report.verify_mode == "full"
