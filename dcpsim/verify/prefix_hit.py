@@ -138,7 +138,8 @@ class PrefixHitJudge:
 
     def _grow(self, rows) -> None:
         """Room in ``held`` and ``keys`` for every block id in ``rows``."""
-        top = max((int(row.max()) for row in rows if len(row)), default=-1) + 1
+        every = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        top = int(every.max()) + 1 if len(every) else 0
         if top > self.held.shape[1]:
             size = max(top, 2 * self.held.shape[1])
             pad = size - self.held.shape[1]
@@ -171,42 +172,55 @@ class PrefixHitJudge:
         rows_of = [{ri: np.asarray(row, dtype=np.int64) for ri, row in rows.items()} for rows in plan.rows_before]
         self._grow([row for rows in rows_of for row in rows.values()])
         any_held = self.held.any(axis=0)
-        gone = [[] for _ in self.spans]
-        for g, rows in enumerate(rows_of):
+        for g, rows in enumerate(rows_of):  # one pass over the group's entries, its rows concatenated
+            span = self.spans[g]
+            ids, fresh, keys, no_key = [], [], [], []
+            at = 0
             for ri, row in rows.items():
                 self.rows[(g, ri)] = row
                 view = views.get(ri)
-                if view is None or not len(row):
+                n = len(row)
+                if view is None or not n:
                     continue
-                index = np.arange(len(row))
-                fresh = index >= hits.get(view.request_id, 0) // self.spans[g]  # the hit's blocks: found, not handed out
                 last = None if view.request_id in hits else before.get((g, ri))
-                if last is not None:
-                    same = min(len(row), len(last))
-                    fresh[:same] &= row[:same] != last[:same]
-                keys, have = self._keys(view.fingerprints, g, len(row))
-                other = ~self.held[g, row] | (self.keys[g, row] != keys) | (index >= have)
-                gone[g].append(row[(row != 0) & any_held[row] & (fresh | other)])
-        for g, ids in enumerate(gone):
-            if ids:
-                ids = np.concatenate(ids)
-                if self.shared_pool:
-                    self.held[:, ids] = False
-                else:
-                    self.held[g, ids] = False
+                fresh.append(_changed(row, last))
+                first = hits.get(view.request_id, 0) // span  # the hit's blocks: found, not handed out
+                if first:
+                    fresh[-1][:first] = False
+                k, have = self._keys(view.fingerprints, g, n)
+                if have < n:  # a drafter's lookahead past the request's last position: no prefix there
+                    no_key.append(np.arange(at + have, at + n))
+                ids.append(row)
+                keys.append(k)
+                at += n
+            if not ids:
+                continue
+            ids, fresh, keys = np.concatenate(ids), np.concatenate(fresh), np.concatenate(keys)
+            other = ~self.held[g, ids] | (self.keys[g, ids] != keys)
+            if no_key:
+                other[np.concatenate(no_key)] = True
+            gone = ids[(ids != 0) & any_held[ids] & (fresh | other)]
+            if len(gone):
+                gone_from = self.held if self.shared_pool else self.held[g]
+                gone_from[..., gone] = False
 
     def _commit(self, plan: StepPlan, views) -> None:
         """The blocks whose every position their holder has committed now keep its prefix."""
+        unit = self.unit
         for g, rows in enumerate(plan.rows_before):
             span = self.spans[g]
+            blocks, keys = [], []
             for ri in rows:
                 view = views.get(ri)
                 if view is None:
                     continue
-                whole = view.num_committed // self.unit * self.unit  # whole units only: what is registered
-                blocks = self.rows[(g, ri)][: whole // span]
-                keys, have = self._keys(view.fingerprints, g, len(blocks))
-                blocks, keys = blocks[:have], keys[:have]  # committed positions always have a fingerprint
+                whole = view.num_committed // unit * unit  # whole units only: what is registered
+                row, fingerprints = self.rows[(g, ri)], view.fingerprints
+                n = min(whole // span, len(row), len(fingerprints) // span)  # committed positions have a fingerprint
+                blocks.append(row[:n])
+                keys.append(fingerprints[span - 1 : n * span : span])
+            if blocks:
+                blocks, keys = np.concatenate(blocks), np.concatenate(keys)
                 taken = blocks != 0
                 self.held[g, blocks[taken]] = True
                 self.keys[g, blocks[taken]] = keys[taken]
@@ -232,6 +246,17 @@ class PrefixHitJudge:
             self.count += 1
             if len(self.kept) < MAX_KEPT:
                 self.kept.append(HitShort(self.rank, plan.step, request_id, hit, longest, runs, self.eagle, self.unit))
+
+
+def _changed(row: np.ndarray, last: np.ndarray | None) -> np.ndarray:
+    """Which entries of ``row`` the request's row did not hold at that index the step before
+    (``last``; None: a row of its own now, every entry new)."""
+    if last is None:
+        return np.ones(len(row), dtype=bool)
+    if len(last) == len(row):
+        return row != last
+    same = min(len(row), len(last))
+    return np.concatenate([row[:same] != last[:same], np.ones(len(row) - same, dtype=bool)])
 
 
 def _some_id_in_two(rows_before: list[dict]) -> bool:
