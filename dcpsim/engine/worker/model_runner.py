@@ -19,6 +19,7 @@ from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.worker.block_table import BlockTable
 from dcpsim.engine.worker.kv_store import KVStore
+from dcpsim.model.distinct import sorted_distinct
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.model.layout import PAD, local_seq_lens
@@ -151,8 +152,8 @@ class ModelRunner:
                 self.gather_log.append(gather)
         if self.builds_masks and geometry.sharded and geometry.storage is Storage.PAGED and geometry.num_speculative_tokens:
             self._build_mask(plan, geometry)
-        for write, (slots, index) in zip(plan.writes, mapped):
-            self._write_request(plan.step, geometry, store, write, slots, index)
+        writes = [(write, *self._log_write(geometry, write, slots, index)) for write, (slots, index) in zip(plan.writes, mapped)]
+        self._store_step(plan.step, geometry, store, [w for w in writes if len(w[1])])
         if observer is not None:
             observer.group_written(plan.step, geometry.group_id, self.write_log[logged:])
 
@@ -187,16 +188,48 @@ class ModelRunner:
             )
         )
 
-    def _write_request(self, step: int, geometry: GroupGeometry, store: KVStore, write: ReqWrite, slots, index) -> None:
-        """Log one request's writes in a group (``PAD``, another rank's, dropped) and store
-        those that land inside the store."""
+    def _log_write(self, geometry: GroupGeometry, write: ReqWrite, slots, index) -> tuple[np.ndarray, np.ndarray]:
+        """Log one request's writes in a group (``PAD``, another rank's, dropped); the logged
+        ``(slots, index)``, for the store."""
         slots, index = np.asarray(slots, np.int64), np.asarray(index, np.int64)
         if len(slots) and slots.min() < 0:  # drop PAD (not this rank's); other negatives stay, for the guard
             mine = slots != PAD
             slots, index = slots[mine], index[mine]
         self.write_log.append(WriteRecord(geometry.group_id, write.req_index, write.request_id, slots, index))
-        if len(slots):
-            self._store_entries(step, geometry, store, write, slots, index)
+        return slots, index
+
+    def _store_step(self, step: int, geometry: GroupGeometry, store: KVStore, logged: list) -> None:
+        """Store a group's logged writes of the step (``(write, slots, index)`` of each request
+        that has some) in one pass, as vLLM's one cache write over the step's ``slot_mapping``;
+        request by request where a slot is written twice (a later request's entry then lands
+        last, as it would in a step written request by request)."""
+        slots = np.concatenate([s for _, s, _ in logged]) if len(logged) > 1 and store.vectors is None else None
+        if slots is None or len(sorted_distinct(slots)) < len(slots):  # one request, K/V vectors, or a slot written twice
+            for write, request_slots, index in logged:
+                self._store_entries(step, geometry, store, write, request_slots, index)
+            return
+        writes = [w for w, _, _ in logged]
+        index = np.concatenate([i for _, _, i in logged])
+        lens = [len(s) for _, s, _ in logged]
+        contents = [w.contents for w in writes]
+        sizes = np.array([len(c) for c in contents], dtype=np.int64)
+        tps = geometry.tokens_per_state
+
+        def each(values) -> np.ndarray:  # a per-request value, for each of its entries
+            return np.repeat(np.asarray(values, dtype=np.int64), lens)
+
+        emit = index * tps + each([tps - 1 - w.start for w in writes])  # as _store_entries, request by request
+        num_contents, base, req = each(sizes), each(np.cumsum(sizes) - sizes), each([w.req_index for w in writes])
+        if not (slots.view(np.uint64).max() < store.num_slots and (emit.view(np.uint64) < num_contents.view(np.uint64)).all()):
+            keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < num_contents)
+            slots, index, emit, base, req = slots[keep], index[keep], emit[keep], base[keep], req[keep]
+        entries = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
+        entries[:, 0] = geometry.group_id
+        entries[:, 1] = index
+        entries[:, 2] = np.concatenate(contents)[base + emit]
+        entries[:, 3] = req
+        entries[:, 4] = step
+        store.write(slots, entries)
 
     def _store_entries(self, step: int, geometry: GroupGeometry, store: KVStore, write: ReqWrite, slots, index) -> None:
         """Write the fingerprint rows (and K/V vectors) of the logged ``slots``; a slot
