@@ -218,7 +218,7 @@ class PrefixHitJudge:
                 row, fingerprints = self.rows[(g, ri)], view.fingerprints
                 n = min(whole // span, len(row), len(fingerprints) // span)  # committed positions have a fingerprint
                 blocks.append(row[:n])
-                keys.append(fingerprints[span - 1 : n * span : span])
+                keys.append(self._keys(fingerprints, g, n)[0])
             if blocks:
                 blocks, keys = np.concatenate(blocks), np.concatenate(keys)
                 taken = blocks != 0

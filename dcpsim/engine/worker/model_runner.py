@@ -203,13 +203,22 @@ class ModelRunner:
         that has some) in one pass, as vLLM's one cache write over the step's ``slot_mapping``;
         request by request where a slot is written twice (a later request's entry then lands
         last, as it would in a step written request by request)."""
-        slots = np.concatenate([s for _, s, _ in logged]) if len(logged) > 1 and store.vectors is None else None
-        if slots is None or len(sorted_distinct(slots)) < len(slots):  # one request, K/V vectors, or a slot written twice
-            for write, request_slots, index in logged:
-                self._store_entries(step, geometry, store, write, request_slots, index)
+        if len(logged) > 1:
+            slots = np.concatenate([s for _, s, _ in logged])
+            if len(sorted_distinct(slots)) < len(slots):
+                for entry in logged:
+                    self._store_entries(step, geometry, store, [entry])
+                return
+        self._store_entries(step, geometry, store, logged)
+
+    def _store_entries(self, step: int, geometry: GroupGeometry, store: KVStore, logged: list) -> None:
+        """Write the fingerprint rows (and K/V vectors) of the logged ``(write, slots, index)``
+        of some requests, at once; a slot outside the store, or an index the step does not
+        compute, is left out."""
+        if not logged:
             return
         writes = [w for w, _, _ in logged]
-        index = np.concatenate([i for _, _, i in logged])
+        slots, index = np.concatenate([s for _, s, _ in logged]), np.concatenate([i for _, _, i in logged])
         lens = [len(s) for _, s, _ in logged]
         contents = [w.contents for w in writes]
         sizes = np.array([len(c) for c in contents], dtype=np.int64)
@@ -218,36 +227,21 @@ class ModelRunner:
         def each(values) -> np.ndarray:  # a per-request value, for each of its entries
             return np.repeat(np.asarray(values, dtype=np.int64), lens)
 
-        emit = index * tps + each([tps - 1 - w.start for w in writes])  # as _store_entries, request by request
+        # what a state holds: the KV of its position, or of the position emitting a
+        # record; an index the step does not compute has no KV to store
+        emit = index * tps + each([tps - 1 - w.start for w in writes])
         num_contents, base, req = each(sizes), each(np.cumsum(sizes) - sizes), each([w.req_index for w in writes])
+        # as unsigned, a negative value is above every bound: one reduction checks both ends
         if not (slots.view(np.uint64).max() < store.num_slots and (emit.view(np.uint64) < num_contents.view(np.uint64)).all()):
             keep = (slots >= 0) & (slots < store.num_slots) & (emit >= 0) & (emit < num_contents)
             slots, index, emit, base, req = slots[keep], index[keep], emit[keep], base[keep], req[keep]
+        content = (np.concatenate(contents) if len(contents) > 1 else contents[0])[base + emit]  # no copy of a lone prefill chunk
         entries = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
         entries[:, 0] = geometry.group_id
         entries[:, 1] = index
-        entries[:, 2] = np.concatenate(contents)[base + emit]
+        entries[:, 2] = content
         entries[:, 3] = req
         entries[:, 4] = step
-        store.write(slots, entries)
-
-    def _store_entries(self, step: int, geometry: GroupGeometry, store: KVStore, write: ReqWrite, slots, index) -> None:
-        """Write the fingerprint rows (and K/V vectors) of the logged ``slots``; a slot
-        outside the store, or an index the step does not compute, is left out."""
-        # what a state holds: the KV of its position, or of the position emitting a
-        # record; an index the step does not compute has no KV to store
-        tps = geometry.tokens_per_state
-        emit = index * tps + (tps - 1 - write.start)
-        num_slots, num_contents = store.num_slots, len(write.contents)
-        # as unsigned, a negative value is above every bound: one reduction checks both ends
-        if not (slots.view(np.uint64).max() < num_slots and emit.view(np.uint64).max() < num_contents):
-            keep = (slots >= 0) & (slots < num_slots) & (emit >= 0) & (emit < num_contents)
-            slots, index, emit = slots[keep], index[keep], emit[keep]
-        content = write.contents[emit]
-        entries = np.empty((len(slots), len(FIELDS)), dtype=np.int64)
-        entries[:] = (geometry.group_id, 0, 0, write.req_index, step)
-        entries[:, 1] = index
-        entries[:, 2] = content
         store.write(slots, entries)
         if store.vectors is not None:
             heads = self.kv_heads.get(geometry.group_id)

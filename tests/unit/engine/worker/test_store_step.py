@@ -13,11 +13,17 @@ from support.helpers import builtin, scheduler
 
 
 class PerRequest(ModelRunner):
-    """The same runner, storing each request's writes on their own (what a step was before)."""
+    """The same runner, storing entry by entry in request order: the test's own reading of what a
+    slot holds (the entry of the write's position, or of the position emitting a record)."""
 
     def _store_step(self, step, geometry, store, logged):
+        tps = geometry.tokens_per_state
         for write, slots, index in logged:
-            self._store_entries(step, geometry, store, write, slots, index)
+            for slot, i in zip(slots.tolist(), index.tolist()):
+                emit = i * tps + tps - 1 - write.start
+                if 0 <= slot < store.num_slots and 0 <= emit < len(write.contents):
+                    row = [geometry.group_id, i, int(write.contents[emit]), write.req_index, step]
+                    store.write(np.array([slot]), np.array([row], dtype=np.int64))
 
 
 class SharedFirstSlot(ReferenceEngine):
@@ -43,9 +49,12 @@ def _replay(name: str, W: int, rank: int, engine) -> tuple[int, int]:
     runners = [cls(engine, sched.geometries, sched.pool_sizes, rank, max_num_reqs=len(sched.requests)) for cls in (ModelRunner, PerRequest)]
     ids = {r.index: r.request_id for r in sched.requests}
     one_pass = by_request = 0
-    calls: list[int] = []
+    calls: list[tuple[int, int]] = []
     real = ModelRunner._store_entries
-    runners[0]._store_entries = lambda step, geometry, *a: (calls.append(geometry.group_id), real(runners[0], step, geometry, *a))
+    runners[0]._store_entries = lambda step, geometry, store, logged: (
+        calls.append((geometry.group_id, len(logged))),
+        real(runners[0], step, geometry, store, logged),
+    )
     for plan in sched.plans():
         calls.clear()
         for runner in runners:
@@ -56,8 +65,8 @@ def _replay(name: str, W: int, rank: int, engine) -> tuple[int, int]:
                 writers[record.group] = writers.get(record.group, 0) + 1
         for g, n in writers.items():
             if n > 1:
-                by_request += g in calls
-                one_pass += g not in calls
+                by_request += (g, 1) in calls
+                one_pass += (g, n) in calls
         for a, b in zip(runners[0].stores, runners[1].stores):
             assert np.array_equal(a.data.numpy(), b.data.numpy()), (name, W, rank, plan.step)
             assert a.take_written().tolist() == b.take_written().tolist()
