@@ -50,7 +50,8 @@ def describe() -> str:
     if not enabled():
         return f"under Triton's interpreter, every launch run ({ENV}=0: the launch cache is off)"
     return (
-        "under Triton's interpreter; a launch whose kernel code (its files, the globals it reads) and inputs (grid, scalars, "
+        "under Triton's interpreter; a launch whose kernel code (its source and its helpers', the globals it reads) "
+        "and inputs (grid, scalars, "
         "each tensor's dtype, shape, strides and bytes) repeat is replayed from the launch cache "
         f"($DCPSIM_CACHE/launches; {ENV}=0: off)"
     )

@@ -2,9 +2,12 @@
 
 * The kernel by its code (``kernel_identity``): under the interpreter ``@triton.jit`` gives an
   ``InterpretedFunction``, which has no ``JITFunction.cache_key`` (nor its dependency finder), so
-  the text of the file of the kernel and of every ``@triton.jit`` helper or Python function it
-  reaches through its globals is digested, with the value of every plain global it names (an
-  int, a ``tl.constexpr``, a dtype); a global of any other kind makes the launch uncacheable.
+  the source of the kernel and of every ``@triton.jit`` helper or Python function it reaches
+  through its globals is digested (``_source_digest``: the lines the interpreter rewrites and
+  runs, decorators included, with the function's defaults and compiler flags), with the value of
+  every plain global it names (an int, a ``tl.constexpr``, a dtype); a global of any other kind
+  makes the launch uncacheable. The rest of a kernel's file is not in the key, so the releases
+  of an engine that changed the file around an unchanged kernel share its launches.
 * What runs it (``runtime_tag``): Triton's version and its interpreter's file, numpy's version,
   the interpreter's options, the text of dcpsim's interpreter patches and of this key.
 * Its arguments (``Arguments``): the grid, every scalar and constexpr by type and value, every
@@ -29,6 +32,7 @@ POINTS_TO = "_dcpsim_points_to"
 """The attribute of a pointer table (``pointers_to``) naming the tensors its entries point to."""
 
 _FILES: dict[str, bytes] = {}
+_SOURCES: dict[types.CodeType, bytes | None] = {}
 _NAMES: dict[types.CodeType, tuple[str, ...]] = {}
 _LIBRARIES = ("triton", "numpy", "torch", "math", "builtins", "typing", "functools")
 
@@ -61,6 +65,29 @@ def _file_digest(path: str) -> bytes | None:
         except OSError:
             return None
     return _FILES[path]
+
+
+def _source_digest(fn: types.FunctionType) -> bytes | None:
+    """The digest of what ``fn`` runs as under the interpreter, remembered per code object: the
+    text of its definition (``inspect.getsource``, the lines Triton's interpreter parses again
+    and runs, decorators included), its defaults and its compiler flags (a ``__future__``
+    import changes how its annotations, the ``tl.constexpr`` marks, read). None: no source
+    (a function made at run time), a closure, or a default that is not a plain value."""
+    import inspect
+
+    code = fn.__code__
+    if code not in _SOURCES:
+        try:
+            text = inspect.getsource(fn)
+        except (OSError, TypeError):
+            text = None
+        defaults = [_plain(v) for v in (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())]
+        if text is None or code.co_freevars or any(d is None for d in defaults):
+            _SOURCES[code] = None
+        else:
+            kw = sorted(fn.__kwdefaults__ or {})
+            _SOURCES[code] = hashlib.blake2b(repr((text, defaults, kw, code.co_flags)).encode(), digest_size=20).digest()
+    return _SOURCES[code]
 
 
 def _names(code: types.CodeType) -> tuple[str, ...]:
@@ -129,7 +156,7 @@ def kernel_identity(fn: types.FunctionType) -> str | None:
         if f in seen:
             continue
         seen.add(f)
-        text = _file_digest(f.__code__.co_filename)
+        text = _source_digest(f)
         if text is None:
             return None
         names = _names(f.__code__)

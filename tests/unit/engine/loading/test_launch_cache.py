@@ -138,6 +138,11 @@ if len(sys.argv) > 3:  # the key alone: a view with other strides over the same 
     views = [base[:8], torch.arange(16, dtype=torch.int32)[:8], base[::2]]
     facts["stride_keys"] = [Arguments((view, 8), {}, (1,)).key("kernel", frozenset()) for view in views]
     facts["identity"] = [kernel_identity(kern.scale.fn), kernel_identity(edited.scale.fn)]
+    around, helper = load(sys.argv[4]), load(sys.argv[5])  # another kernel edited, lines moved; a helper edited
+    facts["identities"] = [
+        [name, [kernel_identity(getattr(m, name).fn) for m in (kern, around, helper)]]
+        for name in ("scale", "accumulate", "through_table")
+    ]
 print(json.dumps(facts))
 """
 
@@ -148,6 +153,14 @@ def _write(tmp_path):
     edited.mkdir()
     (edited / "kern.py").write_text(textwrap.dedent(KERNEL).replace("x * FACTOR + SHIFT", "x * FACTOR + SHIFT + 1"))
     (tmp_path / "run.py").write_text(textwrap.dedent(RUN))
+    kernel = textwrap.dedent(KERNEL)
+    accumulate, helper = "tl.load(out_ptr + offs, mask=offs < n) +", "return tl.multiple_of(ptr, 16)"
+    for folder, text in (
+        ("around", "# a comment that moves every line\n" + kernel.replace(accumulate, accumulate.replace(") +", ") * 2 +"))),
+        ("helper", kernel.replace(helper, helper + " + 1")),
+    ):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "kern.py").write_text(text)
 
 
 def _run(tmp_path, cache, *extra, enabled=True) -> dict:
@@ -167,7 +180,7 @@ def runs(tmp_path_factory):
     _write(tmp_path)
     cache = tmp_path / "cache"
     off = _run(tmp_path, cache, enabled=False)
-    cold = _run(tmp_path, cache, "keys")
+    cold = _run(tmp_path, cache, "keys", str(tmp_path / "around" / "kern.py"), str(tmp_path / "helper" / "kern.py"))
     warm = _run(tmp_path, cache)
     files = sorted((cache / "launches").glob("*/*.launch"))
     for n, file in enumerate(files):  # corrupt: half cut, or a byte flipped
@@ -213,6 +226,18 @@ def test_a_changed_stride_or_source_changes_the_key(runs):
     assert same == other_copy and strided != same
     clean, edited = runs["cold"]["identity"]
     assert clean and edited and clean != edited
+
+
+@pytest.mark.slow
+def test_a_kernel_is_keyed_by_its_own_code_and_its_helpers_not_by_the_rest_of_its_file(runs):
+    """Files ``around`` (another kernel edited, every line moved down) and ``helper`` (the
+    ``_load_ptr`` helper edited): a kernel's identity changes with its own code and its helpers'
+    only, so the releases of an engine that changed a kernel's file elsewhere share its launches."""
+    ids = dict(runs["cold"]["identities"])  # name -> [clean, around, helper]
+    assert all(all(i) for i in ids.values())
+    assert ids["scale"][0] == ids["scale"][1] == ids["scale"][2]
+    assert ids["accumulate"][1] != ids["accumulate"][0] == ids["accumulate"][2]
+    assert ids["through_table"][2] != ids["through_table"][0] == ids["through_table"][1]
 
 
 @pytest.mark.slow
