@@ -129,11 +129,14 @@ def quicken_interpreter() -> None:
       patching finds the language modules' builtins once (not with ``inspect.getmembers`` on
       every launch).
     * Every ``tl`` operation's Python: a patched builtin calls the function under Triton's
-      ``@builtin`` wrapper itself (``_call_builtins_directly``); a new tensor takes what its
-      type alone decides from the last tensor of that type (``_quicker_tensors``); operands of
-      one integer type and shape skip the type checks, and blocks of one shape the broadcast,
-      that would return them as they are (``_skip_equal_int_operands``,
-      ``_skip_equal_broadcasts``).
+      ``@builtin`` wrapper itself (``_call_builtins_directly``); a new tensor shares what its
+      type alone decides (its shape and element count) with the first tensor of that type
+      (``_quicker_tensors``); a new handle's size check is answered once per item size and
+      type (``_remembered_size_checks``); operands of one integer type and shape skip the type
+      checks, and blocks of one shape the broadcast, that would return them as they are
+      (``_skip_equal_int_operands``, ``_skip_equal_broadcasts``); a cast to a tensor's own type
+      and a binary operation's result type are answered without Triton's comparisons
+      (``_quicker_type_rules``).
     """
     global _QUICK
     if _QUICK:
@@ -148,7 +151,9 @@ def quicken_interpreter() -> None:
     _skip_repatching(interpreter, tl)
     _call_builtins_directly(interpreter, tl)
     _quicker_tensors(tl)
+    _remembered_size_checks(interpreter)
     _skip_equal_broadcasts(interpreter)
+    _quicker_type_rules(interpreter)
     _skip_equal_int_operands(interpreter, tl)
     _QUICK = True
 
@@ -177,15 +182,20 @@ def _share_block_types(interpreter, tl) -> None:
     interpreter's operations (``InterpreterBuilder.get_block_ty``,
     ``block_type.with_element_ty``) instead of a new one (its shape validated, its name
     formatted) for every operation: a block type is a value, compared by its element type
-    and shape, never changed."""
+    and shape, never changed. A pointer element type (unhashable: ``pointer_type`` defines
+    ``__eq__`` only) is keyed by what its ``__eq__`` compares (element type, address space,
+    constness), so a block of pointers is shared too."""
     made: dict = {}
-    block_type = tl.block_type
+    block_type, pointer_type = tl.block_type, tl.pointer_type
 
     def shared(dtype, shape):
-        key = (dtype, shape if type(shape) is tuple else tuple(shape))
+        element = dtype
+        if type(dtype) is pointer_type:
+            element = (pointer_type, dtype.element_ty, dtype.address_space, dtype.const)
+        key = (element, shape if type(shape) is tuple else tuple(shape))
         try:
             found = made.get(key)
-        except TypeError:  # an unhashable element type (a pointer)
+        except TypeError:  # an unhashable element type (a pointer to a pointer)
             return block_type(dtype, shape)
         if found is None:
             if not all(type(d) is int for d in key[1]):  # kept only for shapes of ints
@@ -277,32 +287,65 @@ def _call_builtins_directly(interpreter, tl) -> None:
 
 def _quicker_tensors(tl) -> None:
     """``tl.tensor(handle, type)`` (every operation's result) without rebuilding, per tensor,
-    what depends on its type alone: the type of its shape tuple and its element count. Each
-    tensor still gets its own shape tuple (a Triton ``tuple`` of new ``constexpr``s) and its
-    own ``numel``, with the same values as Triton's ``__init__`` gives."""
-    tensor, triton_tuple, constexpr = tl.core.tensor, tl.core.tuple, tl.constexpr
+    what depends on its type alone: its shape (a Triton ``tuple`` of ``constexpr``s) and its
+    element count (a ``constexpr``), built once per block type (once for every scalar type:
+    no dims, one element), with the values Triton's ``__init__`` gives, and shared by the
+    tensors of that type. Under the interpreter nothing
+    changes them once built: a ``constexpr``'s value is set by its ``__init__`` only, and a
+    ``tl.tuple`` has no ``__setitem__`` (its ``_setitem`` is the compiler's code generator's,
+    which the interpreter never runs)."""
+    tensor, block_type = tl.core.tensor, tl.block_type
     original = tensor.__init__
-    known: dict = {}  # id(type) -> (type, its shape, the shape tuple's type, numel)
+    known: dict = {}  # id(type) -> (type, its shape tuple, numel)
+    scalar: list = []  # (None, the shape tuple, numel) of every scalar type: (), 1
 
     def init(self, handle, type):
-        found = known.get(id(type))
-        if found is None or found[0] is not type:
+        if not isinstance(type, block_type):
+            found = scalar[0] if scalar else None
+        else:
+            found = known.get(id(type))
+            if found is not None and found[0] is not type:
+                found = None
+        if found is None:
             original(self, handle, type)
-            if len(known) < 4096:
-                known[id(type)] = (type, [s.value for s in self.shape.values], self.shape.type, self.numel.value)
+            if not isinstance(type, block_type):
+                scalar[:] = [(None, self.shape, self.numel)]
+            elif len(known) < 4096:
+                known[id(type)] = (type, self.shape, self.numel)
             return
-        _, dims, shape_type, numel = found
+        _, shape, numel = found
         self.handle = handle
         self.shape = None  # set below, as Triton's __init__ sets it twice: the attributes keep their order
-        self.numel = constexpr(numel)
+        self.numel = numel
         self.type = type
         self.dtype = type.scalar
-        shape = object.__new__(triton_tuple)
-        shape.values = [constexpr(d) for d in dims]
-        shape.type = shape_type
         self.shape = shape
 
     tensor.__init__ = init
+
+
+def _remembered_size_checks(interpreter) -> None:
+    """``TensorHandle``'s check of every new handle (its numpy item size against its Triton
+    type's width, ``_validate_np_data_size``) remembered per (item size, type): the answer
+    depends on nothing else. A handle that fails it still raises Triton's error."""
+    handle = interpreter.TensorHandle
+    original, validate = handle.__post_init__, interpreter._validate_np_data_size
+    answers: dict = {}  # (item size, id(type)) -> (type, the answer); types kept, so no id is reused
+
+    def post_init(self):
+        dtype = self.dtype
+        key = (self.data.itemsize, id(dtype))
+        found = answers.get(key)
+        if found is not None and found[0] is dtype:
+            good = found[1]
+        else:
+            good = bool(validate(self.data, dtype))
+            if len(answers) < 4096:
+                answers[key] = (dtype, good)
+        if not good:
+            original(self)
+
+    handle.__post_init__ = post_init
 
 
 def _skip_equal_broadcasts(interpreter) -> None:
@@ -318,6 +361,35 @@ def _skip_equal_broadcasts(interpreter) -> None:
         return original(self, lhs, rhs)
 
     semantic.broadcast_impl_value = broadcast_impl_value
+
+
+def _quicker_type_rules(interpreter) -> None:
+    """Two of Triton's type rules, answered without their Python where the answer is known:
+    ``cast`` to the very type object a tensor has returns it (as Triton's does, after comparing
+    the types by name), and ``computation_type_impl`` (the result type of a binary operation,
+    a function of its operands' types, which of them is a Python number, and whether it
+    divides) is remembered per question; a question it refuses is asked every time."""
+    semantic = interpreter.TritonSemantic
+    original_cast, original_type = semantic.cast, semantic.computation_type_impl
+    answers: dict = {}
+
+    def cast(self, input, dst_ty, fp_downcast_rounding=None):
+        if input.type.scalar is dst_ty.scalar:
+            return input
+        return original_cast(self, input, dst_ty, fp_downcast_rounding)
+
+    def computation_type_impl(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod):
+        key = (a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)
+        try:
+            found = answers.get(key)
+        except TypeError:  # an unhashable type
+            return original_type(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)
+        if found is None:
+            found = answers[key] = original_type(self, a_ty, a_is_scalar, b_ty, b_is_scalar, div_or_mod)
+        return found
+
+    semantic.cast = cast
+    semantic.computation_type_impl = computation_type_impl
 
 
 def _skip_equal_int_operands(interpreter, tl) -> None:

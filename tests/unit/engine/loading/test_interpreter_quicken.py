@@ -38,6 +38,27 @@ def kernel(x_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     s = pid * 3 - pid
     tl.store(out_ptr + offs, z + s, mask=offs < N)
+
+
+@triton.jit
+def mixed(x_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
+    # result types of mixed operands (a float scalar, a Python int, an unsigned block), a
+    # division, and casts to the type a tensor already has: the rules the quickened
+    # interpreter remembers or answers by identity
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < N, other=0)
+    f = x.to(tl.float32) * 0.75 + 1
+    u = x.to(tl.uint32) + 3
+    q = (u // 2).to(tl.int32).to(tl.int32) + (f / 2.0).to(tl.int32)
+    r = ((x + f) * 10).to(tl.int32) + ((1 - u) // 2 % 7).to(tl.int32)  # int32 + float32: float32; 1 - uint32: uint32
+    tl.store(out_ptr + offs, q.to(tl.int32) + r, mask=offs < N)
+
+
+@triton.jit
+def refused(x_ptr, out_ptr, BLOCK: tl.constexpr):  # Triton refuses // of unsigned by signed
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(out_ptr + offs, (x.to(tl.uint32) // x).to(tl.int32))
 """
 
 HELPERS = """
@@ -80,7 +101,15 @@ import kern
 x = torch.arange(10, dtype=torch.int32)
 out = torch.full((10,), -1, dtype=torch.int32)
 kern.kernel[(3,)](x, out, N=10, BLOCK=4)
-print(json.dumps({"out": out.tolist(), "patches": calls[0]}))
+mixed = torch.full((16,), -1, dtype=torch.int32)
+kern.mixed[(1,)](x, mixed, N=10, BLOCK=16)
+errors = []
+for _ in range(2):  # a refusal is never remembered: refused every time, with Triton's message
+    try:
+        kern.refused[(1,)](x, torch.zeros(8, dtype=torch.int32), BLOCK=8)
+    except Exception as e:
+        errors.append(str(e))
+print(json.dumps({"out": out.tolist(), "patches": calls[0], "mixed": mixed.tolist(), "errors": errors}))
 """
 
 
@@ -97,9 +126,17 @@ def _run(tmp_path, mode: str) -> dict:
 
 @pytest.mark.slow  # two processes importing torch and Triton
 def test_a_quickened_interpreter_computes_the_same_values_and_stops_repatching(tmp_path):
+    """The values of ``kernel`` and ``mixed``, and the refusal of ``refused``, twice, with
+    Triton's own message, are the same with and without ``quicken_interpreter``."""
     plain, quick = _run(tmp_path, "plain"), _run(tmp_path, "quick")
     assert plain["out"] == [(8 * i + 1) // 2 + 2 * (i // 4) for i in range(10)]
     assert quick["out"] == plain["out"]
+    wrapped = [(1 - (i + 3)) % 2**32 // 2 % 7 for i in range(10)]  # 1 - u in uint32
+    expected = [(i + 3) // 2 + int((i * 0.75 + 1) / 2) + int((i + i * 0.75 + 1) * 10) + wrapped[i] for i in range(10)]
+    assert plain["mixed"] == expected + [-1] * 6
+    assert quick["mixed"] == plain["mixed"]
+    assert len(plain["errors"]) == 2 and "different signedness" in plain["errors"][0]
+    assert quick["errors"] == plain["errors"]
     # plain: the launch patches triton.language, and so does each of the 3 programs' 3 calls of
     # `twice` (as many patches as the launch's); quickened, those 9 calls skip it. `plus_one`
     # (seeing only triton.language.core, which the launch did not patch) is still patched as
