@@ -290,10 +290,10 @@ def _quicker_tensors(tl) -> None:
     what depends on its type alone: its shape (a Triton ``tuple`` of ``constexpr``s) and its
     element count (a ``constexpr``), built once per block type (once for every scalar type:
     no dims, one element), with the values Triton's ``__init__`` gives, and shared by the
-    tensors of that type. Under the interpreter nothing
-    changes them once built: a ``constexpr``'s value is set by its ``__init__`` only, and a
-    ``tl.tuple`` has no ``__setitem__`` (its ``_setitem`` is the compiler's code generator's,
-    which the interpreter never runs)."""
+    tensors of that type. Under the interpreter nothing changes them once built: a
+    ``constexpr``'s value is set by its ``__init__`` only, and a ``tl.tuple`` has no
+    ``__setitem__`` (its ``_setitem`` is the compiler's code generator's, which the interpreter
+    never runs)."""
     tensor, block_type = tl.core.tensor, tl.block_type
     original = tensor.__init__
     known: dict = {}  # id(type) -> (type, its shape tuple, numel)

@@ -32,7 +32,7 @@ POINTS_TO = "_dcpsim_points_to"
 """The attribute of a pointer table (``pointers_to``) naming the tensors its entries point to."""
 
 _FILES: dict[str, bytes] = {}
-_SOURCES: dict[types.CodeType, bytes | None] = {}
+_SOURCES: dict[types.FunctionType, bytes | None] = {}
 _NAMES: dict[types.CodeType, tuple[str, ...]] = {}
 _LIBRARIES = ("triton", "numpy", "torch", "math", "builtins", "typing", "functools")
 
@@ -68,26 +68,25 @@ def _file_digest(path: str) -> bytes | None:
 
 
 def _source_digest(fn: types.FunctionType) -> bytes | None:
-    """The digest of what ``fn`` runs as under the interpreter, remembered per code object: the
+    """The digest of what ``fn`` runs as under the interpreter, remembered per function: the
     text of its definition (``inspect.getsource``, the lines Triton's interpreter parses again
     and runs, decorators included), its defaults and its compiler flags (a ``__future__``
     import changes how its annotations, the ``tl.constexpr`` marks, read). None: no source
     (a function made at run time), a closure, or a default that is not a plain value."""
     import inspect
 
-    code = fn.__code__
-    if code not in _SOURCES:
+    if fn not in _SOURCES:
         try:
             text = inspect.getsource(fn)
         except (OSError, TypeError):
             text = None
         defaults = [_plain(v) for v in (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())]
-        if text is None or code.co_freevars or any(d is None for d in defaults):
-            _SOURCES[code] = None
+        if text is None or fn.__code__.co_freevars or any(d is None for d in defaults):
+            _SOURCES[fn] = None
         else:
             kw = sorted(fn.__kwdefaults__ or {})
-            _SOURCES[code] = hashlib.blake2b(repr((text, defaults, kw, code.co_flags)).encode(), digest_size=20).digest()
-    return _SOURCES[code]
+            _SOURCES[fn] = hashlib.blake2b(repr((text, defaults, kw, fn.__code__.co_flags)).encode(), digest_size=20).digest()
+    return _SOURCES[fn]
 
 
 def _names(code: types.CodeType) -> tuple[str, ...]:
