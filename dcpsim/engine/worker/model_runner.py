@@ -19,7 +19,7 @@ from dcpsim.engine.geometry import GroupGeometry
 from dcpsim.engine.interface import Engine
 from dcpsim.engine.worker.block_table import BlockTable
 from dcpsim.engine.worker.kv_store import KVStore
-from dcpsim.model.distinct import sorted_distinct
+from dcpsim.model.distinct import has_repeats
 from dcpsim.model.kinds import Storage
 from dcpsim.model.kv_entry import FIELDS
 from dcpsim.model.layout import PAD, local_seq_lens
@@ -204,8 +204,7 @@ class ModelRunner:
         request by request where a slot is written twice (a later request's entry then lands
         last, as it would in a step written request by request)."""
         if len(logged) > 1:
-            slots = np.concatenate([s for _, s, _ in logged])
-            if len(sorted_distinct(slots)) < len(slots):
+            if has_repeats(np.concatenate([s for _, s, _ in logged])):
                 for entry in logged:
                     self._store_entries(step, geometry, store, [entry])
                 return
