@@ -327,13 +327,19 @@ def _quicker_tensors(tl) -> None:
 def _remembered_size_checks(interpreter) -> None:
     """``TensorHandle``'s check of every new handle (its numpy item size against its Triton
     type's width, ``_validate_np_data_size``) remembered per (item size, type): the answer
-    depends on nothing else. A handle that fails it still raises Triton's error."""
+    depends on nothing else. A pointer passes it at once, as in Triton's, and is never kept
+    (a launch makes new pointer types: they would fill the answers for good, as they did
+    ``_quicker_tensors``' before blocks of pointers were shared). A handle that fails it still
+    raises Triton's error."""
     handle = interpreter.TensorHandle
+    pointer_type = interpreter.tl.pointer_type
     original, validate = handle.__post_init__, interpreter._validate_np_data_size
     answers: dict = {}  # (item size, id(type)) -> (type, the answer); types kept, so no id is reused
 
     def post_init(self):
         dtype = self.dtype
+        if isinstance(dtype, pointer_type):
+            return
         key = (self.data.itemsize, id(dtype))
         found = answers.get(key)
         if found is not None and found[0] is dtype:
