@@ -1,8 +1,12 @@
-"""Sorted distinct values of an int array, by a sort.
+"""Sorted distinct values of an int array, by a sort or by a table over its range.
 
 numpy 2.x's ``np.unique`` of a large int64 array is ~10x slower than a sort and a
 comparison of neighbours (16K ids: 2.7 ms against 0.27 ms), and the change records and
-write checks of a long-context step pass it thousands of ids.
+write checks of a long-context step pass it thousands of ids. Those ids are a step's slots
+of one store: out of order (a chunk's slots per group, the groups one after another), but
+in a range not much wider than their count. There a table over the range (each value
+marked, then the marks read back in order) costs a fifteenth of the sort (16K slots over a
+range of 17K: 0.04 ms against 0.66 ms), which was a tenth of a rank's CPU at 1M tokens.
 """
 
 from __future__ import annotations
@@ -15,16 +19,45 @@ array is already in order (one comparison pass, a tenth of a sort's cost): a pre
 slots and block ids mostly are. Below it the sort costs less than the test."""
 
 
+_TABLE_MIN = 256
+"""From this many values on, an array out of order but in a narrow range (``_marks``) is
+marked in a table instead of sorted; below it the sort costs less than the table's passes."""
+
+_TABLE_WIDTH = 4
+"""``_marks`` takes a range of up to this many times the values' count (plus ``_TABLE_SLACK``)."""
+
+
+def _in_order(values: np.ndarray) -> bool:
+    """Whether a long array is already sorted (a short one is not asked: its sort is cheap)."""
+    return len(values) >= _SORTED_TEST_MIN and bool((values[1:] >= values[:-1]).all())
+
+
 def _sorted(values: np.ndarray) -> np.ndarray:
     """``np.sort(values)``, without the sort when the (long) array is already in order."""
-    if len(values) >= _SORTED_TEST_MIN and bool((values[1:] >= values[:-1]).all()):
-        return values
-    return np.sort(values)
+    return values if _in_order(values) else np.sort(values)
+
+
+def _marks(values: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """``(marked, lo)``: a table over ``[lo, max]`` with each of ``values`` marked, for a long
+    int array out of order in a range at most ``_TABLE_WIDTH`` times its length (plus
+    ``_TABLE_SLACK``); None for any other array (sort it)."""
+    if len(values) < _TABLE_MIN or values.dtype.kind != "i" or _in_order(values):
+        return None
+    lo, hi = values.min(), values.max()
+    if int(hi) - int(lo) > _TABLE_WIDTH * len(values) + _TABLE_SLACK:
+        return None
+    marked = np.zeros(int(hi) - int(lo) + 1, dtype=bool)
+    marked[values - lo] = True  # within the range: no overflow in the values' own dtype
+    return marked, int(lo)
 
 
 def sorted_distinct(values: np.ndarray) -> np.ndarray:
     """``np.unique(values)`` for a 1-d int array (a new array, never ``values`` itself)."""
     values = np.asarray(values)
+    table = _marks(values)
+    if table is not None:
+        marked, lo = table
+        return (np.flatnonzero(marked) + lo).astype(values.dtype, copy=False)
     ordered = _sorted(values)
     if len(ordered) < 2:
         return ordered  # a sort's copy: short arrays are always sorted
@@ -38,7 +71,11 @@ def has_repeats(values: np.ndarray) -> bool:
     """Whether some value of the 1-d array occurs more than once."""
     if len(values) < 2:
         return False
-    s = _sorted(np.asarray(values))
+    values = np.asarray(values)
+    table = _marks(values)
+    if table is not None:
+        return int(np.count_nonzero(table[0])) < len(values)
+    s = _sorted(values)
     return bool((s[1:] == s[:-1]).any())
 
 

@@ -49,3 +49,34 @@ def test_member_of_is_np_isin_over_any_range(values, pool):
     """Both ways: a table over a narrow range of ``values``, a sort of the pool otherwise."""
     got = member_of(values, pool)
     assert got.dtype == bool and np.array_equal(got, np.isin(values, pool))
+
+
+narrow = st.lists(st.integers(1000, 1600), min_size=256, max_size=700)  # a step's slots: a range near their count
+spread = st.lists(st.integers(-(1 << 40), 1 << 40), min_size=256, max_size=300)  # too wide for a table
+
+
+@given(st.one_of(narrow, spread).map(lambda v: np.array(v, dtype=np.int64)))
+def test_long_arrays_out_of_order_by_a_table_or_a_sort(values):
+    """A long array out of order in a narrow range is marked in a table, in a wide one sorted:
+    the same answers as np.unique either way, in the values' dtype, the caller's array untouched."""
+    from dcpsim.model.distinct import _marks
+
+    narrow_range = int(values.max()) - int(values.min()) <= 4 * len(values)
+    in_order = bool((values[1:] >= values[:-1]).all())
+    assert (_marks(values) is not None) == (narrow_range and not in_order)
+    original = values.copy()
+    got = sorted_distinct(values)
+    assert got.dtype == values.dtype and np.array_equal(got, np.unique(values))
+    assert has_repeats(values) == (len(np.unique(values)) < len(values))
+    got[:] = -1
+    assert np.array_equal(values, original)
+    if narrow_range:
+        as32 = values.astype(np.int32)
+        assert sorted_distinct(as32).dtype == np.int32 and np.array_equal(sorted_distinct(as32), np.unique(as32))
+
+
+def test_a_table_tells_one_repeat_among_distinct_values():
+    values = np.arange(5000, 4000, -1, dtype=np.int64)  # out of order, all distinct
+    assert not has_repeats(values) and np.array_equal(sorted_distinct(values), np.arange(4001, 5001))
+    values[500] = values[900]  # one value twice
+    assert has_repeats(values) and len(sorted_distinct(values)) == 999
