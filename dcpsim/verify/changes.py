@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dcpsim.model.distinct import sorted_distinct
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import RequestView
 from dcpsim.verify.geometry import ExpectedGroup
@@ -205,10 +206,7 @@ class ChangeTracker:
             # writes all map to new indices (``rewritten`` is sorted: by column, then slot)
             return new
         local = np.concatenate([new, rewritten, locals_of_columns(changed, group.page_states)])
-        local = np.sort(local[(local >= lo) & (local < hi)])
-        distinct = np.ones(len(local), dtype=bool)
-        distinct[1:] = local[1:] != local[:-1]
-        return local[distinct]
+        return sorted_distinct(local[(local >= lo) & (local < hi)])
 
 
 def expected_at(group: ExpectedGroup, view: RequestView, rank: int, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
