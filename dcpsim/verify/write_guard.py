@@ -43,6 +43,23 @@ class Violation:
         return f"rank {self.rank} step {self.step} group {self.group} request {self.request_id} {where}: {self.reason}"
 
 
+def _apart_by_group(writes: list[WriteRecord], slots: np.ndarray, lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Keys of ``slots`` (the writes' slots one after another) that are equal only where two
+    writes of one group share a slot: each group's slots shifted past the range of the groups
+    before it, so the keys span the groups' ranges together, not groups x the largest slot
+    (``has_repeats`` marks a narrow range in a table instead of sorting it)."""
+    group = np.array([w.group for w in writes], dtype=np.int64)
+    lo = np.minimum.reduceat(slots, starts)  # per write: every write holds a slot
+    hi = np.maximum.reduceat(slots, starts)
+    first, last = np.full(int(group.max()) + 1, np.iinfo(np.int64).max), np.full(int(group.max()) + 1, -1)
+    np.minimum.at(first, group, lo)
+    np.maximum.at(last, group, hi)
+    held = last >= first  # the groups with writes
+    width = np.where(held, last - first + 1, 0)
+    shift = np.cumsum(width) - width - np.where(held, first, 0)  # group g's slots start past the widths below it
+    return slots + np.repeat(shift[group], lengths)
+
+
 class WriteGuard:
     def __init__(self, rank: int, group_names: dict[int, str]):
         """``group_names``: the engine's group id -> the group's name, for messages."""
@@ -97,8 +114,7 @@ class WriteGuard:
             w = writes[owner[i]]
             index = w.index[i - starts[owner[i]]]
             self._add(w.group, w.request_id, index, slots[i], f"write into block {blocks[i]}, which the request does not hold")
-        group_of = np.repeat(np.array([w.group for w in writes], dtype=np.int64), lengths)
-        if has_repeats(group_of * (int(slots.max()) + 1) + slots):
+        if has_repeats(_apart_by_group(writes, slots, lengths, starts)):
             written: dict[int, list[tuple[np.ndarray, np.ndarray, str]]] = {}
             for w in writes:
                 written.setdefault(w.group, []).append((w.slots, w.index, w.request_id))
