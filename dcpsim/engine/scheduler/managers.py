@@ -83,23 +83,23 @@ class GroupManager:
         if self.geometry.storage is Storage.RING or first == 0:
             return 0
         table = self.blocks.get(req, [])
-        released = 0
         done = self._released.get(req, 0)
         upto = min(self.engine.num_released_blocks(self.geometry, first), len(table))
+        if upto <= done:
+            return 0
         # Entries below ``done`` are null already: a row only grows at its end (``allocate``)
         # and is replaced whole (``adopt``) or dropped (``free``), which forget the cursor.
+        self._released[req] = upto
+        freed = [b for b in table[done:upto] if b != NULL_BLOCK]
+        if not freed:
+            return 0
+        self.pool.free(freed)  # in row order, as one block at a time would
+        table[done:upto] = [NULL_BLOCK] * (upto - done)
         mirror = self._arrays.get(req)
-        for j in range(done, upto):
-            if table[j] != NULL_BLOCK:
-                self.pool.free([table[j]])
-                table[j] = NULL_BLOCK
-                released += 1
-                if mirror is not None and j < len(mirror):
-                    mirror[j] = NULL_BLOCK
-                self._snapshots.pop(req, None)
-        if upto > done:
-            self._released[req] = upto
-        return released
+        if mirror is not None:
+            mirror[done:upto] = NULL_BLOCK  # (the part of it the mirror holds)
+        self._snapshots.pop(req, None)
+        return len(freed)
 
     def free(self, req: int) -> None:
         # Free in reverse so the tail of a request is evicted first (like vLLM).
