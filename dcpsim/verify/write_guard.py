@@ -43,11 +43,23 @@ class Violation:
         return f"rank {self.rank} step {self.step} group {self.group} request {self.request_id} {where}: {self.reason}"
 
 
+_APART_MIN = 256
+"""From this many slots in a step on, ``_judge_inside`` keys them by ``_apart_by_group`` (so
+``has_repeats`` may mark a table); below it ``has_repeats`` sorts whatever the keys' range,
+and ``_by_group``'s two passes cost less than the other's dozen."""
+
+
+def _by_group(writes: list[WriteRecord], slots: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Keys of ``slots`` equal only where two writes of one group share a slot: group x
+    (largest slot + 1) + slot, a range of groups times the largest slot."""
+    group = np.repeat(np.array([w.group for w in writes], dtype=np.int64), lengths)
+    return group * (int(slots.max()) + 1) + slots
+
+
 def _apart_by_group(writes: list[WriteRecord], slots: np.ndarray, lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Keys of ``slots`` (the writes' slots one after another) that are equal only where two
-    writes of one group share a slot: each group's slots shifted past the range of the groups
-    before it, so the keys span the groups' ranges together, not groups x the largest slot
-    (``has_repeats`` marks a narrow range in a table instead of sorting it)."""
+    """``_by_group``'s keys in a narrow range: each group's slots shifted past the ranges of
+    the groups before it, so the keys span the groups' ranges together, not groups x the
+    largest slot (``has_repeats`` then marks them in a table instead of sorting them)."""
     group = np.array([w.group for w in writes], dtype=np.int64)
     lo = np.minimum.reduceat(slots, starts)  # per write: every write holds a slot
     hi = np.maximum.reduceat(slots, starts)
@@ -114,7 +126,7 @@ class WriteGuard:
             w = writes[owner[i]]
             index = w.index[i - starts[owner[i]]]
             self._add(w.group, w.request_id, index, slots[i], f"write into block {blocks[i]}, which the request does not hold")
-        if has_repeats(_apart_by_group(writes, slots, lengths, starts)):
+        if has_repeats(_apart_by_group(writes, slots, lengths, starts) if len(slots) >= _APART_MIN else _by_group(writes, slots, lengths)):
             written: dict[int, list[tuple[np.ndarray, np.ndarray, str]]] = {}
             for w in writes:
                 written.setdefault(w.group, []).append((w.slots, w.index, w.request_id))
