@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcpsim.model.distinct import has_repeats, member_of
+from dcpsim.model.distinct import TABLE_MIN, has_repeats, member_of
 from dcpsim.model.plan import StepPlan, WriteRecord
 
 MAX_KEPT = 20
@@ -43,15 +43,11 @@ class Violation:
         return f"rank {self.rank} step {self.step} group {self.group} request {self.request_id} {where}: {self.reason}"
 
 
-_APART_MIN = 256
-"""From this many slots in a step on, ``_judge_inside`` keys them by ``_apart_by_group`` (so
-``has_repeats`` may mark a table); below it ``has_repeats`` sorts whatever the keys' range,
-and ``_by_group``'s two passes cost less than the other's dozen."""
-
-
 def _by_group(writes: list[WriteRecord], slots: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Keys of ``slots`` equal only where two writes of one group share a slot: group x
-    (largest slot + 1) + slot, a range of groups times the largest slot."""
+    (largest slot + 1) + slot, a range of groups times the largest slot. Below ``TABLE_MIN``
+    slots, which ``has_repeats`` sorts whatever their range, they cost two passes against
+    ``_apart_by_group``'s dozen."""
     group = np.repeat(np.array([w.group for w in writes], dtype=np.int64), lengths)
     return group * (int(slots.max()) + 1) + slots
 
@@ -126,7 +122,7 @@ class WriteGuard:
             w = writes[owner[i]]
             index = w.index[i - starts[owner[i]]]
             self._add(w.group, w.request_id, index, slots[i], f"write into block {blocks[i]}, which the request does not hold")
-        if has_repeats(_apart_by_group(writes, slots, lengths, starts) if len(slots) >= _APART_MIN else _by_group(writes, slots, lengths)):
+        if has_repeats(_apart_by_group(writes, slots, lengths, starts) if len(slots) >= TABLE_MIN else _by_group(writes, slots, lengths)):
             written: dict[int, list[tuple[np.ndarray, np.ndarray, str]]] = {}
             for w in writes:
                 written.setdefault(w.group, []).append((w.slots, w.index, w.request_id))

@@ -51,19 +51,19 @@ def test_member_of_is_np_isin_over_any_range(values, pool):
     assert got.dtype == bool and np.array_equal(got, np.isin(values, pool))
 
 
-narrow = st.lists(st.integers(1000, 1600), min_size=256, max_size=700)  # a step's slots: a range near their count
-spread = st.lists(st.integers(-(1 << 40), 1 << 40), min_size=256, max_size=300)  # too wide for a table
+narrow = st.lists(st.integers(1000, 3000), min_size=640, max_size=1000)  # a step's slots: a range near their count
+spread = st.lists(st.integers(-(1 << 40), 1 << 40), min_size=640, max_size=700)  # too wide for a table
 
 
 @given(st.one_of(narrow, spread).map(lambda v: np.array(v, dtype=np.int64)))
 def test_long_arrays_out_of_order_by_a_table_or_a_sort(values):
     """A long array out of order in a narrow range is marked in a table, in a wide one sorted:
     the same answers as np.unique either way, in the values' dtype, the caller's array untouched."""
-    from dcpsim.model.distinct import _marks
+    from dcpsim.model.distinct import _arranged
 
     narrow_range = int(values.max()) - int(values.min()) <= 4 * len(values)
     in_order = bool((values[1:] >= values[:-1]).all())
-    assert (_marks(values) is not None) == (narrow_range and not in_order)
+    assert (_arranged(values)[1] is not None) == (narrow_range and not in_order)
     original = values.copy()
     got = sorted_distinct(values)
     assert got.dtype == values.dtype and np.array_equal(got, np.unique(values))

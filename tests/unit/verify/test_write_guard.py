@@ -26,8 +26,8 @@ def _step(rng, shapes: dict, most: int):
     return SimpleNamespace(step=3, rows_before=rows), writes, shapes
 
 
-# below 256 slots a step's slots are keyed by group; from 256 on apart by each group's range
-SMALL, LARGE = ({0: (12, 4), 1: (9, 8)}, 6), ({0: (40, 16), 1: (30, 32)}, 200)
+# below 640 slots (distinct.TABLE_MIN) a step's slots are keyed by group; from 640 on apart by each group's range
+SMALL, LARGE = ({0: (12, 4), 1: (9, 8)}, 6), ({0: (60, 32), 1: (40, 64)}, 500)
 
 
 @pytest.mark.parametrize("shapes, most", [SMALL, LARGE])
