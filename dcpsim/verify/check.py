@@ -41,13 +41,13 @@ from dcpsim.plural import plural
 from dcpsim.verify.attention_mask import MaskJudge
 from dcpsim.verify.changes import ChangeTracker, expected_at
 from dcpsim.verify.context_gather import judge_gathers
-from dcpsim.verify.digest import as_int64s, multiset_digest, run_digests
+from dcpsim.verify.digest import as_int64s, multiset_digests, run_digests
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.helix import helix_local_of
 from dcpsim.verify.kv_events import KVEventRouter, prefix_cacheable
 from dcpsim.verify.metadata import MetadataJudge
 from dcpsim.verify.options import CheckOptions
-from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, state_column
+from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, expected_share, owned_mask, state_column
 from dcpsim.verify.pcp_mask import judge_pcp_keys
 from dcpsim.verify.prefix_hit import PrefixHitJudge, hits_judged
 from dcpsim.verify.read import read_slots, read_slots_flat
@@ -57,10 +57,12 @@ from dcpsim.verify.step_reads import StepReads, expected_partial
 from dcpsim.verify.table_digest import TableDigests
 from dcpsim.verify.write_guard import WriteGuard
 
-_ROW = BAD, COUNT, ORDERED, MULTISET, LOCALS = range(5)
+_ROW = BAD, COUNT, ORDERED, MULTISET, LOCALS, SHARE = range(6)
 """Columns of a gathered row: entries unlike the expectation, entries read, then a sharded
-group's ``MULTISET`` digest of a full read's pairs (partial reads: 0), or a replicated
-group's ``ORDERED`` digest and ``LOCALS``, a digest of which local indices it re-read (0: all)."""
+group's ``MULTISET`` digest of a full read's pairs (partial reads: 0) and the rank's
+``SHARE`` of the full context's digest (``oracle.expected_share``: the ranks' shares add up
+to it), or a replicated group's ``ORDERED`` digest and ``LOCALS``, a digest of which local
+indices it re-read (0: all)."""
 _TABLES = 7
 """Where the block-table digests start in a step's header: after the judges' counts (write guard,
 metadata, KV events, spec-decode masks, prefix hits, keys missing at read) and the digests' count."""
@@ -348,11 +350,23 @@ class Checker:
         sent = int(sends.sum())
         mine = np.zeros(len(items), dtype=np.int64)
         mine[sends] = digests[:sent]
-        rows[:, MULTISET] = np.where(sharded & ~partial, mine, 0)
+        whole = sharded & ~partial
+        rows[:, MULTISET] = np.where(whole, mine, 0)
         rows[:, ORDERED] = np.where(sharded, 0, mine)
         if again.any():
             rows[again, LOCALS] = digests[sent:] | np.int64(1)
+        if whole.any():
+            rows[whole, SHARE] = self._shares([items[k] for k in np.flatnonzero(whole)])
         return rows
+
+    def _shares(self, items) -> np.ndarray:
+        """This rank's share of each item's full-context digest (``oracle.expected_share``),
+        hashed in one pass: the pieces' ``MULTISET`` digests must add up to the shares' sum."""
+        shares = [expected_share(self.groups[g], view, self.rank, self.world) for g, view in items]
+        lengths = np.array([len(index) for index, _ in shares], dtype=np.int64)
+        index = np.concatenate([index for index, _ in shares])
+        content = np.concatenate([content for _, content in shares])
+        return as_int64s(multiset_digests(index, content, lengths))
 
     @property
     def pending(self) -> int:
@@ -450,13 +464,14 @@ class Checker:
         if bad:
             return FailureKind.WRONG_CONTENT
         if self.groups[g].sharded:
-            return FailureKind.REASSEMBLY if local is None and not self._reassembles(g, view, rows) else None
+            return FailureKind.REASSEMBLY if local is None and not self._reassembles(rows) else None
         return FailureKind.REPLICAS_DIFFER if _replicas_differ(rows) else None
 
-    def _reassembles(self, g: int, view: RequestView, rows: np.ndarray) -> bool:
-        """Whether the ranks' multiset digests of a full read add up to the full context's."""
-        full_index, full_content = expected_full(self.groups[g], view)
-        return multiset_digest(full_index, full_content) == int(rows[:, MULTISET].astype(np.uint64).sum(dtype=np.uint64))
+    @staticmethod
+    def _reassembles(rows: np.ndarray) -> bool:
+        """Whether the ranks' multiset digests of a full read add up to the full context's
+        (the sum of the ranks' ``SHARE`` of it)."""
+        return int(rows[:, MULTISET].astype(np.uint64).sum(dtype=np.uint64)) == int(rows[:, SHARE].astype(np.uint64).sum(dtype=np.uint64))
 
     def metadata_verdict(self, plan: StepPlan) -> Failure | None:
         """The attention-metadata verdict of the last ``verify`` (every rank knows the

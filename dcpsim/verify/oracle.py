@@ -42,6 +42,21 @@ def expected_full(group: ExpectedGroup, view: RequestView) -> tuple[np.ndarray, 
     return _with_content(group, view, np.arange(first, stop, dtype=np.int64))
 
 
+def expected_share(group: ExpectedGroup, view: RequestView, part: int, parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slice ``part`` of ``parts`` equal, consecutive slices of ``expected_full``: the slices
+    of ``part = 0 .. parts - 1`` together are the full context, each index once, whatever the
+    layout. Each rank hashes its own slice of a full read's expectation, so the ranks share
+    the full context's digest instead of each computing all of it."""
+    if group.storage is Storage.STATE:
+        index, content = expected_full(group, view)
+        keep = slice(len(index) * part // parts, len(index) * (part + 1) // parts)
+        return index[keep], content[keep]
+    first, stop = _span(group, view.num_committed)
+    size = max(0, stop - first)
+    lo, hi = first + size * part // parts, first + size * (part + 1) // parts
+    return _with_content(group, view, np.arange(lo, hi, dtype=np.int64))
+
+
 def _span(group: ExpectedGroup, n: int) -> tuple[int, int]:
     """``[first, stop)`` of the indices a paged, records or ring group must hold."""
     if group.storage is Storage.RECORDS:

@@ -20,7 +20,7 @@ from dcpsim.model.specs import (
     SlidingWindowMLASpec,
 )
 from dcpsim.verify.geometry import expected_groups
-from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, owned_mask, retained_start
+from dcpsim.verify.oracle import expected_full, expected_on_rank, expected_owner, expected_share, owned_mask, retained_start
 from support.helpers import geometries
 
 LAYERS = {
@@ -96,6 +96,21 @@ def test_expected_on_rank_partitions_expected_full(W, I, n):
             assert len(idx) == local_len(len(full_i), r, W, I)
             pos = np.searchsorted(full_i, idx)
             assert np.array_equal(con, full_c[pos])
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [0, 1, 5, 100, 777])
+def test_the_ranks_shares_are_expected_full_in_order(parts, n):
+    """``expected_share``'s slices, part after part, are ``expected_full`` exactly (each index
+    once, whatever the layout): the sum of the ranks' digests of them is the full context's."""
+    for W, I in ((2, 1), (4, 16)):
+        groups = _groups(LAYERS, W, I)
+        for key in ("mla", "mla2", "swa", "chunk", "ring"):
+            full_i, full_c = expected_full(groups[key], view(n))
+            shares = [expected_share(groups[key], view(n), part, parts) for part in range(parts)]
+            assert np.array_equal(np.concatenate([i for i, _ in shares]), full_i)
+            assert np.array_equal(np.concatenate([c for _, c in shares]), full_c)
+            assert max(len(i) for i, _ in shares) - min(len(i) for i, _ in shares) <= 1  # equal slices
 
 
 @pytest.mark.parametrize("W", [1, 2, 4])
