@@ -36,7 +36,11 @@ def mix64(h: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser: spreads every input bit over the output. Array arithmetic wraps
     mod 2**64 without a warning (only numpy scalars warn), so no ``errstate`` is needed: it
     cost more than the hashing on the small arrays of a decode step."""
-    z = np.asarray(h).astype(np.uint64)
+    return mix64_into(np.asarray(h).astype(np.uint64))
+
+
+def mix64_into(z: np.ndarray) -> np.ndarray:
+    """``mix64`` of a uint64 array the caller owns (a temporary of its own), in place: no copy."""
     z ^= z >> _S30
     z *= _M1
     z ^= z >> _S27

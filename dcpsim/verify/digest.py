@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from dcpsim.model.content import mix64
+from dcpsim.model.content import mix64_into
 
 _K1 = np.uint64(0xD6E8FEB86659FD93)
 _K2 = np.uint64(0xA0761D6478BD642F)
 
 
 def _pair_hash(index: np.ndarray, content: np.ndarray) -> np.ndarray:
-    # array arithmetic wraps mod 2**64 silently (content.mix64)
-    return mix64(np.asarray(index).astype(np.uint64) * _K1 ^ np.asarray(content).view(np.uint64))
+    # array arithmetic wraps mod 2**64 silently (content.mix64); one new array, hashed in place
+    z = np.asarray(index, dtype=np.int64).view(np.uint64) * _K1
+    z ^= np.asarray(content).view(np.uint64)
+    return mix64_into(z)
 
 
 def multiset_digest(index: np.ndarray, content: np.ndarray) -> int:
@@ -30,7 +32,7 @@ def ordered_digest(index: np.ndarray, content: np.ndarray) -> int:
     if not len(index):
         return 0
     order = np.arange(1, len(index) + 1, dtype=np.uint64) * _K2
-    return int(mix64(_pair_hash(index, content) ^ order).sum(dtype=np.uint64))
+    return int(mix64_into(_pair_hash(index, content) ^ order).sum(dtype=np.uint64))
 
 
 def as_int64(u: int) -> int:
@@ -66,7 +68,7 @@ def ordered_terms(index: np.ndarray, content: np.ndarray, places: np.ndarray) ->
     """The term each pair adds to an ordered digest at its place (``places``, from 1 at a
     run's first pair): an ordered digest is their sum (mod 2**64), which lets a kept digest
     be updated term by term (``verify.table_digest``)."""
-    return mix64(_pair_hash(index, content) ^ np.asarray(places, dtype=np.int64).view(np.uint64) * _K2)
+    return mix64_into(_pair_hash(index, content) ^ np.asarray(places, dtype=np.int64).view(np.uint64) * _K2)
 
 
 def run_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray, ordered: np.ndarray) -> np.ndarray:
@@ -81,7 +83,7 @@ def run_digests(index: np.ndarray, content: np.ndarray, lengths: np.ndarray, ord
     if len(lengths) > 1:
         order -= np.repeat(np.cumsum(lengths) - lengths, lengths)
     if ordered.all():  # no mask (a replicated group's runs, the block tables)
-        return _segment_sums(mix64(values ^ order.view(np.uint64) * _K2), lengths)
+        return _segment_sums(mix64_into(values ^ order.view(np.uint64) * _K2), lengths)
     each = np.repeat(ordered, lengths)
-    values[each] = mix64(values[each] ^ order[each].view(np.uint64) * _K2)
+    values[each] = mix64_into(values[each] ^ order[each].view(np.uint64) * _K2)
     return _segment_sums(values, lengths)
