@@ -51,11 +51,19 @@ def test_member_of_is_np_isin_over_any_range(values, pool):
     assert got.dtype == bool and np.array_equal(got, np.isin(values, pool))
 
 
-narrow = st.lists(st.integers(1000, 3000), min_size=640, max_size=1000)  # a step's slots: a range near their count
-spread = st.lists(st.integers(-(1 << 40), 1 << 40), min_size=640, max_size=700)  # too wide for a table
+@st.composite
+def long_arrays(draw):
+    """From 640 values (``TABLE_MIN``) on: a step's slots, in a range near their count, or
+    values too widely spread for a table; drawn by numpy from a seed (Hypothesis draws a long
+    list slowly)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(640, 1000))
+    if draw(st.booleans()):
+        return rng.integers(1000, 1000 + draw(st.integers(1, 4)) * n, size=n, dtype=np.int64)
+    return rng.integers(-(1 << 40), 1 << 40, size=n, dtype=np.int64)
 
 
-@given(st.one_of(narrow, spread).map(lambda v: np.array(v, dtype=np.int64)))
+@given(long_arrays())
 def test_long_arrays_out_of_order_by_a_table_or_a_sort(values):
     """A long array out of order in a narrow range is marked in a table, in a wide one sorted:
     the same answers as np.unique either way, in the values' dtype, the caller's array untouched."""
