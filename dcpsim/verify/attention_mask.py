@@ -45,6 +45,27 @@ def expected_visible(group: ExpectedGroup, context: int, q: int, rank: int, requ
     return keys[None, :] <= context + np.arange(q, dtype=np.int64)[:, None]
 
 
+_ROW_BY_ROW_MIN = 1 << 14
+"""From this many entries on, ``MaskJudge`` first looks at a mask row by row
+(``_shows_exactly_its_prefixes``: about 11 us, whatever the size); below it, building the
+expected mask and comparing costs less (6 us at ``[4, 13]``)."""
+
+
+def _shows_exactly_its_prefixes(group: ExpectedGroup, context: int, q: int, rank: int, have: np.ndarray) -> bool:
+    """Whether ``have`` is ``expected_visible`` (not under Helix): of the right shape, and each
+    row ``j`` shows all of its first ``owned_count(context + j + 1)`` keys and none after them.
+    One look at each entry, row by row, of a mask over the whole local context (``[4, 125K]``
+    a decode step at 1M tokens, W = 8: 0.017 ms, where building the expected mask and comparing
+    took 0.13 ms)."""
+    if have.shape != (q, _owned_count(group, rank, context + q)):
+        return False
+    for j in range(q):
+        seen = _owned_count(group, rank, context + j + 1)
+        if not have[j, :seen].all() or have[j, seen:].any():
+            return False
+    return True
+
+
 def _owned_count(group: ExpectedGroup, rank: int, stop: int) -> int:
     """How many positions ``< stop`` the rank holds (``rank_key_positions``' length)."""
     I, span = group.interleave_size, group.interleave_size * group.dcp_size
@@ -102,6 +123,8 @@ class MaskJudge:
         self._add(mismatch)
 
     def _judge_row(self, plan: StepPlan, group: ExpectedGroup, rid: str, c: int, q: int, have: np.ndarray) -> None:
+        if not group.helix and have.size >= _ROW_BY_ROW_MIN and _shows_exactly_its_prefixes(group, c, q, self.rank, have):
+            return
         want = expected_visible(group, c, q, self.rank, rid)
         if have.shape != want.shape:
             self._add(MaskMismatch(self.rank, plan.step, group.name, rid, c, None, 0, 0, f"{have.shape}, expected {want.shape}"))
