@@ -293,3 +293,22 @@ def test_a_folder_is_pruned_once_in_prune_every_seconds(tmp_path, monkeypatch):
     fill(3, 1)
     assert len(list(tmp_path.glob("*/*.launch"))) <= 3  # under the 2,000 bytes
     assert time.time() - (tmp_path / launch_store.PRUNED).stat().st_mtime < 60
+
+
+def test_a_store_saves_again_once_its_folder_was_emptied(tmp_path):
+    """A process makes each folder once: when a user empties the cache under a running
+    process (a benchmark's cold runs), its next saves make the folder again, leave no
+    temporary file, and read back."""
+    import shutil
+
+    from dcpsim.engine.loading import launch_store
+
+    effect = ((0, b"", b"", bytes(100)),)
+    store = launch_store.LaunchStore(tmp_path / "cache")
+    assert store.put("ab".ljust(40, "0"), effect)
+    shutil.rmtree(tmp_path / "cache")
+    assert store.put("ab".ljust(40, "1"), effect) and store.put("cd".ljust(40, "0"), effect)
+    again = launch_store.LaunchStore(tmp_path / "cache")  # another process: nothing in memory
+    assert again.get("ab".ljust(40, "1")) == effect and again.get("cd".ljust(40, "0")) == effect
+    assert again.get("ab".ljust(40, "0")) is None  # emptied with the folder
+    assert not list((tmp_path / "cache").glob("*/*.tmp"))
