@@ -114,7 +114,9 @@ def prefix_fingerprints(tokens: np.ndarray, raw: np.ndarray | None = None, out: 
     out, chunk = np.empty(len(raw), dtype=np.int64) if out is None else out, HASH_CHUNK
     mixed = out.view(np.uint64)
     for start in range(0, len(raw), chunk):
-        mixed[start : start + chunk] = mix64(raw[start : start + chunk])
+        part = mixed[start : start + chunk]
+        part[:] = raw[start : start + chunk]
+        mix64_into(part)
     return out
 
 
@@ -126,4 +128,4 @@ def extend_fingerprints(raw_before: int, new_tokens) -> np.ndarray:
     for j, tok in enumerate(new_tokens):
         h = (h * int(_K) + int(tok)) % 2**64
         out[j] = h
-    return mix64(out).view(np.int64)
+    return mix64_into(out).view(np.int64)

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from dcpsim.model.content import mix64
+from dcpsim.model.content import mix64_into
 
 _GROUP_SALT = np.uint64(0x8CB92BA72F3D8DD7)
 _ELEM_STEP = np.uint64(0x9E3779B97F4A7C15)
@@ -37,7 +37,7 @@ def uniform_rows(seeds: np.ndarray, width: int) -> np.ndarray:
     seeds = _u64(seeds)
     with np.errstate(over="ignore"):
         elems = np.arange(1, width + 1, dtype=np.uint64) * _ELEM_STEP
-        h = mix64(seeds[:, None] + elems[None, :])
+        h = mix64_into(seeds[:, None] + elems[None, :])
     unit = (h >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)  # [0, 1), exact
     return (unit * np.float32(2.0) - np.float32(1.0)) * _HALF_RANGE
 
@@ -53,8 +53,8 @@ def kv_vectors(group_id: int, contents, width: int, kv_head: int | None = None) 
     with np.errstate(over="ignore"):
         salt = np.uint64(group_id + 1) * _GROUP_SALT
         if kv_head is not None:
-            salt = mix64(np.asarray([salt ^ (np.uint64(kv_head + 1) * _HEAD_MUL)], dtype=np.uint64))[0]
-        seeds = mix64(_u64(contents) ^ salt)
+            salt = mix64_into(np.asarray([salt ^ (np.uint64(kv_head + 1) * _HEAD_MUL)], dtype=np.uint64))[0]
+        seeds = mix64_into(_u64(contents) ^ salt)
     if len(seeds) <= _BLOCK:
         return uniform_rows(seeds, width)
     out = np.empty((len(seeds), width), dtype=np.float32)
@@ -67,8 +67,8 @@ def query_vectors(group_id: int, req_index: int, positions, contents, heads: int
     """Queries ``[q, heads, dim]`` float32 of a request's tokens at ``positions`` with ``contents``."""
     positions = _u64(positions)
     with np.errstate(over="ignore"):
-        base = mix64(positions * _POS_MUL + np.uint64(req_index + 1) * _REQ_MUL + np.uint64(group_id + 1) * _GROUP_SALT + _QUERY_SALT)
-        seeds = mix64(_u64(contents) ^ base)
+        base = mix64_into(positions * _POS_MUL + np.uint64(req_index + 1) * _REQ_MUL + np.uint64(group_id + 1) * _GROUP_SALT + _QUERY_SALT)
+        seeds = mix64_into(_u64(contents) ^ base)
     return uniform_rows(seeds, heads * dim).reshape(len(positions), heads, dim)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dcpsim.model.content import mix64
+from dcpsim.model.content import mix64_into
 from dcpsim.model.plan import AttentionResult, StepPlan
 from dcpsim.model.sparse import indexer_keys, indexer_queries
 from dcpsim.model.vectors import kv_vectors, query_vectors
@@ -81,7 +81,7 @@ def digest(positions: np.ndarray) -> int:
     """An order-free digest of a set of positions (-1 entries ignored) as an int64."""
     p = np.asarray(positions, dtype=np.int64)
     p = p[p >= 0]
-    total = mix64(p.astype(np.uint64) * _DIGEST_SALT + np.uint64(1)).sum(dtype=np.uint64) ^ np.uint64(len(p))
+    total = mix64_into(p.astype(np.uint64) * _DIGEST_SALT + np.uint64(1)).sum(dtype=np.uint64) ^ np.uint64(len(p))
     return int(np.array([total], dtype=np.uint64).view(np.int64)[0])
 
 
