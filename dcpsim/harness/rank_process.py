@@ -58,7 +58,8 @@ def set_progress(step: int | None, what: str = "") -> None:
     if _flusher is None:
         _flusher = threading.Thread(target=_flush_loop, name="dcpsim-progress", daemon=True)
         _flusher.start()
-    _progress_wake.set()
+    if not _progress_wake.is_set():  # already set: the flusher has yet to clear it, then sends the latest
+        _progress_wake.set()
 
 
 def flush_progress() -> None:
