@@ -42,7 +42,7 @@ from dcpsim.verify.attention_reference import (
     state_error,
 )
 from dcpsim.verify.geometry import ExpectedGroup
-from dcpsim.verify.metadata import owned_below
+from dcpsim.verify.oracle import owned_below
 from dcpsim.verify.report import Failure, FailureKind
 from dcpsim.verify.sparse import SparseCheck
 

@@ -21,6 +21,7 @@ import numpy as np
 from dcpsim.model.plan import SpecDecodeMask, StepPlan
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.helix import helix_rank_positions
+from dcpsim.verify.oracle import owned_count
 
 MAX_KEPT = 20
 
@@ -39,8 +40,8 @@ def rank_key_positions(group: ExpectedGroup, length: int, rank: int, request_id:
 def expected_visible(group: ExpectedGroup, context: int, q: int, rank: int, request_id: str | None = None) -> np.ndarray:
     """``[q, n]`` bool: query token ``j`` (position ``context + j``) may see local key ``l``."""
     if not group.helix:  # the rank's keys ascend: row j shows the first owned_count(context + j + 1) of them
-        seen = np.array([_owned_count(group, rank, context + j + 1) for j in range(q)], dtype=np.int64)
-        return np.arange(_owned_count(group, rank, context + q), dtype=np.int64)[None, :] < seen[:, None]
+        seen = np.array([owned_count(group, rank, context + j + 1) for j in range(q)], dtype=np.int64)
+        return np.arange(owned_count(group, rank, context + q), dtype=np.int64)[None, :] < seen[:, None]
     keys = rank_key_positions(group, context + q, rank, request_id)
     return keys[None, :] <= context + np.arange(q, dtype=np.int64)[:, None]
 
@@ -57,19 +58,13 @@ def _shows_exactly_its_prefixes(group: ExpectedGroup, context: int, q: int, rank
     One look at each entry, row by row, of a mask over the whole local context (``[4, 125K]``
     a decode step at 1M tokens, W = 8: 0.017 ms, where building the expected mask and comparing
     took 0.13 ms)."""
-    if have.shape != (q, _owned_count(group, rank, context + q)):
+    if have.shape != (q, owned_count(group, rank, context + q)):
         return False
     for j in range(q):
-        seen = _owned_count(group, rank, context + j + 1)
+        seen = owned_count(group, rank, context + j + 1)
         if not have[j, :seen].all() or have[j, seen:].any():
             return False
     return True
-
-
-def _owned_count(group: ExpectedGroup, rank: int, stop: int) -> int:
-    """How many positions ``< stop`` the rank holds (``rank_key_positions``' length)."""
-    I, span = group.interleave_size, group.interleave_size * group.dcp_size
-    return (stop // span) * I + min(max(stop % span - rank * I, 0), I)
 
 
 @dataclass(frozen=True)

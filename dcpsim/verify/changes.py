@@ -28,7 +28,7 @@ from dcpsim.model.distinct import sorted_distinct
 from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import RequestView
 from dcpsim.verify.geometry import ExpectedGroup
-from dcpsim.verify.oracle import retained_start
+from dcpsim.verify.oracle import owned_count, retained_start
 
 NO_LOCALS = np.zeros(0, dtype=np.int64)
 
@@ -43,12 +43,6 @@ def expected_span(group: ExpectedGroup, num_committed: int) -> tuple[int, int]:
 def expected_stop(group: ExpectedGroup, num_committed: int) -> int:
     """The ``stop`` of ``expected_span``: the committed length, in records for a records group."""
     return num_committed // group.tokens_per_state if group.storage is Storage.RECORDS else num_committed
-
-
-def owned_count(group: ExpectedGroup, rank: int, stop: int) -> int:
-    """How many of the indices ``[0, stop)`` of a sharded group rank ``rank`` owns."""
-    I, span = group.interleave_size, group.interleave_size * group.dcp_size
-    return (stop // span) * I + min(max(stop % span - rank * I, 0), I)
 
 
 def owned_index(group: ExpectedGroup, rank: int, local: np.ndarray) -> np.ndarray:

@@ -25,7 +25,8 @@ import numpy as np
 from dcpsim.model.kinds import Retention, Storage
 from dcpsim.model.plan import StepPlan
 from dcpsim.verify.geometry import ExpectedGroup
-from dcpsim.verify.metadata import MetadataJudge, kernel_states, owned_below, show
+from dcpsim.verify.metadata import MetadataJudge, kernel_states, show
+from dcpsim.verify.oracle import owned_below
 
 WORKSPACE_CAP = 65536
 

@@ -25,22 +25,10 @@ from dcpsim.model.kinds import Storage
 from dcpsim.model.plan import PAD_REQUEST, AttentionMetadata, StepPlan
 from dcpsim.verify.geometry import ExpectedGroup
 from dcpsim.verify.helix import helix_metadata
+from dcpsim.verify.oracle import owned_below
 
 MAX_KEPT = 20
 _NONE = np.zeros(0, np.int64)
-
-
-def owned_below(length: np.ndarray, rank: int, group: ExpectedGroup) -> np.ndarray:
-    """Indices ``< length`` that rank ``rank`` holds: count its runs of ``I`` among the
-    ``cdiv(length, I)`` runs below the length (every run whole but the last)."""
-    length = np.asarray(length, dtype=np.int64)
-    if not group.sharded:
-        return length.copy()
-    W, I = group.dcp_size, group.interleave_size
-    # run k belongs to rank k % W: every whole cycle of W runs gives the rank I indices, and
-    # the cycle's part below the length those of its run (I * rank onwards) that lie there
-    cycles, rest = np.divmod(np.maximum(length, 0), W * I)
-    return cycles * I + np.minimum(np.maximum(rest - rank * I, 0), I)
 
 
 def expected_width(group: ExpectedGroup, max_model_len: int) -> int:

@@ -72,6 +72,27 @@ def _with_content(group: ExpectedGroup, view: RequestView, index: np.ndarray) ->
     return index, view.fingerprints[index]
 
 
+def owned_count(group: ExpectedGroup, rank: int, stop: int) -> int:
+    """How many of the indices ``[0, stop)`` of a sharded group rank ``rank`` owns (``owned_below``
+    of one length, as a plain int: the checker's per-item paths ask it one length at a time)."""
+    I, span = group.interleave_size, group.interleave_size * group.dcp_size
+    return (stop // span) * I + min(max(stop % span - rank * I, 0), I)
+
+
+def owned_below(length: np.ndarray, rank: int, group: ExpectedGroup) -> np.ndarray:
+    """Indices ``< length`` that rank ``rank`` holds, for each length: count its runs of ``I``
+    among the ``cdiv(length, I)`` runs below the length (every run whole but the last); a
+    replicated group holds them all."""
+    length = np.asarray(length, dtype=np.int64)
+    if not group.sharded:
+        return length.copy()
+    W, I = group.dcp_size, group.interleave_size
+    # run k belongs to rank k % W: every whole cycle of W runs gives the rank I indices, and
+    # the cycle's part below the length those of its run (I * rank onwards) that lie there
+    cycles, rest = np.divmod(np.maximum(length, 0), W * I)
+    return cycles * I + np.minimum(np.maximum(rest - rank * I, 0), I)
+
+
 def expected_owner(group: ExpectedGroup, index: int, request_id: str | None = None) -> int | None:
     """The rank that must hold ``index`` (None: every rank, replicated); under Helix the
     owner depends on the request (``request_id``)."""

@@ -16,7 +16,8 @@ from dcpsim.model.layout import local_seq_lens
 from dcpsim.model.plan import PAD_REQUEST, ReqWrite, StepPlan
 from dcpsim.scenarios.registry import builtin_scenario_names
 from dcpsim.verify.geometry import ExpectedGroup, expected_groups
-from dcpsim.verify.metadata import expected_metadata, expected_width, owned_below, uniform_decode_padding
+from dcpsim.verify.metadata import expected_metadata, expected_width, uniform_decode_padding
+from dcpsim.verify.oracle import owned_below
 from support.helpers import builtin, expected_group, geometries, scheduler
 
 

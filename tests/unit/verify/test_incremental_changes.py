@@ -21,11 +21,10 @@ from dcpsim.verify.changes import (
     locals_of_slots,
     locals_of_slots_groups,
     locals_of_slots_per_row,
-    owned_count,
     owned_index,
 )
 from dcpsim.verify.geometry import expected_groups
-from dcpsim.verify.oracle import expected_on_rank
+from dcpsim.verify.oracle import expected_on_rank, owned_count
 from dcpsim.verify.read import read_slots
 from dcpsim.verify.write_guard import WriteGuard
 from support.helpers import builtin, run
