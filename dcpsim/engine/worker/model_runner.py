@@ -203,21 +203,25 @@ class ModelRunner:
         that has some) in one pass, as vLLM's one cache write over the step's ``slot_mapping``;
         request by request where a slot is written twice (a later request's entry then lands
         last, as it would in a step written request by request)."""
+        slots = None
         if len(logged) > 1:
-            if has_repeats(np.concatenate([s for _, s, _ in logged])):
+            slots = np.concatenate([s for _, s, _ in logged])
+            if has_repeats(slots):
                 for entry in logged:
                     self._store_entries(step, geometry, store, [entry])
                 return
-        self._store_entries(step, geometry, store, logged)
+        self._store_entries(step, geometry, store, logged, slots)
 
-    def _store_entries(self, step: int, geometry: GroupGeometry, store: KVStore, logged: list) -> None:
+    def _store_entries(self, step: int, geometry: GroupGeometry, store: KVStore, logged: list, slots: np.ndarray | None = None) -> None:
         """Write the fingerprint rows (and K/V vectors) of the logged ``(write, slots, index)``
-        of some requests, at once; a slot outside the store, or an index the step does not
-        compute, is left out."""
+        of some requests, at once (``slots``: theirs concatenated, when the caller has them); a
+        slot outside the store, or an index the step does not compute, is left out."""
         if not logged:
             return
         writes = [w for w, _, _ in logged]
-        slots, index = np.concatenate([s for _, s, _ in logged]), np.concatenate([i for _, _, i in logged])
+        if slots is None:
+            slots = np.concatenate([s for _, s, _ in logged])
+        index = np.concatenate([i for _, _, i in logged])
         lens = [len(s) for _, s, _ in logged]
         contents = [w.contents for w in writes]
         sizes = np.array([len(c) for c in contents], dtype=np.int64)

@@ -51,9 +51,9 @@ def _replay(name: str, W: int, rank: int, engine) -> tuple[int, int]:
     one_pass = by_request = 0
     calls: list[tuple[int, int]] = []
     real = ModelRunner._store_entries
-    runners[0]._store_entries = lambda step, geometry, store, logged: (
+    runners[0]._store_entries = lambda step, geometry, store, logged, slots=None: (
         calls.append((geometry.group_id, len(logged))),
-        real(runners[0], step, geometry, store, logged),
+        real(runners[0], step, geometry, store, logged, slots),
     )
     for plan in sched.plans():
         calls.clear()
