@@ -59,7 +59,8 @@ def _apart_by_group(writes: list[WriteRecord], slots: np.ndarray, lengths: np.nd
     group = np.array([w.group for w in writes], dtype=np.int64)
     lo = np.minimum.reduceat(slots, starts)  # per write: every write holds a slot
     hi = np.maximum.reduceat(slots, starts)
-    first, last = np.full(int(group.max()) + 1, np.iinfo(np.int64).max), np.full(int(group.max()) + 1, -1)
+    groups = int(group.max()) + 1
+    first, last = np.full(groups, np.iinfo(np.int64).max), np.full(groups, -1)
     np.minimum.at(first, group, lo)
     np.maximum.at(last, group, hi)
     held = last >= first  # the groups with writes

@@ -138,16 +138,21 @@ def _save(path: Path, key: str, value) -> bool:
             folder.mkdir(parents=True, exist_ok=True)
             _made_folders.add(folder)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = _create(tmp)
         except FileNotFoundError:  # the folder went (a user emptied the cache): make it again
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = _create(tmp)
         with os.fdopen(fd, "wb") as out:
             out.write(hashlib.blake2b(payload, digest_size=32).digest() + payload)
         os.replace(tmp, path)
     except OSError:
         return False
     return True
+
+
+def _create(path: Path) -> int:
+    """A new file at ``path``, opened for writing (``FileExistsError`` if there is one)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
 
 def prune_due(folder) -> bool:
