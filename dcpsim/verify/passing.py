@@ -14,6 +14,8 @@ builds its report (this module decides no failure, it only lets the usual case s
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 IGNORED, ZERO, SAME, COUNTED, MULTISET_SUM, SHARE_SUM, REPLICA_ORDERED, REPLICA_LOCALS = range(8)
@@ -33,12 +35,20 @@ def column_roles(counters: int, header_len: int, sharded: np.ndarray, partial: n
     """The role of each column of a step's message: ``counters`` judges' counts first (each
     must be 0), one column left alone (the digests' count), the block-table digests up to
     ``header_len`` (the same on every rank), then each item's row (``sharded``, ``partial``: a
-    bool per item, as the rows were built)."""
-    kind = np.where(sharded, np.where(partial, 0, 1), 2)
+    bool per item, as the rows were built). Read-only: steps of the same shape share it."""
+    kind = np.where(sharded, ~partial, 2).astype(np.int8)  # 0, 1, 2: _ITEM_ROLES's rows
+    return _roles(counters, header_len, kind.tobytes())
+
+
+@functools.lru_cache(maxsize=1024)
+def _roles(counters: int, header_len: int, kinds: bytes) -> np.ndarray:
+    """``column_roles`` of a shape (the items' kinds as bytes): a run's steps have a handful."""
     head = np.full(header_len, SAME, dtype=np.int8)
     head[:counters] = ZERO
     head[counters] = IGNORED
-    return np.concatenate([head, _ITEM_ROLES[kind].reshape(-1)])
+    roles = np.concatenate([head, _ITEM_ROLES[np.frombuffer(kinds, dtype=np.int8)].reshape(-1)])
+    roles.flags.writeable = False
+    return roles
 
 
 def all_pass(gathered: np.ndarray, roles: np.ndarray) -> int | None:

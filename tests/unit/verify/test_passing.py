@@ -121,3 +121,10 @@ def test_columns_whose_role_is_ignored_never_decide():
     step[:, item(0, 2)] = [5, 6, 7]  # a partial sharded read sends no digest
     step[:, item(2, 3)] = [5, 6, 7]
     assert all_pass(step, roles()) is not None
+
+
+def test_steps_of_one_shape_share_one_read_only_roles_array():
+    again = column_roles(COUNTERS, HEADER, SHARDED.copy(), PARTIAL.copy())
+    assert again is roles() and not again.flags.writeable
+    other = column_roles(COUNTERS, HEADER, SHARDED, ~PARTIAL)
+    assert other is not again and other[HEADER:].reshape(3, ROW)[0].tolist() == [ZERO, COUNTED, IGNORED, MULTISET_SUM, IGNORED, SHARE_SUM]
