@@ -1,6 +1,6 @@
 """The full correctness matrix under pytest: ``campaigns.grid.full_grid`` on real gloo worlds.
 
-Part of the default test command (about 8 minutes on 2 cores, docs/matrix.md's table);
+Part of the default test command (about 5 minutes on 2 cores, docs/matrix.md's table);
 ``--dcpsim-skip-full-matrix`` leaves it out of a quick local run, ``--dcpsim-shard K/N`` runs
 only the cells of ``dcpsim matrix --full --shard K/N``, so a CI system can fan it out over
 machines. One test item is one chunk of at most ``UNIT`` cells of one (scenario, W) world
@@ -20,7 +20,7 @@ from dcpsim.campaigns.shard import UNIT, parse_shard, select, unit_cost, work_un
 from dcpsim.scenarios.registry import builtin_scenario_names
 from support.helpers import builtin_names_at
 
-pytestmark = pytest.mark.slow  # about 8 minutes of gloo worlds on 2 cores
+pytestmark = pytest.mark.slow  # about 5 minutes of gloo worlds on 2 cores
 
 
 @functools.cache
