@@ -18,6 +18,7 @@ import threading
 import numpy as np
 
 _ACTIVE = threading.local()
+_HIGHEST = np.iinfo(np.uint64).max
 
 
 class Recording:
@@ -49,11 +50,20 @@ class Recording:
         addresses = ptrs if isinstance(ptrs, np.ndarray) and ptrs.dtype == np.uint64 else np.asarray(ptrs, dtype=np.uint64)
         if mask is not None:
             mask = np.asarray(mask, dtype=bool)
-            if not mask.all():
+            if mask.all():
+                mask = None
+            elif write:
                 addresses = addresses[np.broadcast_to(mask, addresses.shape)]
-        if not addresses.size:
-            return
-        low, high = int(addresses.min()), int(addresses.max()) + itemsize
+                mask = None
+        if mask is None:
+            if not addresses.size:
+                return
+            low, high = int(addresses.min()), int(addresses.max()) + itemsize
+        else:  # a partly masked load: the bounds of its live lanes, without copying them out
+            if not mask.any():
+                return
+            low = int(addresses.min(where=mask, initial=_HIGHEST))
+            high = int(addresses.max(where=mask, initial=0)) + itemsize
         slot = bisect.bisect_right(self.starts, low) - 1
         if slot >= 0 and high <= self.ends[slot]:  # one storage: the usual case
             position = self.order[slot]
@@ -62,6 +72,8 @@ class Recording:
             else:
                 self._load(position)
             return
+        if mask is not None:
+            addresses = addresses[np.broadcast_to(mask, addresses.shape)]
         self._spread(addresses.ravel(), itemsize, write)
 
     def _spread(self, addresses: np.ndarray, itemsize: int, write: bool) -> None:
