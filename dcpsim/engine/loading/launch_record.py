@@ -48,33 +48,30 @@ class Recording:
 
     def access(self, ptrs: np.ndarray, mask, itemsize: int, write: bool) -> None:
         addresses = ptrs if isinstance(ptrs, np.ndarray) and ptrs.dtype == np.uint64 else np.asarray(ptrs, dtype=np.uint64)
+        live = None  # the live lanes of a partly masked access
         if mask is not None:
             mask = np.asarray(mask, dtype=bool)
-            if mask.all():
-                mask = None
-            elif write:
-                addresses = addresses[np.broadcast_to(mask, addresses.shape)]
-                mask = None
-        if mask is None:
+            if not mask.all():
+                live = np.broadcast_to(mask, addresses.shape)
+        if live is None:
             if not addresses.size:
                 return
             low, high = int(addresses.min()), int(addresses.max()) + itemsize
-        else:  # a partly masked load: the bounds of its live lanes, without copying them out
-            if not mask.any():
+        else:  # the bounds of the live lanes, without copying them out
+            if not live.any():
                 return
-            low = int(addresses.min(where=mask, initial=_HIGHEST))
-            high = int(addresses.max(where=mask, initial=0)) + itemsize
+            low = int(addresses.min(where=live, initial=_HIGHEST))
+            high = int(addresses.max(where=live, initial=0)) + itemsize
         slot = bisect.bisect_right(self.starts, low) - 1
-        if slot >= 0 and high <= self.ends[slot]:  # one storage: the usual case
-            position = self.order[slot]
-            if write:
-                self._store(position, addresses.ravel() - np.uint64(self.starts[slot]), itemsize)
-            else:
-                self._load(position)
-            return
-        if mask is not None:
-            addresses = addresses[np.broadcast_to(mask, addresses.shape)]
-        self._spread(addresses.ravel(), itemsize, write)
+        inside = slot >= 0 and high <= self.ends[slot]  # one storage: the usual case
+        if live is not None and (write or not inside):  # the offsets a store keeps, or each lane's storage
+            addresses = addresses[live]
+        if not inside:
+            self._spread(addresses.ravel(), itemsize, write)
+        elif write:
+            self._store(self.order[slot], addresses.ravel() - np.uint64(self.starts[slot]), itemsize)
+        else:
+            self._load(self.order[slot])
 
     def _spread(self, addresses: np.ndarray, itemsize: int, write: bool) -> None:
         """An access over several storages (or outside them all: unreplayable)."""
@@ -131,13 +128,23 @@ def written_bytes(stores: list[tuple[np.ndarray, int]]) -> np.ndarray:
     usual case: no store overlaps another partially) are sorted by element, each then spread
     over its bytes in order, instead of sorting every byte."""
     sizes = {size for _, size in stores}
-    if len(sizes) == 1:
-        size = sizes.pop()
-        first = stores[0][0] if len(stores) == 1 else np.concatenate([o for o, _ in stores])
-        if len(first) > 1 and not (np.diff(first) >= size).all():
-            first = np.unique(first)
-        if len(first) < 2 or (np.diff(first) >= size).all():
-            return (first[:, None] + np.arange(size, dtype=np.int64)).ravel()
+    if len(sizes) != 1:
+        return _every_byte(stores)
+    (size,) = sizes
+    starts = stores[0][0] if len(stores) == 1 else np.concatenate([o for o, _ in stores])
+    if not _apart(starts, size):
+        starts = np.unique(starts)
+        if not _apart(starts, size):
+            return _every_byte(stores)
+    return (starts[:, None] + np.arange(size, dtype=np.int64)).ravel()
+
+
+def _apart(offsets: np.ndarray, size: int) -> bool:
+    """Whether ``offsets`` ascend at least ``size`` apart (their items neither repeat nor overlap)."""
+    return len(offsets) < 2 or bool((np.diff(offsets) >= size).all())
+
+
+def _every_byte(stores: list[tuple[np.ndarray, int]]) -> np.ndarray:
     return np.unique(np.concatenate([(o[:, None] + np.arange(size)).ravel() for o, size in stores]))
 
 

@@ -4,7 +4,7 @@ keeps them, whatever the stores' order, overlaps and item sizes."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dcpsim.engine.loading.launch_record import written_bytes
@@ -27,8 +27,7 @@ def test_written_bytes_are_every_stored_byte_once_ascending(raw, aligned):
     """Aligned stores (offsets a multiple of the item size, the kernels' case) and arbitrary ones,
     one item size or several, repeated and unordered offsets."""
     stores = [(np.asarray([o - o % size if aligned else o for o in offsets], dtype=np.int64), size) for size, offsets in raw]
-    if not sum(len(o) for o, _ in stores):
-        return
+    assume(sum(len(o) for o, _ in stores))  # an access with no live lane records no store
     got = written_bytes(stores)
     assert got.dtype == np.int64
     assert np.array_equal(got, naive(stores))
