@@ -22,6 +22,7 @@ from datetime import timedelta
 
 from dcpsim.errors import ConfigError, HarnessError
 from dcpsim.harness.progress import Progress
+from dcpsim.harness.rank_sched import schedule_as_batch
 from dcpsim.harness.world_failure import RankFailure, first_line
 
 _PR_SET_PDEATHSIG = 1
@@ -134,10 +135,11 @@ def _die_with_parent() -> None:
     os.setpgrp()  # own process group: no terminal ^C here, and killpg reaches helpers
 
 
-def rank_main(conn, job: bytes, rank, world_size, store_path, pg_timeout_s):
+def rank_main(conn, job: bytes, rank, world_size, store_path, pg_timeout_s, slice_ms: float):
     global _conn
     _conn = conn
     _die_with_parent()
+    schedule_as_batch(slice_ms)  # ranks that outnumber the cores take turns less often
     # Everything the forkserver preloaded (torch: ~10^5 objects) is never garbage, yet every
     # full collection of the rank walked it: freeze it out of the collector's generations
     # (a quarter of a decode step's CPU at W = 8; benchmarks/bench_verify.py)

@@ -24,6 +24,9 @@ processes and returns the per-rank results in rank order. The parent only superv
   killed and ``HarnessError`` names the ranks still running and where they were.
 * No orphans: the parent kills every rank on every exit path; a rank is SIGKILLed
   when its parent (the forkserver) dies, and the forkserver exits with the main process.
+* A rank runs as batch work (``rank_sched``: ``SCHED_BATCH``, a 20 ms slice where the
+  kernel takes one; ``DCPSIM_RANK_SLICE_MS``), so ranks that outnumber the cores take
+  turns less often.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from multiprocessing.connection import wait
 from dcpsim.errors import HarnessError
 from dcpsim.harness.caller_main import check_payload, starting_ranks
 from dcpsim.harness.rank_process import rank_main
+from dcpsim.harness.rank_sched import rank_slice_ms
 from dcpsim.harness.world_failure import RankFailure, RankFailureError, exit_failure, failure_error, waiting_message, where_text
 from dcpsim.model.validate import check_int
 from dcpsim.plural import plural
@@ -121,12 +125,13 @@ def run_world(
     check_int("world_size", world_size)
     if deadline_s is None:
         deadline_s = pg_timeout_s * 2 + 30
+    slice_ms = rank_slice_ms()
     job = pickle.dumps((rank_fn, payload), protocol=pickle.HIGHEST_PROTOCOL)
     check_payload(payload, job)
     supervise = dict(on_event=on_event, on_wait=on_wait, wait_report_s=wait_report_s, phase_order=phase_order)
     for attempt in range(1, RENDEZVOUS_ATTEMPTS + 1):
         try:
-            return _run_once(job, world_size, pg_timeout_s, deadline_s, tuple(preload), supervise)
+            return _run_once(job, world_size, pg_timeout_s, deadline_s, tuple(preload), supervise, slice_ms)
         except RankFailureError as exc:
             if attempt == RENDEZVOUS_ATTEMPTS or not transient_rendezvous(exc):
                 raise
@@ -149,14 +154,16 @@ def transient_rendezvous(exc: RankFailureError) -> bool:
     return bool(exc.failures) and at_rendezvous and any(t in f.message for f in exc.failures for t in _TRANSIENT)
 
 
-def _run_once(job: bytes, world_size: int, pg_timeout_s: float, deadline_s: float, preload: tuple[str, ...], supervise: dict) -> list:
+def _run_once(
+    job: bytes, world_size: int, pg_timeout_s: float, deadline_s: float, preload: tuple[str, ...], supervise: dict, slice_ms: float
+) -> list:
     """One world: start the ranks over a fresh ``FileStore``, supervise them, clean up."""
     ctx = _context(preload)
     store_dir = _new_store_dir()
     procs, conns = [], []
     try:
         with starting_ranks():
-            _start_ranks(ctx, job, world_size, store_dir, pg_timeout_s, procs, conns)
+            _start_ranks(ctx, job, world_size, store_dir, pg_timeout_s, slice_ms, procs, conns)
         return _Supervisor(procs, conns, deadline_s, min(MAX_GRACE_S, pg_timeout_s), **supervise).run()
     finally:
         _kill(procs)
@@ -165,7 +172,7 @@ def _run_once(job: bytes, world_size: int, pg_timeout_s: float, deadline_s: floa
         shutil.rmtree(store_dir, ignore_errors=True)
 
 
-def _start_ranks(ctx, job: bytes, world_size: int, store_dir: str, pg_timeout_s: float, procs: list, conns: list) -> None:
+def _start_ranks(ctx, job: bytes, world_size: int, store_dir: str, pg_timeout_s: float, slice_ms: float, procs: list, conns: list) -> None:
     """Start the world's rank processes, each with the read end of its pipe in ``conns``."""
     for rank in range(world_size):
         recv_end, send_end = ctx.Pipe(duplex=False)
@@ -174,7 +181,7 @@ def _start_ranks(ctx, job: bytes, world_size: int, store_dir: str, pg_timeout_s:
             target=rank_main,
             name=f"dcpsim-rank{rank}",
             daemon=True,
-            args=(send_end, job, rank, world_size, os.path.join(store_dir, "store"), pg_timeout_s),
+            args=(send_end, job, rank, world_size, os.path.join(store_dir, "store"), pg_timeout_s, slice_ms),
         )
         proc.start()
         procs.append(proc)

@@ -324,3 +324,24 @@ def test_init_env_process_group_needs_torchrun_env(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set"):  # usage: exit 2
         rank_process.init_env_process_group(5)
+
+
+def scheduling_of(payload, rank, world_size):
+    from dcpsim.harness.rank_sched import current
+
+    return current()
+
+
+def test_ranks_run_as_batch_work_with_the_slice_asked_for(monkeypatch):
+    # the default: SCHED_BATCH with a 20 ms slice where the kernel keeps one (Linux 6.12 on)
+    got = run_world(scheduling_of, None, world_size=2)
+    assert [policy for policy, _ in got] == [os.SCHED_BATCH] * 2
+    assert all(slice_ns in (0, 20_000_000) for _, slice_ns in got)
+    # the environment read as each world starts (the forkserver started before)
+    monkeypatch.setenv("DCPSIM_RANK_SLICE_MS", "50")
+    assert all(slice_ns in (0, 50_000_000) for _, slice_ns in run_world(scheduling_of, None, world_size=2))
+    monkeypatch.setenv("DCPSIM_RANK_SLICE_MS", "0")  # off: the ranks keep the caller's policy
+    assert [policy for policy, _ in run_world(scheduling_of, None, world_size=2)] == [os.sched_getscheduler(0)] * 2
+    monkeypatch.setenv("DCPSIM_RANK_SLICE_MS", "fast")  # a usage error, before any rank starts
+    with pytest.raises(ConfigError, match="DCPSIM_RANK_SLICE_MS must be 0 .* got 'fast'"):
+        run_world(scheduling_of, None, world_size=2)

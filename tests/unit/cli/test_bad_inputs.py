@@ -262,3 +262,14 @@ def test_an_in_process_rank_failure_is_a_harness_failure_with_the_ranks_tracebac
     assert code == doc["exit_code"] == 3 and doc["error"]["kind"] == "ThreadRankError"
     assert err.startswith("dcpsim: error: rank 1 failed: RuntimeError: simulated failure of rank 1 at step 2\n")
     assert "\n    Traceback (most recent call last):" in err and "\nTraceback" not in err
+
+
+def test_a_bad_rank_slice_is_one_clear_usage_error(tmp_path, capsys, monkeypatch):
+    """``DCPSIM_RANK_SLICE_MS`` (how the ranks ask to be scheduled) is read as a world starts:
+    a bad value is refused before any rank starts."""
+    monkeypatch.setenv("DCPSIM_RANK_SLICE_MS", "fast")
+    code = main(["run", scenario_file(tmp_path), "--dcp", "2"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", err
+    expected = "DCPSIM_RANK_SLICE_MS must be 0 (the ranks keep the default scheduling) or a slice of 0.1-100 ms, got 'fast'"
+    assert err == f"dcpsim: error: {expected}\n"
