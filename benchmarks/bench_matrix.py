@@ -4,7 +4,8 @@ Builds the full grid (``matrix --full``), counts its work: valid cells, steps an
 (W x steps summed over the cells, from the parent's dry runs), then runs the cells of one
 world (``--scenario``, ``--dcp``: one scenario and W, at most ``--cells`` of them) on a gloo
 world and prints the world's wall time, each rank's CPU time, the CPU per rank-step, and the
-projection of that figure to the whole matrix on this machine's cores. ``--profile`` also
+projection of that figure to the whole matrix on this machine's cores, and the scheduling the
+ranks asked for (``DCPSIM_RANK_SLICE_MS``: compare figures taken with the same). ``--profile`` also
 prints rank 0's top functions (cProfile, CPU clock). Run:
 
     python benchmarks/bench_matrix.py --scenario dsv3 --dcp 8 [--profile --sort tottime]
@@ -26,6 +27,8 @@ from dcpsim.campaigns.grid import full_grid  # noqa: E402
 from dcpsim.campaigns.matrix import CellStatus  # noqa: E402
 from dcpsim.harness.dry_run import dry_run  # noqa: E402
 from dcpsim.harness.job import Job  # noqa: E402
+from dcpsim.harness.rank_sched import ENV as SLICE_ENV  # noqa: E402
+from dcpsim.harness.rank_sched import rank_slice_ms  # noqa: E402
 from dcpsim.scenarios.registry import builtin_scenario_names  # noqa: E402
 
 
@@ -84,6 +87,9 @@ def main() -> None:
         f"{args.scenario} W={args.dcp}: {len(world)} cells, {world_steps} steps, "
         f"{'all passed' if not failed else 'FAILED: ' + ', '.join(failed)} (load average {load:.1f} at start)"
     )
+    slice_ms = rank_slice_ms()
+    asked = f"batch scheduling, a {slice_ms:g} ms slice" if slice_ms else "nothing: the caller's scheduling"
+    print(f"  the ranks asked for {asked} ({SLICE_ENV}, harness.rank_sched)")
     print(
         f"  world wall time {wall:.2f} s; CPU per rank: {', '.join(f'{c:.2f}' for c in cpu)} s (total {sum(cpu):.2f} s); "
         f"launcher {launcher:.2f} s (its schedules, harness.parent_schedule, and the world's supervision)"
