@@ -45,7 +45,15 @@ from dcpsim.errors import HarnessError
 from dcpsim.harness.caller_main import check_payload, starting_ranks
 from dcpsim.harness.rank_process import rank_main
 from dcpsim.harness.rank_sched import rank_slice_ms
-from dcpsim.harness.world_failure import RankFailure, RankFailureError, exit_failure, failure_error, waiting_message, where_text
+from dcpsim.harness.world_failure import (
+    RankFailure,
+    RankFailureError,
+    exit_failure,
+    failure_error,
+    is_collective_error,
+    waiting_message,
+    where_text,
+)
 from dcpsim.model.validate import check_int
 from dcpsim.plural import plural
 
@@ -115,7 +123,7 @@ def run_world(
 
     rank_fn must be a module-level function; payload and results must be picklable.
     A world whose gloo mesh connect fails at rendezvous is started once more
-    (``RENDEZVOUS_ATTEMPTS``). Raises RankFailureError if a rank fails (or rendezvous
+    (``RENDEZVOUS_ATTEMPTS``) if the caller has heard nothing of it yet. Raises RankFailureError if a rank fails (or rendezvous
     fails), HarnessError if
     the world is still running after deadline_s (default pg_timeout_s * 2 + 30).
     ``on_event(rank, payload)`` gets each ``send_event`` of a rank as it arrives;
@@ -141,17 +149,22 @@ def run_world(
 RENDEZVOUS_ATTEMPTS = 2
 """Worlds started for one ``run_world`` when gloo's mesh connect fails at rendezvous
 (``transient_rendezvous``): on a loaded machine a pair's TCP handshake can be closed by
-the peer (``Gloo connectFullMesh failed ... Connection closed by peer``) before any rank
-has run anything, so a fresh world (new store, new ports) is safe to start once more."""
+the peer (``Gloo connectFullMesh failed ... Connection closed by peer``; about 2% of
+W = 8 worlds started back to back by two processes on 2 cores), so a fresh world (new
+store, new ports) is started once more, if the caller has heard nothing of the first."""
 
 _TRANSIENT = ("Gloo connectFullMesh failed",)
 
 
 def transient_rendezvous(exc: RankFailureError) -> bool:
-    """Whether a world failed only in gloo's mesh connect, before any rank ran its function:
-    every failed rank still at ``rendezvous``, one of them with gloo's connect error."""
-    at_rendezvous = all(f.step is None and f.what == "rendezvous" for f in exc.failures)
-    return bool(exc.failures) and at_rendezvous and any(t in f.message for f in exc.failures for t in _TRANSIENT)
+    """Whether a world failed only because gloo's mesh connect failed, unseen by the caller:
+    a rank failed at ``rendezvous`` with gloo's connect error, every other failure is at
+    rendezvous too or a collective that gave up on its lost peer, and no rank sent an event
+    or its result (``caller_heard``: a rank that needs no peer can finish its function while
+    another's connect fails, and a second world would send its events again)."""
+    connect = any(f.step is None and f.what == "rendezvous" and any(t in f.message for t in _TRANSIENT) for f in exc.failures)
+    lost_peer = all((f.step is None and f.what == "rendezvous") or is_collective_error(f) for f in exc.failures)
+    return connect and lost_peer and not exc.caller_heard
 
 
 def _run_once(
@@ -214,6 +227,7 @@ class _Supervisor:
         self.running = set(range(self.world_size))  # neither reported nor exited
         self.reading = dict(enumerate(conns))
         self.quiet_since = self.reported = time.monotonic()  # the last event, the last wait report
+        self.heard = False  # the caller got an event or a result
 
     def run(self) -> list:
         """The per-rank results, in rank order. Raises ``RankFailureError`` if a rank failed
@@ -293,6 +307,7 @@ class _Supervisor:
         elif msg[0] == "event":
             self._event(rank, msg[1])
         else:
+            self.heard |= msg[0] == "ok"
             (self.results if msg[0] == "ok" else self.failures)[rank] = msg[1]
             self.running.discard(rank)  # reported: done, whether or not it has exited yet
             del self.reading[rank]
@@ -300,6 +315,7 @@ class _Supervisor:
     def _event(self, rank: int, payload) -> None:
         """A rank's ``send_event``: news, so the wait reports start over; the caller hears it."""
         self.quiet_since = time.monotonic()
+        self.heard = True
         if self.on_event is not None:
             self.on_event(rank, payload)
 
@@ -318,7 +334,9 @@ class _Supervisor:
             RankFailure(r, *self.progress[r], "Killed", f"still running {self.grace_s:g} s after the first failure", "")
             for r in sorted(self.running)
         ]
-        return failure_error(list(self.failures.values()), killed, self.world_size, self.phase_order)
+        error = failure_error(list(self.failures.values()), killed, self.world_size, self.phase_order)
+        error.caller_heard = self.heard
+        return error
 
     def _let_ranks_exit(self) -> None:
         """Give the ranks, which exit right after reporting, a second to do so; ``_kill`` does the rest."""

@@ -33,6 +33,10 @@ class RankFailure:
 class RankFailureError(HarnessError):
     """One or more ranks failed; ``.failures`` holds the details, primary ones first."""
 
+    caller_heard = False
+    """Whether the caller got anything of the world before it failed (an event or a rank's
+    result): a world it heard from is never started again (``world.transient_rendezvous``)."""
+
     def __init__(self, message: str, failures: list[RankFailure]):
         super().__init__(message, failures)
         self.failures = failures
@@ -52,7 +56,7 @@ def exit_failure(rank, exitcode, progress) -> RankFailure:
 _COLLECTIVE = re.compile(r"gloo|connection (closed|reset)|timed? ?out|socket", re.I)
 
 
-def _is_collective_error(f: RankFailure) -> bool:
+def is_collective_error(f: RankFailure) -> bool:
     """Did a collective (or the rendezvous) give up because of some other rank?"""
     return f.exc_type.startswith("Dist") or (f.exc_type == "RuntimeError" and bool(_COLLECTIVE.search(f.message)))
 
@@ -75,7 +79,7 @@ def failure_error(
     """Primary: ranks that failed on their own; if there are none, the ranks that hung
     while the others timed out in a collective; then the ranks that ran ahead past a
     collective the others timed out in (``_ran_ahead``); failing that, the first failure."""
-    own = [f for f in failed if not _is_collective_error(f)]
+    own = [f for f in failed if not is_collective_error(f)]
     ahead = [] if own or killed else _ran_ahead(failed, phase_order)
     primary = own or killed or ahead or failed[:1]
     for f in primary:

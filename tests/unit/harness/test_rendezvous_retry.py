@@ -1,5 +1,5 @@
-"""A world whose gloo mesh connect fails at rendezvous is started once more; any other
-failure, or a second connect failure, is raised as before."""
+"""A world whose gloo mesh connect fails at rendezvous is started once more, unless the
+caller heard from it; any other failure, or a second connect failure, is raised as before."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ def test_only_a_connect_failure_at_rendezvous_is_transient():
     assert not world.transient_rendezvous(failure((0, None, "started", CONNECT)))  # the rank function had begun
     assert not world.transient_rendezvous(failure((0, None, "rendezvous", CONNECT), (1, 3, "write", "boom")))
     assert not world.transient_rendezvous(RankFailureError("x", []))
+
+
+def test_a_peer_that_lost_the_failed_rank_is_transient_unless_the_caller_heard_from_the_world():
+    # rank 1 got through rendezvous and its first collective gave up on rank 0: retried
+    lost = failure((0, None, "rendezvous", CONNECT), (1, None, "started", "Connection closed by peer [127.0.0.1]:4242"))
+    assert world.transient_rendezvous(lost)
+    # ... but not once the caller got an event or a result: a second world would send them again
+    lost.caller_heard = True
+    assert not world.transient_rendezvous(lost)
+    heard = failure((0, None, "rendezvous", CONNECT))
+    heard.caller_heard = True
+    assert not world.transient_rendezvous(heard)
 
 
 def test_run_world_starts_a_fresh_world_once_after_a_connect_failure(monkeypatch):
