@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import sys
 
 from dcpsim.errors import ConfigError
 
@@ -30,7 +31,13 @@ MAX_SLICE_MS = 100.0
 MIN_SLICE_MS = 0.1
 
 _SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}
-"""(sched_setattr, sched_getattr) by machine; elsewhere only ``SCHED_BATCH`` is asked for."""
+"""Linux's (sched_setattr, sched_getattr) by machine; elsewhere only ``SCHED_BATCH`` is asked for."""
+
+
+def _syscalls() -> tuple[int, int] | None:
+    """This system's (sched_setattr, sched_getattr) numbers, or None (not Linux, or a machine
+    not in ``_SYSCALLS``)."""
+    return _SYSCALLS.get(platform.machine()) if sys.platform.startswith("linux") else None
 
 
 class _SchedAttr(ctypes.Structure):
@@ -70,9 +77,9 @@ def rank_slice_ms(environ=os.environ) -> float:
 def schedule_as_batch(slice_ms: float) -> str:
     """Ask for ``SCHED_BATCH`` with a ``slice_ms`` slice for this process (0: nothing); says
     what the kernel granted: ``"batch, 20 ms slice"``, ``"batch"`` or ``"default"``."""
-    if slice_ms <= 0:
+    if slice_ms <= 0 or not hasattr(os, "SCHED_BATCH"):
         return "default"
-    calls = _SYSCALLS.get(platform.machine())
+    calls = _syscalls()
     if calls is not None:
         attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr), sched_policy=os.SCHED_BATCH, sched_runtime=int(slice_ms * 1e6))
         libc = ctypes.CDLL(None, use_errno=True)
@@ -81,14 +88,14 @@ def schedule_as_batch(slice_ms: float) -> str:
             return f"batch, {granted / 1e6:g} ms slice" if granted else "batch"
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):
+    except OSError:
         return "default"
     return "batch"
 
 
 def current() -> tuple[int, int]:
     """This process's (policy, requested slice in ns; 0 where the kernel keeps none)."""
-    calls = _SYSCALLS.get(platform.machine())
+    calls = _syscalls()
     policy = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else 0
     if calls is None:
         return policy, 0

@@ -123,9 +123,9 @@ def run_world(
 
     rank_fn must be a module-level function; payload and results must be picklable.
     A world whose gloo mesh connect fails at rendezvous is started once more
-    (``RENDEZVOUS_ATTEMPTS``) if the caller has heard nothing of it yet. Raises RankFailureError if a rank fails (or rendezvous
-    fails), HarnessError if
-    the world is still running after deadline_s (default pg_timeout_s * 2 + 30).
+    (``RENDEZVOUS_ATTEMPTS``) if the caller has heard nothing of it yet. Raises
+    RankFailureError if a rank fails (or rendezvous fails), HarnessError if the world is
+    still running after deadline_s (default pg_timeout_s * 2 + 30).
     ``on_event(rank, payload)`` gets each ``send_event`` of a rank as it arrives;
     ``on_wait(message)`` says which ranks are still running and where, after every
     ``wait_report_s`` seconds without an event.
