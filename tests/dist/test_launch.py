@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from multiprocessing import forkserver, resource_tracker
@@ -349,29 +348,3 @@ def test_ranks_run_as_batch_work_with_the_slice_asked_for(monkeypatch):
     monkeypatch.setenv("DCPSIM_RANK_SLICE_MS", "fast")  # a usage error, before any rank starts
     with pytest.raises(ConfigError, match="DCPSIM_RANK_SLICE_MS must be 0 .* got 'fast'"):
         run_world(scheduling_of, None, world_size=2)
-
-
-def connect_fails_in_rank1(attempts_dir, rank, world_size):
-    """Rank 1 fails as gloo's mesh connect does at rendezvous; rank 0 sends an event first
-    when ``attempts_dir`` ends in "heard", else it gives up on its lost peer. Each attempt of
-    rank 1 leaves a file."""
-    if rank == 1:
-        fd, _ = tempfile.mkstemp(dir=attempts_dir)
-        os.close(fd)
-        set_progress(None, "rendezvous")
-        raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:553] Connection closed by peer [127.0.0.1]:4242")
-    if attempts_dir.endswith("heard"):
-        rank_process.send_event("tick")
-        return rank
-    raise RuntimeError("Connection closed by peer [127.0.0.1]:4243")
-
-
-@pytest.mark.parametrize("heard", [False, True])
-def test_a_failed_connect_starts_the_world_once_more_only_if_the_caller_heard_nothing(tmp_path, heard):
-    attempts = tmp_path / ("heard" if heard else "silent")
-    attempts.mkdir()
-    events = []
-    with pytest.raises(RankFailureError, match="Gloo connectFullMesh failed"):
-        run_world(connect_fails_in_rank1, str(attempts), world_size=2, on_event=lambda r, e: events.append(e))
-    assert len(list(attempts.iterdir())) == (1 if heard else launch.RENDEZVOUS_ATTEMPTS)
-    assert events == (["tick"] if heard else [])  # never the same event twice

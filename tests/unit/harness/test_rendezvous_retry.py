@@ -3,6 +3,9 @@ caller heard from it; any other failure, or a second connect failure, is raised 
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import pickle
+
 import pytest
 
 from dcpsim.harness import world
@@ -64,3 +67,60 @@ def test_run_world_raises_what_it_does_not_retry(monkeypatch, first):
         world.run_world(len, None, world_size=2)
     # a connect failure is retried once (RENDEZVOUS_ATTEMPTS), any other failure never
     assert len(calls) == (world.RENDEZVOUS_ATTEMPTS if first[3] == CONNECT else 1)
+
+
+def scripted_rank(conn, messages):
+    """A stand-in for a rank's process: it sends ``messages`` over its pipe as a rank does."""
+    for msg in messages:
+        conn.send_bytes(pickle.dumps(msg))
+    conn.close()
+
+
+def supervised(*scripts) -> RankFailureError:
+    """The error ``world._Supervisor`` raises over processes that send ``scripts``."""
+    ctx = mp.get_context("fork")
+    procs, conns = [], []
+    for script in scripts:
+        recv_end, send_end = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=scripted_rank, args=(send_end, script), daemon=True)
+        proc.start()
+        send_end.close()
+        procs.append(proc)
+        conns.append(recv_end)
+    try:
+        with pytest.raises(RankFailureError) as info:
+            world._Supervisor(procs, conns, deadline_s=30, grace_s=2, on_event=lambda r, e: None).run()
+    finally:
+        world._kill(procs)
+    return info.value
+
+
+def test_the_supervisor_says_whether_the_caller_heard_from_the_world():
+    connect = ("fail", RankFailure(1, None, "rendezvous", "RuntimeError", CONNECT, ""))
+    # rank 0 needed no peer: its event reached the caller (then it died in its teardown), so
+    # the world is not started again
+    heard = supervised([("event", "tick")], [connect])
+    assert heard.caller_heard and not world.transient_rendezvous(heard)
+    finished = supervised([("ok", 0)], [connect])  # a result alone counts too
+    assert finished.caller_heard and not world.transient_rendezvous(finished)
+    # rank 0's first collective gave up on rank 1: nothing reached the caller
+    lost = supervised(
+        [("progress", None, "started"), ("fail", RankFailure(0, None, "started", "RuntimeError", "Connection closed by peer", ""))],
+        [connect],
+    )
+    assert not lost.caller_heard and world.transient_rendezvous(lost)
+
+
+def test_run_world_does_not_start_a_world_the_caller_heard_from_again(monkeypatch):
+    calls = []
+
+    def once(*args):
+        calls.append(1)
+        error = failure((0, None, "rendezvous", CONNECT))
+        error.caller_heard = True
+        raise error
+
+    monkeypatch.setattr(world, "_run_once", once)
+    with pytest.raises(RankFailureError):
+        world.run_world(len, None, world_size=2)
+    assert len(calls) == 1
