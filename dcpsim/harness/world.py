@@ -227,7 +227,7 @@ class _Supervisor:
         self.running = set(range(self.world_size))  # neither reported nor exited
         self.reading = dict(enumerate(conns))
         self.quiet_since = self.reported = time.monotonic()  # the last event, the last wait report
-        self.heard = False  # the caller got an event or a result
+        self.heard = False  # an event reached the caller (a result is in ``results``)
 
     def run(self) -> list:
         """The per-rank results, in rank order. Raises ``RankFailureError`` if a rank failed
@@ -307,7 +307,6 @@ class _Supervisor:
         elif msg[0] == "event":
             self._event(rank, msg[1])
         else:
-            self.heard |= msg[0] == "ok"
             (self.results if msg[0] == "ok" else self.failures)[rank] = msg[1]
             self.running.discard(rank)  # reported: done, whether or not it has exited yet
             del self.reading[rank]
@@ -335,7 +334,7 @@ class _Supervisor:
             for r in sorted(self.running)
         ]
         error = failure_error(list(self.failures.values()), killed, self.world_size, self.phase_order)
-        error.caller_heard = self.heard
+        error.caller_heard = self.heard or bool(self.results)
         return error
 
     def _let_ranks_exit(self) -> None:
