@@ -139,7 +139,6 @@ def rank_main(conn, job: bytes, rank, world_size, store_path, pg_timeout_s, slic
     global _conn
     _conn = conn
     _die_with_parent()
-    schedule_as_batch(slice_ms)  # ranks that outnumber the cores take turns less often
     # Everything the forkserver preloaded (torch: ~10^5 objects) is never garbage, yet every
     # full collection of the rank walked it: freeze it out of the collector's generations
     # (a quarter of a decode step's CPU at W = 8; benchmarks/bench_verify.py)
@@ -155,6 +154,9 @@ def rank_main(conn, job: bytes, rank, world_size, store_path, pg_timeout_s, slic
             "gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size, timeout=timedelta(seconds=pg_timeout_s)
         )
         set_progress(None, "started")
+        # after the rendezvous, whose TCP handshakes wait on each peer's turn: ranks that
+        # outnumber the cores then take turns less often
+        schedule_as_batch(slice_ms)
         result = rank_fn(payload, rank, world_size)
         dist.destroy_process_group()
         _send(("ok", result))
