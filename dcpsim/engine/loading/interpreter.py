@@ -136,7 +136,8 @@ def quicken_interpreter() -> None:
       checks, and blocks of one shape the broadcast, that would return them as they are
       (``_skip_equal_int_operands``, ``_skip_equal_broadcasts``); a cast to a tensor's own type
       and a binary operation's result type are answered without Triton's comparisons
-      (``_quicker_type_rules``).
+      (``_quicker_type_rules``); a Python int beside a tensor (``offs < n``, ``pid * 4``) becomes
+      the constant tensor Triton built for it the first time (``_remembered_number_operands``).
     """
     global _QUICK
     if _QUICK:
@@ -155,6 +156,7 @@ def quicken_interpreter() -> None:
     _skip_equal_broadcasts(interpreter)
     _quicker_type_rules(interpreter)
     _skip_equal_int_operands(interpreter, tl)
+    _remembered_number_operands(interpreter, tl)
     _QUICK = True
 
 
@@ -399,22 +401,72 @@ def _quicker_type_rules(interpreter) -> None:
 
 
 def _skip_equal_int_operands(interpreter, tl) -> None:
-    """``binary_op_type_checking_impl`` of two tensors of one integer type (the same dtype
-    object) and one shape (two scalars, or two blocks of the same shape) returns them as they
-    are, as Triton's does after its checks: no pointer (nothing to refuse), the computation
-    type is that integer type (no cast), nothing to broadcast. Answered without the checks."""
+    """``binary_op_type_checking_impl`` of two tensors of one shape (two scalars, or two blocks
+    of the same shape) returns them as they are, as Triton's does after its checks, when they
+    are of one integer type (the same dtype object: no pointer, nothing to refuse, the
+    computation type is that integer type, no cast) or a pointer and an integer (``ptr + pid``)
+    where the call allows the pointer on its side (no arithmetic type, so no cast, and nothing
+    to refuse). Nothing to broadcast either way. Answered without the checks."""
     semantic, tensor, block_type = interpreter.TritonSemantic, tl.tensor, tl.block_type
     original = semantic.binary_op_type_checking_impl
 
-    def binary_op_type_checking_impl(self, lhs, rhs, *args, **kwargs):
+    def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True, div_or_mod=False):
         if type(lhs) is tensor and type(rhs) is tensor:
             lhs_ty, rhs_ty = lhs.type, rhs.type
-            scalar = lhs.dtype
-            if scalar is rhs.dtype and not scalar.is_ptr() and scalar.is_int():
-                if lhs_ty is scalar and rhs_ty is scalar:
+            left, right = lhs.dtype, rhs.dtype
+            if left is right:
+                same = not left.is_ptr() and left.is_int()
+            elif left.is_ptr():
+                same = allow_lhs_ptr and not right.is_ptr() and right.is_int()
+            else:
+                same = right.is_ptr() and allow_rhs_ptr and left.is_int()
+            if same:
+                if lhs_ty is left and rhs_ty is right:
                     return lhs, rhs
                 if type(lhs_ty) is block_type and type(rhs_ty) is block_type and lhs_ty.shape.values == rhs_ty.shape.values:
                     return lhs, rhs
-        return original(self, lhs, rhs, *args, **kwargs)
+        return original(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+
+    semantic.binary_op_type_checking_impl = binary_op_type_checking_impl
+
+
+_NUMBERS_KEPT = 4096
+"""At most this many constants kept by ``_remembered_number_operands`` (a kernel has a few)."""
+
+
+def _remembered_number_operands(interpreter, tl) -> None:
+    """``binary_op_type_checking_impl`` of a tensor and a Python int (``offs < n``, ``pid * 4``,
+    ``ptr + 1``): Triton's answer (the number as a constant tensor of the computation type,
+    splat to the tensor's shape) is a function of the number, the tensor's type (not its
+    values), which side the number is on and the call's flags. Where Triton hands the tensor
+    back as it is (no cast, no broadcast of it), its constant is remembered per those and
+    handed out again; otherwise, or where Triton refuses (a number out of the type's range, a
+    negative number beside an unsigned tensor), Triton answers every time. A remembered
+    constant's numpy data is made read-only, so an operation that wrote into its operand
+    would raise instead of changing the next use."""
+    semantic, tensor = interpreter.TritonSemantic, tl.tensor
+    previous = semantic.binary_op_type_checking_impl
+    known: dict = {}  # (number, side, id(tensor type), flags) -> (tensor type, constant)
+
+    def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True, div_or_mod=False):
+        if type(rhs) is int and type(lhs) is tensor:
+            side, operand, number = 1, lhs, rhs
+        elif type(lhs) is int and type(rhs) is tensor:
+            side, operand, number = 0, rhs, lhs
+        else:
+            return previous(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+        ty = operand.type
+        key = (number, side, id(ty), allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+        found = known.get(key)
+        if found is not None and found[0] is ty:  # the entry holds its type: the id is that type's
+            return (operand, found[1]) if side else (found[1], operand)
+        out = previous(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+        constant = out[0] if side == 0 else out[1]
+        if (out[1] if side == 0 else out[0]) is operand and len(known) < _NUMBERS_KEPT:
+            data = getattr(constant.handle, "data", None)
+            if isinstance(data, np.ndarray):
+                data.flags.writeable = False
+                known[key] = (ty, constant)
+        return out
 
     semantic.binary_op_type_checking_impl = binary_op_type_checking_impl

@@ -1,7 +1,8 @@
 """``loading.interpreter.quicken_interpreter`` changes no result of an interpreted kernel: a
 kernel calling ``@triton.jit`` helpers (one seeing ``triton.language``, which the launch has
-patched, one seeing only ``triton.language.core``, which it has not), and subtracting operands
-of one type and shape (whose checks the quickened interpreter skips), computes the same values
+patched, one seeing only ``triton.language.core``, which it has not), subtracting operands
+of one type and shape (whose checks the quickened interpreter skips) and adding Python ints and
+pointers (whose constants and checks it remembers or skips), computes the same values
 with and without it, and with it the helpers' calls stop re-patching the language module.
 Each run is its own process (the interpreter and its patches are process-wide)."""
 
@@ -37,7 +38,10 @@ def kernel(x_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
     z = x.to(tl.int64) - y
     pid = tl.program_id(0)
     s = pid * 3 - pid
-    tl.store(out_ptr + offs, z + s, mask=offs < N)
+    # a Python int beside a tensor on either side, on a scalar and on a block (one number, two
+    # shapes: two constants), and a pointer plus an integer scalar
+    t = (1 + offs) - (offs + 1) + (pid + 1) - (1 - pid) + tl.load(x_ptr + pid)
+    tl.store(out_ptr + offs, z + s + t, mask=offs < N)
 
 
 @triton.jit
@@ -59,6 +63,26 @@ def refused(x_ptr, out_ptr, BLOCK: tl.constexpr):  # Triton refuses // of unsign
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs)
     tl.store(out_ptr + offs, (x.to(tl.uint32) // x).to(tl.int32))
+
+
+@triton.jit
+def too_big(x_ptr, out_ptr, BLOCK: tl.constexpr):  # a Python int out of int32's range
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    tl.store(out_ptr + offs, x + 2**40)
+
+
+@triton.jit
+def negative(x_ptr, out_ptr, BLOCK: tl.constexpr):  # a negative Python int beside an unsigned block
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs).to(tl.uint32)
+    tl.store(out_ptr + offs, (x + -1).to(tl.int32))
+
+
+@triton.jit
+def pointer_times(x_ptr, out_ptr, BLOCK: tl.constexpr):  # a pointer where the operation allows none
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr * tl.program_id(0) + offs))
 """
 
 HELPERS = """
@@ -104,11 +128,12 @@ kern.kernel[(3,)](x, out, N=10, BLOCK=4)
 mixed = torch.full((16,), -1, dtype=torch.int32)
 kern.mixed[(1,)](x, mixed, N=10, BLOCK=16)
 errors = []
-for _ in range(2):  # a refusal is never remembered: refused every time, with Triton's message
-    try:
-        kern.refused[(1,)](x, torch.zeros(8, dtype=torch.int32), BLOCK=8)
-    except Exception as e:
-        errors.append(str(e))
+for kernel in (kern.refused, kern.too_big, kern.negative, kern.pointer_times):
+    for _ in range(2):  # a refusal is never remembered: refused every time, with Triton's message
+        try:
+            kernel[(1,)](x, torch.zeros(8, dtype=torch.int32), BLOCK=8)
+        except Exception as e:
+            errors.append(str(e))
 print(json.dumps({"out": out.tolist(), "patches": calls[0], "mixed": mixed.tolist(), "errors": errors}))
 """
 
@@ -126,16 +151,19 @@ def _run(tmp_path, mode: str) -> dict:
 
 @pytest.mark.slow  # two processes importing torch and Triton
 def test_a_quickened_interpreter_computes_the_same_values_and_stops_repatching(tmp_path):
-    """The values of ``kernel`` and ``mixed``, and the refusal of ``refused``, twice, with
-    Triton's own message, are the same with and without ``quicken_interpreter``."""
+    """The values of ``kernel`` and ``mixed``, and the refusals of ``refused``, ``too_big``,
+    ``negative`` and ``pointer_times``, each twice, with Triton's own message, are the same with and without
+    ``quicken_interpreter``."""
     plain, quick = _run(tmp_path, "plain"), _run(tmp_path, "quick")
-    assert plain["out"] == [(8 * i + 1) // 2 + 2 * (i // 4) for i in range(10)]
+    assert plain["out"] == [(8 * i + 1) // 2 + 2 * (i // 4) + 2 * (i // 4) + i // 4 for i in range(10)]
     assert quick["out"] == plain["out"]
     wrapped = [(1 - (i + 3)) % 2**32 // 2 % 7 for i in range(10)]  # 1 - u in uint32
     expected = [(i + 3) // 2 + int((i * 0.75 + 1) / 2) + int((i + i * 0.75 + 1) * 10) + wrapped[i] for i in range(10)]
     assert plain["mixed"] == expected + [-1] * 6
     assert quick["mixed"] == plain["mixed"]
-    assert len(plain["errors"]) == 2 and "different signedness" in plain["errors"][0]
+    assert len(plain["errors"]) == 8 and "different signedness" in plain["errors"][0]
+    assert "out of range" in plain["errors"][2] and "negative scalar" in plain["errors"][4], plain["errors"]
+    assert "invalid operands of type pointer<int32> and triton.language.int32" in plain["errors"][6], plain["errors"]
     assert quick["errors"] == plain["errors"]
     # plain: the launch patches triton.language, and so does each of the 3 programs' 3 calls of
     # `twice` (as many patches as the launch's); quickened, those 9 calls skip it. `plus_one`
