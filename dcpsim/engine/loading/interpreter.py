@@ -401,12 +401,12 @@ def _quicker_type_rules(interpreter) -> None:
 
 
 def _skip_equal_int_operands(interpreter, tl) -> None:
-    """``binary_op_type_checking_impl`` of two tensors of one shape (two scalars, or two blocks
-    of the same shape) returns them as they are, as Triton's does after its checks, when they
-    are of one integer type (the same dtype object: no pointer, nothing to refuse, the
-    computation type is that integer type, no cast) or a pointer and an integer (``ptr + pid``)
-    where the call allows the pointer on its side (no arithmetic type, so no cast, and nothing
-    to refuse). Nothing to broadcast either way. Answered without the checks."""
+    """``binary_op_type_checking_impl`` of two tensors of one integer type (the same dtype
+    object: no pointer, nothing to refuse, the computation type is that integer type, no cast)
+    or of a pointer and an integer (``ptr + pid``, ``ptr + offs``) where the call allows the
+    pointer on its side (no arithmetic type, so no cast, and nothing to refuse): Triton's checks
+    hand both back as they are, so only its broadcast is left. Two scalars, or two blocks of one
+    shape, are returned as they are; a scalar beside a block goes to the broadcast at once."""
     semantic, tensor, block_type = interpreter.TritonSemantic, tl.tensor, tl.block_type
     original = semantic.binary_op_type_checking_impl
 
@@ -425,6 +425,7 @@ def _skip_equal_int_operands(interpreter, tl) -> None:
                     return lhs, rhs
                 if type(lhs_ty) is block_type and type(rhs_ty) is block_type and lhs_ty.shape.values == rhs_ty.shape.values:
                     return lhs, rhs
+                return self.broadcast_impl_value(lhs, rhs)  # a scalar beside a block: splat, as Triton's
         return original(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
 
     semantic.binary_op_type_checking_impl = binary_op_type_checking_impl
