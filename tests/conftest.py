@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,13 @@ from support import durations, helpers
 
 VLLM_REQUIREMENT = "vllm==0.33.0"
 SGLANG_REQUIREMENT = "sglang==0.5.23"
+
+# The suite starts hundreds of Python processes (xdist workers, forkservers, the CLI's and the
+# scripts' subprocesses). Where PYTHONDONTWRITEBYTECODE is set (it is on this project's machines)
+# each compiled the modules it imports anew, and pytest rewrote every test module in each
+# worker: the suite keeps bytecode for itself and its children (docs/testing.md).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Hypothesis's default 200 ms deadline per example is a timed test: under pytest -n 2 beside
 # the gloo worlds of other tests, an example of a pure function can take longer and fail as
