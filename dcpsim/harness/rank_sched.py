@@ -5,9 +5,9 @@ A world's ranks are CPU-bound and, on a machine with fewer cores than ranks (a W
 policy preempts a running rank whenever another wakes (a peer's collective, its progress
 flusher), every few milliseconds, and each switch costs the next rank its caches. So each rank
 (``rank_main``), once it has joined the world (gloo's handshakes, which wait on each peer's
-turn, keep the default policy), asks for ``SCHED_BATCH`` (no wakeup preemption) and, where the kernel takes a
-time slice per task (``sched_setattr``'s ``sched_runtime`` for a fair task, Linux 6.12 on), a
-slice of ``DCPSIM_RANK_SLICE_MS`` (default 20 ms). It changes when a rank runs, never what it
+turn, keep the default policy), asks for ``SCHED_BATCH`` (no wakeup preemption) and, where the
+kernel takes a time slice per task (``sched_setattr``'s ``sched_runtime`` for a fair task,
+Linux 6.12 on), a slice of ``DCPSIM_RANK_SLICE_MS`` (default 20 ms). It changes when a rank runs, never what it
 computes. ``DCPSIM_RANK_SLICE_MS=0`` leaves the ranks under the caller's policy.
 
 Best effort: where the kernel refuses ``sched_setattr`` (an older kernel, a sandbox) the rank

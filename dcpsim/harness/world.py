@@ -162,9 +162,14 @@ def transient_rendezvous(exc: RankFailureError) -> bool:
     rendezvous too or a collective that gave up on its lost peer, and no rank sent an event
     or its result (``caller_heard``: a rank that needs no peer can finish its function while
     another's connect fails, and a second world would send its events again)."""
-    connect = any(f.step is None and f.what == "rendezvous" and any(t in f.message for t in _TRANSIENT) for f in exc.failures)
-    lost_peer = all((f.step is None and f.what == "rendezvous") or is_collective_error(f) for f in exc.failures)
-    return connect and lost_peer and not exc.caller_heard
+    connect = any(_at_rendezvous(f) and any(t in f.message for t in _TRANSIENT) for f in exc.failures)
+    nothing_else = all(_at_rendezvous(f) or is_collective_error(f) for f in exc.failures)
+    return connect and nothing_else and not exc.caller_heard
+
+
+def _at_rendezvous(f: RankFailure) -> bool:
+    """Whether a rank failed before its function began (still joining the gloo world)."""
+    return f.step is None and f.what == "rendezvous"
 
 
 def _run_once(

@@ -132,9 +132,9 @@ def quicken_interpreter() -> None:
       ``@builtin`` wrapper itself (``_call_builtins_directly``); a new tensor shares what its
       type alone decides (its shape and element count) with the first tensor of that type
       (``_quicker_tensors``); a new handle's size check is answered once per item size and
-      type (``_remembered_size_checks``); operands of one integer type and shape skip the type
-      checks, and blocks of one shape the broadcast, that would return them as they are
-      (``_skip_equal_int_operands``, ``_skip_equal_broadcasts``); a cast to a tensor's own type
+      type (``_remembered_size_checks``); operands of one integer type, or a pointer beside an
+      integer, skip the type checks that would return them as they are, and blocks of one shape
+      the broadcast (``_skip_integer_operand_checks``, ``_skip_equal_broadcasts``); a cast to a tensor's own type
       and a binary operation's result type are answered without Triton's comparisons
       (``_quicker_type_rules``); a Python int beside a tensor (``offs < n``, ``pid * 4``) becomes
       the constant tensor Triton built for it the first time (``_remembered_number_operands``).
@@ -155,7 +155,7 @@ def quicken_interpreter() -> None:
     _remembered_size_checks(interpreter)
     _skip_equal_broadcasts(interpreter)
     _quicker_type_rules(interpreter)
-    _skip_equal_int_operands(interpreter, tl)
+    _skip_integer_operand_checks(interpreter, tl)
     _remembered_number_operands(interpreter, tl)
     _QUICK = True
 
@@ -400,7 +400,7 @@ def _quicker_type_rules(interpreter) -> None:
     semantic.computation_type_impl = computation_type_impl
 
 
-def _skip_equal_int_operands(interpreter, tl) -> None:
+def _skip_integer_operand_checks(interpreter, tl) -> None:
     """``binary_op_type_checking_impl`` of two tensors of one integer type (the same dtype
     object: no pointer, nothing to refuse, the computation type is that integer type, no cast)
     or of a pointer and an integer (``ptr + pid``, ``ptr + offs``) where the call allows the
@@ -447,23 +447,23 @@ def _remembered_number_operands(interpreter, tl) -> None:
     would raise instead of changing the next use."""
     semantic, tensor = interpreter.TritonSemantic, tl.tensor
     previous = semantic.binary_op_type_checking_impl
-    known: dict = {}  # (number, side, id(tensor type), flags) -> (tensor type, constant)
+    known: dict = {}  # (number, its place, id(tensor type), flags) -> (tensor type, constant)
 
     def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True, div_or_mod=False):
         if type(rhs) is int and type(lhs) is tensor:
-            side, operand, number = 1, lhs, rhs
+            at, operand, number = 1, lhs, rhs  # at: the number's place in the pair
         elif type(lhs) is int and type(rhs) is tensor:
-            side, operand, number = 0, rhs, lhs
+            at, operand, number = 0, rhs, lhs
         else:
             return previous(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
         ty = operand.type
-        key = (number, side, id(ty), allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+        key = (number, at, id(ty), allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
         found = known.get(key)
         if found is not None and found[0] is ty:  # the entry holds its type: the id is that type's
-            return (operand, found[1]) if side else (found[1], operand)
+            return (operand, found[1]) if at else (found[1], operand)
         out = previous(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
-        constant = out[0] if side == 0 else out[1]
-        if (out[1] if side == 0 else out[0]) is operand and len(known) < _NUMBERS_KEPT:
+        constant = out[at]
+        if out[1 - at] is operand and len(known) < _NUMBERS_KEPT:
             data = getattr(constant.handle, "data", None)
             if isinstance(data, np.ndarray):
                 data.flags.writeable = False
