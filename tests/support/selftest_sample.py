@@ -14,7 +14,8 @@ detected the same way thirty times. The sample keeps:
   fault case runs in (the same config passes without the fault).
 
 The broad faults' other built-ins: the in-process selftest on 14 built-ins
-(``tests/unit/campaigns/test_selftest_campaign.py``) and the faults' own tests; the baselines
+(``tests/unit/campaigns/test_selftest_campaign.py``, which runs every case of its plan but this
+sample's) and the faults' own tests; the baselines
 of other configs: the full matrix (``tests/matrix/test_matrix_full.py``, gloo)."""
 
 from __future__ import annotations
