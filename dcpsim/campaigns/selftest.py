@@ -108,6 +108,27 @@ def _skip_refused_baselines(plan: Plan, engine: EngineChoice) -> None:
     plan.cases[:] = kept
 
 
+def _skip_same_baselines(plan: Plan, engine: EngineChoice, world: WorldOptions) -> None:
+    """A baseline whose job, as built for the engine under test, equals an earlier baseline's
+    leaves the plan for its skipped list: the planner compares the options it was given, and an
+    option set to what the engine takes anyway (``lse_base=e`` where the engine computes base-e
+    LSEs, as the reference does) is the same run."""
+    kept, seen = [], []  # seen: (job, config text) of the baselines kept
+    baselines = [case for case in plan.cases if case.baseline]
+    jobs = dict(zip(map(id, baselines), _jobs(plan, baselines, engine, world)))
+    for case in plan.cases:
+        if case.baseline:
+            job = jobs[id(case)]
+            same = next((text for earlier, text in seen if earlier == job), None)
+            if same is not None:
+                why = f"the same run as its baseline in config {same} (the job the engine under test runs)"
+                plan.skipped.append(dict(fault=case.fault, scenario=case.scenario, options=dict(case.options), reason=why))
+                continue
+            seen.append((job, plan.resolved[(case.scenario, case.options)][2]))
+        kept.append(case)
+    plan.cases[:] = kept
+
+
 def run_plan(
     plan: Plan, *, engine: EngineChoice | None = None, world: WorldOptions | None = None, progress=None, on_wait=None
 ) -> list[Row]:
@@ -118,6 +139,7 @@ def run_plan(
     rank took); ``on_wait(message)`` when a world keeps the parent waiting."""
     engine, world = engine or EngineChoice(), world or WorldOptions()
     _skip_refused_baselines(plan, engine)
+    _skip_same_baselines(plan, engine, world)
     by_world: dict[tuple[int, bool], list[int]] = {}
     for k, case in enumerate(plan.cases):
         scenario = plan.resolved[(case.scenario, case.options)][0]

@@ -11,11 +11,12 @@ import json
 
 import pytest
 
-from dcpsim.campaigns.selftest import fault_status, format_table, run_plan, verdict
+from dcpsim.campaigns.selftest import _skip_same_baselines, fault_status, format_table, run_plan, verdict
 from dcpsim.campaigns.selftest_options import UnknownOption, apply_options, canonical_options, config_text
 from dcpsim.campaigns.selftest_plan import BASELINE, DETECTED, ERROR, FALSE_POSITIVE, MISSED, NOT_APPLICABLE, PASS, Row, plan_selftest
 from dcpsim.campaigns.selftest_run import plan_of, run_selftest
 from dcpsim.cli import main
+from dcpsim.engine.choice import EngineChoice
 from dcpsim.engine.faults import FAULTS, PD_FAULTS, Fault
 from dcpsim.harness.job import Job
 from dcpsim.harness.world_options import WorldOptions
@@ -186,6 +187,21 @@ def test_a_fault_that_breaks_nothing_is_missed_and_fails_selftest(monkeypatch, c
     out = capsys.readouterr().out
     assert code == 1
     assert "no-op" in out and MISSED in out and "not detected: no-op" in out
+
+
+def test_a_baseline_the_engine_runs_as_another_is_skipped_naming_it():
+    """``lse_base=e`` is the reference engine's own base: beside a fault run with the attention
+    check in the engine's base (empty-shard-lse-zero), lse-base-mismatch's configs need four
+    baselines by their options, three by the jobs the engine runs (``_skip_same_baselines``)."""
+    plan, _ = plan_of(["empty-shard-lse-zero", "lse-base-mismatch"], ["dsv3"])
+    configs = lambda: [plan.resolved[(c.scenario, c.options)][2] for c in plan.cases if c.baseline]
+    both = ["W=2 I=1", "W=2 I=1 attention=True", "W=2 I=1 attention=True lse_base=2"]
+    assert configs() == [*both, "W=2 I=1 attention=True lse_base=e"]
+    plan.cases = [c for c in plan.cases if c.baseline]
+    _skip_same_baselines(plan, EngineChoice(), WorldOptions(in_process=True))
+    assert configs() == both
+    (same,) = [s for s in plan.skipped if s["options"].get("lse_base") == "e"]
+    assert same["fault"] == BASELINE and same["reason"].startswith("the same run as its baseline in config W=2 I=1 attention=True")
 
 
 def test_a_broken_baseline_is_a_false_positive(monkeypatch, capsys):
