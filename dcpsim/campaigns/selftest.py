@@ -92,20 +92,29 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}"
 
 
+def _skip_baselines(plan: Plan, why) -> None:
+    """Each baseline for which ``why(case)`` gives a reason (None: it runs) leaves the plan for
+    its skipped list, with that reason; the other cases keep their order."""
+    kept = []
+    for case in plan.cases:
+        reason = why(case) if case.baseline else None
+        if reason is None:
+            kept.append(case)
+        else:
+            plan.skipped.append(dict(fault=case.fault, scenario=case.scenario, options=dict(case.options), reason=reason))
+    plan.cases[:] = kept
+
+
 def _skip_refused_baselines(plan: Plan, engine: EngineChoice) -> None:
     """The baselines the engine under test refuses (``EngineChoice.refusal``) leave the plan
     for its skipped list, with the engine's reason: an engine is judged on what it runs (the
     faults are variants of the reference engine and run everywhere they apply)."""
-    kept = []
-    for case in plan.cases:
-        why = engine.refusal(plan.resolved[(case.scenario, case.options)][0]) if case.baseline else None
-        if why is None:
-            kept.append(case)
-        else:
-            plan.skipped.append(
-                dict(fault=case.fault, scenario=case.scenario, options=dict(case.options), reason=f"the engine refuses it: {why}")
-            )
-    plan.cases[:] = kept
+
+    def refused(case) -> str | None:
+        why = engine.refusal(plan.resolved[(case.scenario, case.options)][0])
+        return None if why is None else f"the engine refuses it: {why}"
+
+    _skip_baselines(plan, refused)
 
 
 def _skip_same_baselines(plan: Plan, engine: EngineChoice, world: WorldOptions) -> None:
@@ -113,20 +122,19 @@ def _skip_same_baselines(plan: Plan, engine: EngineChoice, world: WorldOptions) 
     leaves the plan for its skipped list: the planner compares the options it was given, and an
     option set to what the engine takes anyway (``lse_base=e`` where the engine computes base-e
     LSEs, as the reference does) is the same run."""
-    kept, seen = [], []  # seen: (job, config text) of the baselines kept
     baselines = [case for case in plan.cases if case.baseline]
     jobs = dict(zip(map(id, baselines), _jobs(plan, baselines, engine, world)))
-    for case in plan.cases:
-        if case.baseline:
-            job = jobs[id(case)]
-            same = next((text for earlier, text in seen if earlier == job), None)
-            if same is not None:
-                why = f"the same run as its baseline in config {same} (the job the engine under test runs)"
-                plan.skipped.append(dict(fault=case.fault, scenario=case.scenario, options=dict(case.options), reason=why))
-                continue
-            seen.append((job, plan.resolved[(case.scenario, case.options)][2]))
-        kept.append(case)
-    plan.cases[:] = kept
+    kept: list = []  # (job, config text) of the baselines that run
+
+    def same(case) -> str | None:
+        job = jobs[id(case)]
+        text = next((text for earlier, text in kept if earlier == job), None)
+        if text is None:
+            kept.append((job, plan.resolved[(case.scenario, case.options)][2]))
+            return None
+        return f"the same run as its baseline in config {text} (the job the engine under test runs)"
+
+    _skip_baselines(plan, same)
 
 
 def run_plan(
