@@ -287,8 +287,12 @@ def test_worlds_back_to_back_and_concurrently_do_not_collide(monkeypatch):
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
 def test_ranks_die_with_their_parent(tmp_path, sig):
-    """SIGKILL: no cleanup runs in the parent; SIGINT: KeyboardInterrupt unwinds run_world."""
+    """SIGKILL: no cleanup runs in the parent; SIGINT: KeyboardInterrupt unwinds run_world. The
+    parent takes Python's own SIGINT handler first: a suite started in the background by a shell
+    without job control (``pytest ... &``) hands its children SIGINT ignored, and Python then
+    installs none."""
     code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
         f"import sys; sys.path.insert(0, {HERE!r}); import test_launch; "
         f"test_launch.run_world(test_launch.sleep_forever, {str(tmp_path)!r}, world_size=2)"
     )
