@@ -20,7 +20,8 @@ def _is(item, file: str, test: str) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    full = [cell for item in items if _is(item, "test_matrix_full.py", "test_full_matrix_chunk") for cell in _param(item, "chunk") or []]
+    chunks = [_param(item, "chunk") for item in items if _is(item, "test_matrix_full.py", "test_full_matrix_chunk")]
+    full = [cell for chunk in chunks if isinstance(chunk, list) for cell in chunk]  # not "off" or "deselected"
     defaults = [item for item in items if _is(item, "test_matrix.py", "test_cell")]
     if not full or not defaults:
         return

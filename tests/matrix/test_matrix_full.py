@@ -19,8 +19,13 @@ from dcpsim.campaigns.grid import HALF_PAGE_DCP, NO_ATTENTION_CELLS, full_grid
 from dcpsim.campaigns.shard import UNIT, parse_shard, select, unit_cost, work_units
 from dcpsim.scenarios.registry import builtin_scenario_names
 from support.helpers import builtin_names_at
+from support.marks import deselected_by_marks
 
 pytestmark = pytest.mark.slow  # about 5 minutes of gloo worlds on 2 cores
+
+
+DESELECTED = "deselected"
+"""The one item of the chunk test when ``-m`` deselects all of them (``deselected_by_marks``)."""
 
 
 @functools.cache
@@ -44,6 +49,11 @@ def pytest_generate_tests(metafunc):
     shard = config.getoption("dcpsim_shard")
     if shard is None and config.getoption("dcpsim_skip_full_matrix"):
         metafunc.parametrize("chunk", [None], ids=["off"])
+        return
+    if deselected_by_marks(config, {mark.name for mark in metafunc.definition.iter_markers()}):
+        # the fast loop's -m "not slow": every chunk would be deselected, so the grid is not
+        # expanded (1.3 s of each xdist worker's collection); one placeholder item, deselected too
+        metafunc.parametrize("chunk", [DESELECTED], ids=[DESELECTED])
         return
     cells = list(grid())
     if shard is not None:
@@ -73,6 +83,7 @@ def problems(res: mx.CellResult) -> str:
 def test_full_matrix_chunk(chunk):
     if chunk is None:
         pytest.skip("--dcpsim-skip-full-matrix leaves out the full matrix")
+    assert chunk != DESELECTED, "-m was taken to deselect the full matrix, yet its placeholder item runs: no chunk was built"
     fresh = [mx.CellResult(c.cell, mx.CellStatus.PENDING, scenario=c.scenario) for c in chunk]
     mx.run_cells(fresh)
     bad = [p for p in map(problems, fresh) if p]
