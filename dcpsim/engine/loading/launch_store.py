@@ -4,8 +4,10 @@
 An entry is one file per key (and one per launch structure: its sets of output storages),
 written to a temporary file and renamed (a reader sees a whole file or none), holding its own
 checksum and key: a file that is cut short, corrupt or of another key is a miss. The folder is kept
-under ``$DCPSIM_LAUNCH_CACHE_MB`` (default 256): the first store of a process removes the oldest
-files past it, when no process did in the last ``PRUNE_EVERY`` seconds (``prune_due``). An effect over ``MAX_EFFECT`` bytes is not kept.
+under ``$DCPSIM_LAUNCH_CACHE_MB`` (default 256): the first store of a process removes the least
+recently used files past it (a file's mtime is renewed as a process first reads it: a folder kept
+across CI runs loses the launches of kernels that changed, not those still replayed), when no
+process did in the last ``PRUNE_EVERY`` seconds (``prune_due``). An effect over ``MAX_EFFECT`` bytes is not kept.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ class LaunchStore:
 
 
 def _load(path: Path, key: str):
-    """The value saved at ``path`` under ``key``; None for a missing, cut, corrupt or other file."""
+    """The value saved at ``path`` under ``key``; None for a missing, cut, corrupt or other file.
+    A file read whole gets a new mtime (``prune`` removes the least recently used first)."""
     try:
         blob = path.read_bytes()
     except OSError:
@@ -117,7 +120,13 @@ def _load(path: Path, key: str):
         form, stored_key, value = marshal.loads(payload)
     except (ValueError, EOFError, TypeError):
         return None
-    return value if form == FORMAT and stored_key == key else None
+    if form != FORMAT or stored_key != key:
+        return None
+    try:
+        os.utime(path)
+    except OSError:  # a read-only folder: still a hit
+        pass
+    return value
 
 
 _made_folders: set[Path] = set()
@@ -173,7 +182,8 @@ def prune_due(folder) -> bool:
 
 
 def prune(folder, limit: int) -> None:
-    """Remove the oldest entries of ``folder`` until it holds at most ``limit`` bytes."""
+    """Remove the entries of ``folder`` least recently written or read (``_load``) until it
+    holds at most ``limit`` bytes."""
     try:
         files = [(e.stat().st_mtime, e.stat().st_size, e.path) for d in os.scandir(folder) if d.is_dir() for e in os.scandir(d.path)]
     except OSError:

@@ -295,6 +295,28 @@ def test_a_folder_is_pruned_once_in_prune_every_seconds(tmp_path, monkeypatch):
     assert time.time() - (tmp_path / launch_store.PRUNED).stat().st_mtime < 60
 
 
+def test_pruning_keeps_the_launches_read_since_over_those_only_written(tmp_path, monkeypatch):
+    """A folder kept across CI runs: the entries a later process reads (replays) get a new
+    mtime, so a pruning removes the entries no one read since they were written, not the oldest
+    written ones that are still replayed."""
+    from dcpsim.engine.loading import launch_store
+
+    monkeypatch.setenv(launch_store.LIMIT_ENV, str(2500 / (1 << 20)))  # room for 4 of the 500-byte effects (and their headers)
+    keys = [f"{i:02d}".ljust(40, "0") for i in range(8)]
+    effect = ((0, b"", b"", bytes(500)),)
+    first = launch_store.LaunchStore(tmp_path)
+    for i, key in enumerate(keys):
+        assert first.put(key, effect)
+        written = time.time() - 1000 + i  # written in this order, 1 s apart, long ago
+        os.utime(first.path(key), (written, written))
+    assert launch_store.LaunchStore(tmp_path).get(keys[0]) == effect  # a later run replays the oldest two
+    assert launch_store.LaunchStore(tmp_path).get(keys[1]) == effect
+    launch_store.prune(tmp_path, 2500)
+    kept = {p.stem for p in tmp_path.glob("*/*.launch")}
+    assert {keys[0], keys[1]} <= kept, "the launches replayed since are kept"
+    assert keys[2] not in kept and len(kept) <= 4
+
+
 def test_a_store_saves_again_once_its_folder_was_emptied(tmp_path):
     """A process makes each folder once: when a user empties the cache under a running
     process (a benchmark's cold runs), its next saves make the folder again, leave no
