@@ -15,6 +15,7 @@ import yaml
 from dcpsim import pytest_plugin
 from dcpsim.campaigns.shard import parse_shard
 from dcpsim.cli import build_parser
+from dcpsim.engine.loading import launch_store
 from dcpsim.errors import ConfigError
 
 pytest_plugins = ["pytester"]
@@ -116,6 +117,25 @@ def test_the_shards_are_one_to_n_of_one_matrix_then_merged():
     assert merge["needs"] == "shard" and merge["if"] == "always()"
     merges = [c for s in merge["steps"] if "run" in s for c in shell_lines(s["run"]) if commands(c) and commands(c)[1][:1] == ["merge"]]
     assert len(merges) == 1 and merges[0][4] == "dcpsim-shard-*.xml"
+
+
+def test_each_shard_keeps_the_launch_cache_dcpsim_uses(monkeypatch, tmp_path):
+    """The workflow's cache step saves the folder a rank's launch store writes (with no
+    ``$DCPSIM_CACHE`` or ``$DCPSIM_LAUNCH_CACHE_DIR``), before the steps that run dcpsim, under a
+    key new each run, restoring the shard's own newest entry."""
+    steps = workflow()["jobs"]["shard"]["steps"]
+    caches = [k for k, s in enumerate(steps) if s.get("uses", "").startswith("actions/cache")]
+    assert len(caches) == 1, "one cache step: the launch cache"
+    step = steps[caches[0]]
+    monkeypatch.delenv("DCPSIM_CACHE", raising=False)
+    monkeypatch.delenv(launch_store.FOLDER_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert Path(step["with"]["path"].replace("~", str(tmp_path), 1)) == launch_store.LaunchStore()._folder()
+    runs_dcpsim = [k for k, s in enumerate(steps) if "run" in s and "dcpsim" in s["run"] and "pip install" not in s["run"]]
+    assert runs_dcpsim and caches[0] < min(runs_dcpsim), "the cache is restored before dcpsim runs"
+    key, restore = step["with"]["key"], [k.strip() for k in step["with"]["restore-keys"].splitlines() if k.strip()]
+    assert "${{ matrix.shard }}" in key and "${{ github.run_id }}" in key
+    assert restore == [key.split("${{ github.run_id }}")[0]], "restore the shard's newest entry: the key less its run"
 
 
 def test_every_command_of_the_recipe_is_real():
