@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench_engine_vllm_ascend import load_average  # the same load figures as the engine benchmarks
+
 from dcpsim.api.matrix import MatrixOptions, matrix
 from dcpsim.engine.loading import forkserver, launch_cache, launch_store
 from dcpsim.engine.loading.fetch import PACKAGES, fetch
@@ -95,12 +97,12 @@ def common_ratio(base: GridRun, run: GridRun, cells: list[str]) -> tuple[int, fl
 def by_scenario(base: GridRun, run: GridRun, scenarios: list[str]) -> list[tuple[str, int, float, float]]:
     """Per scenario (the longest name a cell id starts with), ``common_ratio`` over its cells
     both engines passed; the engine's costliest first."""
-    rows = []
-    for name in scenarios:
-        mine = [i for i in both_passed(base, run) if max((s for s in scenarios if i.startswith(s + "-")), key=len, default="") == name]
-        if mine:
-            rows.append((name, *common_ratio(base, run, mine)))
-    return sorted(rows, key=lambda r: -r[3])
+    cells: dict[str, list[str]] = {}
+    for i in both_passed(base, run):
+        name = max((s for s in scenarios if i.startswith(s + "-")), key=len, default=None)
+        if name is not None:
+            cells.setdefault(name, []).append(i)
+    return sorted(((name, *common_ratio(base, run, mine)) for name, mine in cells.items()), key=lambda r: -r[3])
 
 
 def folder_size(folder: str) -> tuple[int, int]:
@@ -141,7 +143,7 @@ def main() -> None:
     scenario_names = args.scenarios or builtin_scenario_names()
     before_each_run = launch_cache.for_benchmark(args.launch_cache)  # before the forkserver starts: the ranks inherit it
     start_forkserver(list(options.values()))
-    load = os.getloadavg()
+    before = load_average()
     base = run_grid(args, {})
     grid = f"--dcp {','.join(map(str, args.dcp))} --interleave {','.join(args.interleave)}"
     print(f"matrix {grid} ({args.scenarios and ' '.join(args.scenarios) or 'every built-in'}), gloo, {os.cpu_count()} CPUs")
@@ -161,8 +163,7 @@ def main() -> None:
             print(f"      launch cache after it: {files:,} files, {size / (1 << 20):.1f} MB (a CI cache of the grid; cap {LIMIT} MB)")
         for name, n, base_s, run_s in by_scenario(base, run, scenario_names) if args.by_scenario else ():
             print(f"      {name:<28} {run_s:6.2f} s / {base_s:5.2f} s = {run_s / base_s:5.2f}x ({n} cells)")
-    after = os.getloadavg()
-    print(f"load average (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in load)} before, {' '.join(f'{x:.2f}' for x in after)} after")
+    print(f"load average (1, 5, 15 min): {before} before, {load_average()} after")
 
 
 if __name__ == "__main__":
